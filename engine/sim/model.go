@@ -1,0 +1,525 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/zeebo/xxh3"
+)
+
+// Role is what work an engine takes. Nothing restarts when it changes:
+// sequences in flight finish where they are.
+type Role uint8
+
+// Engine roles.
+const (
+	RoleBoth    Role = iota // prefill and decode
+	RolePrefill             // prefill only (remote-decode legs and whole requests)
+	RoleDecode              // decode: no remote-decode (prefill-only) legs
+)
+
+// String returns "both", "prefill" or "decode".
+func (r Role) String() string {
+	switch r {
+	case RolePrefill:
+		return "prefill"
+	case RoleDecode:
+		return "decode"
+	}
+	return "both"
+}
+
+// ParseRole reads a role name.
+func ParseRole(s string) (Role, error) {
+	switch s {
+	case "both", "":
+		return RoleBoth, nil
+	case "prefill", "p", "P":
+		return RolePrefill, nil
+	case "decode", "d", "D":
+		return RoleDecode, nil
+	}
+	return 0, fmt.Errorf("unknown role %q (want prefill, decode or both)", s)
+}
+
+// Errors returned by Submit.
+var (
+	ErrDraining  = errors.New("engine is draining")
+	ErrWrongRole = errors.New("engine's role does not take this request")
+	ErrTooLong   = errors.New("request exceeds the model's context")
+	ErrInvalid   = errors.New("invalid request")
+	ErrDuplicate = errors.New("request id already in flight")
+)
+
+// Config sets the scheduler; zero fields take the profile's value, then
+// vLLM's default.
+type Config struct {
+	MaxNumSeqs          int           // default 256
+	MaxNumBatchedTokens int           // default 8192
+	GPUBlocks           int           // default: profile
+	HostBlocks          int           // default: profile (4x GPU unless set)
+	HoldTimeout         time.Duration // how long a remote-decode prefill keeps its KV for the peer; default 480 s (vLLM's)
+	NewPolicy           func() EvictionPolicy
+}
+
+// Request is one generation request.
+type Request struct {
+	ID        string
+	Tokens    []uint32 // prompt
+	MaxTokens int      // output tokens to generate (no EOS is modelled)
+	Seed      uint64   // output token stream; 0 derives one from ID
+
+	// RemoteDecode makes this the prefill leg of a disaggregated request: it
+	// stops after its first token and holds its KV until a peer pulls it
+	// (Release) or HoldTimeout passes.
+	RemoteDecode bool
+	// Remote makes this the decode leg: its prompt's blocks are pulled from a
+	// peer before it is scheduled.
+	Remote *RemoteKV
+}
+
+// RemoteKV says which blocks a peer holds for a decode leg.
+type RemoteKV struct {
+	Blocks []kv.BlockHash // the peer's block chain for the prompt
+	GBps   float64        // transfer bandwidth; 0 means the profile's network_gbps
+}
+
+// Usage is what a request cost, in tokens, and when things happened.
+type Usage struct {
+	PromptTokens      int
+	CompletionTokens  int
+	GPUHitTokens      int // prompt tokens found in GPU KV
+	HostHitTokens     int // prompt tokens loaded from the host tier
+	TransferredTokens int // prompt tokens pulled from a peer
+	ComputedTokens    int // tokens prefilled, recomputation after preemption included
+	Preemptions       int
+	Arrival           time.Time
+	FirstScheduled    time.Time
+	FirstToken        time.Time
+	Finish            time.Time
+}
+
+// CachedTokens is the prompt tokens not computed here on first schedule.
+func (u Usage) CachedTokens() int { return u.GPUHitTokens + u.HostHitTokens + u.TransferredTokens }
+
+// Token is one output token produced by a pass.
+type Token struct {
+	ReqID string
+	ID    uint32
+	Index int // 0-based position in the output
+}
+
+// Finish reasons.
+const (
+	FinishLength       = "length"        // MaxTokens or the context limit reached
+	FinishRemoteDecode = "remote_decode" // prefill leg done, KV held for the peer
+)
+
+// Finished is a request that completed in a pass.
+type Finished struct {
+	ReqID  string
+	Reason string
+	Usage  Usage
+	Blocks []kv.BlockHash // for FinishRemoteDecode: the held prompt blocks
+}
+
+// PassStats describes one forward pass (or, when idle, the queues).
+type PassStats struct {
+	PrefillTokens   int     // new tokens computed
+	PrefillAttended float64 // sum over prefill chunks of new tokens x average context attended
+	DecodeSeqs      int     // sequences that got one decode token
+	DecodeContext   int     // total context of those sequences
+	HostLoadBlocks  int     // blocks copied host -> GPU for prefix hits
+	OffloadBlocks   int     // blocks copied GPU -> host on eviction
+	Preemptions     int
+	Waiting         int
+	Running         int
+	Held            int // remote-decode prefills holding KV for a peer
+	GPUBlocksUsed   int // blocks in use by sequences (cached free blocks not counted)
+	GPUBlocksCached int // blocks resident on GPU, in use or not
+	GPUBlocks       int
+	HostBlocksUsed  int
+	HostBlocks      int
+}
+
+// Output is what one Step produced. Its slices belong to the model and are
+// valid until the next call of any Model method.
+type Output struct {
+	Start    time.Time
+	Duration time.Duration
+	Idle     bool // nothing could run; Duration is 0
+	Tokens   []Token
+	Finished []Finished
+	Events   []kv.Event // every KV change since the previous Step, in order
+	Stats    PassStats
+}
+
+// Counters are cumulative totals since the model started.
+type Counters struct {
+	Passes            uint64
+	BusyTime          time.Duration
+	PromptTokens      uint64
+	GenerationTokens  uint64
+	PrefixQueries     uint64 // prompt tokens looked up in the prefix cache
+	PrefixHits        uint64 // of those, found (GPU, host or transferred)
+	Preemptions       uint64
+	TransferredBlocks uint64 // pulled from peers
+	FetchedBlocks     uint64 // fetched into the host tier by Fetch
+	OffloadedBlocks   uint64
+	Requests          uint64
+	Aborted           uint64
+}
+
+type seqState uint8
+
+const (
+	stWaiting seqState = iota
+	stRunning
+	stHeld
+	stDone
+)
+
+type seq struct {
+	req         Request
+	tokens      []uint32
+	chain       []kv.BlockHash // hashes of the full blocks of tokens
+	blocks      []*Block       // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
+	computed    int            // tokens whose KV is in blocks
+	generated   int
+	remoteReady time.Time
+	usage       Usage
+	rng         uint64
+	state       seqState
+	holdUntil   time.Time
+	admitted    bool
+}
+
+type fetch struct {
+	ready time.Time
+	chain []kv.BlockHash
+	from  int
+}
+
+// Model is one simulated engine. It is not safe for concurrent use.
+type Model struct {
+	p   Profile
+	cfg Config
+	bs  int
+
+	role     Role
+	draining bool
+
+	byID    map[string]*seq
+	waiting []*seq
+	running []*seq
+	held    []*seq
+	fetches []fetch
+
+	gpuByHash  map[kv.BlockHash]*Block
+	gpuUsed    int
+	gpuPolicy  EvictionPolicy
+	hostByHash map[kv.BlockHash]*Block
+	hostPolicy EvictionPolicy
+	spare      []*Block
+	hints      map[kv.BlockHash]int8
+
+	pass      int64
+	busyUntil time.Time
+	eventSeq  uint64
+	delivered bool // out.Events was handed out; clear before the next emit
+	out       Output
+	sched     []*seq
+	counters  Counters
+}
+
+// NewModel returns an idle engine for profile p.
+func NewModel(p *Profile, c Config) *Model {
+	if c.MaxNumSeqs <= 0 {
+		c.MaxNumSeqs = p.MaxNumSeqs
+		if c.MaxNumSeqs <= 0 {
+			c.MaxNumSeqs = 256
+		}
+	}
+	if c.MaxNumBatchedTokens <= 0 {
+		c.MaxNumBatchedTokens = p.MaxNumBatchedTokens
+		if c.MaxNumBatchedTokens <= 0 {
+			c.MaxNumBatchedTokens = 8192
+		}
+	}
+	if c.GPUBlocks <= 0 {
+		c.GPUBlocks = p.GPUBlocks()
+	}
+	if c.HostBlocks <= 0 {
+		c.HostBlocks = p.HostBlocks()
+	}
+	if c.HoldTimeout <= 0 {
+		c.HoldTimeout = 480 * time.Second
+	}
+	if c.NewPolicy == nil {
+		c.NewPolicy = NewLRUPolicy
+	}
+	return &Model{
+		p: *p, cfg: c, bs: p.BlockSize,
+		byID:       map[string]*seq{},
+		gpuByHash:  map[kv.BlockHash]*Block{},
+		hostByHash: map[kv.BlockHash]*Block{},
+		gpuPolicy:  c.NewPolicy(),
+		hostPolicy: c.NewPolicy(),
+		hints:      map[kv.BlockHash]int8{},
+	}
+}
+
+// Profile returns the model's profile.
+func (m *Model) Profile() *Profile { return &m.p }
+
+// Config returns the effective configuration.
+func (m *Model) Config() Config { return m.cfg }
+
+// Role returns the current role.
+func (m *Model) Role() Role { return m.role }
+
+// SetRole changes the role at once; requests in flight are not touched.
+// Setting a role ends a drain.
+func (m *Model) SetRole(r Role) { m.role, m.draining = r, false }
+
+// SetDraining stops (true) or resumes (false) taking new requests.
+func (m *Model) SetDraining(d bool) { m.draining = d }
+
+// Draining reports whether new requests are refused.
+func (m *Model) Draining() bool { return m.draining }
+
+// Counters returns the cumulative totals.
+func (m *Model) Counters() Counters { return m.counters }
+
+// InFlight is the number of requests waiting, running or holding KV.
+func (m *Model) InFlight() int { return len(m.byID) }
+
+// Accepts reports whether a request of this kind would be taken now, and if
+// not, why (ErrDraining or ErrWrongRole).
+func (m *Model) Accepts(remoteDecode, remotePrefill bool) error {
+	if m.draining {
+		return ErrDraining
+	}
+	if m.role == RoleDecode && remoteDecode {
+		return fmt.Errorf("%w: a decode engine takes no prefill-only leg", ErrWrongRole)
+	}
+	if m.role == RolePrefill && remotePrefill {
+		return fmt.Errorf("%w: a prefill engine takes no decode leg", ErrWrongRole)
+	}
+	return nil
+}
+
+// Submit queues a request arriving at now.
+func (m *Model) Submit(now time.Time, r Request) error {
+	if err := m.Accepts(r.RemoteDecode, r.Remote != nil); err != nil {
+		return err
+	}
+	if r.ID == "" || len(r.Tokens) == 0 || r.MaxTokens < 1 {
+		return fmt.Errorf("%w: needs an id, at least one prompt token and max tokens >= 1", ErrInvalid)
+	}
+	if _, dup := m.byID[r.ID]; dup {
+		return fmt.Errorf("%w: %s", ErrDuplicate, r.ID)
+	}
+	if total := len(r.Tokens) + r.MaxTokens; total > m.p.MaxModelLen {
+		return fmt.Errorf("%w: maximum context length is %d tokens, but %d prompt + %d output tokens were requested",
+			ErrTooLong, m.p.MaxModelLen, len(r.Tokens), r.MaxTokens)
+	}
+	if need := (len(r.Tokens) + r.MaxTokens + m.bs - 1) / m.bs; need > m.cfg.GPUBlocks {
+		return fmt.Errorf("%w: needs %d KV blocks, the engine has %d", ErrTooLong, need, m.cfg.GPUBlocks)
+	}
+	s := &seq{req: r, rng: r.Seed, state: stWaiting}
+	if s.rng == 0 {
+		s.rng = xxh3.HashString(r.ID) | 1
+	}
+	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 4096))
+	copy(s.tokens, r.Tokens)
+	s.chain = kv.ChainHashes(s.tokens, m.bs)
+	s.usage.PromptTokens = len(r.Tokens)
+	s.usage.Arrival = now
+	if r.Remote != nil {
+		gbps := r.Remote.GBps
+		if gbps <= 0 {
+			gbps = m.p.NetworkGBps
+		}
+		_, local := m.Lookup(s.chain)
+		n := min(len(r.Remote.Blocks), len(s.chain)) - local
+		s.remoteReady = now.Add(m.p.TransferTime(n, gbps))
+	}
+	m.byID[r.ID] = s
+	m.waiting = append(m.waiting, s)
+	m.counters.Requests++
+	return nil
+}
+
+// Abort removes a request wherever it is and frees its KV. It reports the
+// request's usage so far and whether it was known.
+func (m *Model) Abort(now time.Time, id string) (Usage, bool) {
+	s, ok := m.byID[id]
+	if !ok {
+		return Usage{}, false
+	}
+	switch s.state {
+	case stWaiting:
+		m.waiting = removeSeq(m.waiting, s)
+	case stRunning:
+		m.running = removeSeq(m.running, s)
+	case stHeld:
+		m.held = removeSeq(m.held, s)
+	}
+	m.freeSeq(s)
+	delete(m.byID, id)
+	s.usage.Finish = now
+	m.counters.Aborted++
+	return s.usage, true
+}
+
+// Release ends the hold of a remote-decode prefill (the peer pulled its KV)
+// and returns the held block chain. The blocks stay cached, evictable.
+func (m *Model) Release(id string) ([]kv.BlockHash, bool) {
+	s, ok := m.byID[id]
+	if !ok || s.state != stHeld {
+		return nil, false
+	}
+	m.held = removeSeq(m.held, s)
+	m.freeSeq(s)
+	delete(m.byID, id)
+	return s.chain[:min(len(s.chain), len(s.req.Tokens)/m.bs)], true
+}
+
+// Lookup returns how many leading blocks of chain are on GPU, and how many
+// are on GPU or in the host tier.
+func (m *Model) Lookup(chain []kv.BlockHash) (gpu, local int) {
+	for gpu < len(chain) && m.gpuByHash[chain[gpu]] != nil {
+		gpu++
+	}
+	local = gpu
+	for local < len(chain) && (m.gpuByHash[chain[local]] != nil || m.hostByHash[chain[local]] != nil) {
+		local++
+	}
+	return gpu, local
+}
+
+// Fetch starts pulling chain[from:] from a peer into the host tier at gbps
+// (0: the profile's network bandwidth); blocks already here are not moved.
+// It returns when the blocks will have arrived and how many move. Nothing
+// waits on a fetch: a request scheduled after it finds the blocks in host.
+func (m *Model) Fetch(now time.Time, chain []kv.BlockHash, from int, gbps float64) (time.Time, int) {
+	if gbps <= 0 {
+		gbps = m.p.NetworkGBps
+	}
+	n := 0
+	for i := max(from, 0); i < len(chain); i++ {
+		if m.gpuByHash[chain[i]] == nil && m.hostByHash[chain[i]] == nil {
+			n++
+		}
+	}
+	ready := now.Add(m.p.TransferTime(n, gbps))
+	if n > 0 {
+		f := fetch{ready: ready, chain: append([]kv.BlockHash(nil), chain...), from: max(from, 0)}
+		i := len(m.fetches)
+		m.fetches = append(m.fetches, f)
+		for i > 0 && m.fetches[i-1].ready.After(ready) {
+			m.fetches[i], m.fetches[i-1] = m.fetches[i-1], m.fetches[i]
+			i--
+		}
+	}
+	return ready, n
+}
+
+// OffloadGPU copies every cached GPU block that the host tier lacks to host,
+// as before a role switch, so that the context stays reachable. It returns
+// the number of blocks copied and the time the copy takes, which delays the
+// next pass.
+func (m *Model) OffloadGPU(now time.Time) (int, time.Duration) {
+	n := 0
+	for h, b := range m.gpuByHash {
+		if m.hostByHash[h] == nil {
+			m.storeHost(b.Hash, b.Parent, b.Depth)
+			n++
+		}
+	}
+	d := m.p.TransferTime(n, m.p.HostGBps)
+	if m.busyUntil.Before(now) {
+		m.busyUntil = now
+	}
+	m.busyUntil = m.busyUntil.Add(d)
+	m.counters.OffloadedBlocks += uint64(n)
+	return n, d
+}
+
+// Hint is an eviction priority for one block: lower is evicted first, 0
+// removes the hint.
+type Hint struct {
+	Hash     kv.BlockHash
+	Priority int8
+}
+
+// SetHints applies eviction hints to the block copies in both tiers, now and
+// when they are stored later.
+func (m *Model) SetHints(hints []Hint) {
+	for _, h := range hints {
+		if h.Priority == 0 {
+			delete(m.hints, h.Hash)
+		} else {
+			m.hints[h.Hash] = h.Priority
+		}
+		if b := m.gpuByHash[h.Hash]; b != nil {
+			m.reprioritize(b, m.gpuPolicy, h.Priority)
+		}
+		if b := m.hostByHash[h.Hash]; b != nil {
+			m.reprioritize(b, m.hostPolicy, h.Priority)
+		}
+	}
+}
+
+func (m *Model) reprioritize(b *Block, p EvictionPolicy, prio int8) {
+	if b.Priority == prio {
+		return
+	}
+	inList := b.list != nil
+	if inList {
+		p.Remove(b)
+	}
+	b.Priority = prio
+	if inList {
+		p.Add(b)
+	}
+}
+
+// NextWake returns the earliest future time at which something becomes
+// ready without a new request (a transfer lands, a fetch completes, a KV
+// hold expires), so that an idle runner knows when to step again.
+func (m *Model) NextWake() (time.Time, bool) {
+	var t time.Time
+	ok := false
+	consider := func(x time.Time) {
+		if !ok || x.Before(t) {
+			t, ok = x, true
+		}
+	}
+	for _, s := range m.waiting {
+		if s.req.Remote != nil && !s.admitted {
+			consider(s.remoteReady)
+		}
+	}
+	if len(m.fetches) > 0 {
+		consider(m.fetches[0].ready)
+	}
+	for _, s := range m.held {
+		consider(s.holdUntil)
+	}
+	return t, ok
+}
+
+func removeSeq(list []*seq, s *seq) []*seq {
+	for i, x := range list {
+		if x == s {
+			copy(list[i:], list[i+1:])
+			list[len(list)-1] = nil
+			return list[:len(list)-1]
+		}
+	}
+	return list
+}

@@ -1,0 +1,532 @@
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func tinyProfile(t testing.TB) *Profile {
+	t.Helper()
+	p, err := LoadProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func prompt(n int, salt uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = salt*100003 + uint32(i)
+	}
+	return out
+}
+
+// run steps the model until nothing is in flight (or limit passes) and
+// returns the time it ended and every finished request by id.
+type result struct {
+	end      time.Time
+	finished map[string]Finished
+	tokens   map[string]int
+	events   []kv.Event
+	passes   []Output
+}
+
+func run(t testing.TB, m *Model, now time.Time, limit int) result {
+	t.Helper()
+	res := result{finished: map[string]Finished{}, tokens: map[string]int{}}
+	for i := 0; i < limit; i++ {
+		d, out := m.Step(now)
+		res.events = append(res.events, out.Events...)
+		for _, f := range out.Finished {
+			res.finished[f.ReqID] = f
+		}
+		for _, tok := range out.Tokens {
+			res.tokens[tok.ReqID]++
+		}
+		if !out.Idle {
+			o := out
+			o.Tokens, o.Finished, o.Events = nil, nil, nil
+			res.passes = append(res.passes, o)
+			now = out.Start.Add(d)
+			continue
+		}
+		next, ok := m.NextWake()
+		if !ok || len(m.waiting)+len(m.running) == 0 {
+			res.end = now
+			return res
+		}
+		now = next
+	}
+	t.Fatalf("model did not settle in %d passes (waiting %d running %d held %d)", limit, len(m.waiting), len(m.running), len(m.held))
+	return res
+}
+
+func submit(t testing.TB, m *Model, now time.Time, r Request) {
+	t.Helper()
+	if err := m.Submit(now, r); err != nil {
+		t.Fatalf("submit %s: %v", r.ID, err)
+	}
+}
+
+func ttft(f Finished) time.Duration { return f.Usage.FirstToken.Sub(f.Usage.Arrival) }
+
+func TestCachedPrefixShortensPrefill(t *testing.T) {
+	p := tinyProfile(t)
+	shared := prompt(768, 1)
+	second := append(append([]uint32(nil), shared...), prompt(40, 2)...)
+
+	warm := NewModel(p, Config{})
+	submit(t, warm, t0, Request{ID: "a", Tokens: shared, MaxTokens: 4})
+	r := run(t, warm, t0, 1000)
+	submit(t, warm, r.end, Request{ID: "b", Tokens: second, MaxTokens: 4})
+	hot := run(t, warm, r.end, 1000).finished["b"]
+
+	cold := NewModel(p, Config{})
+	submit(t, cold, t0, Request{ID: "b", Tokens: second, MaxTokens: 4})
+	fresh := run(t, cold, t0, 1000).finished["b"]
+
+	if hot.Usage.GPUHitTokens != 768 {
+		t.Fatalf("GPU hit %d tokens, want 768", hot.Usage.GPUHitTokens)
+	}
+	if hot.Usage.ComputedTokens != len(second)-768 {
+		t.Fatalf("computed %d tokens, want %d", hot.Usage.ComputedTokens, len(second)-768)
+	}
+	if fresh.Usage.CachedTokens() != 0 || fresh.Usage.ComputedTokens != len(second) {
+		t.Fatalf("cold engine reported a hit: %+v", fresh.Usage)
+	}
+	if !(ttft(hot) < ttft(fresh)/3) {
+		t.Fatalf("cached TTFT %v not well under cold TTFT %v", ttft(hot), ttft(fresh))
+	}
+}
+
+// prefillTime is the TTFT of a 32-block prompt whose first 31 blocks are
+// placed by setup.
+func prefillTime(t *testing.T, setup func(m *Model, chain []kv.BlockHash) time.Time) (time.Duration, Usage) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{})
+	tokens := prompt(512, 7)
+	chain := kv.ChainHashes(tokens, p.BlockSize)
+	now := setup(m, chain[:31])
+	submit(t, m, now, Request{ID: "x", Tokens: tokens, MaxTokens: 1})
+	f := run(t, m, now, 1000).finished["x"]
+	return ttft(f), f.Usage
+}
+
+func TestHostHitCostsBetweenGPUHitAndRecompute(t *testing.T) {
+	gpu, ug := prefillTime(t, func(m *Model, chain []kv.BlockHash) time.Time {
+		submit(t, m, t0, Request{ID: "warm", Tokens: prompt(496, 7), MaxTokens: 1})
+		return run(t, m, t0, 100).end
+	})
+	host, uh := prefillTime(t, func(m *Model, chain []kv.BlockHash) time.Time {
+		ready, n := m.Fetch(t0, chain, 0, 0)
+		if n != 31 {
+			t.Fatalf("fetch moves %d blocks, want 31", n)
+		}
+		m.Step(ready) // lands the fetch
+		if g, l := m.Lookup(chain); g != 0 || l != 31 {
+			t.Fatalf("after fetch: %d on GPU, %d local", g, l)
+		}
+		return ready
+	})
+	miss, um := prefillTime(t, func(m *Model, chain []kv.BlockHash) time.Time { return t0 })
+
+	if ug.GPUHitTokens != 496 || uh.HostHitTokens != 496 || um.CachedTokens() != 0 {
+		t.Fatalf("hits: gpu %+v host %+v miss %+v", ug, uh, um)
+	}
+	if !(gpu < host && host < miss) {
+		t.Fatalf("want GPU hit %v < host hit %v < recompute %v", gpu, host, miss)
+	}
+}
+
+func TestDecodePassGrowsWithBatchAndContext(t *testing.T) {
+	decodePass := func(batch, ctx int) time.Duration {
+		p := tinyProfile(t)
+		m := NewModel(p, Config{})
+		for i := 0; i < batch; i++ {
+			submit(t, m, t0, Request{ID: fmt.Sprint(i), Tokens: prompt(ctx, uint32(i+1)), MaxTokens: 100})
+		}
+		now := t0
+		for i := 0; i < 200; i++ {
+			d, out := m.Step(now)
+			now = now.Add(d)
+			if out.Stats.DecodeSeqs == batch && out.Stats.PrefillTokens == 0 {
+				return d
+			}
+		}
+		t.Fatalf("no pure decode pass for batch %d ctx %d", batch, ctx)
+		return 0
+	}
+	for _, tc := range []struct{ b1, c1, b2, c2 int }{
+		{1, 64, 8, 64},     // batch grows
+		{8, 64, 8, 512},    // context grows
+		{4, 256, 16, 256},  // batch grows at longer context
+		{16, 64, 16, 400}, // context grows at larger batch
+	} {
+		a, b := decodePass(tc.b1, tc.c1), decodePass(tc.b2, tc.c2)
+		if !(b > a) {
+			t.Errorf("decode pass batch %d ctx %d = %v, batch %d ctx %d = %v: want growth", tc.b1, tc.c1, a, tc.b2, tc.c2, b)
+		}
+	}
+}
+
+func TestPrefillPassGrowsWithTokensAndContext(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{})
+	short := m.passTime(&PassStats{PrefillTokens: 256, PrefillAttended: 256 * 128})
+	more := m.passTime(&PassStats{PrefillTokens: 512, PrefillAttended: 512 * 256})
+	deeper := m.passTime(&PassStats{PrefillTokens: 256, PrefillAttended: 256 * 4000})
+	if !(more > short && deeper > short) {
+		t.Fatalf("prefill pass: 256 tok %v, 512 tok %v, 256 tok deep %v", short, more, deeper)
+	}
+}
+
+func TestChunkedPrefillSplitsLongPrompt(t *testing.T) {
+	p := tinyProfile(t) // 1024-token budget
+	m := NewModel(p, Config{})
+	submit(t, m, t0, Request{ID: "long", Tokens: prompt(3000, 3), MaxTokens: 2})
+	r := run(t, m, t0, 100)
+	if r.passes[0].Stats.PrefillTokens != 1024 || r.passes[2].Stats.PrefillTokens != 3000-2048 {
+		t.Fatalf("chunks %d, %d, %d", r.passes[0].Stats.PrefillTokens, r.passes[1].Stats.PrefillTokens, r.passes[2].Stats.PrefillTokens)
+	}
+	if r.tokens["long"] != 2 {
+		t.Fatalf("%d tokens out", r.tokens["long"])
+	}
+}
+
+func TestGPUPressureOffloadsToHost(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{GPUBlocks: 64})
+	now := t0
+	for i := 0; i < 4; i++ { // 4 x 32 blocks through a 64-block GPU
+		submit(t, m, now, Request{ID: fmt.Sprint(i), Tokens: prompt(512, uint32(10+i)), MaxTokens: 1})
+		now = run(t, m, now, 100).end
+	}
+	first := kv.ChainHashes(prompt(512, 10), p.BlockSize)
+	g, l := m.Lookup(first)
+	if g != 0 || l != 32 {
+		t.Fatalf("first prompt: %d blocks on GPU, %d local; want 0 and 32 (offloaded)", g, l)
+	}
+	if c := m.Counters(); c.OffloadedBlocks < 64 {
+		t.Fatalf("offloaded %d blocks", c.OffloadedBlocks)
+	}
+	submit(t, m, now, Request{ID: "again", Tokens: prompt(512, 10), MaxTokens: 1})
+	f := run(t, m, now, 100).finished["again"]
+	if f.Usage.HostHitTokens != 496 {
+		t.Fatalf("reload: %+v", f.Usage)
+	}
+}
+
+func TestHostEvictionDropsAndEmitsEvents(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{GPUBlocks: 32, HostBlocks: 40})
+	now := t0
+	var events []kv.Event
+	for i := 0; i < 4; i++ {
+		submit(t, m, now, Request{ID: fmt.Sprint(i), Tokens: prompt(496, uint32(20+i)), MaxTokens: 1})
+		r := run(t, m, now, 100)
+		now, events = r.end, append(events, r.events...)
+	}
+	counts := map[string]int{}
+	for i, e := range events {
+		if i > 0 && e.Seq != events[i-1].Seq+1 {
+			t.Fatalf("event sequence gap at %d: %d after %d", i, e.Seq, events[i-1].Seq)
+		}
+		counts[e.Kind.String()+"/"+e.Tier.String()]++
+	}
+	if counts["BlockRemoved/host"] == 0 || counts["BlockStored/host"] == 0 || counts["BlockRemoved/gpu"] == 0 {
+		t.Fatalf("events %v", counts)
+	}
+	if _, out := m.Step(now); out.Stats.HostBlocksUsed > 40 {
+		t.Fatalf("host over capacity: %d", out.Stats.HostBlocksUsed)
+	}
+}
+
+func TestPreemptionRecomputesAndFinishesAll(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{GPUBlocks: 48, HostBlocks: 1})
+	for i := 0; i < 6; i++ { // 6 x (8 + up to 10) blocks > 48
+		submit(t, m, t0, Request{ID: fmt.Sprint(i), Tokens: prompt(128, uint32(30+i)), MaxTokens: 150})
+	}
+	r := run(t, m, t0, 10000)
+	if len(r.finished) != 6 {
+		t.Fatalf("%d of 6 finished", len(r.finished))
+	}
+	pre, recomputed := 0, 0
+	for _, f := range r.finished {
+		pre += f.Usage.Preemptions
+		if f.Usage.ComputedTokens > 128 {
+			recomputed++
+		}
+		if f.Usage.CompletionTokens != 150 {
+			t.Fatalf("%s: %d tokens", f.ReqID, f.Usage.CompletionTokens)
+		}
+	}
+	if pre == 0 || recomputed == 0 {
+		t.Fatalf("preemptions %d, recomputed requests %d", pre, recomputed)
+	}
+}
+
+func TestRoleChangeNeverDropsARequest(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{})
+	for i := 0; i < 5; i++ {
+		submit(t, m, t0, Request{ID: fmt.Sprint(i), Tokens: prompt(600, uint32(40+i)), MaxTokens: 20})
+	}
+	submit(t, m, t0, Request{ID: "leg", Tokens: prompt(300, 50), MaxTokens: 1, RemoteDecode: true})
+	now := t0
+	for i := 0; i < 3; i++ {
+		d, _ := m.Step(now)
+		now = now.Add(d)
+	}
+	m.SetRole(RoleDecode) // in flight: prefills and a remote-decode leg
+	if err := m.Submit(now, Request{ID: "new-leg", Tokens: prompt(64, 51), MaxTokens: 1, RemoteDecode: true}); !errors.Is(err, ErrWrongRole) {
+		t.Fatalf("decode engine took a prefill leg: %v", err)
+	}
+	r := run(t, m, now, 1000)
+	for i := 0; i < 5; i++ {
+		if f, ok := r.finished[fmt.Sprint(i)]; !ok || f.Usage.CompletionTokens != 20 {
+			t.Fatalf("request %d lost after role change", i)
+		}
+	}
+	if r.finished["leg"].Reason != FinishRemoteDecode {
+		t.Fatalf("leg: %+v", r.finished["leg"])
+	}
+	m.SetRole(RolePrefill)
+	if err := m.Submit(now, Request{ID: "d", Tokens: prompt(64, 52), MaxTokens: 1, Remote: &RemoteKV{}}); !errors.Is(err, ErrWrongRole) {
+		t.Fatalf("prefill engine took a decode leg: %v", err)
+	}
+	m.SetDraining(true)
+	if err := m.Submit(now, Request{ID: "e", Tokens: prompt(64, 53), MaxTokens: 1}); !errors.Is(err, ErrDraining) {
+		t.Fatalf("draining engine took a request: %v", err)
+	}
+}
+
+func TestDisaggregatedPrefillThenDecodeByTransfer(t *testing.T) {
+	p := tinyProfile(t)
+	pre, dec := NewModel(p, Config{}), NewModel(p, Config{})
+	tokens := prompt(1000, 60) // 62 full blocks + 8 tokens
+	submit(t, pre, t0, Request{ID: "r", Tokens: tokens, MaxTokens: 1, RemoteDecode: true})
+	r := run(t, pre, t0, 100)
+	f := r.finished["r"]
+	if f.Reason != FinishRemoteDecode || len(f.Blocks) != 62 {
+		t.Fatalf("prefill leg: reason %q, %d blocks", f.Reason, len(f.Blocks))
+	}
+	if _, out := pre.Step(r.end); out.Stats.Held != 1 || out.Stats.GPUBlocksUsed < 62 {
+		t.Fatalf("prefill engine does not hold the KV: %+v", out.Stats)
+	}
+	chain, ok := pre.Release("r")
+	if !ok || len(chain) != 62 {
+		t.Fatalf("release: %v %d", ok, len(chain))
+	}
+	if _, out := pre.Step(r.end); out.Stats.Held != 0 || out.Stats.GPUBlocksUsed != 0 {
+		t.Fatalf("after release: %+v", out.Stats)
+	}
+
+	submit(t, dec, r.end, Request{ID: "r", Tokens: tokens, MaxTokens: 50, Remote: &RemoteKV{Blocks: chain}})
+	d := run(t, dec, r.end, 1000).finished["r"]
+	if d.Usage.TransferredTokens != 62*16 || d.Usage.ComputedTokens != 8 {
+		t.Fatalf("decode leg recomputed: %+v", d.Usage)
+	}
+	if min := p.TransferTime(62, p.NetworkGBps); ttft(d) < min {
+		t.Fatalf("decode leg's first token at %v, before the %v transfer", ttft(d), min)
+	}
+	if d.Usage.CompletionTokens != 50 {
+		t.Fatalf("decode produced %d tokens", d.Usage.CompletionTokens)
+	}
+}
+
+func TestHeldKVExpires(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{HoldTimeout: time.Second})
+	submit(t, m, t0, Request{ID: "r", Tokens: prompt(100, 70), MaxTokens: 1, RemoteDecode: true})
+	r := run(t, m, t0, 100)
+	next, ok := m.NextWake()
+	if !ok || next.Sub(r.end) != time.Second {
+		t.Fatalf("next wake %v %v", next.Sub(r.end), ok)
+	}
+	m.Step(next)
+	if m.InFlight() != 0 {
+		t.Fatal("hold did not expire")
+	}
+	if _, ok := m.Release("r"); ok {
+		t.Fatal("released an expired hold")
+	}
+}
+
+func TestAbortFreesKV(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{})
+	submit(t, m, t0, Request{ID: "r", Tokens: prompt(300, 80), MaxTokens: 1000})
+	now := t0
+	for i := 0; i < 5; i++ {
+		d, _ := m.Step(now)
+		now = now.Add(d)
+	}
+	if _, ok := m.Abort(now, "r"); !ok {
+		t.Fatal("abort of a running request failed")
+	}
+	_, out := m.Step(now)
+	if out.Stats.GPUBlocksUsed != 0 || out.Stats.Running != 0 || m.InFlight() != 0 {
+		t.Fatalf("KV not freed: %+v", out.Stats)
+	}
+	if _, ok := m.Abort(now, "r"); ok {
+		t.Fatal("second abort succeeded")
+	}
+}
+
+func TestEvictionHintsOrderVictims(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{GPUBlocks: 64})
+	a, b := prompt(496, 90), prompt(496, 91) // 31 blocks each
+	submit(t, m, t0, Request{ID: "a", Tokens: a, MaxTokens: 1})
+	now := run(t, m, t0, 100).end
+	submit(t, m, now, Request{ID: "b", Tokens: b, MaxTokens: 1})
+	now = run(t, m, now, 100).end
+	// Plain LRU would evict a (older) first; a hint protects it and marks b.
+	ca, cb := kv.ChainHashes(a, 16), kv.ChainHashes(b, 16)
+	var hints []Hint
+	for i := range ca {
+		hints = append(hints, Hint{ca[i], 5}, Hint{cb[i], -5})
+	}
+	m.SetHints(hints)
+	submit(t, m, now, Request{ID: "c", Tokens: prompt(496, 92), MaxTokens: 1})
+	run(t, m, now, 100)
+	if g, _ := m.Lookup(ca); g != 31 {
+		t.Fatalf("hinted-up prefix lost GPU blocks: %d of 31 left", g)
+	}
+	if g, _ := m.Lookup(cb); g == 31 {
+		t.Fatal("hinted-down prefix kept all its blocks")
+	}
+}
+
+func TestLRUEvictsDeepestSuffixFirst(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{GPUBlocks: 40})
+	a := prompt(496, 93) // 31 blocks
+	submit(t, m, t0, Request{ID: "a", Tokens: a, MaxTokens: 1})
+	now := run(t, m, t0, 100).end
+	submit(t, m, now, Request{ID: "b", Tokens: prompt(300, 94), MaxTokens: 1}) // needs 19: evicts ~10 of a
+	run(t, m, now, 100)
+	g, l := m.Lookup(kv.ChainHashes(a, 16))
+	if g == 0 || g == 31 || l != 31 {
+		t.Fatalf("a: %d blocks on GPU (want its head kept), %d local", g, l)
+	}
+}
+
+func TestSubmitRejectsBadInput(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{})
+	for _, tc := range []struct {
+		r    Request
+		want error
+	}{
+		{Request{ID: "", Tokens: prompt(4, 1), MaxTokens: 1}, ErrInvalid},
+		{Request{ID: "a", Tokens: nil, MaxTokens: 1}, ErrInvalid},
+		{Request{ID: "a", Tokens: prompt(4, 1), MaxTokens: 0}, ErrInvalid},
+		{Request{ID: "a", Tokens: prompt(8000, 1), MaxTokens: 500}, ErrTooLong},
+	} {
+		if err := m.Submit(t0, tc.r); !errors.Is(err, tc.want) {
+			t.Errorf("%+v: got %v, want %v", tc.r.ID, err, tc.want)
+		}
+	}
+	submit(t, m, t0, Request{ID: "dup", Tokens: prompt(4, 1), MaxTokens: 1})
+	if err := m.Submit(t0, Request{ID: "dup", Tokens: prompt(4, 1), MaxTokens: 1}); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("duplicate: %v", err)
+	}
+}
+
+func TestMaxNumSeqsLimitsBatch(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{MaxNumSeqs: 3})
+	for i := 0; i < 10; i++ {
+		submit(t, m, t0, Request{ID: fmt.Sprint(i), Tokens: prompt(20, uint32(i)), MaxTokens: 5})
+	}
+	r := run(t, m, t0, 1000)
+	for _, o := range r.passes {
+		if o.Stats.Running > 3 {
+			t.Fatalf("%d running", o.Stats.Running)
+		}
+	}
+	if len(r.finished) != 10 {
+		t.Fatalf("%d finished", len(r.finished))
+	}
+}
+
+func TestStepIsDeterministic(t *testing.T) {
+	p := tinyProfile(t)
+	trace := func() []string {
+		m := NewModel(p, Config{GPUBlocks: 100})
+		for i := 0; i < 8; i++ {
+			submit(t, m, t0, Request{ID: fmt.Sprint(i), Tokens: prompt(200+i*37, uint32(i%3)), MaxTokens: 30})
+		}
+		var log []string
+		now := t0
+		for i := 0; i < 500; i++ {
+			d, out := m.Step(now)
+			if out.Idle {
+				break
+			}
+			for _, tok := range out.Tokens {
+				log = append(log, fmt.Sprint(tok.ReqID, tok.ID, d))
+			}
+			now = now.Add(d)
+		}
+		return log
+	}
+	a, b := trace(), trace()
+	if len(a) == 0 || fmt.Sprint(a) != fmt.Sprint(b) {
+		t.Fatal("two identical runs differ")
+	}
+}
+
+func TestBuiltinProfilesLoad(t *testing.T) {
+	for _, name := range ProfileNames() {
+		p, err := LoadProfile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.GPUBlocks() < 1 || p.HostBlocks() < 1 {
+			t.Fatalf("%s: capacities %d %d", name, p.GPUBlocks(), p.HostBlocks())
+		}
+	}
+	for _, want := range []string{"gb300-glm46", "gb300-kimi-k2", "tiny"} {
+		if _, err := LoadProfile(want); err != nil {
+			t.Fatalf("missing profile %s: %v", want, err)
+		}
+	}
+	if _, err := LoadProfile("nope"); err == nil {
+		t.Fatal("unknown profile loaded")
+	}
+	if _, err := ParseProfile([]byte("name: x\ngpus: 1\nbogus: 3\n")); err == nil {
+		t.Fatal("unknown field accepted")
+	}
+}
+
+// The gb300 profiles reproduce the anchors they were fitted to.
+func TestGB300ProfilesMatchAnchors(t *testing.T) {
+	p, err := LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewModel(p, Config{})
+	// 128K prefill in 8,192-token chunks: about 8.6 s.
+	var total time.Duration
+	for k := 0; k < 16; k++ {
+		total += m.passTime(&PassStats{PrefillTokens: 8192, PrefillAttended: 8192 * (float64(k)*8192 + 4096)})
+	}
+	if total < 8400*time.Millisecond || total > 8800*time.Millisecond {
+		t.Errorf("128K prefill %v, anchor 8.6 s", total)
+	}
+	// 915 sequences at ~8.7K context: about 37 ms per decode pass.
+	itl := m.passTime(&PassStats{DecodeSeqs: 915, DecodeContext: 915 * 8704})
+	if itl < 35*time.Millisecond || itl > 39*time.Millisecond {
+		t.Errorf("decode ITL %v, anchor 37 ms", itl)
+	}
+}

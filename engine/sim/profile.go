@@ -1,0 +1,158 @@
+package sim
+
+import (
+	"embed"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+//go:embed profiles/*.yaml
+var builtinProfiles embed.FS
+
+// Profile describes the hardware and model of one simulated engine (a GPU or
+// a tensor-parallel group) and the cost of its forward passes. Profiles are
+// YAML files; the built-in ones cite the public figures they are fitted to.
+type Profile struct {
+	Name        string `yaml:"name"`
+	Description string `yaml:"description"`
+	Model       string `yaml:"model"` // served model name
+	GPUs        int    `yaml:"gpus"`
+
+	MaxModelLen     int `yaml:"max_model_len"`      // longest prompt + output, tokens
+	BlockSize       int `yaml:"block_size"`         // tokens per KV block
+	KVBytesPerToken int `yaml:"kv_bytes_per_token"` // whole engine, all layers
+	GPUKVTokens     int `yaml:"gpu_kv_tokens"`      // KV capacity in device memory
+	HostKVTokens    int `yaml:"host_kv_tokens"`     // host pool; 0 means 4x GPUKVTokens
+
+	HBMGBps     float64 `yaml:"hbm_gbps"`     // device memory bandwidth, GB/s (engine total)
+	HostGBps    float64 `yaml:"host_gbps"`    // GPU <-> host copy bandwidth, GB/s
+	NetworkGBps float64 `yaml:"network_gbps"` // engine <-> engine KV transfer, GB/s
+
+	MaxNumSeqs          int `yaml:"max_num_seqs"`           // 0: scheduler default
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens"` // 0: scheduler default
+
+	Prefill PrefillCost `yaml:"prefill"`
+	Decode  DecodeCost  `yaml:"decode"`
+}
+
+// PrefillCost is the prefill part of a pass:
+// base + per_token * new + per_token_context * sum(new_i * context_i),
+// where context_i is the average number of tokens the chunk's tokens attend to.
+type PrefillCost struct {
+	BaseMs            float64 `yaml:"base_ms"`
+	PerTokenUs        float64 `yaml:"per_token_us"`
+	PerTokenContextNs float64 `yaml:"per_token_context_ns"`
+}
+
+// DecodeCost is the decode part of a pass:
+// base + per_seq * batch + sum(context) * kv_bytes_per_token / (hbm * kv_read_efficiency).
+type DecodeCost struct {
+	BaseMs           float64 `yaml:"base_ms"`
+	PerSeqUs         float64 `yaml:"per_seq_us"`
+	KVReadEfficiency float64 `yaml:"kv_read_efficiency"` // share of HBM bandwidth attention reads reach
+}
+
+// GPUBlocks is the GPU KV capacity in blocks.
+func (p *Profile) GPUBlocks() int { return p.GPUKVTokens / p.BlockSize }
+
+// HostBlocks is the host KV capacity in blocks.
+func (p *Profile) HostBlocks() int {
+	if p.HostKVTokens == 0 {
+		return 4 * p.GPUBlocks()
+	}
+	return p.HostKVTokens / p.BlockSize
+}
+
+// BlockBytes is the size of one KV block.
+func (p *Profile) BlockBytes() float64 { return float64(p.BlockSize * p.KVBytesPerToken) }
+
+// TransferTime is the time to move n blocks at gbps GB/s.
+func (p *Profile) TransferTime(blocks int, gbps float64) time.Duration {
+	if blocks <= 0 || gbps <= 0 {
+		return 0
+	}
+	return seconds(float64(blocks) * p.BlockBytes() / (gbps * 1e9))
+}
+
+// Validate reports the first field that makes the profile unusable.
+func (p *Profile) Validate() error {
+	checks := []struct {
+		ok   bool
+		what string
+	}{
+		{p.Name != "", "name is empty"},
+		{p.GPUs > 0, "gpus must be positive"},
+		{p.BlockSize > 0, "block_size must be positive"},
+		{p.MaxModelLen >= p.BlockSize, "max_model_len must hold at least one block"},
+		{p.KVBytesPerToken > 0, "kv_bytes_per_token must be positive"},
+		{p.GPUKVTokens >= p.BlockSize, "gpu_kv_tokens must hold at least one block"},
+		{p.HostKVTokens >= 0, "host_kv_tokens must not be negative"},
+		{p.HBMGBps > 0, "hbm_gbps must be positive"},
+		{p.HostGBps > 0, "host_gbps must be positive"},
+		{p.NetworkGBps > 0, "network_gbps must be positive"},
+		{p.MaxNumSeqs >= 0 && p.MaxNumBatchedTokens >= 0, "max_num_seqs and max_num_batched_tokens must not be negative"},
+		{p.Prefill.BaseMs >= 0 && p.Prefill.PerTokenUs > 0 && p.Prefill.PerTokenContextNs >= 0, "prefill costs: base_ms >= 0, per_token_us > 0, per_token_context_ns >= 0"},
+		{p.Decode.BaseMs > 0 && p.Decode.PerSeqUs >= 0 && p.Decode.KVReadEfficiency > 0 && p.Decode.KVReadEfficiency <= 1, "decode costs: base_ms > 0, per_seq_us >= 0, 0 < kv_read_efficiency <= 1"},
+	}
+	for _, c := range checks {
+		if !c.ok {
+			return fmt.Errorf("profile %q: %s", p.Name, c.what)
+		}
+	}
+	return nil
+}
+
+// ProfileNames lists the built-in profiles.
+func ProfileNames() []string {
+	entries, _ := builtinProfiles.ReadDir("profiles")
+	var names []string
+	for _, e := range entries {
+		names = append(names, strings.TrimSuffix(e.Name(), ".yaml"))
+	}
+	sort.Strings(names)
+	return names
+}
+
+// LoadProfile returns the built-in profile of that name, or reads a YAML file
+// when nameOrPath names one (it contains a path separator or ends in .yaml).
+func LoadProfile(nameOrPath string) (*Profile, error) {
+	var data []byte
+	var err error
+	if strings.ContainsRune(nameOrPath, filepath.Separator) || strings.HasSuffix(nameOrPath, ".yaml") || strings.HasSuffix(nameOrPath, ".yml") {
+		data, err = os.ReadFile(nameOrPath)
+		if err != nil {
+			return nil, fmt.Errorf("read profile: %w", err)
+		}
+	} else {
+		data, err = builtinProfiles.ReadFile("profiles/" + nameOrPath + ".yaml")
+		if err != nil {
+			return nil, fmt.Errorf("unknown profile %q (built in: %s; or give a path to a YAML file)", nameOrPath, strings.Join(ProfileNames(), ", "))
+		}
+	}
+	return ParseProfile(data)
+}
+
+// ParseProfile reads a profile from YAML; unknown fields are errors.
+func ParseProfile(data []byte) (*Profile, error) {
+	var p Profile
+	dec := yaml.NewDecoder(strings.NewReader(string(data)))
+	dec.KnownFields(true)
+	if err := dec.Decode(&p); err != nil {
+		return nil, fmt.Errorf("parse profile: %w", err)
+	}
+	if p.Model == "" {
+		p.Model = p.Name
+	}
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &p, nil
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

@@ -1,0 +1,336 @@
+package sim
+
+import (
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/tokenizer"
+)
+
+// Step runs one forward pass starting at now (or when the previous pass or
+// offload ends, if later) and returns its modelled duration and output. When
+// nothing can run, the output is Idle with duration 0; see NextWake.
+func (m *Model) Step(now time.Time) (time.Duration, Output) {
+	if now.Before(m.busyUntil) {
+		now = m.busyUntil
+	}
+	if m.delivered {
+		m.out.Events = m.out.Events[:0]
+		m.delivered = false
+	}
+	m.pass++
+	out := &m.out
+	out.Start, out.Duration, out.Idle = now, 0, false
+	out.Tokens, out.Finished = out.Tokens[:0], out.Finished[:0]
+	out.Stats = PassStats{}
+	st := &out.Stats
+
+	m.expireHolds(now)
+	m.completeFetches(now)
+
+	budget := m.cfg.MaxNumBatchedTokens
+	m.sched = m.sched[:0]
+
+	// Running sequences first, in order; preempt from the back under KV pressure.
+	for i := 0; i < len(m.running) && budget > 0; i++ {
+		s := m.running[i]
+		n := min(len(s.tokens)-s.computed, budget)
+		for !m.ensureBlocks(s, s.computed+n) {
+			victim := m.running[len(m.running)-1]
+			m.running = m.running[:len(m.running)-1]
+			m.preempt(victim)
+			st.Preemptions++
+			if victim == s {
+				n = 0
+				break
+			}
+		}
+		if n == 0 {
+			break
+		}
+		m.account(s, n, st)
+		budget -= n
+	}
+
+	// Then waiting sequences, in arrival order, while budget, sequence slots
+	// and KV blocks last. Decode legs whose KV is still in flight are skipped.
+	if budget > 0 && len(m.running) < m.cfg.MaxNumSeqs {
+		kept := m.waiting[:0]
+		blocked := false
+		for _, s := range m.waiting {
+			if blocked || budget == 0 || len(m.running) >= m.cfg.MaxNumSeqs ||
+				(s.req.Remote != nil && !s.admitted && now.Before(s.remoteReady)) {
+				kept = append(kept, s)
+				continue
+			}
+			n, ok := m.admit(now, s, budget, st)
+			if !ok {
+				blocked = true // vLLM stops admitting at the first that does not fit
+				kept = append(kept, s)
+				continue
+			}
+			s.state = stRunning
+			m.running = append(m.running, s)
+			m.account(s, n, st)
+			budget -= n
+		}
+		for i := len(kept); i < len(m.waiting); i++ {
+			m.waiting[i] = nil
+		}
+		m.waiting = kept
+	}
+
+	if len(m.sched) == 0 {
+		out.Idle = true
+		m.fillQueueStats(st)
+		m.delivered = true
+		return 0, *out
+	}
+
+	d := m.passTime(st)
+	end := now.Add(d)
+	out.Duration = d
+	m.busyUntil = end
+	m.counters.Passes++
+	m.counters.BusyTime += d
+
+	// Sample a token for every sequence whose KV is now complete.
+	finished := false
+	for _, s := range m.sched {
+		if s.computed < len(s.tokens) {
+			continue // a prefill chunk, more to come
+		}
+		m.sample(s, end)
+		if s.state != stRunning {
+			finished = true
+		}
+	}
+	if finished {
+		kept := m.running[:0]
+		for _, s := range m.running {
+			if s.state == stRunning {
+				kept = append(kept, s)
+			}
+		}
+		for i := len(kept); i < len(m.running); i++ {
+			m.running[i] = nil
+		}
+		m.running = kept
+	}
+	m.fillQueueStats(st)
+	m.delivered = true
+	return d, *out
+}
+
+// admit matches s's prefix against the tiers, takes the blocks it needs for
+// its first chunk and returns that chunk's size; false if KV does not fit.
+func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bool) {
+	maxHit := (len(s.tokens) - 1) / m.bs // always compute at least the last token
+	g := 0
+	for g < maxHit && g < len(s.chain) {
+		b := m.gpuByHash[s.chain[g]]
+		if b == nil {
+			break
+		}
+		g++
+	}
+	t := g
+	host, xfer := 0, 0
+	for t < maxHit && t < len(s.chain) {
+		h := s.chain[t]
+		switch {
+		case m.hostByHash[h] != nil:
+			host++
+		case s.req.Remote != nil && t < len(s.req.Remote.Blocks) && s.req.Remote.Blocks[t] == h:
+			xfer++
+		default:
+			goto matched
+		}
+		t++
+	}
+matched:
+	n := min(len(s.tokens)-t*m.bs, budget)
+	need := (t*m.bs+n+m.bs-1)/m.bs - g
+	// Blocks hit on GPU stop being evictable once taken: count them out.
+	evictableHits := 0
+	for i := 0; i < g; i++ {
+		if m.gpuByHash[s.chain[i]].ref == 0 {
+			evictableHits++
+		}
+	}
+	if m.gpuAvailable()-evictableHits < need {
+		return 0, false
+	}
+	for i := 0; i < g; i++ {
+		b := m.gpuByHash[s.chain[i]]
+		m.acquireCached(b)
+		s.blocks = append(s.blocks, b)
+	}
+	for i := g; i < t; i++ {
+		h := s.chain[i]
+		if hb := m.hostByHash[h]; hb != nil {
+			m.touchHost(hb)
+		}
+		b := m.allocGPU()
+		var parent kv.BlockHash
+		if i > 0 {
+			parent = s.chain[i-1]
+		}
+		s.blocks = append(s.blocks, b)
+		m.commitBlock(b, h, parent, i)
+	}
+	s.computed = t * m.bs
+	st.HostLoadBlocks += host
+	if !s.admitted {
+		s.admitted = true
+		s.usage.FirstScheduled = now
+		s.usage.GPUHitTokens = g * m.bs
+		s.usage.HostHitTokens = host * m.bs
+		s.usage.TransferredTokens = xfer * m.bs
+		m.counters.PrefixQueries += uint64(len(s.req.Tokens))
+		m.counters.PrefixHits += uint64(t * m.bs)
+		m.counters.TransferredBlocks += uint64(xfer)
+	}
+	if !m.ensureBlocks(s, s.computed+n) {
+		panic("sim: admission accounted blocks it could not allocate")
+	}
+	return n, true
+}
+
+// ensureBlocks gives s enough GPU blocks to hold tokens tokens.
+func (m *Model) ensureBlocks(s *seq, tokens int) bool {
+	need := (tokens + m.bs - 1) / m.bs
+	for len(s.blocks) < need {
+		b := m.allocGPU()
+		if b == nil {
+			return false
+		}
+		s.blocks = append(s.blocks, b)
+	}
+	return true
+}
+
+// account schedules n tokens of s in this pass: cost terms, and caching of
+// the blocks they fill.
+func (m *Model) account(s *seq, n int, st *PassStats) {
+	decode := s.generated > 0 && n == 1 && s.computed == len(s.tokens)-1
+	if decode {
+		st.DecodeSeqs++
+		st.DecodeContext += len(s.tokens)
+	} else {
+		st.PrefillTokens += n
+		st.PrefillAttended += float64(n) * (float64(s.computed) + float64(n)/2)
+		s.usage.ComputedTokens += n
+	}
+	before := s.computed / m.bs
+	s.computed += n
+	for i := before; i < s.computed/m.bs; i++ {
+		var parent kv.BlockHash
+		if i > 0 {
+			parent = s.chain[i-1]
+		}
+		m.commitBlock(s.blocks[i], s.chain[i], parent, i)
+	}
+	for _, b := range s.blocks[before:] {
+		b.LastUse = m.pass
+	}
+	m.sched = append(m.sched, s)
+}
+
+// passTime is the modelled duration of the scheduled pass (see Profile).
+func (m *Model) passTime(st *PassStats) time.Duration {
+	p := &m.p
+	base := 0.0
+	if st.PrefillTokens > 0 {
+		base = p.Prefill.BaseMs * 1e-3
+	}
+	if st.DecodeSeqs > 0 {
+		base = max(base, p.Decode.BaseMs*1e-3)
+	}
+	t := base +
+		p.Prefill.PerTokenUs*1e-6*float64(st.PrefillTokens) +
+		p.Prefill.PerTokenContextNs*1e-9*st.PrefillAttended +
+		p.Decode.PerSeqUs*1e-6*float64(st.DecodeSeqs) +
+		float64(st.DecodeContext)*float64(p.KVBytesPerToken)/(p.HBMGBps*1e9*p.Decode.KVReadEfficiency) +
+		float64(st.HostLoadBlocks+st.OffloadBlocks)*p.BlockBytes()/(p.HostGBps*1e9)
+	return seconds(t)
+}
+
+// sample appends one output token to s at time end and finishes it when done.
+func (m *Model) sample(s *seq, end time.Time) {
+	s.rng ^= s.rng << 13
+	s.rng ^= s.rng >> 7
+	s.rng ^= s.rng << 17
+	tok := tokenizer.Word(int(s.rng >> 40))
+	if s.rng%12 == 0 {
+		tok = tokenizer.Period
+	}
+	idx := s.generated
+	s.tokens = append(s.tokens, tok)
+	s.generated++
+	if len(s.tokens)%m.bs == 0 {
+		s.chain = kv.ExtendChain(s.chain, s.tokens, m.bs)
+	}
+	if idx == 0 {
+		s.usage.FirstToken = end
+	}
+	s.usage.CompletionTokens = s.generated
+	m.counters.GenerationTokens++
+	m.out.Tokens = append(m.out.Tokens, Token{ReqID: s.req.ID, ID: tok, Index: idx})
+
+	switch {
+	case s.req.RemoteDecode:
+		s.state = stHeld
+		s.holdUntil = end.Add(m.cfg.HoldTimeout)
+		m.held = append(m.held, s)
+		s.usage.Finish = end
+		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
+		nb := min(len(s.chain), len(s.req.Tokens)/m.bs)
+		m.out.Finished = append(m.out.Finished, Finished{
+			ReqID: s.req.ID, Reason: FinishRemoteDecode, Usage: s.usage, Blocks: s.chain[:nb:nb],
+		})
+	case s.generated >= s.req.MaxTokens || len(s.tokens) >= m.p.MaxModelLen:
+		s.state = stDone
+		s.usage.Finish = end
+		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
+		m.freeSeq(s)
+		delete(m.byID, s.req.ID)
+		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.usage})
+	}
+}
+
+// preempt frees a running sequence's KV and requeues it at the front of the
+// waiting queue; it will recompute (cached blocks may still hit).
+func (m *Model) preempt(s *seq) {
+	m.freeSeq(s)
+	s.state = stWaiting
+	s.usage.Preemptions++
+	m.counters.Preemptions++
+	m.waiting = append(m.waiting, nil)
+	copy(m.waiting[1:], m.waiting)
+	m.waiting[0] = s
+}
+
+func (m *Model) expireHolds(now time.Time) {
+	for i := 0; i < len(m.held); {
+		s := m.held[i]
+		if now.Before(s.holdUntil) {
+			i++
+			continue
+		}
+		m.held = removeSeq(m.held, s)
+		m.freeSeq(s)
+		delete(m.byID, s.req.ID)
+	}
+}
+
+func (m *Model) fillQueueStats(st *PassStats) {
+	st.Waiting = len(m.waiting)
+	st.Running = len(m.running)
+	st.Held = len(m.held)
+	st.GPUBlocksUsed = m.gpuUsed - m.gpuPolicy.Len()
+	st.GPUBlocksCached = m.gpuUsed
+	st.GPUBlocks = m.cfg.GPUBlocks
+	st.HostBlocksUsed = len(m.hostByHash)
+	st.HostBlocks = m.cfg.HostBlocks
+}
