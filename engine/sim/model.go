@@ -523,3 +523,24 @@ func removeSeq(list []*seq, s *seq) []*seq {
 	}
 	return list
 }
+
+// Resync queues an AllBlocksCleared event followed by a BlockStored event for
+// every block copy the engine holds (GPU, then host), so that a consumer that
+// lost events can rebuild this engine's entries. The events come with the
+// next Step's output.
+func (m *Model) Resync() int {
+	m.emit(kv.AllCleared, kv.TierGPU, &Block{})
+	n := 0
+	for _, b := range m.gpuByHash {
+		m.emit(kv.BlockStored, kv.TierGPU, b)
+		n++
+	}
+	for _, b := range m.hostByHash {
+		m.emit(kv.BlockStored, kv.TierHost, b)
+		n++
+	}
+	return n
+}
+
+// LastEventSeq is the sequence number of the last KV event emitted.
+func (m *Model) LastEventSeq() uint64 { return m.eventSeq }

@@ -164,9 +164,9 @@ func TestDecodePassGrowsWithBatchAndContext(t *testing.T) {
 		return 0
 	}
 	for _, tc := range []struct{ b1, c1, b2, c2 int }{
-		{1, 64, 8, 64},     // batch grows
-		{8, 64, 8, 512},    // context grows
-		{4, 256, 16, 256},  // batch grows at longer context
+		{1, 64, 8, 64},    // batch grows
+		{8, 64, 8, 512},   // context grows
+		{4, 256, 16, 256}, // batch grows at longer context
 		{16, 64, 16, 400}, // context grows at larger batch
 	} {
 		a, b := decodePass(tc.b1, tc.c1), decodePass(tc.b2, tc.c2)

@@ -1,0 +1,179 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/evolvellm/evolve/engine"
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+)
+
+func newEngineCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "engine",
+		Short: "Serve one model replica (a simulated GPU engine by default)",
+		Long: `Run an engine agent: an OpenAI-compatible server for one model replica.
+
+With --backend sim (the default) the engine is a simulated GPU: a step model
+of vLLM's continuous batching with a paged KV cache on GPU and in host memory,
+timed by a profile (see --profile). It runs against the wall clock, sped up by
+--speedup: with --speedup 10 a modelled 40 ms pass takes 4 ms. Latencies it
+reports (metrics, the "evolve" field of responses) are modelled times.
+
+Without --nats the engine serves HTTP alone. With --nats it registers with the
+orchestrator, publishes KV events and per-pass statistics, and takes control
+requests (role, drain, offload, fetch, eviction hints).
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
+"stream": true), GET /v1/models, GET /health, GET /metrics, and the KV
+extensions under /evolve/v1/kv/.
+
+Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to a YAML file.`,
+		Example: `  # a small engine to try
+  evolve engine --profile tiny --listen 127.0.0.1:8000
+  curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'
+
+  # a GB300 tray running Kimi K2, 20x faster than real time, in a cluster
+  evolve engine --profile gb300-kimi-k2 --speedup 20 --nats nats://10.0.0.1:4222 --id tray-07`,
+		Args: noArgs,
+		RunE: runEngine,
+	}
+	f := cmd.Flags()
+	f.String("backend", "sim", "engine backend: sim")
+	f.String("listen", "127.0.0.1:8000", "HTTP listen address (port 0 picks a free port)")
+	f.String("advertise", "", "base URL that routers and peers use to reach this engine (default: from --listen)")
+	f.String("profile", "tiny", "simulated hardware and model: a built-in profile name or a YAML file")
+	f.String("id", "", "engine id, letters, digits, '-' and '_' (default: <hostname>-<port>)")
+	f.String("served-model-name", "", "model name clients ask for (default: the profile's model)")
+	f.String("role", "both", "initial role: prefill, decode or both")
+	f.Float64("speedup", 1, "modelled seconds per wall-clock second")
+	f.String("nats", "", "NATS URL of the event plane (empty: HTTP only)")
+	f.Int("max-num-seqs", 0, "most sequences in a batch (default: profile, else 256)")
+	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
+	f.Int("gpu-kv-tokens", 0, "GPU KV capacity in tokens (default: profile)")
+	f.Int("host-kv-tokens", 0, "host-memory KV capacity in tokens (default: profile, else 4x GPU)")
+	f.Int("default-max-tokens", 0, "output tokens when a request sets none (default: 16 for completions, 256 for chat)")
+	return cmd
+}
+
+var hostnameCleaner = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
+
+func runEngine(cmd *cobra.Command, _ []string) error {
+	get := func(k string) string { return config.GetString("engine." + k) }
+	geti := func(k string) int { return config.GetInt("engine." + k) }
+	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
+
+	if b := get("backend"); b != "sim" {
+		return usage(fmt.Errorf("--backend %q: only \"sim\" is available in this build", b))
+	}
+	profile, err := sim.LoadProfile(get("profile"))
+	if err != nil {
+		return usage(fmt.Errorf("--profile: %w", err))
+	}
+	role, err := sim.ParseRole(get("role"))
+	if err != nil {
+		return usage(fmt.Errorf("--role: %w", err))
+	}
+	speedup := config.GetFloat64("engine.speedup")
+	if speedup <= 0 {
+		return usage(fmt.Errorf("--speedup must be positive (got %g)", speedup))
+	}
+	for _, k := range []string{"max-num-seqs", "max-num-batched-tokens", "gpu-kv-tokens", "host-kv-tokens", "default-max-tokens"} {
+		if geti(k) < 0 {
+			return usage(fmt.Errorf("--%s must not be negative", k))
+		}
+	}
+	ln, err := net.Listen("tcp", get("listen"))
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", get("listen"), err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().(*net.TCPAddr)
+	advertise := get("advertise")
+	if advertise == "" {
+		host := addr.IP.String()
+		if addr.IP.IsUnspecified() {
+			host, _ = os.Hostname()
+		}
+		advertise = "http://" + net.JoinHostPort(host, fmt.Sprint(addr.Port))
+	}
+	id := get("id")
+	if id == "" {
+		h, _ := os.Hostname()
+		id = strings.Trim(hostnameCleaner.ReplaceAllString(h, "-"), "-") + "-" + fmt.Sprint(addr.Port)
+	}
+	simCfg := sim.Config{MaxNumSeqs: geti("max-num-seqs"), MaxNumBatchedTokens: geti("max-num-batched-tokens")}
+	if n := geti("gpu-kv-tokens"); n > 0 {
+		simCfg.GPUBlocks = max(1, n/profile.BlockSize)
+	}
+	if n := geti("host-kv-tokens"); n > 0 {
+		simCfg.HostBlocks = max(1, n/profile.BlockSize)
+	}
+	eng, err := engine.New(engine.Config{
+		ID: id, Profile: profile, Sim: simCfg, ServedModelName: get("served-model-name"), Role: role,
+		Speedup: speedup, AdvertiseURL: advertise, DefaultMaxTokens: geti("default-max-tokens"), Logger: slog.Default(),
+	})
+	if err != nil {
+		return usage(err)
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	var agent *engine.NATSAgent
+	if u := get("nats"); u != "" {
+		nc, err := nats.Connect(u, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.RetryOnFailedConnect(true),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
+			nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+		if err != nil {
+			return fmt.Errorf("connect to NATS at %s: %w", u, err)
+		}
+		defer nc.Close()
+		agent = engine.AttachNATS(eng, nc, buildVersion().Version)
+	}
+
+	srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	done := make(chan struct{})
+	go func() { eng.Run(ctx); close(done) }()
+	agentDone := make(chan error, 1)
+	if agent != nil {
+		go func() { agentDone <- agent.Run(ctx) }()
+	} else {
+		close(agentDone)
+	}
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile.Name,
+		"role", role.String(), "speedup", speedup, "nats", get("nats"))
+
+	select {
+	case <-ctx.Done():
+	case err := <-serveErr:
+		stop()
+		if !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("serve HTTP: %w", err)
+		}
+	}
+	slog.Info("engine stopping", "id", id)
+	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(shutCtx)
+	<-done
+	if err := <-agentDone; err != nil {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,447 @@
+// Package engine is the engine agent: the process that serves one model
+// replica. It speaks OpenAI's HTTP API to clients and routers, vLLM's
+// kv_transfer_params flow for disaggregated prefill and decode, and the engine
+// protocol (package protocol) over NATS to the orchestrator.
+//
+// The only backend today is "sim": the step model of package engine/sim run
+// against the wall clock, sped up by Config.Speedup. Times that the engine
+// reports (latency histograms, usage, pass records) are the model's
+// (virtual) times, so a sped-up engine reports what the hardware would see.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// Config configures an engine agent.
+type Config struct {
+	ID               string       // engine id (a NATS subject token)
+	Profile          *sim.Profile // hardware and model
+	Sim              sim.Config   // scheduler overrides
+	ServedModelName  string       // default: the profile's model
+	Role             sim.Role
+	Speedup          float64 // modelled seconds per wall second; default 1
+	AdvertiseURL     string  // base URL peers and routers use to reach this engine
+	DefaultMaxTokens int     // for requests without max_tokens; default 256 (chat) / 16 (completions, as OpenAI)
+	Logger           *slog.Logger
+}
+
+// Engine is a running engine agent. Create it with New, start its loop with
+// Run, and serve Handler over HTTP.
+type Engine struct {
+	cfg   Config
+	log   *slog.Logger
+	clock *virtualClock
+
+	mu      sync.Mutex // guards model, pending and the fields below
+	model   *sim.Model
+	pending map[string]*pending
+	wake    chan struct{}
+	nextID  uint64
+	snap    snapshot
+
+	sink  EventSink
+	met   *metrics
+	start time.Time
+}
+
+// EventSink receives what the engine publishes: KV events and pass records
+// after every pass. Calls come from the engine loop and must not block.
+type EventSink interface {
+	KVEvents(events []kv.Event)
+	Pass(rec protocol.PassRecord)
+}
+
+// snapshot is the state last reported, for metrics and heartbeats.
+type snapshot struct {
+	stats    sim.PassStats
+	counters sim.Counters
+}
+
+// New builds an engine; it serves nothing until Run is called.
+func New(cfg Config) (*Engine, error) {
+	if cfg.Profile == nil {
+		return nil, errors.New("engine: no profile")
+	}
+	if err := protocol.ValidateEngineID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.Speedup <= 0 {
+		cfg.Speedup = 1
+	}
+	if cfg.ServedModelName == "" {
+		cfg.ServedModelName = cfg.Profile.Model
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	e := &Engine{
+		cfg:     cfg,
+		log:     cfg.Logger.With("engine", cfg.ID),
+		clock:   newVirtualClock(time.Now(), cfg.Speedup),
+		model:   sim.NewModel(cfg.Profile, cfg.Sim),
+		pending: map[string]*pending{},
+		wake:    make(chan struct{}, 1),
+		start:   time.Now(),
+	}
+	e.model.SetRole(cfg.Role)
+	e.met = newMetrics(e)
+	return e, nil
+}
+
+// SetSink sets where KV events and pass records go (nil: nowhere). Call it
+// before Run.
+func (e *Engine) SetSink(s EventSink) { e.sink = s }
+
+// ID returns the engine id.
+func (e *Engine) ID() string { return e.cfg.ID }
+
+// Model returns the served model name.
+func (e *Engine) Model() string { return e.cfg.ServedModelName }
+
+// Registration describes this engine for the orchestrator.
+func (e *Engine) Registration(version string) protocol.Registration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	p := e.model.Profile()
+	c := e.model.Config()
+	return protocol.Registration{
+		ID: e.cfg.ID, URL: e.cfg.AdvertiseURL, Backend: "sim", Model: e.cfg.ServedModelName,
+		Profile: p.Name, GPUs: p.GPUs, Role: e.model.Role().String(), BlockSize: p.BlockSize,
+		GPUBlocks: c.GPUBlocks, HostBlocks: c.HostBlocks, KVBytesPerToken: p.KVBytesPerToken,
+		MaxModelLen: p.MaxModelLen, Speedup: e.cfg.Speedup, Version: version, StartedAt: e.start,
+		LastKVSeq: e.model.LastEventSeq(),
+	}
+}
+
+// Heartbeat reports the engine's current load.
+func (e *Engine) Heartbeat() protocol.Heartbeat {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	st := e.snap.stats
+	return protocol.Heartbeat{
+		ID: e.cfg.ID, Time: time.Now(), Role: e.model.Role().String(), Draining: e.model.Draining(),
+		Waiting: st.Waiting, Running: st.Running, Held: st.Held,
+		GPUKVUsage: ratio(st.GPUBlocksUsed, st.GPUBlocks), HostKVUsage: ratio(st.HostBlocksUsed, st.HostBlocks),
+		LastKVSeq: e.model.LastEventSeq(),
+	}
+}
+
+func ratio(a, b int) float64 {
+	if b == 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func (e *Engine) poke() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run steps the model until ctx ends: one forward pass at a time, each taking
+// its modelled duration divided by the speedup in wall time. Tokens are
+// delivered when their pass ends.
+func (e *Engine) Run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	var (
+		tokens   []sim.Token
+		finished []sim.Finished
+		events   []kv.Event
+	)
+	for {
+		e.mu.Lock()
+		d, out := e.model.Step(e.clock.Now())
+		tokens = append(tokens[:0], out.Tokens...)
+		finished = append(finished[:0], out.Finished...)
+		for i := range finished { // the model reuses its buffers
+			finished[i].Blocks = append([]kv.BlockHash(nil), finished[i].Blocks...)
+		}
+		events = append(events[:0], out.Events...)
+		e.snap.stats, e.snap.counters = out.Stats, e.model.Counters()
+		var wait time.Duration
+		idle := out.Idle
+		if idle {
+			wait = time.Hour
+			if next, ok := e.model.NextWake(); ok {
+				wait = e.clock.WallUntil(next)
+			}
+		} else {
+			wait = e.clock.WallUntil(out.Start.Add(d))
+		}
+		e.mu.Unlock()
+
+		if len(events) > 0 && e.sink != nil {
+			e.sink.KVEvents(events)
+		}
+		if !idle {
+			e.met.observePass(d)
+			if e.sink != nil {
+				e.sink.Pass(passRecord(out.Start, d, &out.Stats))
+			}
+		}
+		if wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				e.shutdown()
+				return
+			case <-timer.C:
+			case <-e.wake:
+				if !idle { // a pass is in progress: it still takes its time
+					select {
+					case <-ctx.Done():
+						e.shutdown()
+						return
+					case <-timer.C:
+					}
+				} else {
+					timer.Stop() // Go 1.23+: no stale value is left in timer.C
+				}
+			}
+		} else if ctx.Err() != nil {
+			e.shutdown()
+			return
+		}
+		if !idle {
+			e.deliver(tokens, finished, out.Start.Add(d))
+		}
+	}
+}
+
+func passRecord(start time.Time, d time.Duration, st *sim.PassStats) protocol.PassRecord {
+	return protocol.PassRecord{
+		Start: start, DurationSec: d.Seconds(), PrefillTokens: st.PrefillTokens, PrefillAttended: st.PrefillAttended,
+		DecodeSeqs: st.DecodeSeqs, DecodeContext: st.DecodeContext, HostLoadBlocks: st.HostLoadBlocks,
+		OffloadBlocks: st.OffloadBlocks, Preemptions: st.Preemptions, Waiting: st.Waiting, Running: st.Running,
+		GPUKVUsage: ratio(st.GPUBlocksUsed, st.GPUBlocks), HostKVUsage: ratio(st.HostBlocksUsed, st.HostBlocks),
+	}
+}
+
+// deliver hands a pass's tokens and finishes to the waiting handlers.
+func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, t := range tokens {
+		if p := e.pending[t.ReqID]; p != nil {
+			if !p.lastToken.IsZero() {
+				e.met.itl.Observe(end.Sub(p.lastToken).Seconds())
+			}
+			p.lastToken = end
+			p.push(t.ID, nil)
+		}
+	}
+	for i := range finished {
+		f := &finished[i]
+		p := e.pending[f.ReqID]
+		if p == nil {
+			continue
+		}
+		delete(e.pending, f.ReqID)
+		e.met.observeFinished(f)
+		fc := *f
+		p.push(0, &fc)
+	}
+}
+
+func (e *Engine) shutdown() {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for id, p := range e.pending {
+		p.fail(errors.New("engine shutting down"))
+		delete(e.pending, id)
+	}
+}
+
+// pending is a request whose handler is waiting for output.
+type pending struct {
+	lastToken time.Time // virtual time of the last token; guarded by Engine.mu
+
+	mu       sync.Mutex
+	tokens   []uint32
+	finished *sim.Finished
+	err      error
+	notify   chan struct{}
+}
+
+func newPending() *pending { return &pending{notify: make(chan struct{}, 1)} }
+
+func (p *pending) push(tok uint32, f *sim.Finished) {
+	p.mu.Lock()
+	if f != nil {
+		p.finished = f
+	} else {
+		p.tokens = append(p.tokens, tok)
+	}
+	p.mu.Unlock()
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
+}
+
+func (p *pending) fail(err error) {
+	p.mu.Lock()
+	p.err = err
+	p.mu.Unlock()
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
+}
+
+// take returns the tokens delivered since the last call, the finish if the
+// request is done, and an error if the engine gave up on it.
+func (p *pending) take(buf []uint32) ([]uint32, *sim.Finished, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	buf = append(buf[:0], p.tokens...)
+	p.tokens = p.tokens[:0]
+	return buf, p.finished, p.err
+}
+
+// submit queues a request with the model and registers its handler.
+func (e *Engine) submit(r sim.Request) (*pending, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if err := e.model.Submit(e.clock.Now(), r); err != nil {
+		return nil, err
+	}
+	p := newPending()
+	e.pending[r.ID] = p
+	e.poke()
+	return p, nil
+}
+
+// abort drops a request (its client went away) and frees its KV.
+func (e *Engine) abort(id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.model.Abort(e.clock.Now(), id); ok {
+		e.met.aborted.Inc()
+	}
+	delete(e.pending, id)
+}
+
+func (e *Engine) newRequestID(prefix string) string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.nextID++
+	return fmt.Sprintf("%s-%s-%d", prefix, e.cfg.ID, e.nextID)
+}
+
+// Control runs one control operation (see protocol.ControlRequest).
+func (e *Engine) Control(ctx context.Context, req protocol.ControlRequest) protocol.ControlReply {
+	var rep protocol.ControlReply
+	err := e.control(ctx, req, &rep)
+	e.mu.Lock()
+	rep.Role, rep.Draining, rep.InFlight = e.model.Role().String(), e.model.Draining(), e.model.InFlight()
+	e.mu.Unlock()
+	if err != nil {
+		rep.Error = err.Error()
+	} else {
+		rep.OK = true
+	}
+	return rep
+}
+
+func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *protocol.ControlReply) error {
+	switch req.Op {
+	case protocol.OpStatus:
+		return nil
+	case protocol.OpSetRole:
+		r, err := sim.ParseRole(req.Role)
+		if err != nil {
+			return err
+		}
+		e.mu.Lock()
+		old := e.model.Role()
+		e.model.SetRole(r)
+		e.mu.Unlock()
+		e.met.setRole(r)
+		e.log.Info("role changed", "from", old, "to", r)
+		return nil
+	case protocol.OpDrain, protocol.OpResume:
+		e.mu.Lock()
+		e.model.SetDraining(req.Op == protocol.OpDrain)
+		e.mu.Unlock()
+		e.log.Info(req.Op)
+		return nil
+	case protocol.OpOffload:
+		e.mu.Lock()
+		n, d := e.model.OffloadGPU(e.clock.Now())
+		e.mu.Unlock()
+		e.poke()
+		rep.Blocks, rep.Seconds = n, d.Seconds()
+		return nil
+	case protocol.OpFetch:
+		n, d, err := e.fetch(ctx, req.Peer, req.Blocks, req.From)
+		rep.Blocks, rep.Seconds = n, d.Seconds()
+		return err
+	case protocol.OpHints:
+		hints := make([]sim.Hint, len(req.Hints))
+		for i, h := range req.Hints {
+			hints[i] = sim.Hint{Hash: h.Hash, Priority: h.Priority}
+		}
+		e.mu.Lock()
+		e.model.SetHints(hints)
+		e.mu.Unlock()
+		return nil
+	case protocol.OpResync:
+		e.mu.Lock()
+		rep.Blocks = e.model.Resync()
+		e.mu.Unlock()
+		e.poke()
+		return nil
+	}
+	return fmt.Errorf("unknown control op %q", req.Op)
+}
+
+// fetch asks peer how much of blocks it holds and pulls that part into the
+// host tier, at the profile's network bandwidth.
+func (e *Engine) fetch(ctx context.Context, peer string, blocks []kv.BlockHash, from int) (int, time.Duration, error) {
+	if peer == "" || len(blocks) == 0 {
+		return 0, 0, errors.New("fetch needs a peer and blocks")
+	}
+	var rep protocol.LookupReply
+	if err := postJSON(ctx, peer+"/evolve/v1/kv/lookup", protocol.LookupRequest{Blocks: blocks}, &rep); err != nil {
+		return 0, 0, fmt.Errorf("ask %s for blocks: %w", peer, err)
+	}
+	if rep.Local <= from {
+		return 0, 0, nil
+	}
+	e.mu.Lock()
+	now := e.clock.Now()
+	ready, n := e.model.Fetch(now, blocks[:rep.Local], from, 0)
+	e.mu.Unlock()
+	e.poke()
+	return n, ready.Sub(now), nil
+}
+
+// lookup answers a peer's question about a chain.
+func (e *Engine) lookup(blocks []kv.BlockHash) protocol.LookupReply {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	g, l := e.model.Lookup(blocks)
+	return protocol.LookupReply{Engine: e.cfg.ID, GPU: g, Local: l}
+}
+
+// release ends a prefill leg's hold and returns its blocks.
+func (e *Engine) release(id string) ([]kv.BlockHash, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	b, ok := e.model.Release(id)
+	return append([]kv.BlockHash(nil), b...), ok
+}

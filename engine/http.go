@@ -1,0 +1,443 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/tokenizer"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// maxBodyBytes caps request bodies (a 256K-token prompt as JSON ids fits).
+const maxBodyBytes = 32 << 20
+
+// pullTimeout bounds a decode leg's wait for its prefill peer.
+const pullTimeout = 10 * time.Second
+
+// Handler serves the engine's HTTP API: OpenAI's /v1 endpoints, /health,
+// /metrics and the /evolve/v1/kv extensions (see package protocol).
+func (e *Engine) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { e.serveGenerate(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.serveGenerate(w, r, true) })
+	mux.HandleFunc("GET /v1/models", e.serveModels)
+	mux.HandleFunc("GET /health", e.serveHealth)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(e.met.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("POST /evolve/v1/kv/pull", e.servePull)
+	mux.HandleFunc("POST /evolve/v1/kv/lookup", e.serveLookup)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func writeError(w http.ResponseWriter, ae *apiError) {
+	var b errorBody
+	b.Error.Message, b.Error.Type = ae.Message, ae.Type
+	if ae.Param != "" {
+		b.Error.Param = &ae.Param
+	}
+	if ae.Code != "" {
+		b.Error.Code = &ae.Code
+	}
+	if ae.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
+	}
+	writeJSON(w, ae.Status, b)
+}
+
+// submitError maps a model's refusal to an HTTP error.
+func submitError(err error) *apiError {
+	switch {
+	case errors.Is(err, sim.ErrDraining):
+		return &apiError{Status: 503, Type: "service_unavailable", Code: "engine_draining", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
+	case errors.Is(err, sim.ErrWrongRole):
+		return &apiError{Status: 503, Type: "service_unavailable", Code: "wrong_role", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
+	case errors.Is(err, sim.ErrTooLong):
+		return &apiError{Status: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Param: "messages", Message: err.Error()}
+	}
+	return &apiError{Status: 400, Type: "invalid_request_error", Message: err.Error()}
+}
+
+func (e *Engine) serveModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, 200, map[string]any{
+		"object": "list",
+		"data": []map[string]any{{
+			"id": e.cfg.ServedModelName, "object": "model", "created": e.start.Unix(), "owned_by": "evolve",
+			"max_model_len": e.cfg.Profile.MaxModelLen,
+		}},
+	})
+}
+
+func (e *Engine) serveHealth(w http.ResponseWriter, r *http.Request) {
+	hb := e.Heartbeat()
+	writeJSON(w, 200, map[string]any{
+		"status": "ok", "engine": e.cfg.ID, "model": e.cfg.ServedModelName, "role": hb.Role, "draining": hb.Draining,
+		"waiting": hb.Waiting, "running": hb.Running,
+	})
+}
+
+func (e *Engine) servePull(w http.ResponseWriter, r *http.Request) {
+	var req protocol.PullRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxBodyBytes)).Decode(&req); err != nil || req.RemoteRequestID == "" {
+		writeError(w, badRequest("remote_request_id", "body must be JSON with remote_request_id"))
+		return
+	}
+	blocks, ok := e.release(req.RemoteRequestID)
+	if !ok {
+		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Code: "kv_not_held", Message: fmt.Sprintf("no KV held for request %q (expired, pulled already, or unknown)", req.RemoteRequestID)})
+		return
+	}
+	writeJSON(w, 200, protocol.PullReply{Engine: e.cfg.ID, Blocks: blocks})
+}
+
+func (e *Engine) serveLookup(w http.ResponseWriter, r *http.Request) {
+	var req protocol.LookupRequest
+	if err := json.NewDecoder(io.LimitReader(r.Body, maxBodyBytes)).Decode(&req); err != nil {
+		writeError(w, badRequest("blocks", "body must be JSON with blocks"))
+		return
+	}
+	writeJSON(w, 200, e.lookup(req.Blocks))
+}
+
+// serveGenerate serves /v1/completions (chat false) and /v1/chat/completions.
+func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		writeError(w, badRequest("", "read body: %v", err))
+		return
+	}
+	var req apiRequest
+	if err := json.Unmarshal(body, &req); err != nil {
+		writeError(w, badRequest("", "malformed JSON body: %v", err))
+		return
+	}
+	if req.Model != "" && req.Model != e.cfg.ServedModelName {
+		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("The model `%s` does not exist. This engine serves `%s`.", req.Model, e.cfg.ServedModelName)})
+		return
+	}
+	var tokens []uint32
+	if chat {
+		tokens, err = chatTokens(req.Messages)
+	} else {
+		tokens, err = promptTokens(req.Prompt)
+	}
+	if err != nil {
+		writeError(w, err.(*apiError))
+		return
+	}
+	if req.N != nil && *req.N != 1 {
+		writeError(w, badRequest("n", "n must be 1 (got %d)", *req.N))
+		return
+	}
+	maxTokens := e.cfg.DefaultMaxTokens
+	if maxTokens <= 0 {
+		maxTokens = 256
+		if !chat {
+			maxTokens = 16 // OpenAI's default for completions
+		}
+	}
+	if req.MaxCompletionTokens != nil {
+		maxTokens = *req.MaxCompletionTokens
+	} else if req.MaxTokens != nil {
+		maxTokens = *req.MaxTokens
+	}
+	if maxTokens < 1 {
+		writeError(w, badRequest("max_tokens", "max_tokens must be at least 1 (got %d)", maxTokens))
+		return
+	}
+	var kvp kvTransferParams
+	if len(req.KVTransferParams) > 0 && string(req.KVTransferParams) != "null" {
+		if err := json.Unmarshal(req.KVTransferParams, &kvp); err != nil {
+			writeError(w, badRequest("kv_transfer_params", "kv_transfer_params: %v", err))
+			return
+		}
+	}
+	if kvp.DoRemoteDecode && kvp.DoRemotePrefill {
+		writeError(w, badRequest("kv_transfer_params", "do_remote_decode and do_remote_prefill cannot both be true"))
+		return
+	}
+
+	prefix := "cmpl"
+	if chat {
+		prefix = "chatcmpl"
+	}
+	id := e.newRequestID(prefix)
+	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, RemoteDecode: kvp.DoRemoteDecode}
+	if kvp.DoRemoteDecode {
+		sr.MaxTokens = 1
+	}
+	var pullErr string
+	if kvp.DoRemotePrefill {
+		// Refuse early if this engine cannot take a decode leg, before taking
+		// the peer's KV.
+		e.mu.Lock()
+		acceptErr := e.model.Accepts(false, true)
+		e.mu.Unlock()
+		if acceptErr != nil {
+			writeError(w, submitError(acceptErr))
+			return
+		}
+		blocks, err := e.pull(r.Context(), kvp)
+		if err != nil {
+			pullErr = err.Error()
+			e.log.Warn("KV pull failed; recomputing the prompt", "err", err, "peer", kvp.RemoteEngineID)
+		} else {
+			sr.Remote = &sim.RemoteKV{Blocks: blocks}
+			e.met.xfer.Add(float64(len(blocks) * e.cfg.Profile.BlockSize * e.cfg.Profile.KVBytesPerToken))
+		}
+	}
+	p, err := e.submit(sr)
+	if err != nil {
+		writeError(w, submitError(err))
+		return
+	}
+	if rid := r.Header.Get("X-Request-Id"); rid != "" {
+		w.Header().Set("X-Request-Id", rid)
+	}
+	g := generation{e: e, w: w, id: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr}
+	g.run(r.Context(), p)
+}
+
+// pull takes the KV a prefill leg holds on its engine.
+func (e *Engine) pull(ctx context.Context, kvp kvTransferParams) ([]kv.BlockHash, error) {
+	if kvp.RemoteHost == "" || kvp.RemotePort == 0 || kvp.RemoteRequestID == "" {
+		return nil, errors.New("kv_transfer_params lacks remote_host, remote_port or remote_request_id")
+	}
+	ctx, cancel := context.WithTimeout(ctx, pullTimeout)
+	defer cancel()
+	base := "http://" + net.JoinHostPort(kvp.RemoteHost, strconv.Itoa(kvp.RemotePort))
+	var rep protocol.PullReply
+	if err := postJSON(ctx, base+"/evolve/v1/kv/pull", protocol.PullRequest{RemoteRequestID: kvp.RemoteRequestID}, &rep); err != nil {
+		return nil, fmt.Errorf("pull KV from %s: %w", base, err)
+	}
+	return rep.Blocks, nil
+}
+
+var httpClient = &http.Client{Timeout: 30 * time.Second}
+
+// postJSON posts in as JSON and decodes a 200 answer into out.
+func postJSON(ctx context.Context, url string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, "POST", url, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := httpClient.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(msg)))
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// generation writes one request's answer, streamed or whole.
+type generation struct {
+	e            *Engine
+	w            http.ResponseWriter
+	id           string
+	chat         bool
+	created      int64
+	stream       bool
+	includeUsage bool
+	remoteDecode bool
+	pullErr      string
+
+	bw   *bufio.Writer
+	text strings.Builder
+	sent int
+}
+
+func (g *generation) run(ctx context.Context, p *pending) {
+	if g.stream {
+		h := g.w.Header()
+		h.Set("Content-Type", "text/event-stream")
+		h.Set("Cache-Control", "no-cache")
+		h.Set("Connection", "keep-alive")
+		g.w.WriteHeader(200)
+		g.bw = bufio.NewWriter(g.w)
+	}
+	var buf []uint32
+	for {
+		select {
+		case <-ctx.Done():
+			g.e.abort(g.id) // the client went away: free its KV
+			return
+		case <-p.notify:
+		}
+		toks, fin, err := p.take(buf)
+		buf = toks
+		if len(toks) > 0 {
+			if g.stream {
+				if werr := g.chunk(tokenizer.Decode(toks), nil); werr != nil {
+					g.e.abort(g.id)
+					return
+				}
+			} else {
+				for _, t := range toks {
+					g.text.WriteString(tokenizer.TokenText(t))
+				}
+			}
+			g.sent += len(toks)
+		}
+		if err != nil {
+			if g.stream {
+				g.streamError(err)
+			} else {
+				writeError(g.w, &apiError{Status: 503, Type: "service_unavailable", Message: err.Error(), RetryAfter: 1})
+			}
+			return
+		}
+		if fin != nil {
+			g.finish(fin)
+			return
+		}
+	}
+}
+
+func (g *generation) object(chunk bool) string {
+	switch {
+	case g.chat && chunk:
+		return "chat.completion.chunk"
+	case g.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (g *generation) choices(text string, delta bool, finish *string) any {
+	if !g.chat {
+		return []completionChoice{{Text: text, FinishReason: finish}}
+	}
+	d := &chatDelta{Content: text}
+	if delta {
+		if g.sent == 0 {
+			d.Role = "assistant"
+		}
+		return []chatChoice{{Delta: d, FinishReason: finish}}
+	}
+	d.Role = "assistant"
+	return []chatChoice{{Message: d, FinishReason: finish}}
+}
+
+func (g *generation) chunk(text string, finish *string) error {
+	resp := apiResponse{ID: g.id, Object: g.object(true), Created: g.created, Model: g.e.cfg.ServedModelName,
+		Choices: g.choices(text, true, finish)}
+	return g.event(resp)
+}
+
+func (g *generation) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	g.bw.WriteString("data: ")
+	g.bw.Write(b)
+	g.bw.WriteString("\n\n")
+	if err := g.bw.Flush(); err != nil {
+		return err
+	}
+	if f, ok := g.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+func (g *generation) streamError(err error) {
+	var b errorBody
+	b.Error.Message, b.Error.Type = err.Error(), "service_unavailable"
+	_ = g.event(b)
+	g.bw.WriteString("data: [DONE]\n\n")
+	g.bw.Flush()
+}
+
+func (g *generation) finish(f *sim.Finished) {
+	u := f.Usage
+	usage := &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
+	usage.PromptTokensDetails.CachedTokens = u.CachedTokens()
+	reason := "length"
+	ext := &protocol.ResponseKV{
+		Engine: g.e.cfg.ID, GPUHitTokens: u.GPUHitTokens, HostHitTokens: u.HostHitTokens, TransferredTokens: u.TransferredTokens,
+		ComputedTokens: u.ComputedTokens, Preemptions: u.Preemptions, PullError: g.pullErr,
+		QueueSec: u.FirstScheduled.Sub(u.Arrival).Seconds(), TTFTSec: u.FirstToken.Sub(u.Arrival).Seconds(), E2ESec: u.Finish.Sub(u.Arrival).Seconds(),
+	}
+	var kvp map[string]any
+	if g.remoteDecode {
+		kvp = g.e.transferParams(g.id, f.Blocks)
+	}
+	if !g.stream {
+		resp := apiResponse{ID: g.id, Object: g.object(false), Created: g.created, Model: g.e.cfg.ServedModelName,
+			Choices: g.choices(g.text.String(), false, &reason), Usage: usage, KVTransferParams: kvp, Evolve: ext}
+		writeJSON(g.w, 200, resp)
+		return
+	}
+	last := apiResponse{ID: g.id, Object: g.object(true), Created: g.created, Model: g.e.cfg.ServedModelName,
+		Choices: g.choices("", true, &reason), KVTransferParams: kvp, Evolve: ext}
+	if g.chat {
+		last.Choices = []chatChoice{{Delta: &chatDelta{}, FinishReason: &reason}}
+	}
+	if g.event(last) != nil {
+		return
+	}
+	if g.includeUsage {
+		if g.event(apiResponse{ID: g.id, Object: g.object(true), Created: g.created, Model: g.e.cfg.ServedModelName,
+			Choices: []any{}, Usage: usage}) != nil {
+			return
+		}
+	}
+	g.bw.WriteString("data: [DONE]\n\n")
+	g.bw.Flush()
+	if f, ok := g.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// transferParams is the kv_transfer_params a prefill leg answers with, as
+// vLLM's NixlConnector does, naming this engine's HTTP address as the place
+// to pull from.
+func (e *Engine) transferParams(id string, blocks []kv.BlockHash) map[string]any {
+	host, port := "127.0.0.1", 0
+	if u, err := url.Parse(e.cfg.AdvertiseURL); err == nil {
+		host = u.Hostname()
+		port, _ = strconv.Atoi(u.Port())
+	}
+	ids := make([]uint64, len(blocks))
+	for i, b := range blocks {
+		ids[i] = uint64(b)
+	}
+	return map[string]any{
+		"do_remote_prefill": true, "do_remote_decode": false,
+		"remote_engine_id": e.cfg.ID, "remote_request_id": id, "remote_block_ids": ids,
+		"remote_host": host, "remote_port": port, "tp_size": 1,
+	}
+}

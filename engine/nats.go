@@ -1,0 +1,164 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/protocol"
+	"github.com/nats-io/nats.go"
+)
+
+// flushInterval is how often buffered KV events and pass records are
+// published; events are never reordered.
+const flushInterval = 50 * time.Millisecond
+
+// maxBatch is the most events or pass records in one message.
+const maxBatch = 2048
+
+// NATSAgent connects an engine to the event plane: it registers the engine,
+// publishes heartbeats, KV events and pass records, and answers control
+// requests (see package protocol for subjects and schemas).
+type NATSAgent struct {
+	e       *Engine
+	nc      *nats.Conn
+	version string
+
+	mu     sync.Mutex
+	events []kv.Event
+	passes []protocol.PassRecord
+	kick   chan struct{}
+}
+
+// AttachNATS makes nc the engine's event plane. Call before Engine.Run; then
+// run the agent with Run.
+func AttachNATS(e *Engine, nc *nats.Conn, version string) *NATSAgent {
+	a := &NATSAgent{e: e, nc: nc, version: version, kick: make(chan struct{}, 1)}
+	e.SetSink(a)
+	return a
+}
+
+// KVEvents buffers events for publication (EventSink).
+func (a *NATSAgent) KVEvents(events []kv.Event) {
+	a.mu.Lock()
+	a.events = append(a.events, events...)
+	full := len(a.events) >= maxBatch
+	a.mu.Unlock()
+	if full {
+		a.poke()
+	}
+}
+
+// Pass buffers a pass record for publication (EventSink).
+func (a *NATSAgent) Pass(rec protocol.PassRecord) {
+	a.mu.Lock()
+	a.passes = append(a.passes, rec)
+	a.mu.Unlock()
+}
+
+func (a *NATSAgent) poke() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Run registers the engine and serves the event plane until ctx ends, then
+// deregisters.
+func (a *NATSAgent) Run(ctx context.Context) error {
+	id := a.e.ID()
+	ctrl, err := a.nc.Subscribe(protocol.ControlSubject(id), func(m *nats.Msg) {
+		var req protocol.ControlRequest
+		var rep protocol.ControlReply
+		if err := json.Unmarshal(m.Data, &req); err != nil {
+			rep.Error = fmt.Sprintf("malformed control request: %v", err)
+		} else {
+			// Control runs off the subscription goroutine: a fetch waits on a peer.
+			go func() {
+				rep := a.e.Control(ctx, req)
+				a.respond(m, rep)
+			}()
+			return
+		}
+		a.respond(m, rep)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe to control: %w", err)
+	}
+	defer ctrl.Unsubscribe()
+	ann, err := a.nc.Subscribe(protocol.SubjectAnnounce, func(*nats.Msg) { a.register() })
+	if err != nil {
+		return fmt.Errorf("subscribe to announcements: %w", err)
+	}
+	defer ann.Unsubscribe()
+	a.nc.SetReconnectHandler(func(*nats.Conn) { a.register() })
+	a.register()
+
+	flush := time.NewTicker(flushInterval)
+	defer flush.Stop()
+	beat := time.NewTicker(protocol.HeartbeatInterval)
+	defer beat.Stop()
+	a.heartbeat()
+	for {
+		select {
+		case <-ctx.Done():
+			a.flush()
+			a.publish(protocol.SubjectDeregister, protocol.Deregistration{ID: id})
+			_ = a.nc.Flush()
+			return nil
+		case <-flush.C:
+			a.flush()
+		case <-a.kick:
+			a.flush()
+		case <-beat.C:
+			a.heartbeat()
+		}
+	}
+}
+
+func (a *NATSAgent) respond(m *nats.Msg, rep protocol.ControlReply) {
+	b, _ := json.Marshal(rep)
+	if err := m.Respond(b); err != nil {
+		a.e.log.Warn("control reply not sent", "err", err)
+	}
+}
+
+func (a *NATSAgent) register() {
+	a.publish(protocol.SubjectRegister, a.e.Registration(a.version))
+}
+
+func (a *NATSAgent) heartbeat() {
+	a.publish(protocol.HeartbeatSubject(a.e.ID()), a.e.Heartbeat())
+}
+
+func (a *NATSAgent) publish(subject string, v any) {
+	b, err := json.Marshal(v)
+	if err == nil {
+		err = a.nc.Publish(subject, b)
+	}
+	if err != nil {
+		a.e.log.Warn("publish failed", "subject", subject, "err", err)
+	}
+}
+
+// flush publishes buffered events and pass records in order.
+func (a *NATSAgent) flush() {
+	a.mu.Lock()
+	events, passes := a.events, a.passes
+	a.events, a.passes = nil, nil
+	a.mu.Unlock()
+	id := a.e.ID()
+	for len(events) > 0 {
+		n := min(len(events), maxBatch)
+		a.publish(protocol.KVSubject(id), protocol.KVEventBatch{Engine: id, Events: events[:n]})
+		events = events[n:]
+	}
+	for len(passes) > 0 {
+		n := min(len(passes), maxBatch)
+		a.publish(protocol.StatsSubject(id), protocol.StatsBatch{Engine: id, Passes: passes[:n]})
+		passes = passes[n:]
+	}
+}

@@ -1,0 +1,218 @@
+// Package protocol is the engine protocol: the NATS subjects and message
+// schemas that engines and the orchestrator exchange, and the HTTP extensions
+// engines serve beside the OpenAI API. Engines, the orchestrator and tests
+// import it; it holds types and names only.
+//
+// # NATS subjects (JSON payloads)
+//
+//	evolve.engine.register            engine -> all    Registration, at start, on reconnect and on Announce
+//	evolve.engine.announce            any -> engines   (empty) ask every engine to publish its Registration again
+//	evolve.engine.<id>.heartbeat      engine -> all    Heartbeat, every heartbeat interval (1 s)
+//	evolve.engine.<id>.kv             engine -> all    KVEventBatch; events carry a per-engine sequence from 1, without gaps
+//	evolve.engine.<id>.stats          engine -> all    StatsBatch: one PassRecord per forward pass
+//	evolve.engine.<id>.control        any -> engine    ControlRequest, answered with a ControlReply (request/reply)
+//	evolve.engine.deregister          engine -> all    Deregistration, on clean shutdown
+//
+// An engine id is one NATS subject token: letters, digits, '-' and '_'.
+//
+// # HTTP extensions (beside /v1/...)
+//
+//	POST /evolve/v1/kv/pull    PullRequest -> PullReply: a decode engine takes the KV a prefill
+//	                           leg holds (remote_request_id from kv_transfer_params); the hold ends
+//	POST /evolve/v1/kv/lookup  LookupRequest -> LookupReply: how much of a block chain this engine
+//	                           has on GPU and locally (GPU or host), before a peer fetches from it
+//
+// Responses of /v1/completions and /v1/chat/completions carry an "evolve"
+// object (ResponseKV) saying where the prompt's KV came from.
+package protocol
+
+import (
+	"fmt"
+	"regexp"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+// Subjects.
+const (
+	SubjectRegister   = "evolve.engine.register"
+	SubjectAnnounce   = "evolve.engine.announce"
+	SubjectDeregister = "evolve.engine.deregister"
+	// Wildcards for consumers of every engine.
+	SubjectAllHeartbeats = "evolve.engine.*.heartbeat"
+	SubjectAllKV         = "evolve.engine.*.kv"
+	SubjectAllStats      = "evolve.engine.*.stats"
+)
+
+// HeartbeatSubject is where engine id publishes heartbeats.
+func HeartbeatSubject(id string) string { return "evolve.engine." + id + ".heartbeat" }
+
+// KVSubject is where engine id publishes KV events.
+func KVSubject(id string) string { return "evolve.engine." + id + ".kv" }
+
+// StatsSubject is where engine id publishes pass statistics.
+func StatsSubject(id string) string { return "evolve.engine." + id + ".stats" }
+
+// ControlSubject is where engine id answers control requests.
+func ControlSubject(id string) string { return "evolve.engine." + id + ".control" }
+
+// HeartbeatInterval is how often engines publish a heartbeat.
+const HeartbeatInterval = time.Second
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidateEngineID checks that id can stand in a subject.
+func ValidateEngineID(id string) error {
+	if !idPattern.MatchString(id) {
+		return fmt.Errorf("engine id %q: use 1 to 64 letters, digits, '-' or '_'", id)
+	}
+	return nil
+}
+
+// Registration announces an engine and what it can hold.
+type Registration struct {
+	ID              string    `json:"id"`
+	URL             string    `json:"url"` // base URL of its HTTP API, e.g. http://10.0.0.5:8000
+	Backend         string    `json:"backend"`
+	Model           string    `json:"model"`
+	Profile         string    `json:"profile,omitempty"`
+	GPUs            int       `json:"gpus"`
+	Role            string    `json:"role"`
+	BlockSize       int       `json:"block_size"`
+	GPUBlocks       int       `json:"gpu_blocks"`
+	HostBlocks      int       `json:"host_blocks"`
+	KVBytesPerToken int       `json:"kv_bytes_per_token"`
+	MaxModelLen     int       `json:"max_model_len"`
+	Speedup         float64   `json:"speedup"`
+	Version         string    `json:"version"`
+	StartedAt       time.Time `json:"started_at"`
+	// LastKVSeq is the sequence of the last KV event published, so that a
+	// consumer joining late knows where the stream stands.
+	LastKVSeq uint64 `json:"last_kv_seq"`
+}
+
+// Deregistration says an engine is shutting down cleanly.
+type Deregistration struct {
+	ID string `json:"id"`
+}
+
+// Heartbeat is an engine's periodic sign of life with its current load.
+type Heartbeat struct {
+	ID          string    `json:"id"`
+	Time        time.Time `json:"time"` // wall clock
+	Role        string    `json:"role"`
+	Draining    bool      `json:"draining"`
+	Waiting     int       `json:"waiting"`
+	Running     int       `json:"running"`
+	Held        int       `json:"held"`
+	GPUKVUsage  float64   `json:"gpu_kv_usage"`  // 0..1, blocks in use by sequences
+	HostKVUsage float64   `json:"host_kv_usage"` // 0..1
+	LastKVSeq   uint64    `json:"last_kv_seq"`
+}
+
+// KVEventBatch carries consecutive KV events of one engine.
+type KVEventBatch struct {
+	Engine string     `json:"engine"`
+	Events []kv.Event `json:"events"`
+}
+
+// PassRecord is one forward pass, for the planner's cost models. Times are
+// the engine's modelled (virtual) time.
+type PassRecord struct {
+	Start           time.Time `json:"start"`
+	DurationSec     float64   `json:"duration_s"`
+	PrefillTokens   int       `json:"prefill_tokens"`
+	PrefillAttended float64   `json:"prefill_attended"` // sum of new tokens x context attended
+	DecodeSeqs      int       `json:"decode_seqs"`
+	DecodeContext   int       `json:"decode_context"`
+	HostLoadBlocks  int       `json:"host_load_blocks"`
+	OffloadBlocks   int       `json:"offload_blocks"`
+	Preemptions     int       `json:"preemptions"`
+	Waiting         int       `json:"waiting"`
+	Running         int       `json:"running"`
+	GPUKVUsage      float64   `json:"gpu_kv_usage"`
+	HostKVUsage     float64   `json:"host_kv_usage"`
+}
+
+// StatsBatch carries consecutive pass records of one engine.
+type StatsBatch struct {
+	Engine string       `json:"engine"`
+	Passes []PassRecord `json:"passes"`
+}
+
+// Control operations.
+const (
+	OpStatus  = "status"   // report state
+	OpSetRole = "set_role" // Role: prefill | decode | both; ends a drain
+	OpDrain   = "drain"    // refuse new requests (503) until resume or set_role
+	OpResume  = "resume"   // take requests again
+	OpOffload = "offload"  // copy all GPU KV to the host tier
+	OpFetch   = "fetch"    // pull Blocks[From:] from Peer into the host tier
+	OpHints   = "hints"    // eviction priorities for blocks
+	OpResync  = "resync"   // publish AllBlocksCleared then every resident block again
+)
+
+// Hint is an eviction priority for a block: lower goes first, 0 clears.
+type Hint struct {
+	Hash     kv.BlockHash `json:"hash"`
+	Priority int8         `json:"priority"`
+}
+
+// ControlRequest asks an engine to do one thing.
+type ControlRequest struct {
+	Op     string         `json:"op"`
+	Role   string         `json:"role,omitempty"`
+	Peer   string         `json:"peer,omitempty"` // base URL of the engine to fetch from
+	Blocks []kv.BlockHash `json:"blocks,omitempty"`
+	From   int            `json:"from,omitempty"`
+	Hints  []Hint         `json:"hints,omitempty"`
+}
+
+// ControlReply answers a ControlRequest.
+type ControlReply struct {
+	OK       bool    `json:"ok"`
+	Error    string  `json:"error,omitempty"`
+	Role     string  `json:"role"`
+	Draining bool    `json:"draining"`
+	InFlight int     `json:"in_flight"`
+	Blocks   int     `json:"blocks,omitempty"`  // blocks moved (offload, fetch)
+	Seconds  float64 `json:"seconds,omitempty"` // modelled time the move takes
+}
+
+// PullRequest takes the KV held by a prefill leg.
+type PullRequest struct {
+	RemoteRequestID string `json:"remote_request_id"`
+}
+
+// PullReply lists the held block chain; the hold has ended.
+type PullReply struct {
+	Engine string         `json:"engine"`
+	Blocks []kv.BlockHash `json:"blocks"`
+}
+
+// LookupRequest asks how much of a chain an engine has.
+type LookupRequest struct {
+	Blocks []kv.BlockHash `json:"blocks"`
+}
+
+// LookupReply gives the prefix lengths, in blocks.
+type LookupReply struct {
+	Engine string `json:"engine"`
+	GPU    int    `json:"gpu"`
+	Local  int    `json:"local"` // GPU or host
+}
+
+// ResponseKV is the "evolve" object of an engine's completion response.
+type ResponseKV struct {
+	Engine            string  `json:"engine"`
+	GPUHitTokens      int     `json:"gpu_hit_tokens"`
+	HostHitTokens     int     `json:"host_hit_tokens"`
+	TransferredTokens int     `json:"transferred_tokens"`
+	ComputedTokens    int     `json:"computed_tokens"`
+	Preemptions       int     `json:"preemptions"`
+	QueueSec          float64 `json:"queue_s"` // modelled
+	TTFTSec           float64 `json:"ttft_s"`  // modelled
+	E2ESec            float64 `json:"e2e_s"`   // modelled
+	PullError         string  `json:"pull_error,omitempty"`
+}
