@@ -333,6 +333,7 @@ func (e *Engine) abort(id string) {
 		e.met.aborted.Inc()
 	}
 	delete(e.pending, id)
+	e.poke() // refresh the reported state
 }
 
 func (e *Engine) newRequestID(prefix string) string {
@@ -370,8 +371,9 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 		old := e.model.Role()
 		e.model.SetRole(r)
 		e.mu.Unlock()
+		e.poke()
 		e.met.setRole(r)
-		e.log.Info("role changed", "from", old, "to", r)
+		e.log.Info("role changed", "from", old.String(), "to", r.String())
 		return nil
 	case protocol.OpDrain, protocol.OpResume:
 		e.mu.Lock()
@@ -443,5 +445,6 @@ func (e *Engine) release(id string) ([]kv.BlockHash, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	b, ok := e.model.Release(id)
+	e.poke() // refresh the reported state
 	return append([]kv.BlockHash(nil), b...), ok
 }

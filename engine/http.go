@@ -188,6 +188,11 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	if kvp.DoRemoteDecode {
 		sr.MaxTokens = 1
 	}
+	if req.Seed != nil {
+		// The same seed and prompt give the same output; without one every
+		// request draws its own stream (as sampling with temperature would).
+		sr.Seed = uint64(*req.Seed)*0x9e3779b97f4a7c15 + uint64(len(tokens)) | 1
+	}
 	var pullErr string
 	if kvp.DoRemotePrefill {
 		// Refuse early if this engine cannot take a decode leg, before taking
@@ -299,16 +304,21 @@ func (g *generation) run(ctx context.Context, p *pending) {
 		buf = toks
 		if len(toks) > 0 {
 			if g.stream {
-				if werr := g.chunk(tokenizer.Decode(toks), nil); werr != nil {
-					g.e.abort(g.id)
-					return
+				// One chunk per token, as vLLM streams, even when a slow
+				// reader lets several accumulate.
+				for _, t := range toks {
+					if werr := g.chunk(tokenizer.TokenText(t), nil); werr != nil {
+						g.e.abort(g.id)
+						return
+					}
+					g.sent++
 				}
 			} else {
 				for _, t := range toks {
 					g.text.WriteString(tokenizer.TokenText(t))
 				}
+				g.sent += len(toks)
 			}
-			g.sent += len(toks)
 		}
 		if err != nil {
 			if g.stream {

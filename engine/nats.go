@@ -31,6 +31,7 @@ type NATSAgent struct {
 	events []kv.Event
 	passes []protocol.PassRecord
 	kick   chan struct{}
+	subs   []*nats.Subscription
 }
 
 // AttachNATS makes nc the engine's event plane. Call before Engine.Run; then
@@ -66,9 +67,10 @@ func (a *NATSAgent) poke() {
 	}
 }
 
-// Run registers the engine and serves the event plane until ctx ends, then
-// deregisters.
-func (a *NATSAgent) Run(ctx context.Context) error {
+// Start subscribes to control requests and announcements and registers the
+// engine; when it returns, control requests are answered. ctx bounds the
+// control operations that it starts.
+func (a *NATSAgent) Start(ctx context.Context) error {
 	id := a.e.ID()
 	ctrl, err := a.nc.Subscribe(protocol.ControlSubject(id), func(m *nats.Msg) {
 		var req protocol.ControlRequest
@@ -88,14 +90,29 @@ func (a *NATSAgent) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("subscribe to control: %w", err)
 	}
-	defer ctrl.Unsubscribe()
 	ann, err := a.nc.Subscribe(protocol.SubjectAnnounce, func(*nats.Msg) { a.register() })
 	if err != nil {
+		ctrl.Unsubscribe()
 		return fmt.Errorf("subscribe to announcements: %w", err)
 	}
-	defer ann.Unsubscribe()
+	a.subs = []*nats.Subscription{ctrl, ann}
 	a.nc.SetReconnectHandler(func(*nats.Conn) { a.register() })
 	a.register()
+	if err := a.nc.FlushTimeout(5 * time.Second); err != nil {
+		a.e.log.Warn("NATS not reachable yet; the engine will register when it is", "err", err)
+	}
+	return nil
+}
+
+// Run publishes heartbeats, KV events and pass records until ctx ends, then
+// deregisters. Call Start first.
+func (a *NATSAgent) Run(ctx context.Context) error {
+	id := a.e.ID()
+	defer func() {
+		for _, s := range a.subs {
+			s.Unsubscribe()
+		}
+	}()
 
 	flush := time.NewTicker(flushInterval)
 	defer flush.Stop()

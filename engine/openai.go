@@ -25,6 +25,7 @@ type apiRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	N                *int            `json:"n"`
+	Seed             *int64          `json:"seed"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 

@@ -143,6 +143,9 @@ func runEngine(cmd *cobra.Command, _ []string) error {
 		}
 		defer nc.Close()
 		agent = engine.AttachNATS(eng, nc, buildVersion().Version)
+		if err := agent.Start(ctx); err != nil {
+			return err
+		}
 	}
 
 	srv := &http.Server{Handler: eng.Handler(), ReadHeaderTimeout: 10 * time.Second}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 )
 
 func main() {
@@ -26,7 +27,10 @@ func run(args []string) int {
 	}
 	fmt.Fprintln(os.Stderr, "error:", err)
 	var ue usageError
-	if errors.As(err, &ue) {
+	if strings.HasPrefix(err.Error(), "unknown command") {
+		ue = usageError{cmd: "evolve", err: err}
+	}
+	if errors.As(err, &ue) || ue.err != nil {
 		fmt.Fprintf(os.Stderr, "run '%s --help' for usage\n", ue.cmd)
 		return 2
 	}

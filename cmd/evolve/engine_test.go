@@ -1,0 +1,281 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+func client(p *proc) openai.Client {
+	return openai.NewClient(option.WithBaseURL(p.url+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+}
+
+func TestEngineServesOpenAIClient(t *testing.T) {
+	p := startEngine(t, "--profile", "tiny", "--speedup", "20")
+	c := client(p)
+	ctx := context.Background()
+
+	models, err := c.Models.List(ctx)
+	if err != nil || len(models.Data) != 1 || models.Data[0].ID != "evolve-tiny" {
+		t.Fatalf("models: %v %+v", err, models)
+	}
+
+	prompt := strings.Repeat("The repository holds a parser, a lexer and their tests. ", 20)
+	params := openai.CompletionNewParams{
+		Model:     "evolve-tiny",
+		Prompt:    openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)},
+		MaxTokens: openai.Int(12),
+		Seed:      openai.Int(7),
+	}
+	first, err := c.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Usage.CompletionTokens != 12 || first.Usage.PromptTokens < 200 || first.Choices[0].Text == "" {
+		t.Fatalf("completion: %+v", first)
+	}
+	if first.Choices[0].FinishReason != "length" {
+		t.Fatalf("finish reason %q", first.Choices[0].FinishReason)
+	}
+	again, err := c.Completions.New(ctx, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := again.Usage.PromptTokensDetails.CachedTokens
+	if want := first.Usage.PromptTokens / 16 * 16; cached < want-16 || cached == 0 {
+		t.Fatalf("repeated prompt: %d cached tokens of %d", cached, first.Usage.PromptTokens)
+	}
+
+	// Token-id prompts are accepted as they are.
+	ids, err := c.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfArrayOfTokens: []int64{1, 2, 3, 600, 700}}, MaxTokens: openai.Int(3),
+	})
+	if err != nil || ids.Usage.PromptTokens != 5 || ids.Usage.CompletionTokens != 3 {
+		t.Fatalf("token prompt: %v %+v", err, ids.Usage)
+	}
+
+	// Streamed completion.
+	stream := c.Completions.NewStreaming(ctx, params)
+	var text strings.Builder
+	chunks := 0
+	for stream.Next() {
+		ch := stream.Current()
+		if len(ch.Choices) > 0 {
+			text.WriteString(ch.Choices[0].Text)
+		}
+		chunks++
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if chunks < 12 || text.String() != first.Choices[0].Text {
+		t.Fatalf("stream: %d chunks, text %q, want %q (same prompt and seed)", chunks, text.String(), first.Choices[0].Text)
+	}
+
+	// Chat, whole and streamed with usage.
+	msgs := []openai.ChatCompletionMessageParamUnion{
+		openai.SystemMessage("You are a coding agent."), openai.UserMessage("List the files in the repository."),
+	}
+	chat, err := c.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "evolve-tiny", Messages: msgs, MaxTokens: openai.Int(7)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if chat.Usage.CompletionTokens != 7 || chat.Choices[0].Message.Content == "" || chat.Choices[0].Message.Role != "assistant" {
+		t.Fatalf("chat: %+v", chat)
+	}
+	cs := c.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model: "evolve-tiny", Messages: msgs, MaxCompletionTokens: openai.Int(9),
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	})
+	var acc openai.ChatCompletionAccumulator
+	for cs.Next() {
+		acc.AddChunk(cs.Current())
+	}
+	if err := cs.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if acc.Usage.CompletionTokens != 9 || acc.Choices[0].Message.Content == "" || acc.Choices[0].FinishReason != "length" {
+		t.Fatalf("chat stream: %+v", acc.ChatCompletion)
+	}
+	// The chat's prompt shares the template prefix with the earlier chat.
+	if acc.Usage.PromptTokensDetails.CachedTokens == 0 {
+		t.Fatalf("chat stream reports no cached prompt tokens: %+v", acc.Usage)
+	}
+
+	if n := metric(t, p.url, "vllm:generation_tokens_total"); n < 12*3+3+7+9 {
+		t.Fatalf("generation tokens metric %v", n)
+	}
+	if h, q := metric(t, p.url, "vllm:prefix_cache_hits_total"), metric(t, p.url, "vllm:prefix_cache_queries_total"); h <= 0 || q <= h {
+		t.Fatalf("prefix cache metrics: hits %v queries %v", h, q)
+	}
+}
+
+func TestEngineRejectsBadInputAndKeepsServing(t *testing.T) {
+	p := startEngine(t, "--profile", "tiny", "--speedup", "20")
+	long := strings.Repeat("word ", 9000)
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		code             string
+	}{
+		{"malformed JSON", "/v1/completions", `{"prompt": "a"`, 400, ""},
+		{"not an object", "/v1/completions", `[1,2]`, 400, ""},
+		{"missing prompt", "/v1/completions", `{"max_tokens": 3}`, 400, ""},
+		{"empty prompt", "/v1/completions", `{"prompt": ""}`, 400, ""},
+		{"missing messages", "/v1/chat/completions", `{"max_tokens": 3}`, 400, ""},
+		{"message without role", "/v1/chat/completions", `{"messages": [{"content": "hi"}]}`, 400, ""},
+		{"bad content", "/v1/chat/completions", `{"messages": [{"role": "user", "content": 5}]}`, 400, ""},
+		{"token out of vocabulary", "/v1/completions", `{"prompt": [1, -4]}`, 400, ""},
+		{"zero max tokens", "/v1/completions", `{"prompt": "a", "max_tokens": 0}`, 400, ""},
+		{"n above 1", "/v1/completions", `{"prompt": "a", "n": 3}`, 400, ""},
+		{"prompt beyond context", "/v1/completions", `{"prompt": "` + long + `"}`, 400, "context_length_exceeded"},
+		{"unknown model", "/v1/completions", `{"model": "gpt-9", "prompt": "a"}`, 404, "model_not_found"},
+		{"both remote flags", "/v1/completions", `{"prompt": "a", "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": true}}`, 400, ""},
+		{"pull of unknown request", "/evolve/v1/kv/pull", `{"remote_request_id": "nope"}`, 404, "kv_not_held"},
+	} {
+		status, _, body := post(t, p.url+tc.path, tc.body)
+		e := obj(body["error"])
+		if status != tc.status || e == nil || e["message"] == "" {
+			t.Errorf("%s: status %d body %v, want %d with an OpenAI error", tc.name, status, body, tc.status)
+			continue
+		}
+		if tc.code != "" && e["code"] != tc.code {
+			t.Errorf("%s: code %v, want %s", tc.name, e["code"], tc.code)
+		}
+	}
+	status, _, body := post(t, p.url+"/v1/completions", `{"prompt": "still alive?", "max_tokens": 2}`)
+	if status != 200 || num(obj(body["usage"])["completion_tokens"]) != 2 {
+		t.Fatalf("engine stopped serving after bad input: %d %v", status, body)
+	}
+}
+
+func TestEngineClientDisconnectFreesKV(t *testing.T) {
+	p := startEngine(t, "--profile", "tiny", "--speedup", "1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	body := `{"prompt": "` + strings.Repeat("tell me a long story ", 30) + `", "max_tokens": 5000, "stream": true}`
+	req, _ := http.NewRequestWithContext(ctx, "POST", p.url+"/v1/completions", strings.NewReader(body))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for i := 0; i < 6 && sc.Scan(); i++ { // a few tokens arrive
+	}
+	eventually(t, 5*time.Second, "request running with KV", func() bool {
+		return metric(t, p.url, "vllm:num_requests_running") == 1 && metric(t, p.url, "vllm:kv_cache_usage_perc") > 0
+	})
+	cancel()
+	resp.Body.Close()
+	eventually(t, 5*time.Second, "aborted request frees its KV", func() bool {
+		return metric(t, p.url, "evolve_engine_aborted_requests_total") == 1 &&
+			metric(t, p.url, "vllm:num_requests_running") == 0 && metric(t, p.url, "vllm:kv_cache_usage_perc") == 0
+	})
+}
+
+func TestEngineKilledMidStreamEndsTheStreamWithAnError(t *testing.T) {
+	p := startEngine(t, "--profile", "tiny", "--speedup", "1")
+	c := client(p)
+	stream := c.Completions.NewStreaming(context.Background(), openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("go on forever")}, MaxTokens: openai.Int(5000),
+	})
+	got := 0
+	for stream.Next() {
+		got++
+		if got == 3 {
+			p.kill()
+		}
+	}
+	if got < 3 {
+		t.Fatalf("only %d chunks before the kill", got)
+	}
+	if stream.Err() == nil {
+		t.Fatal("stream ended cleanly although the engine died mid-stream")
+	}
+}
+
+func TestEngineCommandUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		msg  string
+	}{
+		{[]string{"engine", "--speedup", "-1"}, 2, "--speedup must be positive"},
+		{[]string{"engine", "--profile", "nope"}, 2, "unknown profile"},
+		{[]string{"engine", "--role", "sideways"}, 2, "unknown role"},
+		{[]string{"engine", "--backend", "vllm"}, 2, "only \"sim\""},
+		{[]string{"engine", "--bogus"}, 2, "unknown flag"},
+		{[]string{"engine", "extra"}, 2, "unexpected argument"},
+		{[]string{"frobnicate"}, 2, "unknown command"},
+		{[]string{"engine", "--listen", "256.0.0.1:1"}, 1, "listen on"},
+	} {
+		out, code := runBin(t, nil, tc.args...)
+		if code != tc.code || !strings.Contains(out, tc.msg) {
+			t.Errorf("evolve %v: exit %d, output %q; want exit %d mentioning %q", tc.args, code, out, tc.code, tc.msg)
+		}
+	}
+}
+
+func TestConfigPrecedenceFlagEnvFileDefault(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "evolve"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "evolve", "config.yaml"), []byte("engine:\n  profile: from-file\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env := []string{"XDG_CONFIG_HOME=" + dir}
+	// The file beats the default ...
+	if out, _ := runBin(t, env, "engine"); !strings.Contains(out, `"from-file"`) {
+		t.Fatalf("config file not read: %s", out)
+	}
+	// ... the environment beats the file ...
+	if out, _ := runBin(t, append(env, "EVOLVE_ENGINE_PROFILE=from-env"), "engine"); !strings.Contains(out, `"from-env"`) {
+		t.Fatalf("environment does not override the file: %s", out)
+	}
+	// ... and a flag beats both.
+	if out, _ := runBin(t, append(env, "EVOLVE_ENGINE_PROFILE=from-env"), "engine", "--profile", "from-flag"); !strings.Contains(out, `"from-flag"`) {
+		t.Fatalf("flag does not override the environment: %s", out)
+	}
+	// An explicit config file that does not exist is an error.
+	if out, code := runBin(t, nil, "version", "--config", filepath.Join(dir, "missing.yaml")); code != 1 || !strings.Contains(out, "missing.yaml") {
+		t.Fatalf("missing --config: exit %d %s", code, out)
+	}
+}
+
+func TestVersionAndCompletion(t *testing.T) {
+	out, code := runBin(t, nil, "version", "-o", "json")
+	if code != 0 || !strings.Contains(out, `"go_version"`) {
+		t.Fatalf("version: %d %s", code, out)
+	}
+	out, code = runBin(t, nil, "completion", "bash")
+	if code != 0 || !strings.Contains(out, "__start_evolve") {
+		t.Fatalf("completion: %d %.200s", code, out)
+	}
+}
+
+// runBin runs evolve to completion and returns its combined output and exit code.
+func runBin(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(evolveBin, args...)
+	cmd.Env = append(append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir()), env...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return string(out), ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}

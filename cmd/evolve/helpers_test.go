@@ -1,0 +1,197 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// evolveBin is the evolve binary built once for the tests in this package.
+var evolveBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "evolve-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	evolveBin = filepath.Join(dir, "evolve")
+	build := exec.Command("go", "build", "-o", evolveBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build evolve:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// proc is an evolve process started by a test.
+type proc struct {
+	cmd    *exec.Cmd
+	url    string
+	id     string
+	done   chan struct{}
+	mu     sync.Mutex
+	log    []string
+}
+
+
+// startEngine runs `evolve engine` on a free port and waits until it is
+// ready; the process is stopped when the test ends.
+func startEngine(t *testing.T, args ...string) *proc {
+	t.Helper()
+	all := append([]string{"engine", "--listen", "127.0.0.1:0", "--log-format", "json"}, args...)
+	cmd := exec.Command(evolveBin, all...)
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir())
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, done: make(chan struct{})}
+	ready := make(chan map[string]any, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.log = append(p.log, line)
+			p.mu.Unlock()
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["msg"] == "engine ready" {
+				select {
+				case ready <- m:
+				default:
+				}
+			}
+		}
+	}()
+	go func() { cmd.Wait(); pw.Close(); close(p.done) }()
+	t.Cleanup(func() {
+		p.stop(t)
+		if t.Failed() {
+			p.mu.Lock()
+			t.Logf("engine log:\n%s", strings.Join(p.log, "\n"))
+			p.mu.Unlock()
+		}
+	})
+	select {
+	case m := <-ready:
+		p.url, p.id = m["url"].(string), m["id"].(string)
+	case <-p.done:
+		t.Fatalf("engine exited before ready: %v", cmd.ProcessState)
+	case <-time.After(20 * time.Second):
+		t.Fatal("engine not ready after 20 s")
+	}
+	return p
+}
+
+func (p *proc) stop(t *testing.T) {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("engine did not stop on SIGTERM")
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+func (p *proc) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// post sends a JSON body and returns the status, headers and decoded body.
+func post(t *testing.T, url string, body any) (int, http.Header, map[string]any) {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	resp, err := http.Post(url, "application/json", rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	raw, _ := io.ReadAll(resp.Body)
+	if err := json.Unmarshal(raw, &out); err != nil {
+		t.Fatalf("POST %s: status %d, body not JSON: %q", url, resp.StatusCode, raw)
+	}
+	return resp.StatusCode, resp.Header, out
+}
+
+// metric reads one sample of a metric (the first whose name matches) from
+// a Prometheus text endpoint.
+func metric(t *testing.T, base, name string) float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
+			var v float64
+			fields := strings.Fields(line)
+			fmt.Sscan(fields[len(fields)-1], &v)
+			return v
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
+}
+
+// eventually polls cond until it holds or the deadline passes.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out waiting: %s", what)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func num(v any) float64 {
+	f, _ := v.(float64)
+	return f
+}
+
+func obj(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
