@@ -25,7 +25,11 @@ type sink struct {
 	passes int
 }
 
-func (s *sink) KVEvents(ev []kv.Event) { s.mu.Lock(); s.events = append(s.events, ev...); s.mu.Unlock() }
+func (s *sink) KVEvents(ev []kv.Event) {
+	s.mu.Lock()
+	s.events = append(s.events, ev...)
+	s.mu.Unlock()
+}
 func (s *sink) Pass(protocol.PassRecord) { s.mu.Lock(); s.passes++; s.mu.Unlock() }
 
 func startInProcess(t *testing.T, speedup float64) (*Engine, *httptest.Server, *sink) {

@@ -41,14 +41,13 @@ func TestMain(m *testing.M) {
 
 // proc is an evolve process started by a test.
 type proc struct {
-	cmd    *exec.Cmd
-	url    string
-	id     string
-	done   chan struct{}
-	mu     sync.Mutex
-	log    []string
+	cmd  *exec.Cmd
+	url  string
+	id   string
+	done chan struct{}
+	mu   sync.Mutex
+	log  []string
 }
-
 
 // startEngine runs `evolve engine` on a free port and waits until it is
 // ready; the process is stopped when the test ends.
