@@ -7,29 +7,19 @@ import (
 )
 
 // emit records a KV event for the next Output.
-func (m *Model) emit(kind kv.EventKind, tier kv.Tier, b *Block) {
+func (m *Model) emit(kind kv.EventKind, tier kv.Tier, h, parent kv.BlockHash, depth int32) {
 	if m.delivered {
 		m.out.Events = m.out.Events[:0]
 		m.delivered = false
 	}
 	m.eventSeq++
 	m.out.Events = append(m.out.Events, kv.Event{
-		Seq: m.eventSeq, Kind: kind, Tier: tier, Hash: b.Hash, Parent: b.Parent, Depth: b.Depth,
+		Seq: m.eventSeq, Kind: kind, Tier: tier, Hash: h, Parent: parent, Depth: depth,
 	})
 }
 
-func (m *Model) newBlock() *Block {
-	if n := len(m.spare); n > 0 {
-		b := m.spare[n-1]
-		m.spare = m.spare[:n-1]
-		return b
-	}
-	return &Block{}
-}
-
-func (m *Model) recycle(b *Block) {
-	*b = Block{}
-	m.spare = append(m.spare, b)
+func (m *Model) emitBlock(kind kv.EventKind, b *Block) {
+	m.emit(kind, b.Tier, b.Hash, b.Parent, b.Depth)
 }
 
 // gpuAvailable is the number of GPU blocks that can be allocated now,
@@ -39,85 +29,82 @@ func (m *Model) gpuAvailable() int {
 }
 
 // allocGPU returns a private GPU block, evicting (and offloading) a cached
-// block when the tier is full, or nil when every block is in use.
-func (m *Model) allocGPU() *Block {
-	if m.gpuUsed < m.cfg.GPUBlocks {
-		m.gpuUsed++
-		b := m.newBlock()
-		b.Tier = kv.TierGPU
-		b.ref = 1
-		b.LastUse = m.pass
-		return b
+// block when the tier is full, or NoBlock when every block is in use.
+func (m *Model) allocGPU() BlockID {
+	if m.gpuUsed >= m.cfg.GPUBlocks {
+		v := m.gpuPolicy.Victim()
+		if v == NoBlock {
+			return NoBlock
+		}
+		m.evictGPU(v)
 	}
-	v := m.gpuPolicy.Victim()
-	if v == nil {
-		return nil
-	}
-	m.evictGPU(v)
 	m.gpuUsed++
-	b := m.newBlock()
-	b.Tier = kv.TierGPU
-	b.ref = 1
-	b.LastUse = m.pass
-	return b
+	id := m.blocks.alloc()
+	b := m.blocks.Get(id)
+	b.Tier, b.ref, b.LastUse = kv.TierGPU, 1, m.pass
+	return id
 }
 
 // evictGPU drops an unused cached GPU block, offloading it to host first.
-func (m *Model) evictGPU(v *Block) {
-	m.gpuPolicy.Remove(v)
+func (m *Model) evictGPU(id BlockID) {
+	m.gpuPolicy.Remove(id)
+	v := m.blocks.Get(id)
 	delete(m.gpuByHash, v.Hash)
-	m.emit(kv.BlockRemoved, kv.TierGPU, v)
+	m.emitBlock(kv.BlockRemoved, v)
 	if m.storeHost(v.Hash, v.Parent, v.Depth) {
 		m.out.Stats.OffloadBlocks++
 		m.counters.OffloadedBlocks++
 	}
 	m.gpuUsed--
-	m.recycle(v)
+	m.blocks.release(id)
 }
 
 // storeHost puts a copy of a block in the host tier, evicting the host's
 // victim when full. It reports whether a new copy was made.
 func (m *Model) storeHost(h, parent kv.BlockHash, depth int32) bool {
-	if b := m.hostByHash[h]; b != nil {
-		m.touchHost(b)
+	if id, ok := m.hostByHash[h]; ok {
+		m.touchHost(id)
 		return false
 	}
 	if m.cfg.HostBlocks <= 0 {
 		return false
 	}
 	if len(m.hostByHash) >= m.cfg.HostBlocks {
-		v := m.hostPolicy.Victim()
-		if v == nil {
+		vid := m.hostPolicy.Victim()
+		if vid == NoBlock {
 			return false
 		}
-		m.hostPolicy.Remove(v)
+		m.hostPolicy.Remove(vid)
+		v := m.blocks.Get(vid)
 		delete(m.hostByHash, v.Hash)
-		m.emit(kv.BlockRemoved, kv.TierHost, v)
-		if m.gpuByHash[v.Hash] == nil {
+		m.emitBlock(kv.BlockRemoved, v)
+		if _, onGPU := m.gpuByHash[v.Hash]; !onGPU {
 			delete(m.hints, v.Hash)
 		}
-		m.recycle(v)
+		m.blocks.release(vid)
 	}
-	b := m.newBlock()
+	id := m.blocks.alloc()
+	b := m.blocks.Get(id)
 	b.Hash, b.Parent, b.Depth, b.Hashed, b.Tier = h, parent, depth, true, kv.TierHost
 	b.Priority = m.hints[h]
 	b.LastUse = m.pass
-	m.hostByHash[h] = b
-	m.hostPolicy.Add(b)
-	m.emit(kv.BlockStored, kv.TierHost, b)
+	m.hostByHash[h] = id
+	m.hostPolicy.Add(id)
+	m.emitBlock(kv.BlockStored, b)
 	return true
 }
 
-func (m *Model) touchHost(b *Block) {
-	b.LastUse = m.pass
-	m.hostPolicy.Remove(b)
-	m.hostPolicy.Add(b)
+func (m *Model) touchHost(id BlockID) {
+	m.blocks.Get(id).LastUse = m.pass
+	m.hostPolicy.Remove(id)
+	m.hostPolicy.Add(id)
 }
 
 // acquireCached takes a reference on a cached GPU block.
-func (m *Model) acquireCached(b *Block) {
+func (m *Model) acquireCached(id BlockID) {
+	b := m.blocks.Get(id)
 	if b.ref == 0 {
-		m.gpuPolicy.Remove(b)
+		m.gpuPolicy.Remove(id)
 	}
 	b.ref++
 	b.LastUse = m.pass
@@ -125,30 +112,32 @@ func (m *Model) acquireCached(b *Block) {
 
 // commitBlock gives a freshly filled private block its hash and caches it,
 // unless another copy is cached already (then it stays private).
-func (m *Model) commitBlock(b *Block, h, parent kv.BlockHash, depth int) {
-	if m.gpuByHash[h] != nil {
+func (m *Model) commitBlock(id BlockID, h, parent kv.BlockHash, depth int) {
+	if _, dup := m.gpuByHash[h]; dup {
 		return
 	}
+	b := m.blocks.Get(id)
 	b.Hash, b.Parent, b.Depth, b.Hashed = h, parent, int32(depth), true
 	b.Priority = m.hints[h]
-	m.gpuByHash[h] = b
-	m.emit(kv.BlockStored, kv.TierGPU, b)
+	m.gpuByHash[h] = id
+	m.emitBlock(kv.BlockStored, b)
 }
 
 // release drops one reference; a cached block nobody uses becomes
 // evictable, a private one is freed.
-func (m *Model) release(b *Block) {
+func (m *Model) release(id BlockID) {
+	b := m.blocks.Get(id)
 	b.ref--
 	if b.ref > 0 {
 		return
 	}
 	if b.Hashed {
 		b.LastUse = m.pass
-		m.gpuPolicy.Add(b)
+		m.gpuPolicy.Add(id)
 		return
 	}
 	m.gpuUsed--
-	m.recycle(b)
+	m.blocks.release(id)
 }
 
 // freeSeq releases every block of s, deepest first, so that under LRU the
@@ -156,7 +145,6 @@ func (m *Model) release(b *Block) {
 func (m *Model) freeSeq(s *seq) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		m.release(s.blocks[i])
-		s.blocks[i] = nil
 	}
 	s.blocks = s.blocks[:0]
 	s.computed = 0
@@ -172,7 +160,7 @@ func (m *Model) completeFetches(now time.Time) {
 			if i > 0 {
 				parent = f.chain[i-1]
 			}
-			if m.gpuByHash[f.chain[i]] == nil && m.storeHost(f.chain[i], parent, int32(i)) {
+			if _, onGPU := m.gpuByHash[f.chain[i]]; !onGPU && m.storeHost(f.chain[i], parent, int32(i)) {
 				m.counters.FetchedBlocks++
 			}
 		}

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"math/bits"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
@@ -56,12 +57,12 @@ var (
 // Config sets the scheduler; zero fields take the profile's value, then
 // vLLM's default.
 type Config struct {
-	MaxNumSeqs          int           // default 256
-	MaxNumBatchedTokens int           // default 8192
-	GPUBlocks           int           // default: profile
-	HostBlocks          int           // default: profile (4x GPU unless set)
-	HoldTimeout         time.Duration // how long a remote-decode prefill keeps its KV for the peer; default 480 s (vLLM's)
-	NewPolicy           func() EvictionPolicy
+	MaxNumSeqs          int                              // default 256
+	MaxNumBatchedTokens int                              // default 8192
+	GPUBlocks           int                              // default: profile
+	HostBlocks          int                              // default: profile (4x GPU unless set)
+	HoldTimeout         time.Duration                    // how long a remote-decode prefill keeps its KV for the peer; default 480 s (vLLM's)
+	NewPolicy           func(*BlockTable) EvictionPolicy // default NewLRUPolicy
 }
 
 // Request is one generation request.
@@ -123,6 +124,7 @@ type Finished struct {
 	Reason string
 	Usage  Usage
 	Blocks []kv.BlockHash // for FinishRemoteDecode: the held prompt blocks
+	Output []uint32       // for FinishLength: the generated tokens
 }
 
 // PassStats describes one forward pass (or, when idle, the queues).
@@ -185,7 +187,7 @@ type seq struct {
 	req         Request
 	tokens      []uint32
 	chain       []kv.BlockHash // hashes of the full blocks of tokens
-	blocks      []*Block       // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
+	blocks      []BlockID      // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
 	computed    int            // tokens whose KV is in blocks
 	generated   int
 	remoteReady time.Time
@@ -204,9 +206,10 @@ type fetch struct {
 
 // Model is one simulated engine. It is not safe for concurrent use.
 type Model struct {
-	p   Profile
-	cfg Config
-	bs  int
+	p       Profile
+	cfg     Config
+	bs      int // block size, a power of two
+	bsShift int // log2(bs)
 
 	role     Role
 	draining bool
@@ -217,12 +220,12 @@ type Model struct {
 	held    []*seq
 	fetches []fetch
 
-	gpuByHash  map[kv.BlockHash]*Block
+	blocks     BlockTable
+	gpuByHash  map[kv.BlockHash]BlockID
 	gpuUsed    int
 	gpuPolicy  EvictionPolicy
-	hostByHash map[kv.BlockHash]*Block
+	hostByHash map[kv.BlockHash]BlockID
 	hostPolicy EvictionPolicy
-	spare      []*Block
 	hints      map[kv.BlockHash]int8
 
 	pass      int64
@@ -232,6 +235,11 @@ type Model struct {
 	out       Output
 	sched     []*seq
 	counters  Counters
+
+	advPasses   []Pass
+	advFinished []Finished
+	advEvents   []kv.Event
+	bulkPasses  int // passes computed in bulk by Advance (for tests)
 }
 
 // NewModel returns an idle engine for profile p.
@@ -260,15 +268,16 @@ func NewModel(p *Profile, c Config) *Model {
 	if c.NewPolicy == nil {
 		c.NewPolicy = NewLRUPolicy
 	}
-	return &Model{
-		p: *p, cfg: c, bs: p.BlockSize,
+	m := &Model{
+		p: *p, cfg: c, bs: p.BlockSize, bsShift: bits.TrailingZeros(uint(p.BlockSize)),
 		byID:       map[string]*seq{},
-		gpuByHash:  map[kv.BlockHash]*Block{},
-		hostByHash: map[kv.BlockHash]*Block{},
-		gpuPolicy:  c.NewPolicy(),
-		hostPolicy: c.NewPolicy(),
+		gpuByHash:  make(map[kv.BlockHash]BlockID, min(c.GPUBlocks, 1<<20)),
+		hostByHash: map[kv.BlockHash]BlockID{},
 		hints:      map[kv.BlockHash]int8{},
 	}
+	m.gpuPolicy = c.NewPolicy(&m.blocks)
+	m.hostPolicy = c.NewPolicy(&m.blocks)
+	return m
 }
 
 // Profile returns the model's profile.
@@ -333,7 +342,7 @@ func (m *Model) Submit(now time.Time, r Request) error {
 	if s.rng == 0 {
 		s.rng = xxh3.HashString(r.ID) | 1
 	}
-	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 4096))
+	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 16384))
 	copy(s.tokens, r.Tokens)
 	s.chain = kv.ChainHashes(s.tokens, m.bs)
 	s.usage.PromptTokens = len(r.Tokens)
@@ -391,14 +400,24 @@ func (m *Model) Release(id string) ([]kv.BlockHash, bool) {
 // Lookup returns how many leading blocks of chain are on GPU, and how many
 // are on GPU or in the host tier.
 func (m *Model) Lookup(chain []kv.BlockHash) (gpu, local int) {
-	for gpu < len(chain) && m.gpuByHash[chain[gpu]] != nil {
+	for gpu < len(chain) && m.onGPU(chain[gpu]) {
 		gpu++
 	}
 	local = gpu
-	for local < len(chain) && (m.gpuByHash[chain[local]] != nil || m.hostByHash[chain[local]] != nil) {
+	for local < len(chain) && (m.onGPU(chain[local]) || m.onHost(chain[local])) {
 		local++
 	}
 	return gpu, local
+}
+
+func (m *Model) onGPU(h kv.BlockHash) bool {
+	_, ok := m.gpuByHash[h]
+	return ok
+}
+
+func (m *Model) onHost(h kv.BlockHash) bool {
+	_, ok := m.hostByHash[h]
+	return ok
 }
 
 // Fetch starts pulling chain[from:] from a peer into the host tier at gbps
@@ -411,7 +430,7 @@ func (m *Model) Fetch(now time.Time, chain []kv.BlockHash, from int, gbps float6
 	}
 	n := 0
 	for i := max(from, 0); i < len(chain); i++ {
-		if m.gpuByHash[chain[i]] == nil && m.hostByHash[chain[i]] == nil {
+		if !m.onGPU(chain[i]) && !m.onHost(chain[i]) {
 			n++
 		}
 	}
@@ -434,8 +453,9 @@ func (m *Model) Fetch(now time.Time, chain []kv.BlockHash, from int, gbps float6
 // next pass.
 func (m *Model) OffloadGPU(now time.Time) (int, time.Duration) {
 	n := 0
-	for h, b := range m.gpuByHash {
-		if m.hostByHash[h] == nil {
+	for h, id := range m.gpuByHash {
+		if !m.onHost(h) {
+			b := m.blocks.Get(id)
 			m.storeHost(b.Hash, b.Parent, b.Depth)
 			n++
 		}
@@ -465,26 +485,28 @@ func (m *Model) SetHints(hints []Hint) {
 		} else {
 			m.hints[h.Hash] = h.Priority
 		}
-		if b := m.gpuByHash[h.Hash]; b != nil {
-			m.reprioritize(b, m.gpuPolicy, h.Priority)
+		if id, ok := m.gpuByHash[h.Hash]; ok {
+			m.reprioritize(id, m.gpuPolicy, h.Priority)
 		}
-		if b := m.hostByHash[h.Hash]; b != nil {
-			m.reprioritize(b, m.hostPolicy, h.Priority)
+		if id, ok := m.hostByHash[h.Hash]; ok {
+			m.reprioritize(id, m.hostPolicy, h.Priority)
 		}
 	}
 }
 
-func (m *Model) reprioritize(b *Block, p EvictionPolicy, prio int8) {
+func (m *Model) reprioritize(id BlockID, p EvictionPolicy, prio int8) {
+	b := m.blocks.Get(id)
 	if b.Priority == prio {
 		return
 	}
-	inList := b.list != nil
-	if inList {
-		p.Remove(b)
+	// Host copies are always evictable; GPU copies when nobody uses them.
+	evictable := b.Tier == kv.TierHost || b.ref == 0
+	if evictable {
+		p.Remove(id)
 	}
 	b.Priority = prio
-	if inList {
-		p.Add(b)
+	if evictable {
+		p.Add(id)
 	}
 }
 
@@ -529,14 +551,14 @@ func removeSeq(list []*seq, s *seq) []*seq {
 // lost events can rebuild this engine's entries. The events come with the
 // next Step's output.
 func (m *Model) Resync() int {
-	m.emit(kv.AllCleared, kv.TierGPU, &Block{})
+	m.emit(kv.AllCleared, kv.TierGPU, 0, 0, 0)
 	n := 0
-	for _, b := range m.gpuByHash {
-		m.emit(kv.BlockStored, kv.TierGPU, b)
+	for _, id := range m.gpuByHash {
+		m.emitBlock(kv.BlockStored, m.blocks.Get(id))
 		n++
 	}
-	for _, b := range m.hostByHash {
-		m.emit(kv.BlockStored, kv.TierHost, b)
+	for _, id := range m.hostByHash {
+		m.emitBlock(kv.BlockStored, m.blocks.Get(id))
 		n++
 	}
 	return n

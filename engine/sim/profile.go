@@ -88,7 +88,7 @@ func (p *Profile) Validate() error {
 	}{
 		{p.Name != "", "name is empty"},
 		{p.GPUs > 0, "gpus must be positive"},
-		{p.BlockSize > 0, "block_size must be positive"},
+		{p.BlockSize > 0 && p.BlockSize&(p.BlockSize-1) == 0, "block_size must be a power of two (vLLM takes 8 to 128)"},
 		{p.MaxModelLen >= p.BlockSize, "max_model_len must hold at least one block"},
 		{p.KVBytesPerToken > 0, "kv_bytes_per_token must be positive"},
 		{p.GPUKVTokens >= p.BlockSize, "gpu_kv_tokens must hold at least one block"},

@@ -127,11 +127,7 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bool) {
 	maxHit := (len(s.tokens) - 1) / m.bs // always compute at least the last token
 	g := 0
-	for g < maxHit && g < len(s.chain) {
-		b := m.gpuByHash[s.chain[g]]
-		if b == nil {
-			break
-		}
+	for g < maxHit && g < len(s.chain) && m.onGPU(s.chain[g]) {
 		g++
 	}
 	t := g
@@ -139,7 +135,7 @@ func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bo
 	for t < maxHit && t < len(s.chain) {
 		h := s.chain[t]
 		switch {
-		case m.hostByHash[h] != nil:
+		case m.onHost(h):
 			host++
 		case s.req.Remote != nil && t < len(s.req.Remote.Blocks) && s.req.Remote.Blocks[t] == h:
 			xfer++
@@ -154,7 +150,7 @@ matched:
 	// Blocks hit on GPU stop being evictable once taken: count them out.
 	evictableHits := 0
 	for i := 0; i < g; i++ {
-		if m.gpuByHash[s.chain[i]].ref == 0 {
+		if m.blocks.Get(m.gpuByHash[s.chain[i]]).ref == 0 {
 			evictableHits++
 		}
 	}
@@ -162,14 +158,14 @@ matched:
 		return 0, false
 	}
 	for i := 0; i < g; i++ {
-		b := m.gpuByHash[s.chain[i]]
-		m.acquireCached(b)
-		s.blocks = append(s.blocks, b)
+		id := m.gpuByHash[s.chain[i]]
+		m.acquireCached(id)
+		s.blocks = append(s.blocks, id)
 	}
 	for i := g; i < t; i++ {
 		h := s.chain[i]
-		if hb := m.hostByHash[h]; hb != nil {
-			m.touchHost(hb)
+		if hid, ok := m.hostByHash[h]; ok {
+			m.touchHost(hid)
 		}
 		b := m.allocGPU()
 		var parent kv.BlockHash
@@ -199,10 +195,10 @@ matched:
 
 // ensureBlocks gives s enough GPU blocks to hold tokens tokens.
 func (m *Model) ensureBlocks(s *seq, tokens int) bool {
-	need := (tokens + m.bs - 1) / m.bs
+	need := (tokens + m.bs - 1) >> m.bsShift
 	for len(s.blocks) < need {
 		b := m.allocGPU()
-		if b == nil {
+		if b == NoBlock {
 			return false
 		}
 		s.blocks = append(s.blocks, b)
@@ -222,17 +218,17 @@ func (m *Model) account(s *seq, n int, st *PassStats) {
 		st.PrefillAttended += float64(n) * (float64(s.computed) + float64(n)/2)
 		s.usage.ComputedTokens += n
 	}
-	before := s.computed / m.bs
+	before := s.computed >> m.bsShift
 	s.computed += n
-	for i := before; i < s.computed/m.bs; i++ {
+	for i := before; i < s.computed>>m.bsShift; i++ {
 		var parent kv.BlockHash
 		if i > 0 {
 			parent = s.chain[i-1]
 		}
 		m.commitBlock(s.blocks[i], s.chain[i], parent, i)
 	}
-	for _, b := range s.blocks[before:] {
-		b.LastUse = m.pass
+	for _, id := range s.blocks[before:] {
+		m.blocks.Get(id).LastUse = m.pass
 	}
 	m.sched = append(m.sched, s)
 }
@@ -258,17 +254,12 @@ func (m *Model) passTime(st *PassStats) time.Duration {
 
 // sample appends one output token to s at time end and finishes it when done.
 func (m *Model) sample(s *seq, end time.Time) {
-	s.rng ^= s.rng << 13
-	s.rng ^= s.rng >> 7
-	s.rng ^= s.rng << 17
-	tok := tokenizer.Word(int(s.rng >> 40))
-	if s.rng%12 == 0 {
-		tok = tokenizer.Period
-	}
+	tok := m.nextToken(s)
 	idx := s.generated
+	s.growTokens(1)
 	s.tokens = append(s.tokens, tok)
 	s.generated++
-	if len(s.tokens)%m.bs == 0 {
+	if len(s.tokens)&(m.bs-1) == 0 {
 		s.chain = kv.ExtendChain(s.chain, s.tokens, m.bs)
 	}
 	if idx == 0 {
@@ -295,8 +286,37 @@ func (m *Model) sample(s *seq, end time.Time) {
 		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
 		m.freeSeq(s)
 		delete(m.byID, s.req.ID)
-		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.usage})
+		out := s.tokens[len(s.req.Tokens):]
+		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.usage, Output: out[:len(out):len(out)]})
 	}
+}
+
+// growTokens makes room for n more tokens, doubling the capacity (up to
+// what the request can reach) so that long outputs copy rarely.
+func (s *seq) growTokens(n int) {
+	need := len(s.tokens) + n
+	if need <= cap(s.tokens) {
+		return
+	}
+	c := max(need, 2*cap(s.tokens))
+	if limit := len(s.req.Tokens) + s.req.MaxTokens; c > limit && need <= limit {
+		c = limit
+	}
+	t := make([]uint32, len(s.tokens), c)
+	copy(t, s.tokens)
+	s.tokens = t
+}
+
+// nextToken draws s's next output token: a word of the tokenizer's output
+// vocabulary, or a period now and then.
+func (m *Model) nextToken(s *seq) uint32 {
+	s.rng ^= s.rng << 13
+	s.rng ^= s.rng >> 7
+	s.rng ^= s.rng << 17
+	if s.rng%12 == 0 {
+		return tokenizer.Period
+	}
+	return tokenizer.Word(int(s.rng >> 40))
 }
 
 // preempt frees a running sequence's KV and requeues it at the front of the
