@@ -156,7 +156,6 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 			if !m.ensureBlocks(s, s.computed) {
 				panic("sim: steady span ran out of the free blocks it counted")
 			}
-			m.blocks.Get(s.blocks[len(s.blocks)-1]).LastUse = m.pass
 		}
 		if len(s.tokens)>>sh > len(s.chain) {
 			s.chain = kv.ExtendChain(s.chain, s.tokens, bs)
@@ -167,7 +166,6 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 				parent = s.chain[i-1]
 			}
 			m.commitBlock(s.blocks[i], s.chain[i], parent, i)
-			m.blocks.Get(s.blocks[i]).LastUse = m.pass
 		}
 	}
 	m.counters.GenerationTokens += uint64(passes * b)

@@ -12,8 +12,8 @@ import (
 // The GPU is sized to hold their growth, so that a long benchmark measures
 // decoding rather than preemption; the set-up's garbage is collected before
 // the timer restarts.
-func decodeHeavyModel(b *testing.B, seqs, ctx, maxTokens int) (*Model, time.Time) {
-	p, err := LoadProfile("gb300-kimi-k2")
+func decodeHeavyModel(b *testing.B, profile string, seqs, ctx, maxTokens int) (*Model, time.Time) {
+	p, err := LoadProfile(profile)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -41,8 +41,18 @@ func decodeHeavyModel(b *testing.B, seqs, ctx, maxTokens int) (*Model, time.Time
 // when they near the end. The figure to
 // read is x-realtime: modelled engine-seconds per wall-second on one core.
 func BenchmarkStepDecode256x32K(b *testing.B) {
+	for _, profile := range benchProfiles {
+		b.Run(profile, func(b *testing.B) { benchStepDecode(b, profile) })
+	}
+}
+
+// benchProfiles: 64-token blocks (MLA on Blackwell) and 16-token blocks (GQA),
+// since per-block bookkeeping is much of the cost.
+var benchProfiles = []string{"gb300-kimi-k2", "gb300-glm46"}
+
+func benchStepDecode(b *testing.B, profile string) {
 	const maxTokens = 8192
-	m, now := decodeHeavyModel(b, 256, 28672, maxTokens)
+	m, now := decodeHeavyModel(b, profile, 256, 28672, maxTokens)
 	steps := 0
 	var modelled time.Duration
 	b.ReportAllocs()
@@ -50,7 +60,7 @@ func BenchmarkStepDecode256x32K(b *testing.B) {
 	for b.Loop() {
 		if steps >= maxTokens-1200 { // the first sequences started decoding during set-up
 			b.StopTimer()
-			m, now = decodeHeavyModel(b, 256, 28672, maxTokens)
+			m, now = decodeHeavyModel(b, profile, 256, 28672, maxTokens)
 			steps = 0
 			b.StartTimer()
 		}
@@ -70,8 +80,14 @@ func BenchmarkStepDecode256x32K(b *testing.B) {
 // drives it: Advance to the next outside event, here one every 100 ms of
 // modelled time (an engine serving a few dozen agents).
 func BenchmarkAdvanceDecode256x32K(b *testing.B) {
+	for _, profile := range benchProfiles {
+		b.Run(profile, func(b *testing.B) { benchAdvanceDecode(b, profile) })
+	}
+}
+
+func benchAdvanceDecode(b *testing.B, profile string) {
 	const maxTokens = 8192
-	m, now := decodeHeavyModel(b, 256, 28672, maxTokens)
+	m, now := decodeHeavyModel(b, profile, 256, 28672, maxTokens)
 	var modelled time.Duration
 	passes := 0
 	b.ReportAllocs()
@@ -79,7 +95,7 @@ func BenchmarkAdvanceDecode256x32K(b *testing.B) {
 	for b.Loop() {
 		if passes >= maxTokens-1200 {
 			b.StopTimer()
-			m, now = decodeHeavyModel(b, 256, 28672, maxTokens)
+			m, now = decodeHeavyModel(b, profile, 256, 28672, maxTokens)
 			passes = 0
 			b.StartTimer()
 		}

@@ -49,7 +49,7 @@ func (m *Model) allocGPU() BlockID {
 func (m *Model) evictGPU(id BlockID) {
 	m.gpuPolicy.Remove(id)
 	v := m.blocks.Get(id)
-	delete(m.gpuByHash, v.Hash)
+	m.gpuByHash.Delete(v.Hash)
 	m.emitBlock(kv.BlockRemoved, v)
 	if m.storeHost(v.Hash, v.Parent, v.Depth) {
 		m.out.Stats.OffloadBlocks++
@@ -62,23 +62,23 @@ func (m *Model) evictGPU(id BlockID) {
 // storeHost puts a copy of a block in the host tier, evicting the host's
 // victim when full. It reports whether a new copy was made.
 func (m *Model) storeHost(h, parent kv.BlockHash, depth int32) bool {
-	if id, ok := m.hostByHash[h]; ok {
-		m.touchHost(id)
+	if id, ok := m.hostByHash.Get(h); ok {
+		m.touchHost(BlockID(id))
 		return false
 	}
 	if m.cfg.HostBlocks <= 0 {
 		return false
 	}
-	if len(m.hostByHash) >= m.cfg.HostBlocks {
+	if m.hostByHash.Len() >= m.cfg.HostBlocks {
 		vid := m.hostPolicy.Victim()
 		if vid == NoBlock {
 			return false
 		}
 		m.hostPolicy.Remove(vid)
 		v := m.blocks.Get(vid)
-		delete(m.hostByHash, v.Hash)
+		m.hostByHash.Delete(v.Hash)
 		m.emitBlock(kv.BlockRemoved, v)
-		if _, onGPU := m.gpuByHash[v.Hash]; !onGPU {
+		if !m.gpuByHash.Has(v.Hash) {
 			delete(m.hints, v.Hash)
 		}
 		m.blocks.release(vid)
@@ -88,7 +88,7 @@ func (m *Model) storeHost(h, parent kv.BlockHash, depth int32) bool {
 	b.Hash, b.Parent, b.Depth, b.Hashed, b.Tier = h, parent, depth, true, kv.TierHost
 	b.Priority = m.hints[h]
 	b.LastUse = m.pass
-	m.hostByHash[h] = id
+	m.hostByHash.Put(h, int32(id))
 	m.hostPolicy.Add(id)
 	m.emitBlock(kv.BlockStored, b)
 	return true
@@ -113,13 +113,12 @@ func (m *Model) acquireCached(id BlockID) {
 // commitBlock gives a freshly filled private block its hash and caches it,
 // unless another copy is cached already (then it stays private).
 func (m *Model) commitBlock(id BlockID, h, parent kv.BlockHash, depth int) {
-	if _, dup := m.gpuByHash[h]; dup {
+	if _, added := m.gpuByHash.PutNew(h, int32(id)); !added {
 		return
 	}
 	b := m.blocks.Get(id)
 	b.Hash, b.Parent, b.Depth, b.Hashed = h, parent, int32(depth), true
 	b.Priority = m.hints[h]
-	m.gpuByHash[h] = id
 	m.emitBlock(kv.BlockStored, b)
 }
 
@@ -160,7 +159,7 @@ func (m *Model) completeFetches(now time.Time) {
 			if i > 0 {
 				parent = f.chain[i-1]
 			}
-			if _, onGPU := m.gpuByHash[f.chain[i]]; !onGPU && m.storeHost(f.chain[i], parent, int32(i)) {
+			if !m.gpuByHash.Has(f.chain[i]) && m.storeHost(f.chain[i], parent, int32(i)) {
 				m.counters.FetchedBlocks++
 			}
 		}

@@ -17,7 +17,7 @@ const NoBlock BlockID = -1
 type Block struct {
 	Hash     kv.BlockHash
 	Parent   kv.BlockHash
-	LastUse  int64 // model pass counter when last referenced
+	LastUse  int64 // model pass counter when last taken or released
 	Depth    int32 // position in its sequence, 0-based
 	ref      int32 // running or held sequences using this GPU copy
 	prev     BlockID

@@ -70,6 +70,9 @@ type Request struct {
 	ID        string
 	Tokens    []uint32 // prompt
 	MaxTokens int      // output tokens to generate (no EOS is modelled)
+	// Chain optionally gives kv.ChainHashes(Tokens, block size), when the
+	// caller (a router, the simulator) has it already; it is not hashed again.
+	Chain []kv.BlockHash
 	Seed      uint64   // output token stream; 0 derives one from ID
 
 	// RemoteDecode makes this the prefill leg of a disaggregated request: it
@@ -221,10 +224,10 @@ type Model struct {
 	fetches []fetch
 
 	blocks     BlockTable
-	gpuByHash  map[kv.BlockHash]BlockID
+	gpuByHash  *kv.Index // hash -> BlockID of the cached GPU copy
 	gpuUsed    int
 	gpuPolicy  EvictionPolicy
-	hostByHash map[kv.BlockHash]BlockID
+	hostByHash *kv.Index // hash -> BlockID of the host copy
 	hostPolicy EvictionPolicy
 	hints      map[kv.BlockHash]int8
 
@@ -271,8 +274,8 @@ func NewModel(p *Profile, c Config) *Model {
 	m := &Model{
 		p: *p, cfg: c, bs: p.BlockSize, bsShift: bits.TrailingZeros(uint(p.BlockSize)),
 		byID:       map[string]*seq{},
-		gpuByHash:  make(map[kv.BlockHash]BlockID, min(c.GPUBlocks, 1<<20)),
-		hostByHash: map[kv.BlockHash]BlockID{},
+		gpuByHash:  kv.NewIndex(min(c.GPUBlocks, 1<<22)),
+		hostByHash: &kv.Index{},
 		hints:      map[kv.BlockHash]int8{},
 	}
 	m.gpuPolicy = c.NewPolicy(&m.blocks)
@@ -344,7 +347,11 @@ func (m *Model) Submit(now time.Time, r Request) error {
 	}
 	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 16384))
 	copy(s.tokens, r.Tokens)
-	s.chain = kv.ChainHashes(s.tokens, m.bs)
+	if n := len(r.Tokens) >> m.bsShift; len(r.Chain) == n {
+		s.chain = append(make([]kv.BlockHash, 0, n+16), r.Chain...)
+	} else {
+		s.chain = kv.ChainHashes(s.tokens, m.bs)
+	}
 	s.usage.PromptTokens = len(r.Tokens)
 	s.usage.Arrival = now
 	if r.Remote != nil {
@@ -411,13 +418,11 @@ func (m *Model) Lookup(chain []kv.BlockHash) (gpu, local int) {
 }
 
 func (m *Model) onGPU(h kv.BlockHash) bool {
-	_, ok := m.gpuByHash[h]
-	return ok
+	return m.gpuByHash.Has(h)
 }
 
 func (m *Model) onHost(h kv.BlockHash) bool {
-	_, ok := m.hostByHash[h]
-	return ok
+	return m.hostByHash.Has(h)
 }
 
 // Fetch starts pulling chain[from:] from a peer into the host tier at gbps
@@ -453,10 +458,16 @@ func (m *Model) Fetch(now time.Time, chain []kv.BlockHash, from int, gbps float6
 // next pass.
 func (m *Model) OffloadGPU(now time.Time) (int, time.Duration) {
 	n := 0
-	for h, id := range m.gpuByHash {
+	var ids []BlockID
+	m.gpuByHash.Range(func(h kv.BlockHash, id int32) bool {
 		if !m.onHost(h) {
-			b := m.blocks.Get(id)
-			m.storeHost(b.Hash, b.Parent, b.Depth)
+			ids = append(ids, BlockID(id))
+		}
+		return true
+	})
+	for _, id := range ids { // storeHost may change the host index, not the GPU one
+		b := m.blocks.Get(id)
+		if m.storeHost(b.Hash, b.Parent, b.Depth) {
 			n++
 		}
 	}
@@ -485,11 +496,11 @@ func (m *Model) SetHints(hints []Hint) {
 		} else {
 			m.hints[h.Hash] = h.Priority
 		}
-		if id, ok := m.gpuByHash[h.Hash]; ok {
-			m.reprioritize(id, m.gpuPolicy, h.Priority)
+		if id, ok := m.gpuByHash.Get(h.Hash); ok {
+			m.reprioritize(BlockID(id), m.gpuPolicy, h.Priority)
 		}
-		if id, ok := m.hostByHash[h.Hash]; ok {
-			m.reprioritize(id, m.hostPolicy, h.Priority)
+		if id, ok := m.hostByHash.Get(h.Hash); ok {
+			m.reprioritize(BlockID(id), m.hostPolicy, h.Priority)
 		}
 	}
 }
@@ -553,13 +564,12 @@ func removeSeq(list []*seq, s *seq) []*seq {
 func (m *Model) Resync() int {
 	m.emit(kv.AllCleared, kv.TierGPU, 0, 0, 0)
 	n := 0
-	for _, id := range m.gpuByHash {
-		m.emitBlock(kv.BlockStored, m.blocks.Get(id))
-		n++
-	}
-	for _, id := range m.hostByHash {
-		m.emitBlock(kv.BlockStored, m.blocks.Get(id))
-		n++
+	for _, x := range []*kv.Index{m.gpuByHash, m.hostByHash} {
+		x.Range(func(_ kv.BlockHash, id int32) bool {
+			m.emitBlock(kv.BlockStored, m.blocks.Get(BlockID(id)))
+			n++
+			return true
+		})
 	}
 	return n
 }

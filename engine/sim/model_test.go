@@ -530,3 +530,24 @@ func TestGB300ProfilesMatchAnchors(t *testing.T) {
 		t.Errorf("decode ITL %v, anchor 37 ms", itl)
 	}
 }
+
+func TestSubmitUsesGivenChain(t *testing.T) {
+	p := tinyProfile(t)
+	tokens := prompt(200, 9)
+	chain := kv.ChainHashes(tokens, p.BlockSize)
+	a, b := NewModel(p, Config{}), NewModel(p, Config{})
+	submit(t, a, t0, Request{ID: "x", Tokens: tokens, MaxTokens: 1})
+	submit(t, b, t0, Request{ID: "x", Tokens: tokens, MaxTokens: 1, Chain: chain})
+	run(t, a, t0, 100)
+	run(t, b, t0, 100)
+	if ga, _ := a.Lookup(chain); ga != len(chain) {
+		t.Fatalf("hashed chain: %d of %d blocks cached", ga, len(chain))
+	}
+	if gb, _ := b.Lookup(chain); gb != len(chain) {
+		t.Fatalf("given chain: %d of %d blocks cached", gb, len(chain))
+	}
+	chain[0] = 1 // the model kept its own copy
+	if gb, _ := b.Lookup(kv.ChainHashes(tokens, p.BlockSize)); gb != len(chain) {
+		t.Fatal("the model aliases the caller's chain")
+	}
+}

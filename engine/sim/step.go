@@ -150,7 +150,7 @@ matched:
 	// Blocks hit on GPU stop being evictable once taken: count them out.
 	evictableHits := 0
 	for i := 0; i < g; i++ {
-		if m.blocks.Get(m.gpuByHash[s.chain[i]]).ref == 0 {
+		if id, _ := m.gpuByHash.Get(s.chain[i]); m.blocks.Get(BlockID(id)).ref == 0 {
 			evictableHits++
 		}
 	}
@@ -158,14 +158,14 @@ matched:
 		return 0, false
 	}
 	for i := 0; i < g; i++ {
-		id := m.gpuByHash[s.chain[i]]
-		m.acquireCached(id)
-		s.blocks = append(s.blocks, id)
+		id, _ := m.gpuByHash.Get(s.chain[i])
+		m.acquireCached(BlockID(id))
+		s.blocks = append(s.blocks, BlockID(id))
 	}
 	for i := g; i < t; i++ {
 		h := s.chain[i]
-		if hid, ok := m.hostByHash[h]; ok {
-			m.touchHost(hid)
+		if hid, ok := m.hostByHash.Get(h); ok {
+			m.touchHost(BlockID(hid))
 		}
 		b := m.allocGPU()
 		var parent kv.BlockHash
@@ -226,9 +226,6 @@ func (m *Model) account(s *seq, n int, st *PassStats) {
 			parent = s.chain[i-1]
 		}
 		m.commitBlock(s.blocks[i], s.chain[i], parent, i)
-	}
-	for _, id := range s.blocks[before:] {
-		m.blocks.Get(id).LastUse = m.pass
 	}
 	m.sched = append(m.sched, s)
 }
@@ -351,6 +348,6 @@ func (m *Model) fillQueueStats(st *PassStats) {
 	st.GPUBlocksUsed = m.gpuUsed - m.gpuPolicy.Len()
 	st.GPUBlocksCached = m.gpuUsed
 	st.GPUBlocks = m.cfg.GPUBlocks
-	st.HostBlocksUsed = len(m.hostByHash)
+	st.HostBlocksUsed = m.hostByHash.Len()
 	st.HostBlocks = m.cfg.HostBlocks
 }
