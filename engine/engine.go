@@ -175,8 +175,8 @@ func (e *Engine) Run(ctx context.Context) {
 		idle := out.Idle
 		if idle {
 			wait = time.Hour
-			if next, ok := e.model.NextWake(); ok {
-				wait = e.clock.WallUntil(next)
+			if next, ok := e.model.NextWake(out.Start); ok {
+				wait = max(e.clock.WallUntil(next), time.Millisecond)
 			}
 		} else {
 			wait = e.clock.WallUntil(out.Start.Add(d))
@@ -341,6 +341,31 @@ func (e *Engine) newRequestID(prefix string) string {
 	defer e.mu.Unlock()
 	e.nextID++
 	return fmt.Sprintf("%s-%s-%d", prefix, e.cfg.ID, e.nextID)
+}
+
+// Drain stops taking new requests (they get 503) and waits until every
+// request in flight has finished, or ctx ends. It reports how many were
+// still in flight when it returned.
+func (e *Engine) Drain(ctx context.Context) int {
+	e.mu.Lock()
+	e.model.SetDraining(true)
+	e.mu.Unlock()
+	e.poke()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		e.mu.Lock()
+		n := e.model.InFlight()
+		e.mu.Unlock()
+		if n == 0 {
+			return 0
+		}
+		select {
+		case <-ctx.Done():
+			return n
+		case <-tick.C:
+		}
+	}
 }
 
 // Control runs one control operation (see protocol.ControlRequest).

@@ -24,6 +24,16 @@
 //
 // Responses of /v1/completions and /v1/chat/completions carry an "evolve"
 // object (ResponseKV) saying where the prompt's KV came from.
+//
+// # kv_transfer_params
+//
+// A prefill leg ({"do_remote_decode": true}) answers, as vLLM's
+// NixlConnector does, with {"do_remote_prefill": true, "remote_engine_id",
+// "remote_request_id", "remote_block_ids", "remote_host", "remote_port",
+// "tp_size"}. For evolve's engines remote_host:remote_port is the prefill
+// engine's HTTP address (where /evolve/v1/kv/pull is served) rather than a
+// NIXL side channel, and remote_block_ids are the held blocks' hashes. A
+// router treats the object as opaque and passes it to the decode engine.
 package protocol
 
 import (

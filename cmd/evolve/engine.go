@@ -64,6 +64,7 @@ Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to 
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
 	f.Int("gpu-kv-tokens", 0, "GPU KV capacity in tokens (default: profile)")
 	f.Int("host-kv-tokens", 0, "host-memory KV capacity in tokens (default: profile, else 4x GPU)")
+	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once)")
 	f.Int("default-max-tokens", 0, "output tokens when a request sets none (default: 16 for completions, 256 for chat)")
 	return cmd
 }
@@ -129,8 +130,12 @@ func runEngine(cmd *cobra.Command, _ []string) error {
 		return usage(err)
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// The first SIGINT or SIGTERM drains: no new requests, the ones in
+	// flight finish (up to --shutdown-grace). A second one kills at once.
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 
 	var agent *engine.NATSAgent
 	if u := get("nats"); u != "" {
@@ -163,16 +168,26 @@ func runEngine(cmd *cobra.Command, _ []string) error {
 		"role", role.String(), "speedup", speedup, "nats", get("nats"))
 
 	select {
-	case <-ctx.Done():
-	case err := <-serveErr:
+	case <-sigCtx.Done():
 		stop()
+		grace := config.GetDuration("engine.shutdown-grace")
+		slog.Info("engine draining before shutdown", "id", id, "grace", grace)
+		graceCtx, cancelGrace := context.WithTimeout(context.Background(), grace)
+		if left := eng.Drain(graceCtx); left > 0 {
+			slog.Warn("shutdown grace over; aborting requests in flight", "id", id, "in_flight", left)
+		}
+		cancelGrace()
+	case err := <-serveErr:
 		if !errors.Is(err, http.ErrServerClosed) {
+			cancel()
+			<-done
 			return fmt.Errorf("serve HTTP: %w", err)
 		}
 	}
 	slog.Info("engine stopping", "id", id)
-	shutCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
+	cancel()
+	shutCtx, cancelShut := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancelShut()
 	_ = srv.Shutdown(shutCtx)
 	<-done
 	if err := <-agentDone; err != nil {

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -278,4 +279,43 @@ func runBin(t *testing.T, env []string, args ...string) (string, int) {
 		t.Fatal(err)
 	}
 	return string(out), 0
+}
+
+func TestEngineDrainsOnSIGTERM(t *testing.T) {
+	p := startEngine(t, "--profile", "tiny", "--speedup", "1")
+	c := client(p)
+	stream := c.Completions.NewStreaming(context.Background(), openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("finish what you started")}, MaxTokens: openai.Int(150),
+	})
+	got := 0
+	for stream.Next() {
+		if len(stream.Current().Choices) > 0 && stream.Current().Choices[0].Text != "" {
+			got++
+		}
+		if got == 2 {
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			// While it drains, new work is refused with a retry hint.
+			eventually(t, 5*time.Second, "503 while draining", func() bool {
+				resp, err := http.Post(p.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "late"}`))
+				if err != nil {
+					return false
+				}
+				resp.Body.Close()
+				return resp.StatusCode == 503 && resp.Header.Get("Retry-After") != ""
+			})
+		}
+	}
+	if err := stream.Err(); err != nil || got != 150 {
+		t.Fatalf("request in flight at SIGTERM: %d of 150 tokens, err %v", got, err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("engine did not exit after draining")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("exit code %d after a clean drain", code)
+	}
 }

@@ -76,7 +76,7 @@ func (m *Model) steadySpan(now, until time.Time) int {
 		return 0
 	}
 	if len(m.fetches) > 0 || len(m.held) > 0 {
-		if t, ok := m.NextWake(); ok && t.Before(until) {
+		if t, ok := m.NextWake(now.Add(-1)); ok && t.Before(until) {
 			return 0 // keep it simple: a timed event is near, step normally
 		}
 	}

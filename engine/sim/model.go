@@ -521,14 +521,14 @@ func (m *Model) reprioritize(id BlockID, p EvictionPolicy, prio int8) {
 	}
 }
 
-// NextWake returns the earliest future time at which something becomes
+// NextWake returns the earliest time after now at which something becomes
 // ready without a new request (a transfer lands, a fetch completes, a KV
 // hold expires), so that an idle runner knows when to step again.
-func (m *Model) NextWake() (time.Time, bool) {
+func (m *Model) NextWake(now time.Time) (time.Time, bool) {
 	var t time.Time
 	ok := false
 	consider := func(x time.Time) {
-		if !ok || x.Before(t) {
+		if x.After(now) && (!ok || x.Before(t)) {
 			t, ok = x, true
 		}
 	}
@@ -537,8 +537,8 @@ func (m *Model) NextWake() (time.Time, bool) {
 			consider(s.remoteReady)
 		}
 	}
-	if len(m.fetches) > 0 {
-		consider(m.fetches[0].ready)
+	for _, f := range m.fetches {
+		consider(f.ready)
 	}
 	for _, s := range m.held {
 		consider(s.holdUntil)

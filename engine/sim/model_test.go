@@ -57,7 +57,7 @@ func run(t testing.TB, m *Model, now time.Time, limit int) result {
 			now = out.Start.Add(d)
 			continue
 		}
-		next, ok := m.NextWake()
+		next, ok := m.NextWake(now)
 		if !ok || len(m.waiting)+len(m.running) == 0 {
 			res.end = now
 			return res
@@ -347,7 +347,7 @@ func TestHeldKVExpires(t *testing.T) {
 	m := NewModel(p, Config{HoldTimeout: time.Second})
 	submit(t, m, t0, Request{ID: "r", Tokens: prompt(100, 70), MaxTokens: 1, RemoteDecode: true})
 	r := run(t, m, t0, 100)
-	next, ok := m.NextWake()
+	next, ok := m.NextWake(r.end)
 	if !ok || next.Sub(r.end) != time.Second {
 		t.Fatalf("next wake %v %v", next.Sub(r.end), ok)
 	}
