@@ -1,44 +1,51 @@
 package kv
 
-// Index maps block hashes to int32 values (slot numbers, node ids) with
-// open addressing and linear probing. Block hashes are already uniform, so a
-// hash's low bits pick its slot directly: a lookup usually touches one cache
-// line, where Go's map touches two or three. It grows by doubling and
-// deletes by backward shift, so it never holds tombstones. The zero value is
-// an empty index ready to use. Not safe for concurrent use.
-type Index struct {
-	slots    []indexSlot
+// Table maps block hashes to values of type V with open addressing and
+// linear probing. Block hashes are already uniform, so a hash's low bits
+// pick its slot directly: a lookup usually touches one cache line, where
+// Go's map touches two or three, and a small V lives in the slot itself. It
+// grows by doubling and deletes by backward shift, so it never holds
+// tombstones. The zero value is an empty table ready to use. Not safe for
+// concurrent use.
+type Table[V any] struct {
+	slots    []tableSlot[V]
 	mask     uint64
 	n        int
 	zero     bool // whether hash 0 is present (0 marks empty slots)
-	zeroVal  int32
+	zeroVal  V
 	minSlots int
 }
 
-type indexSlot struct {
+type tableSlot[V any] struct {
 	key BlockHash
-	val int32
+	val V
 }
 
+// Index is a Table of int32 values (slot numbers, ids).
+type Index = Table[int32]
+
 // NewIndex returns an index sized to hold n entries without growing.
-func NewIndex(n int) *Index {
-	x := &Index{}
+func NewIndex(n int) *Index { return NewTable[int32](n) }
+
+// NewTable returns a table sized to hold n entries without growing.
+func NewTable[V any](n int) *Table[V] {
+	x := &Table[V]{}
 	x.init(n)
 	return x
 }
 
-func (x *Index) init(n int) {
+func (x *Table[V]) init(n int) {
 	size := 16
 	for size < 2*n {
 		size <<= 1
 	}
-	x.slots = make([]indexSlot, size)
+	x.slots = make([]tableSlot[V], size)
 	x.mask = uint64(size - 1)
 	x.minSlots = size
 }
 
 // Len is the number of entries.
-func (x *Index) Len() int {
+func (x *Table[V]) Len() int {
 	if x.zero {
 		return x.n + 1
 	}
@@ -46,35 +53,52 @@ func (x *Index) Len() int {
 }
 
 // Get returns the value of h and whether it is present.
-func (x *Index) Get(h BlockHash) (int32, bool) {
+func (x *Table[V]) Get(h BlockHash) (V, bool) {
+	if p := x.Ptr(h); p != nil {
+		return *p, true
+	}
+	var zero V
+	return zero, false
+}
+
+// Ptr returns where h's value is stored, or nil if h is absent. The pointer
+// is valid until the next Put, PutNew or Delete.
+func (x *Table[V]) Ptr(h BlockHash) *V {
 	if h == 0 {
 		if !x.zero {
-			return 0, false
+			return nil
 		}
-		return x.zeroVal, true
+		return &x.zeroVal
 	}
 	if x.slots == nil {
-		return 0, false
+		return nil
 	}
 	for i := uint64(h) & x.mask; ; i = (i + 1) & x.mask {
 		s := &x.slots[i]
 		if s.key == h {
-			return s.val, true
+			return &s.val
 		}
 		if s.key == 0 {
-			return 0, false
+			return nil
 		}
 	}
 }
 
-// Has reports whether h is present.
-func (x *Index) Has(h BlockHash) bool {
-	_, ok := x.Get(h)
-	return ok
+// Touch reads the slot where h's probe starts and returns its key. Calling
+// it for a batch of hashes before looking them up lets the processor fetch
+// their cache lines in parallel; the result only keeps the reads alive.
+func (x *Table[V]) Touch(h BlockHash) BlockHash {
+	if x.slots == nil {
+		return 0
+	}
+	return x.slots[uint64(h)&x.mask].key
 }
 
+// Has reports whether h is present.
+func (x *Table[V]) Has(h BlockHash) bool { return x.Ptr(h) != nil }
+
 // Put sets h's value, or adds h. It reports whether h was added.
-func (x *Index) Put(h BlockHash, v int32) bool {
+func (x *Table[V]) Put(h BlockHash, v V) bool {
 	if h == 0 {
 		added := !x.zero
 		x.zero, x.zeroVal = true, v
@@ -100,15 +124,16 @@ func (x *Index) Put(h BlockHash, v int32) bool {
 	}
 }
 
-// PutNew adds h with value v unless h is present; it returns the value h
-// has afterwards and whether it was added. One probe sequence does both.
-func (x *Index) PutNew(h BlockHash, v int32) (int32, bool) {
+// PutNew adds h with value v unless h is present; it returns where h's
+// value is stored afterwards (valid until the next change) and whether h was
+// added. One probe sequence does both.
+func (x *Table[V]) PutNew(h BlockHash, v V) (*V, bool) {
 	if h == 0 {
 		if x.zero {
-			return x.zeroVal, false
+			return &x.zeroVal, false
 		}
 		x.zero, x.zeroVal = true, v
-		return v, true
+		return &x.zeroVal, true
 	}
 	if x.slots == nil {
 		x.init(8)
@@ -119,21 +144,22 @@ func (x *Index) PutNew(h BlockHash, v int32) (int32, bool) {
 	for i := uint64(h) & x.mask; ; i = (i + 1) & x.mask {
 		s := &x.slots[i]
 		if s.key == h {
-			return s.val, false
+			return &s.val, false
 		}
 		if s.key == 0 {
 			s.key, s.val = h, v
 			x.n++
-			return v, true
+			return &s.val, true
 		}
 	}
 }
 
 // Delete removes h and reports whether it was present.
-func (x *Index) Delete(h BlockHash) bool {
+func (x *Table[V]) Delete(h BlockHash) bool {
 	if h == 0 {
 		was := x.zero
-		x.zero, x.zeroVal = false, 0
+		var zero V
+		x.zero, x.zeroVal = false, zero
 		return was
 	}
 	if x.slots == nil {
@@ -164,7 +190,7 @@ func (x *Index) Delete(h BlockHash) bool {
 			hole = j
 		}
 	}
-	x.slots[hole] = indexSlot{}
+	x.slots[hole] = tableSlot[V]{}
 	x.n--
 	if len(x.slots) > x.minSlots && 8*x.n < len(x.slots) {
 		x.resize(len(x.slots) / 2)
@@ -174,7 +200,7 @@ func (x *Index) Delete(h BlockHash) bool {
 
 // Range calls f for every entry until f returns false. The index must not
 // change during the call.
-func (x *Index) Range(f func(h BlockHash, v int32) bool) {
+func (x *Table[V]) Range(f func(h BlockHash, v V) bool) {
 	if x.zero && !f(0, x.zeroVal) {
 		return
 	}
@@ -185,9 +211,9 @@ func (x *Index) Range(f func(h BlockHash, v int32) bool) {
 	}
 }
 
-func (x *Index) resize(size int) {
+func (x *Table[V]) resize(size int) {
 	old := x.slots
-	x.slots = make([]indexSlot, size)
+	x.slots = make([]tableSlot[V], size)
 	x.mask = uint64(size - 1)
 	for _, s := range old {
 		if s.key == 0 {

@@ -38,8 +38,8 @@ func TestIndexMatchesMap(t *testing.T) {
 			if !had {
 				ref[k], want = v, v
 			}
-			if added == had || got != want {
-				t.Fatalf("step %d: PutNew(%x) = %d,%v; want %d,%v", step, uint64(k), got, added, want, !had)
+			if added == had || *got != want {
+				t.Fatalf("step %d: PutNew(%x) = %d,%v; want %d,%v", step, uint64(k), *got, added, want, !had)
 			}
 		case op < 9:
 			_, had := ref[k]

@@ -1,0 +1,391 @@
+package kv
+
+import (
+	"errors"
+	"fmt"
+)
+
+// NodeID is a node's number in a Directory, from 0 in the order names were
+// first seen.
+type NodeID uint16
+
+// MaxNodes is the most nodes a Directory tells apart.
+const MaxNodes = 1 << 15
+
+// Replica is one copy of a block: a node and a tier, packed.
+type Replica uint16
+
+// MakeReplica packs a node and a tier.
+func MakeReplica(n NodeID, t Tier) Replica { return Replica(n)<<1 | Replica(t&1) }
+
+// Node is the replica's node.
+func (r Replica) Node() NodeID { return NodeID(r >> 1) }
+
+// Tier is the replica's tier.
+func (r Replica) Tier() Tier { return Tier(r & 1) }
+
+// replicaSet holds up to inlineReplicas copies in the table slot itself;
+// more live in Directory.extra. A slot is 16 bytes: hash and set.
+type replicaSet struct {
+	reps [inlineReplicas]Replica
+	n    uint8
+	more bool // Directory.extra holds further replicas of this block
+}
+
+const inlineReplicas = 3
+
+// touchBatch is how many blocks ahead Match fetches table slots.
+const touchBatch = 64
+
+// ErrGap reports a hole in a node's event sequence: the directory no longer
+// knows that node's blocks and ignores its events until a resync (an
+// AllBlocksCleared event) starts over.
+var ErrGap = errors.New("KV event sequence gap")
+
+// Directory knows, for every KV block, which nodes hold a copy and in which
+// tier. It is fed by the engines' KV events, in order per node, and answers
+// the router's question: for this chain of blocks, how much does each node
+// hold, and where does the rest live? It is pure (no clock, no I/O) and not
+// safe for concurrent use.
+//
+// Memory: a block costs one 16-byte slot in an open-addressing table (kept
+// between a quarter and a half full), with up to three replicas inline;
+// blocks with more copies keep the rest in a side map.
+type Directory struct {
+	t        Table[replicaSet]
+	extra    map[BlockHash][]Replica
+	nodes    []nodeState
+	names    map[string]NodeID
+	replicas int
+
+	sink BlockHash // keeps Match's prefetching reads alive
+
+	// Match scratch, indexed by NodeID.
+	gpuLen, localLen []int32
+	touched          []NodeID
+}
+
+type nodeState struct {
+	name       string
+	lastSeq    uint64
+	resync     bool // a gap was seen: ignore events until AllBlocksCleared
+	gpu, host  int  // replicas held
+	everEvents bool
+}
+
+// NewDirectory returns an empty directory.
+func NewDirectory() *Directory {
+	return &Directory{extra: map[BlockHash][]Replica{}, names: map[string]NodeID{}}
+}
+
+// Node returns the id of the named node, adding it if new.
+func (d *Directory) Node(name string) (NodeID, error) {
+	if id, ok := d.names[name]; ok {
+		return id, nil
+	}
+	if len(d.nodes) >= MaxNodes {
+		return 0, fmt.Errorf("directory: more than %d nodes", MaxNodes)
+	}
+	id := NodeID(len(d.nodes))
+	d.nodes = append(d.nodes, nodeState{name: name})
+	d.names[name] = id
+	d.gpuLen = append(d.gpuLen, 0)
+	d.localLen = append(d.localLen, 0)
+	return id, nil
+}
+
+// NodeName returns the name of a node id.
+func (d *Directory) NodeName(n NodeID) string { return d.nodes[n].name }
+
+// Replicas is the number of block copies indexed.
+func (d *Directory) Replicas() int { return d.replicas }
+
+// Blocks is the number of distinct blocks indexed.
+func (d *Directory) Blocks() int { return d.t.Len() }
+
+// NodeReplicas returns how many copies node n holds in each tier.
+func (d *Directory) NodeReplicas(n NodeID) (gpu, host int) {
+	return d.nodes[n].gpu, d.nodes[n].host
+}
+
+// NeedsResync reports whether node n's events had a gap and the directory
+// waits for its resync.
+func (d *Directory) NeedsResync(n NodeID) bool { return d.nodes[n].resync }
+
+// LastSeq is the sequence of the last event applied from node n.
+func (d *Directory) LastSeq(n NodeID) uint64 { return d.nodes[n].lastSeq }
+
+// ApplyBatch applies a node's consecutive events; see Apply.
+func (d *Directory) ApplyBatch(n NodeID, events []Event) error {
+	var first error
+	for i := range events {
+		if err := d.Apply(n, events[i]); err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// Apply applies one of node n's events. Events must come in sequence order
+// (from 1, without gaps); an event whose sequence is already applied is
+// ignored (a duplicate delivery). On a gap Apply returns ErrGap, marks the
+// node for resync and ignores its events until an AllBlocksCleared event,
+// which clears the node's copies and starts its sequence over from there.
+func (d *Directory) Apply(n NodeID, e Event) error {
+	st := &d.nodes[n]
+	if e.Kind == AllCleared {
+		d.clearNode(n)
+		st.lastSeq, st.resync, st.everEvents = e.Seq, false, true
+		return nil
+	}
+	if st.resync {
+		return nil
+	}
+	if st.everEvents || e.Seq != 1 {
+		if e.Seq <= st.lastSeq {
+			return nil
+		}
+		if e.Seq != st.lastSeq+1 {
+			st.resync = true
+			return fmt.Errorf("%w on node %s: event %d after %d", ErrGap, st.name, e.Seq, st.lastSeq)
+		}
+	}
+	st.lastSeq, st.everEvents = e.Seq, true
+	r := MakeReplica(n, e.Tier)
+	switch e.Kind {
+	case BlockStored:
+		d.add(e.Hash, r)
+	case BlockRemoved:
+		d.remove(e.Hash, r)
+	default:
+		return fmt.Errorf("directory: unknown event kind %d from node %s", e.Kind, st.name)
+	}
+	return nil
+}
+
+func (d *Directory) count(r Replica, delta int) {
+	st := &d.nodes[r.Node()]
+	if r.Tier() == TierGPU {
+		st.gpu += delta
+	} else {
+		st.host += delta
+	}
+	d.replicas += delta
+}
+
+func (d *Directory) add(h BlockHash, r Replica) {
+	s, _ := d.t.PutNew(h, replicaSet{})
+	for _, x := range s.reps[:s.n] {
+		if x == r {
+			return
+		}
+	}
+	if int(s.n) < inlineReplicas {
+		s.reps[s.n] = r
+		s.n++
+		d.count(r, 1)
+		return
+	}
+	for _, x := range d.extra[h] {
+		if x == r {
+			return
+		}
+	}
+	s.more = true
+	d.extra[h] = append(d.extra[h], r)
+	d.count(r, 1)
+}
+
+func (d *Directory) remove(h BlockHash, r Replica) {
+	s := d.t.Ptr(h)
+	if s == nil {
+		return
+	}
+	for i := 0; i < int(s.n); i++ {
+		if s.reps[i] != r {
+			continue
+		}
+		d.count(r, -1)
+		// Refill the hole from the side map, or close it up.
+		if ex := d.extra[h]; s.more && len(ex) > 0 {
+			s.reps[i] = ex[len(ex)-1]
+			if len(ex) == 1 {
+				delete(d.extra, h)
+				s.more = false
+			} else {
+				d.extra[h] = ex[:len(ex)-1]
+			}
+			return
+		}
+		s.n--
+		s.reps[i] = s.reps[s.n]
+		if s.n == 0 {
+			d.t.Delete(h)
+		}
+		return
+	}
+	if !s.more {
+		return
+	}
+	ex := d.extra[h]
+	for i, x := range ex {
+		if x == r {
+			d.count(r, -1)
+			ex[i] = ex[len(ex)-1]
+			if len(ex) == 1 {
+				delete(d.extra, h)
+				s.more = false
+			} else {
+				d.extra[h] = ex[:len(ex)-1]
+			}
+			return
+		}
+	}
+}
+
+// DropNode removes every copy node n holds (the node went down, or is
+// resyncing) and reports how many there were. The node keeps its id.
+func (d *Directory) DropNode(n NodeID) int {
+	before := d.replicas
+	d.clearNode(n)
+	return before - d.replicas
+}
+
+func (d *Directory) clearNode(n NodeID) {
+	st := &d.nodes[n]
+	if st.gpu == 0 && st.host == 0 {
+		return
+	}
+	var gone []BlockHash
+	var drop []Replica
+	d.t.Range(func(h BlockHash, s replicaSet) bool {
+		drop = drop[:0]
+		for _, r := range s.reps[:s.n] {
+			if r.Node() == n {
+				drop = append(drop, r)
+			}
+		}
+		if s.more {
+			for _, r := range d.extra[h] {
+				if r.Node() == n {
+					drop = append(drop, r)
+				}
+			}
+		}
+		if len(drop) > 0 {
+			gone = append(gone, h, BlockHash(len(drop)))
+			for _, r := range drop {
+				gone = append(gone, BlockHash(r))
+			}
+		}
+		return true
+	})
+	// Remove outside Range: removal can move slots.
+	for i := 0; i < len(gone); {
+		h, k := gone[i], int(gone[i+1])
+		for _, r := range gone[i+2 : i+2+k] {
+			d.remove(h, Replica(r))
+		}
+		i += 2 + k
+	}
+}
+
+// NodeMatch is how much of a chain one node holds.
+type NodeMatch struct {
+	Node  NodeID
+	GPU   int // leading blocks on the node's GPU
+	Local int // leading blocks on the node, GPU or host
+}
+
+// Source is a run of a chain's blocks that one node can serve from one
+// tier: blocks [From, To).
+type Source struct {
+	From, To int
+	Node     NodeID
+	Tier     Tier
+}
+
+// Match is the answer for one chain. Reuse it across calls to avoid
+// allocating.
+type Match struct {
+	Nodes   []NodeMatch // every node holding at least the first block
+	Cluster int         // leading blocks held somewhere in the cluster
+	Sources []Source    // a holder for every block in [0, Cluster), host copies preferred
+}
+
+// For returns node n's match (zero if it holds no prefix).
+func (m *Match) For(n NodeID) NodeMatch {
+	for _, x := range m.Nodes {
+		if x.Node == n {
+			return x
+		}
+	}
+	return NodeMatch{Node: n}
+}
+
+// Match fills m for chain: per node the prefix it holds on GPU and locally,
+// the prefix held anywhere, and where each block of that prefix can be
+// fetched from. Work is proportional to the blocks of the cluster-wide
+// prefix times their copies.
+func (d *Directory) Match(chain []BlockHash, m *Match) {
+	m.Nodes, m.Sources, m.Cluster = m.Nodes[:0], m.Sources[:0], 0
+	d.touched = d.touched[:0]
+	var extra []Replica
+	for i, h := range chain {
+		if i%touchBatch == 0 {
+			// Fetch the next batch's slots in parallel: the walk is bound by
+			// memory latency, one random slot per block.
+			var sink BlockHash
+			for _, x := range chain[i:min(i+touchBatch, len(chain))] {
+				sink ^= d.t.Touch(x)
+			}
+			d.sink ^= sink
+		}
+		s := d.t.Ptr(h)
+		if s == nil {
+			break
+		}
+		reps := s.reps[:s.n]
+		if s.more {
+			extra = append(append(extra[:0], reps...), d.extra[h]...)
+			reps = extra
+		}
+		src, haveSrc := Replica(0), false
+		for _, r := range reps {
+			n := r.Node()
+			if d.localLen[n] == int32(i) {
+				if i == 0 {
+					d.touched = append(d.touched, n)
+				}
+				d.localLen[n]++
+			}
+			if r.Tier() == TierGPU && d.gpuLen[n] == int32(i) {
+				d.gpuLen[n]++
+			}
+			if !haveSrc || (r.Tier() == TierHost && src.Tier() != TierHost) {
+				src, haveSrc = r, true
+			}
+		}
+		// Keep the previous run's holder when it has this block too.
+		if k := len(m.Sources) - 1; k >= 0 && m.Sources[k].To == i {
+			prev := MakeReplica(m.Sources[k].Node, m.Sources[k].Tier)
+			for _, r := range reps {
+				if r == prev {
+					src = prev
+					break
+				}
+			}
+			if src == prev {
+				m.Sources[k].To++
+				m.Cluster = i + 1
+				continue
+			}
+		}
+		m.Sources = append(m.Sources, Source{From: i, To: i + 1, Node: src.Node(), Tier: src.Tier()})
+		m.Cluster = i + 1
+	}
+	for _, n := range d.touched {
+		m.Nodes = append(m.Nodes, NodeMatch{Node: n, GPU: int(d.gpuLen[n]), Local: int(d.localLen[n])})
+		d.gpuLen[n], d.localLen[n] = 0, 0
+	}
+}
