@@ -1,0 +1,182 @@
+package routing
+
+import (
+	"math/rand/v2"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+// Dynamo is NVIDIA Dynamo's KV-aware router (lib/kv-router, release line 1.x)
+// as described in ../shared/reference/dynamo-baseline.md, with the same
+// bookkeeping and no knowledge Dynamo lacks. Per worker w and request with
+// prompt length ISL and n full blocks:
+//
+//	prefill_blocks_w = (active_prefill_tokens_w + ISL - overlap_w*bs) / bs
+//	decode_blocks_w  = active_blocks_w + (n - depth_w)
+//	cost_w           = prefill_blocks_w + decode_blocks_w, argmin, ties at random
+//
+// overlap_w counts the leading blocks w has cached (GPU or host: KVBM merges
+// tiers), from the engines' KV events; depth_w how far the chain matches
+// blocks already in flight on w. With both prefill and decode workers it
+// routes disaggregated: the prefill stage by the prefill term alone, the
+// decode stage by in-flight blocks counted in full (no dedup, no cache
+// credit), and every request is prefilled remotely.
+type Dynamo struct {
+	workers map[string]*dynWorker
+	reqs    map[string]*dynRequest
+	rng     *rand.Rand
+}
+
+type dynWorker struct {
+	activeBlocks        map[kv.BlockHash]int // prompt blocks of in-flight requests, ref-counted
+	activePrefillTokens float64
+	decodeBlocks        int // disaggregated decode stage: blocks of in-flight requests, counted in full
+}
+
+type dynRequest struct {
+	prefill, decode string
+	chain           []kv.BlockHash
+	prefillTokens   float64
+	decodeBlocks    int
+	prefillDone     bool
+}
+
+// NewDynamo returns the dynamo policy; ties are broken by a generator with
+// a fixed seed, so runs repeat.
+func NewDynamo() *Dynamo { return NewDynamoSeeded(1) }
+
+// NewDynamoSeeded returns the dynamo policy with its tie-break seed.
+func NewDynamoSeeded(seed uint64) *Dynamo {
+	return &Dynamo{workers: map[string]*dynWorker{}, reqs: map[string]*dynRequest{}, rng: rand.New(rand.NewPCG(seed, seed^0x5bd1e995))}
+}
+
+// Name is "dynamo".
+func (*Dynamo) Name() string { return "dynamo" }
+
+func (d *Dynamo) worker(id string) *dynWorker {
+	w := d.workers[id]
+	if w == nil {
+		w = &dynWorker{activeBlocks: map[kv.BlockHash]int{}}
+		d.workers[id] = w
+	}
+	return w
+}
+
+// costs of one worker for request r.
+func (d *Dynamo) costs(n *Node, r *Request, bs int) (prefillBlocks, decodeBlocks float64, overlap int) {
+	w := d.worker(n.ID)
+	if r.Match != nil {
+		overlap = r.Match.For(n.Dir).Local
+	}
+	prefillBlocks = (w.activePrefillTokens + float64(r.Tokens) - float64(overlap*bs)) / float64(bs)
+	depth := 0
+	for depth < len(r.Chain) && w.activeBlocks[r.Chain[depth]] > 0 {
+		depth++
+	}
+	decodeBlocks = float64(len(w.activeBlocks) + len(r.Chain) - depth)
+	return prefillBlocks, decodeBlocks, overlap
+}
+
+// argmin returns the index of the least cost, ties at random.
+func (d *Dynamo) argmin(costs []float64) int {
+	best, ties := 0, 1
+	for i := 1; i < len(costs); i++ {
+		switch {
+		case costs[i] < costs[best]:
+			best, ties = i, 1
+		case costs[i] == costs[best]:
+			ties++
+			if d.rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// Route picks workers by Dynamo's cost and records the request.
+func (d *Dynamo) Route(_ time.Time, r *Request, v *View) (Decision, error) {
+	ps, ds := serving(v, Prefill), serving(v, Decode)
+	bs := v.BlockSize
+	if len(ps) == 0 || len(ds) == 0 { // aggregated: every worker does both
+		all := append(ps, ds...)
+		if len(all) == 0 {
+			return Decision{}, ErrNoNode
+		}
+		costs := make([]float64, len(all))
+		overlaps := make([]int, len(all))
+		for i, n := range all {
+			p, dec, ov := d.costs(n, r, bs)
+			costs[i], overlaps[i] = p+dec, ov
+		}
+		i := d.argmin(costs)
+		n := all[i]
+		req := &dynRequest{prefill: n.ID, decode: n.ID, chain: r.Chain,
+			prefillTokens: float64(r.Tokens - overlaps[i]*bs)}
+		d.admit(r.ID, req, true)
+		return Decision{Prefill: n.ID, Decode: n.ID, Reason: "dynamo: least prefill+decode blocks"}, nil
+	}
+	pc := make([]float64, len(ps))
+	overlaps := make([]int, len(ps))
+	for i, n := range ps {
+		p, _, ov := d.costs(n, r, bs)
+		pc[i], overlaps[i] = p, ov
+	}
+	pi := d.argmin(pc)
+	dc := make([]float64, len(ds))
+	for i, n := range ds {
+		dc[i] = float64(d.worker(n.ID).decodeBlocks + len(r.Chain))
+	}
+	di := d.argmin(dc)
+	req := &dynRequest{prefill: ps[pi].ID, decode: ds[di].ID, chain: r.Chain,
+		prefillTokens: float64(r.Tokens - overlaps[pi]*bs), decodeBlocks: len(r.Chain)}
+	d.admit(r.ID, req, false)
+	return Decision{Prefill: ps[pi].ID, Decode: ds[di].ID, Disaggregated: true, Reason: "dynamo: disaggregated, prefill by queued prefill, decode by in-flight blocks"}, nil
+}
+
+func (d *Dynamo) admit(id string, req *dynRequest, aggregated bool) {
+	if old := d.reqs[id]; old != nil { // a retry: forget the earlier attempt
+		d.Finished(time.Time{}, id)
+	}
+	d.reqs[id] = req
+	pw := d.worker(req.prefill)
+	pw.activePrefillTokens += req.prefillTokens
+	if aggregated {
+		for _, h := range req.chain {
+			pw.activeBlocks[h]++
+		}
+	} else {
+		d.worker(req.decode).decodeBlocks += req.decodeBlocks
+	}
+}
+
+// FirstToken removes the request's prefill tokens from its prefill worker.
+func (d *Dynamo) FirstToken(_ time.Time, id string) {
+	req := d.reqs[id]
+	if req == nil || req.prefillDone {
+		return
+	}
+	req.prefillDone = true
+	d.worker(req.prefill).activePrefillTokens -= req.prefillTokens
+}
+
+// Finished removes the request's blocks.
+func (d *Dynamo) Finished(now time.Time, id string) {
+	req := d.reqs[id]
+	if req == nil {
+		return
+	}
+	d.FirstToken(now, id)
+	if req.decodeBlocks > 0 {
+		d.worker(req.decode).decodeBlocks -= req.decodeBlocks
+	} else {
+		w := d.worker(req.prefill)
+		for _, h := range req.chain {
+			if w.activeBlocks[h]--; w.activeBlocks[h] <= 0 {
+				delete(w.activeBlocks, h)
+			}
+		}
+	}
+	delete(d.reqs, id)
+}

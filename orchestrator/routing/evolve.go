@@ -1,0 +1,209 @@
+package routing
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+// EvolveConfig tunes the evolve policy.
+type EvolveConfig struct {
+	// LocalPrefillTokens: a request whose uncached part on its decode node is
+	// at most this many tokens is prefilled there, with no KV transfer.
+	// Default 512.
+	LocalPrefillTokens int
+}
+
+// Evolve routes by estimated time to first token (see the package comment).
+type Evolve struct {
+	cfg     EvolveConfig
+	queued  map[string]float64 // node -> seconds of prefill routed there, not yet done
+	decodes map[string]int     // node -> requests decoding there
+	reqs    map[string]evolveReq
+}
+
+type evolveReq struct {
+	prefill, decode string
+	prefillSec      float64
+	prefillDone     bool
+}
+
+// NewEvolve returns the evolve policy.
+func NewEvolve(cfg EvolveConfig) *Evolve {
+	if cfg.LocalPrefillTokens <= 0 {
+		cfg.LocalPrefillTokens = 512
+	}
+	return &Evolve{cfg: cfg, queued: map[string]float64{}, decodes: map[string]int{}, reqs: map[string]evolveReq{}}
+}
+
+// Name is "evolve".
+func (*Evolve) Name() string { return "evolve" }
+
+// plan is the estimate for prefilling r on one node.
+type plan struct {
+	node      *Node
+	ttft      float64 // seconds
+	compute   float64 // seconds of prefill work this adds to the node
+	uncached  int     // tokens recomputed
+	fetches   []Fetch
+	ownHost   int // blocks loaded from the node's own host tier
+	localHits int // blocks on the node's GPU
+}
+
+// estimate prices prefilling r on n: queued work, then loading its own
+// host blocks, pulling peers' blocks where that beats recomputing them
+// (the pull runs while the request waits), and recomputing the rest.
+func (e *Evolve) estimate(n *Node, r *Request, bs int, byDir map[kv.NodeID]string) plan {
+	pl := plan{node: n}
+	var m kv.NodeMatch
+	cluster := 0
+	if r.Match != nil {
+		m = r.Match.For(n.Dir)
+		cluster = r.Match.Cluster
+	}
+	pl.localHits = m.GPU
+	pl.ownHost = m.Local - m.GPU
+	covered := m.Local
+	recomputeBlock := float64(bs) * n.PrefillSecPerToken
+	fetchSec := 0.0
+	if r.Match != nil && n.NetSecPerBlock < recomputeBlock {
+		for _, s := range r.Match.Sources {
+			from, to := max(s.From, covered), min(s.To, cluster)
+			if from >= to {
+				continue
+			}
+			src, known := byDir[s.Node]
+			if from != covered || s.Node == n.Dir || !known {
+				break // fetch only a contiguous extension of what the node holds
+			}
+			pl.fetches = append(pl.fetches, Fetch{To: n.ID, Src: src, From: from, End: to, SrcTier: s.Tier,
+				EstSeconds: float64(to-from) * n.NetSecPerBlock})
+			fetchSec += float64(to-from) * n.NetSecPerBlock
+			covered = to
+		}
+	}
+	pl.uncached = max(r.Tokens-covered*bs, 1)
+	pl.compute = float64(pl.uncached)*n.PrefillSecPerToken + float64(pl.ownHost)*n.HostSecPerBlock
+	// Fetched blocks land in the host tier, then load like own host blocks.
+	pl.compute += float64(covered-m.Local) * n.HostSecPerBlock
+	pl.ttft = max(e.queued[n.ID], fetchSec) + pl.compute
+	return pl
+}
+
+// Route picks the decode node by load and the prefill node by estimated
+// TTFT, and says which blocks to fetch.
+func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
+	ps, ds := serving(v, Prefill), serving(v, Decode)
+	switch {
+	case len(ps) == 0 && len(ds) == 0:
+		return Decision{}, ErrNoNode
+	case len(ps) == 0:
+		ps = ds
+	case len(ds) == 0:
+		ds = ps
+	}
+	bs := v.BlockSize
+	need := (r.Tokens + r.MaxTokens + bs - 1) / bs
+	byDir := make(map[kv.NodeID]string, len(v.Nodes))
+	for _, n := range v.Nodes { // a draining node still serves its KV; a down one holds none
+		byDir[n.Dir] = n.ID
+	}
+
+	// Decode: least loaded with room; among equals the one holding most context.
+	var dec *Node
+	var decScore float64
+	decLocal := 0
+	for _, n := range ds {
+		room := n.GPUBlocks - n.GPUBlocksUse
+		if n.GPUBlocks > 0 && room < need {
+			continue
+		}
+		if n.MaxSeqs > 0 && n.Running+e.decodes[n.ID] >= 2*n.MaxSeqs {
+			continue
+		}
+		load := float64(max(n.Running, e.decodes[n.ID]))
+		if n.GPUBlocks > 0 {
+			load += float64(n.GPUBlocksUse) / float64(n.GPUBlocks) * float64(max(n.MaxSeqs, 1)) / 4
+		}
+		local := 0
+		if r.Match != nil {
+			local = r.Match.For(n.Dir).Local
+		}
+		if dec == nil || load < decScore || (load == decScore && local > decLocal) {
+			dec, decScore, decLocal = n, load, local
+		}
+	}
+	if dec == nil {
+		return Decision{}, fmt.Errorf("%w: no decode engine has room for %d KV blocks", ErrNoNode, need)
+	}
+
+	// A short part missing from the decode node's own tiers: do it all there,
+	// with no KV moving between nodes.
+	if missing := r.Tokens - decLocal*bs; missing <= e.cfg.LocalPrefillTokens {
+		local := e.estimate(dec, r, bs, nil)
+		e.admit(r.ID, evolveReq{prefill: dec.ID, decode: dec.ID, prefillSec: local.compute})
+		return Decision{Prefill: dec.ID, Decode: dec.ID, EstTTFT: seconds(local.ttft),
+			Reason: fmt.Sprintf("evolve: %d tokens missing on the decode node, prefilled there", missing)}, nil
+	}
+
+	var best plan
+	for i, n := range ps {
+		pl := e.estimate(n, r, bs, byDir)
+		if i == 0 || pl.ttft < best.ttft || (pl.ttft == best.ttft && n.Running+n.Waiting < best.node.Running+best.node.Waiting) {
+			best = pl
+		}
+	}
+	e.admit(r.ID, evolveReq{prefill: best.node.ID, decode: dec.ID, prefillSec: best.compute})
+	return Decision{
+		Prefill: best.node.ID, Decode: dec.ID, Disaggregated: best.node.ID != dec.ID, Fetches: best.fetches,
+		EstTTFT: seconds(best.ttft),
+		Reason: fmt.Sprintf("evolve: least TTFT %.3fs (%d GPU, %d host, %d fetched blocks, %d tokens computed)",
+			best.ttft, best.localHits, best.ownHost, fetched(best.fetches), best.uncached),
+	}, nil
+}
+
+func fetched(fs []Fetch) int {
+	n := 0
+	for _, f := range fs {
+		n += f.End - f.From
+	}
+	return n
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+func (e *Evolve) admit(id string, req evolveReq) {
+	if _, ok := e.reqs[id]; ok {
+		e.Finished(time.Time{}, id)
+	}
+	e.reqs[id] = req
+	e.queued[req.prefill] += req.prefillSec
+	e.decodes[req.decode]++
+}
+
+// FirstToken removes the request's prefill work from its node's queue.
+func (e *Evolve) FirstToken(_ time.Time, id string) {
+	req, ok := e.reqs[id]
+	if !ok || req.prefillDone {
+		return
+	}
+	req.prefillDone = true
+	e.reqs[id] = req
+	if e.queued[req.prefill] -= req.prefillSec; e.queued[req.prefill] < 1e-12 {
+		delete(e.queued, req.prefill)
+	}
+}
+
+// Finished forgets the request.
+func (e *Evolve) Finished(now time.Time, id string) {
+	req, ok := e.reqs[id]
+	if !ok {
+		return
+	}
+	e.FirstToken(now, id)
+	if e.decodes[req.decode]--; e.decodes[req.decode] <= 0 {
+		delete(e.decodes, req.decode)
+	}
+	delete(e.reqs, id)
+}

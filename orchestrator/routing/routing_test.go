@@ -1,0 +1,339 @@
+package routing
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+const bs = 16
+
+// cluster builds a view and a directory from a compact description.
+type cluster struct {
+	t   *testing.T
+	d   *kv.Directory
+	seq map[kv.NodeID]uint64
+	v   View
+}
+
+func newCluster(t *testing.T) *cluster {
+	return &cluster{t: t, d: kv.NewDirectory(), seq: map[kv.NodeID]uint64{}, v: View{BlockSize: bs}}
+}
+
+// node adds a node and returns it; the pointer is good until the next node
+// is added (use get after that).
+func (c *cluster) node(id string, role Role) *Node {
+	dir, err := c.d.Node(id)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.v.Nodes = append(c.v.Nodes, Node{ID: id, Dir: dir, Role: role, Serving: true, MaxSeqs: 256,
+		GPUBlocks: 100000, PrefillSecPerToken: 10e-6, HostSecPerBlock: 20e-6, NetSecPerBlock: 60e-6})
+	return &c.v.Nodes[len(c.v.Nodes)-1]
+}
+
+func (c *cluster) get(id string) *Node {
+	for i := range c.v.Nodes {
+		if c.v.Nodes[i].ID == id {
+			return &c.v.Nodes[i]
+		}
+	}
+	c.t.Fatalf("no node %s", id)
+	return nil
+}
+
+// holds stores blocks [from, to) of chain on node id in tier.
+func (c *cluster) holds(id string, chain []kv.BlockHash, from, to int, tier kv.Tier) {
+	dir, _ := c.d.Node(id)
+	for _, h := range chain[from:to] {
+		c.seq[dir]++
+		if err := c.d.Apply(dir, kv.Event{Seq: c.seq[dir], Kind: kv.BlockStored, Tier: tier, Hash: h}); err != nil {
+			c.t.Fatal(err)
+		}
+	}
+}
+
+func (c *cluster) request(id string, tokens int, seed uint32) *Request {
+	toks := make([]uint32, tokens)
+	for i := range toks {
+		toks[i] = seed*7919 + uint32(i)
+	}
+	chain := kv.ChainHashes(toks, bs)
+	r := &Request{ID: id, Tokens: tokens, Chain: chain, MaxTokens: 100, Match: &kv.Match{}}
+	c.d.Match(chain, r.Match)
+	return r
+}
+
+func (c *cluster) rematch(r *Request) { c.d.Match(r.Chain, r.Match) }
+
+// The worked example of dynamo-baseline.md: three workers with prefill and
+// decode block costs 8+10, 5+5 and 2+9; the router picks the second.
+func TestDynamoWorkedExample(t *testing.T) {
+	c := newCluster(t)
+	for _, id := range []string{"w1", "w2", "w3"} {
+		c.node(id, Decode) // aggregated: one role only
+	}
+	d := NewDynamo()
+	r := c.request("r", 32, 1) // 2 blocks, no overlap, nothing in flight
+	for id, st := range map[string]struct{ prefillTokens, activeBlocks int }{
+		"w1": {8*bs - 32, 10 - 2}, "w2": {5*bs - 32, 5 - 2}, "w3": {2*bs - 32, 9 - 2},
+	} {
+		w := d.worker(id)
+		w.activePrefillTokens = float64(st.prefillTokens)
+		for i := 0; i < st.activeBlocks; i++ {
+			w.activeBlocks[kv.BlockHash(1000+i)] = 1
+		}
+	}
+	for i, n := range c.v.Nodes {
+		p, dec, _ := d.costs(&c.v.Nodes[i], r, bs)
+		want := map[string][2]float64{"w1": {8, 10}, "w2": {5, 5}, "w3": {2, 9}}[n.ID]
+		if p != want[0] || dec != want[1] {
+			t.Fatalf("%s: costs %v+%v, want %v", n.ID, p, dec, want)
+		}
+	}
+	dec, err := d.Route(t0, r, &c.v)
+	if err != nil || dec.Prefill != "w2" || dec.Decode != "w2" || dec.Disaggregated {
+		t.Fatalf("decision %+v %v, want w2 aggregated", dec, err)
+	}
+}
+
+func TestDynamoCreditsCachedOverlapIncludingHost(t *testing.T) {
+	c := newCluster(t)
+	c.node("a", Decode)
+	c.node("b", Decode)
+	r := c.request("r", 1024, 2)
+	c.holds("b", r.Chain, 0, 60, kv.TierHost) // KVBM's host tier counts as cached
+	c.rematch(r)
+	dec, _ := NewDynamo().Route(t0, r, &c.v)
+	if dec.Prefill != "b" {
+		t.Fatalf("picked %s, want b (60 blocks cached)", dec.Prefill)
+	}
+}
+
+// Identical prefixes in a burst see no overlap (no KV event yet) and spread
+// by load, as Dynamo's do.
+func TestDynamoBurstSpreadsByLoad(t *testing.T) {
+	c := newCluster(t)
+	for i := 0; i < 4; i++ {
+		c.node(fmt.Sprint("w", i), Decode)
+	}
+	d := NewDynamo()
+	used := map[string]int{}
+	for i := 0; i < 8; i++ {
+		r := c.request(fmt.Sprint("r", i), 2048, 3) // same prompt every time
+		dec, _ := d.Route(t0, r, &c.v)
+		used[dec.Prefill]++
+	}
+	// In-flight blocks dedup (depth) pulls repeats to the same worker, while
+	// the queued prefill tokens push them apart: both terms count.
+	if len(used) < 2 {
+		t.Fatalf("a burst of 8 went to %v", used)
+	}
+}
+
+func TestDynamoBookkeeping(t *testing.T) {
+	c := newCluster(t)
+	c.node("a", Decode)
+	d := NewDynamo()
+	r := c.request("r", 320, 4)
+	d.Route(t0, r, &c.v)
+	w := d.worker("a")
+	if w.activePrefillTokens != 320 || len(w.activeBlocks) != 20 {
+		t.Fatalf("after routing: %v prefill tokens, %d blocks", w.activePrefillTokens, len(w.activeBlocks))
+	}
+	d.FirstToken(t0, "r")
+	if w.activePrefillTokens != 0 || len(w.activeBlocks) != 20 {
+		t.Fatalf("after first token: %v, %d", w.activePrefillTokens, len(w.activeBlocks))
+	}
+	d.Finished(t0, "r")
+	if len(w.activeBlocks) != 0 || len(d.reqs) != 0 {
+		t.Fatal("finished request left bookkeeping behind")
+	}
+}
+
+func TestDynamoDisaggregated(t *testing.T) {
+	c := newCluster(t)
+	c.node("p1", Prefill)
+	c.node("p2", Prefill)
+	c.node("d1", Decode)
+	c.node("d2", Decode)
+	d := NewDynamo()
+	r := c.request("r", 1024, 5)
+	c.holds("p2", r.Chain, 0, 64, kv.TierGPU)
+	c.holds("d2", r.Chain, 0, 64, kv.TierGPU) // decode stage gives no cache credit
+	c.rematch(r)
+	d.decodeWorkerLoad("d1", 0)
+	d.decodeWorkerLoad("d2", 500)
+	dec, _ := d.Route(t0, r, &c.v)
+	if !dec.Disaggregated || dec.Prefill != "p2" || dec.Decode != "d1" {
+		t.Fatalf("decision %+v, want p2 -> d1", dec)
+	}
+}
+
+func (d *Dynamo) decodeWorkerLoad(id string, blocks int) { d.worker(id).decodeBlocks = blocks }
+
+func TestEvolvePrefersCachedUnlessQueued(t *testing.T) {
+	c := newCluster(t)
+	c.node("a", Prefill)
+	c.node("b", Prefill)
+	c.node("d", Decode)
+	e := NewEvolve(EvolveConfig{})
+	r := c.request("r1", 16*200, 6)
+	c.holds("a", r.Chain, 0, 190, kv.TierGPU)
+	c.rematch(r)
+	dec, err := e.Route(t0, r, &c.v)
+	if err != nil || dec.Prefill != "a" || dec.Decode != "d" || !dec.Disaggregated {
+		t.Fatalf("cached prefix: %+v %v", dec, err)
+	}
+	// a now has a long queue: 10 s of prefill waiting. Recomputing 3,200
+	// tokens on b (32 ms) beats waiting.
+	e.queued["a"] = 10
+	r2 := c.request("r2", 16*200, 6)
+	dec, _ = e.Route(t0, r2, &c.v)
+	if dec.Prefill != "b" {
+		t.Fatalf("queued node chosen: %+v", dec)
+	}
+}
+
+func TestEvolveCountsHostAndPeerBlocks(t *testing.T) {
+	c := newCluster(t)
+	c.node("a", Prefill)
+	c.node("b", Prefill)
+	c.node("d", Decode)
+	c.node("busy", Decode).Running = 250 // holds the context but decodes a lot
+	r := c.request("r", 16*300, 7)
+	c.holds("b", r.Chain, 0, 100, kv.TierHost)    // b: its own host tier
+	c.holds("busy", r.Chain, 0, 280, kv.TierHost) // a peer's host pool
+	c.rematch(r)
+	e := NewEvolve(EvolveConfig{})
+	dec, err := e.Route(t0, r, &c.v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// b: 100 blocks from its host, 180 pulled from d, 20 blocks recomputed;
+	// a: 280 pulled, 20 recomputed. b is cheaper.
+	if dec.Prefill != "b" || dec.Decode != "d" || len(dec.Fetches) != 1 {
+		t.Fatalf("decision %+v", dec)
+	}
+	f := dec.Fetches[0]
+	if f.To != "b" || f.Src != "busy" || f.From != 100 || f.End != 280 || f.SrcTier != kv.TierHost {
+		t.Fatalf("fetch %+v", f)
+	}
+	// Without the host pools it would recompute 4,800 tokens: 48 ms.
+	if dec.EstTTFT >= 48*time.Millisecond {
+		t.Fatalf("estimated TTFT %v not below recompute", dec.EstTTFT)
+	}
+}
+
+func TestEvolveNoFetchWhenRecomputeIsCheaper(t *testing.T) {
+	c := newCluster(t)
+	c.node("a", Prefill)
+	c.node("d", Decode)
+	c.node("busy", Decode).Running = 250
+	c.get("a").NetSecPerBlock = 1 // a slow network: recompute (160 us a block) wins
+	r := c.request("r", 16*100, 8)
+	c.holds("busy", r.Chain, 0, 100, kv.TierHost)
+	c.rematch(r)
+	e := NewEvolve(EvolveConfig{})
+	dec, _ := e.Route(t0, r, &c.v)
+	if dec.Prefill != "a" || len(dec.Fetches) != 0 {
+		t.Fatalf("decision %+v", dec)
+	}
+}
+
+func TestEvolveShortUncachedStaysOnDecodeNode(t *testing.T) {
+	c := newCluster(t)
+	c.node("p", Prefill)
+	c.node("d1", Decode)
+	c.node("d2", Decode)
+	r := c.request("r", 16*100+40, 9)
+	c.holds("d2", r.Chain, 0, 100, kv.TierGPU) // the agent's previous turn decoded here
+	c.rematch(r)
+	dec, _ := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
+	if dec.Prefill != "d2" || dec.Decode != "d2" || dec.Disaggregated {
+		t.Fatalf("decision %+v, want everything on d2", dec)
+	}
+}
+
+func TestEvolveDecodeByLoadAndRoom(t *testing.T) {
+	c := newCluster(t)
+	c.node("p", Prefill)
+	c.node("d1", Decode).Running = 200
+	c.node("d2", Decode).Running = 10
+	c.node("d3", Decode)
+	c.get("d3").GPUBlocksUse = c.get("d3").GPUBlocks // no room
+	r := c.request("r", 4000, 10)
+	dec, _ := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
+	if dec.Decode != "d2" || dec.Prefill != "p" {
+		t.Fatalf("decision %+v", dec)
+	}
+}
+
+func TestEvolveBookkeeping(t *testing.T) {
+	c := newCluster(t)
+	c.node("p", Prefill)
+	c.node("d", Decode)
+	e := NewEvolve(EvolveConfig{})
+	r := c.request("r", 4000, 11)
+	e.Route(t0, r, &c.v)
+	if e.queued["p"] <= 0 || e.decodes["d"] != 1 {
+		t.Fatalf("after routing: queued %v decodes %v", e.queued, e.decodes)
+	}
+	e.FirstToken(t0, "r")
+	if e.queued["p"] != 0 {
+		t.Fatalf("after first token: %v", e.queued)
+	}
+	e.Finished(t0, "r")
+	if len(e.decodes) != 0 || len(e.reqs) != 0 {
+		t.Fatal("finished request left bookkeeping behind")
+	}
+}
+
+func TestPoliciesSkipNodesNotServing(t *testing.T) {
+	for _, name := range Names() {
+		t.Run(name, func(t *testing.T) {
+			c := newCluster(t)
+			c.node("p", Prefill).Serving = false
+			c.node("d1", Decode).Serving = false
+			c.node("d2", Decode)
+			p, err := New(name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 0; i < 4; i++ {
+				dec, err := p.Route(t0, c.request(fmt.Sprint(i), 2000, 12), &c.v)
+				if err != nil || dec.Prefill != "d2" || dec.Decode != "d2" {
+					t.Fatalf("%+v %v", dec, err)
+				}
+			}
+			c.get("d2").Serving = false
+			if _, err := p.Route(t0, c.request("x", 2000, 12), &c.v); !errors.Is(err, ErrNoNode) {
+				t.Fatalf("no serving node: %v", err)
+			}
+		})
+	}
+	if _, err := New("fastest"); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+}
+
+func TestRoundRobinAlternates(t *testing.T) {
+	c := newCluster(t)
+	c.node("p1", Prefill)
+	c.node("p2", Prefill)
+	c.node("d1", Decode)
+	rr := &RoundRobin{}
+	var got []string
+	for i := 0; i < 4; i++ {
+		dec, _ := rr.Route(t0, c.request(fmt.Sprint(i), 100, 13), &c.v)
+		got = append(got, dec.Prefill+">"+dec.Decode)
+	}
+	if fmt.Sprint(got) != "[p1>d1 p2>d1 p1>d1 p2>d1]" {
+		t.Fatalf("%v", got)
+	}
+}
