@@ -73,7 +73,7 @@ type Request struct {
 	// Chain optionally gives kv.ChainHashes(Tokens, block size), when the
 	// caller (a router, the simulator) has it already; it is not hashed again.
 	Chain []kv.BlockHash
-	Seed      uint64   // output token stream; 0 derives one from ID
+	Seed  uint64 // output token stream; 0 derives one from ID
 
 	// RemoteDecode makes this the prefill leg of a disaggregated request: it
 	// stops after its first token and holds its KV until a peer pulls it
