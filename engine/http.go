@@ -17,13 +17,13 @@ import (
 
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/tokenizer"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// maxBodyBytes caps request bodies (a 256K-token prompt as JSON ids fits).
-const maxBodyBytes = 32 << 20
+const maxBodyBytes = openaiapi.MaxBodyBytes
 
 // pullTimeout bounds a decode leg's wait for its prefill peer.
 const pullTimeout = 10 * time.Second
@@ -45,25 +45,14 @@ func (e *Engine) Handler() http.Handler {
 	return mux
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
-}
+func writeJSON(w http.ResponseWriter, status int, v any) { openaiapi.WriteJSON(w, status, v) }
 
-func writeError(w http.ResponseWriter, ae *apiError) {
-	var b errorBody
-	b.Error.Message, b.Error.Type = ae.Message, ae.Type
-	if ae.Param != "" {
-		b.Error.Param = &ae.Param
-	}
-	if ae.Code != "" {
-		b.Error.Code = &ae.Code
-	}
-	if ae.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(ae.RetryAfter))
-	}
-	writeJSON(w, ae.Status, b)
+func writeError(w http.ResponseWriter, ae *apiError) { ae.Write(w) }
+
+type apiError = openaiapi.Error
+
+func badRequest(param, format string, args ...any) *apiError {
+	return openaiapi.BadRequest(param, format, args...)
 }
 
 // submitError maps a model's refusal to an HTTP error.
@@ -127,55 +116,15 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		writeError(w, badRequest("", "read body: %v", err))
 		return
 	}
-	var req apiRequest
-	if err := json.Unmarshal(body, &req); err != nil {
-		writeError(w, badRequest("", "malformed JSON body: %v", err))
+	parsed, perr := openaiapi.Parse(body, chat, e.cfg.DefaultMaxTokens)
+	if perr != nil {
+		writeError(w, perr)
 		return
 	}
+	req, tokens, maxTokens, kvp := &parsed.Req, parsed.Tokens, parsed.MaxTokens, parsed.KV
 	if req.Model != "" && req.Model != e.cfg.ServedModelName {
 		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model `%s` does not exist. This engine serves `%s`.", req.Model, e.cfg.ServedModelName)})
-		return
-	}
-	var tokens []uint32
-	if chat {
-		tokens, err = chatTokens(req.Messages)
-	} else {
-		tokens, err = promptTokens(req.Prompt)
-	}
-	if err != nil {
-		writeError(w, err.(*apiError))
-		return
-	}
-	if req.N != nil && *req.N != 1 {
-		writeError(w, badRequest("n", "n must be 1 (got %d)", *req.N))
-		return
-	}
-	maxTokens := e.cfg.DefaultMaxTokens
-	if maxTokens <= 0 {
-		maxTokens = 256
-		if !chat {
-			maxTokens = 16 // OpenAI's default for completions
-		}
-	}
-	if req.MaxCompletionTokens != nil {
-		maxTokens = *req.MaxCompletionTokens
-	} else if req.MaxTokens != nil {
-		maxTokens = *req.MaxTokens
-	}
-	if maxTokens < 1 {
-		writeError(w, badRequest("max_tokens", "max_tokens must be at least 1 (got %d)", maxTokens))
-		return
-	}
-	var kvp kvTransferParams
-	if len(req.KVTransferParams) > 0 && string(req.KVTransferParams) != "null" {
-		if err := json.Unmarshal(req.KVTransferParams, &kvp); err != nil {
-			writeError(w, badRequest("kv_transfer_params", "kv_transfer_params: %v", err))
-			return
-		}
-	}
-	if kvp.DoRemoteDecode && kvp.DoRemotePrefill {
-		writeError(w, badRequest("kv_transfer_params", "do_remote_decode and do_remote_prefill cannot both be true"))
 		return
 	}
 
@@ -227,7 +176,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 }
 
 // pull takes the KV a prefill leg holds on its engine.
-func (e *Engine) pull(ctx context.Context, kvp kvTransferParams) ([]kv.BlockHash, error) {
+func (e *Engine) pull(ctx context.Context, kvp openaiapi.KVTransferParams) ([]kv.BlockHash, error) {
 	if kvp.RemoteHost == "" || kvp.RemotePort == 0 || kvp.RemoteRequestID == "" {
 		return nil, errors.New("kv_transfer_params lacks remote_host, remote_port or remote_request_id")
 	}
@@ -384,9 +333,7 @@ func (g *generation) event(v any) error {
 }
 
 func (g *generation) streamError(err error) {
-	var b errorBody
-	b.Error.Message, b.Error.Type = err.Error(), "service_unavailable"
-	_ = g.event(b)
+	_ = g.event(openaiapi.Unavailable("engine_error", "%v", err).Body())
 	g.bw.WriteString("data: [DONE]\n\n")
 	g.bw.Flush()
 }

@@ -1,0 +1,268 @@
+// Package openaiapi reads OpenAI-style requests and writes OpenAI-style
+// errors, the same way in the engine and in the orchestrator's front door,
+// so that a bad request gets the same answer wherever it lands.
+package openaiapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/evolvellm/evolve/tokenizer"
+)
+
+// MaxBodyBytes caps request bodies (a 256K-token prompt as JSON ids fits).
+const MaxBodyBytes = 32 << 20
+
+// Request is the union of the completion and chat completion request
+// bodies that evolve reads. Unknown fields are ignored, as OpenAI's servers
+// do; sampling parameters have no effect on a simulated engine.
+type Request struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []ChatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	N                *int            `json:"n"`
+	Seed             *int64          `json:"seed"`
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	Metadata         map[string]any  `json:"metadata"`
+}
+
+// ChatMessage is one message of a chat request.
+type ChatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// KVTransferParams are the fields of vLLM's kv_transfer_params evolve reads;
+// the rest of the object is opaque.
+type KVTransferParams struct {
+	DoRemoteDecode  bool   `json:"do_remote_decode"`
+	DoRemotePrefill bool   `json:"do_remote_prefill"`
+	RemoteEngineID  string `json:"remote_engine_id"`
+	RemoteRequestID string `json:"remote_request_id"`
+	RemoteHost      string `json:"remote_host"`
+	RemotePort      int    `json:"remote_port"`
+}
+
+// Parsed is a request that passed validation, with its prompt tokenized.
+type Parsed struct {
+	Req       Request
+	Chat      bool
+	Tokens    []uint32
+	MaxTokens int // as asked, or the default
+	KV        KVTransferParams
+}
+
+// Parse decodes and validates a body for /v1/completions (chat false) or
+// /v1/chat/completions, tokenizes the prompt with evolve's tokenizer, and
+// applies defaultMaxTokens (0: 16 for completions, as OpenAI; 256 for chat).
+func Parse(body []byte, chat bool, defaultMaxTokens int) (*Parsed, *Error) {
+	p := &Parsed{Chat: chat}
+	r := &p.Req
+	if err := json.Unmarshal(body, r); err != nil {
+		return nil, BadRequest("", "malformed JSON body: %v", err)
+	}
+	var err *Error
+	if chat {
+		p.Tokens, err = chatTokens(r.Messages)
+	} else {
+		p.Tokens, err = promptTokens(r.Prompt)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if r.N != nil && *r.N != 1 {
+		return nil, BadRequest("n", "n must be 1 (got %d)", *r.N)
+	}
+	p.MaxTokens = defaultMaxTokens
+	if p.MaxTokens <= 0 {
+		p.MaxTokens = 256
+		if !chat {
+			p.MaxTokens = 16
+		}
+	}
+	if r.MaxCompletionTokens != nil {
+		p.MaxTokens = *r.MaxCompletionTokens
+	} else if r.MaxTokens != nil {
+		p.MaxTokens = *r.MaxTokens
+	}
+	if p.MaxTokens < 1 {
+		return nil, BadRequest("max_tokens", "max_tokens must be at least 1 (got %d)", p.MaxTokens)
+	}
+	if len(r.KVTransferParams) > 0 && string(r.KVTransferParams) != "null" {
+		if err := json.Unmarshal(r.KVTransferParams, &p.KV); err != nil {
+			return nil, BadRequest("kv_transfer_params", "kv_transfer_params: %v", err)
+		}
+	}
+	if p.KV.DoRemoteDecode && p.KV.DoRemotePrefill {
+		return nil, BadRequest("kv_transfer_params", "do_remote_decode and do_remote_prefill cannot both be true")
+	}
+	return p, nil
+}
+
+// Error is an error in OpenAI's shape.
+type Error struct {
+	Status     int
+	Type       string
+	Code       string
+	Param      string
+	Message    string
+	RetryAfter int // seconds; 503 only
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// BadRequest is a 400 invalid_request_error about param.
+func BadRequest(param, format string, args ...any) *Error {
+	return &Error{Status: 400, Type: "invalid_request_error", Param: param, Message: fmt.Sprintf(format, args...)}
+}
+
+// Unavailable is a 503 with a retry hint.
+func Unavailable(code, format string, args ...any) *Error {
+	return &Error{Status: 503, Type: "service_unavailable", Code: code, Message: fmt.Sprintf(format, args...), RetryAfter: 1}
+}
+
+// ErrorBody is the JSON body of an error.
+type ErrorBody struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+// Body returns e as an ErrorBody.
+func (e *Error) Body() ErrorBody {
+	var b ErrorBody
+	b.Error.Message, b.Error.Type = e.Message, e.Type
+	if e.Param != "" {
+		p := e.Param
+		b.Error.Param = &p
+	}
+	if e.Code != "" {
+		c := e.Code
+		b.Error.Code = &c
+	}
+	return b
+}
+
+// Write sends e as the response.
+func (e *Error) Write(w http.ResponseWriter) {
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	WriteJSON(w, e.Status, e.Body())
+}
+
+// WriteJSON writes v as a JSON response.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// promptTokens reads the prompt of a completion request: a string, a list
+// of one string, a list of token ids, or a list of one list of token ids.
+func promptTokens(raw json.RawMessage) ([]uint32, *Error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, BadRequest("prompt", "prompt is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s == "" {
+			return nil, BadRequest("prompt", "prompt is empty")
+		}
+		return tokenizer.Encode(s), nil
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		if len(ss) != 1 || ss[0] == "" {
+			return nil, BadRequest("prompt", "a list prompt must hold exactly one non-empty string (batched prompts are not supported)")
+		}
+		return tokenizer.Encode(ss[0]), nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return checkIDs(ids)
+	}
+	var idss [][]int64
+	if json.Unmarshal(raw, &idss) == nil {
+		if len(idss) != 1 {
+			return nil, BadRequest("prompt", "a list of token lists must hold exactly one list (batched prompts are not supported)")
+		}
+		return checkIDs(idss[0])
+	}
+	return nil, BadRequest("prompt", "prompt must be a string or a list of token ids")
+}
+
+func checkIDs(ids []int64) ([]uint32, *Error) {
+	if len(ids) == 0 {
+		return nil, BadRequest("prompt", "prompt is empty")
+	}
+	out := make([]uint32, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= tokenizer.VocabSize {
+			return nil, BadRequest("prompt", "token id %d at position %d is outside the vocabulary [0, %d)", id, i, tokenizer.VocabSize)
+		}
+		out[i] = uint32(id)
+	}
+	return out, nil
+}
+
+// chatTokens renders chat messages with the tokenizer's chat template.
+func chatTokens(msgs []ChatMessage) ([]uint32, *Error) {
+	if len(msgs) == 0 {
+		return nil, BadRequest("messages", "messages is required and must not be empty")
+	}
+	out := make([]tokenizer.Message, len(msgs))
+	for i, m := range msgs {
+		if m.Role == "" {
+			return nil, BadRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i)
+		}
+		text, err := messageText(m.Content)
+		if err != nil {
+			return nil, BadRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d]: %v", i, err)
+		}
+		out[i] = tokenizer.Message{Role: m.Role, Content: text}
+	}
+	return tokenizer.EncodeChat(out), nil
+}
+
+// messageText reads content given as a string or as a list of parts, of
+// which the text parts count.
+func messageText(raw json.RawMessage) (string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return "", nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s, nil
+	}
+	var parts []struct {
+		Type string `json:"type"`
+		Text string `json:"text"`
+	}
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return "", errors.New("content must be a string or a list of parts")
+	}
+	var b strings.Builder
+	for _, p := range parts {
+		if p.Type == "text" {
+			b.WriteString(p.Text)
+		}
+	}
+	return b.String(), nil
+}
