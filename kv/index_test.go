@@ -17,7 +17,7 @@ func TestIndexMatchesMap(t *testing.T) {
 		case 0:
 			return BlockHash(r.IntN(3)) // 0, 1, 2: the zero key and near neighbours
 		case 1:
-			return BlockHash(r.Uint64()&^0xffff | 7) // same low bits: one long cluster
+			return BlockHash(r.Uint64N(300)+1)<<20 | 7 // same low bits: one long cluster
 		}
 		return BlockHash(r.Uint64N(5000) * 0x9e3779b97f4a7c15)
 	}

@@ -82,21 +82,27 @@ func ValidateEngineID(id string) error {
 
 // Registration announces an engine and what it can hold.
 type Registration struct {
-	ID              string    `json:"id"`
-	URL             string    `json:"url"` // base URL of its HTTP API, e.g. http://10.0.0.5:8000
-	Backend         string    `json:"backend"`
-	Model           string    `json:"model"`
-	Profile         string    `json:"profile,omitempty"`
-	GPUs            int       `json:"gpus"`
-	Role            string    `json:"role"`
-	BlockSize       int       `json:"block_size"`
-	GPUBlocks       int       `json:"gpu_blocks"`
-	HostBlocks      int       `json:"host_blocks"`
-	KVBytesPerToken int       `json:"kv_bytes_per_token"`
-	MaxModelLen     int       `json:"max_model_len"`
-	Speedup         float64   `json:"speedup"`
-	Version         string    `json:"version"`
-	StartedAt       time.Time `json:"started_at"`
+	ID              string  `json:"id"`
+	URL             string  `json:"url"` // base URL of its HTTP API, e.g. http://10.0.0.5:8000
+	Backend         string  `json:"backend"`
+	Model           string  `json:"model"`
+	Profile         string  `json:"profile,omitempty"`
+	GPUs            int     `json:"gpus"`
+	Role            string  `json:"role"`
+	BlockSize       int     `json:"block_size"`
+	GPUBlocks       int     `json:"gpu_blocks"`
+	HostBlocks      int     `json:"host_blocks"`
+	KVBytesPerToken int     `json:"kv_bytes_per_token"`
+	MaxModelLen     int     `json:"max_model_len"`
+	Speedup         float64 `json:"speedup"`
+	// Cost hints from the engine's profile, until the planner has learned
+	// better: prefill time per uncached token, and KV copy bandwidths.
+	PrefillUsPerToken float64   `json:"prefill_us_per_token,omitempty"`
+	HostGBps          float64   `json:"host_gbps,omitempty"`
+	NetworkGBps       float64   `json:"network_gbps,omitempty"`
+	MaxNumSeqs        int       `json:"max_num_seqs,omitempty"`
+	Version           string    `json:"version"`
+	StartedAt         time.Time `json:"started_at"`
 	// LastKVSeq is the sequence of the last KV event published, so that a
 	// consumer joining late knows where the stream stands.
 	LastKVSeq uint64 `json:"last_kv_seq"`

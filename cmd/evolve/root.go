@@ -48,7 +48,7 @@ Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format on stderr: text or json")
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{cmd: c.CommandPath(), err: err} })
-	root.AddCommand(newVersionCmd(), newEngineCmd())
+	root.AddCommand(newVersionCmd(), newEngineCmd(), newOrchestratorCmd(), newUpCmd(), newDownCmd(), newStatusCmd(), newNodesCmd(), newRoleCmd())
 	return root
 }
 
@@ -82,8 +82,8 @@ func loadConfig(cmd *cobra.Command) error {
 	var bindErr error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
 		key := f.Name
-		if cmd.PersistentFlags().Lookup(f.Name) == nil && cmd.Root().PersistentFlags().Lookup(f.Name) == nil {
-			key = cmd.Name() + "." + f.Name
+		if cmd.Root().PersistentFlags().Lookup(f.Name) == nil {
+			key = cfgKey(cmd) + "." + f.Name
 		}
 		if err := config.BindPFlag(key, f); err != nil && bindErr == nil {
 			bindErr = err
@@ -93,6 +93,13 @@ func loadConfig(cmd *cobra.Command) error {
 		return bindErr
 	}
 	return setupLogging()
+}
+
+// cfgKey is the config prefix of a command's flags: its path below the
+// root, dotted ("engine", "role.set").
+func cfgKey(cmd *cobra.Command) string {
+	parts := strings.Fields(cmd.CommandPath())
+	return strings.Join(parts[1:], ".")
 }
 
 func setupLogging() error {

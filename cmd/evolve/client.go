@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"gopkg.in/yaml.v3"
+)
+
+// controlClient talks to an orchestrator's control API.
+type controlClient struct {
+	base  string
+	token string
+	http  *http.Client
+}
+
+// addClientFlags adds --server and --token to a command that uses the
+// control API.
+func addClientFlags(cmd *cobra.Command) {
+	cmd.Flags().String("server", "", "control API URL (default: the local cluster's, else http://127.0.0.1:8001)")
+	cmd.Flags().String("token", "", "bearer token for the control API (or env EVOLVE_TOKEN)")
+}
+
+func newControlClient(cmd *cobra.Command) *controlClient {
+	server := flagOrConfig(cmd, "server")
+	if server == "" {
+		if st, err := readLocalState(); err == nil && st.ControlURL != "" {
+			server = st.ControlURL
+		} else {
+			server = "http://127.0.0.1:8001"
+		}
+	}
+	token := flagOrConfig(cmd, "token")
+	if token == "" {
+		token = os.Getenv("EVOLVE_TOKEN")
+	}
+	return &controlClient{base: strings.TrimRight(server, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}
+}
+
+// flagOrConfig reads a flag of cmd through the config (flag > env > file >
+// default).
+func flagOrConfig(cmd *cobra.Command, name string) string {
+	return config.GetString(cfgKey(cmd) + "." + name)
+}
+
+// apiErr is an error answer of the control API.
+type apiErr struct {
+	status int
+	msg    string
+}
+
+func (e *apiErr) Error() string { return e.msg }
+
+func (c *controlClient) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
+	if err != nil {
+		return err
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the orchestrator at %s (is a cluster up? try 'evolve up'): %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		return &apiErr{status: resp.StatusCode, msg: fmt.Sprintf("%s %s: %s", method, path, msg)}
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// output writes v as -o asks: json, yaml, or through table for table/wide.
+func output(cmd *cobra.Command, v any, table func(w *tabwriter.Writer, wide bool)) error {
+	format := flagOrConfig(cmd, "output")
+	w := cmd.OutOrStdout()
+	switch format {
+	case "json":
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(v)
+	case "yaml":
+		// Through JSON, so that field names match the JSON output.
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		var generic any
+		if err := json.Unmarshal(b, &generic); err != nil {
+			return err
+		}
+		return yaml.NewEncoder(w).Encode(generic)
+	case "table", "wide", "":
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		table(tw, format == "wide")
+		return tw.Flush()
+	}
+	return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("-o %q: want table, wide, json or yaml", format)}
+}
+
+func addOutputFlag(cmd *cobra.Command, formats string) {
+	cmd.Flags().StringP("output", "o", "table", "output format: "+formats)
+}
+
+func isNotFound(err error) bool {
+	var e *apiErr
+	return errors.As(err, &e) && e.status == 404
+}
+
+func newHTTPClient(timeout time.Duration) *http.Client { return &http.Client{Timeout: timeout} }

@@ -1,0 +1,324 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+// localCluster is a cluster started with `evolve up --detach` in a private
+// state directory.
+type localCluster struct {
+	t     *testing.T
+	env   []string
+	state *localState
+	up    map[string]any
+}
+
+func freePort(t *testing.T) string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func upCluster(t *testing.T, args ...string) *localCluster {
+	t.Helper()
+	dir := t.TempDir()
+	c := &localCluster{t: t, env: []string{"XDG_STATE_HOME=" + dir}}
+	all := append([]string{"up", "--detach", "-o", "json", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0"}, args...)
+	out, code := runBinOut(t, c.env, all...)
+	if code != 0 {
+		t.Fatalf("evolve up: exit %d\n%s", code, out)
+	}
+	if err := json.Unmarshal([]byte(out), &c.up); err != nil {
+		t.Fatalf("evolve up -o json: %v\n%s", err, out)
+	}
+	c.state = c.readState()
+	t.Cleanup(func() {
+		if t.Failed() {
+			logs, _ := filepath.Glob(filepath.Join(c.state.LogDir, "*.log"))
+			for _, l := range logs {
+				t.Logf("%s:\n%s", filepath.Base(l), tail(l, 15))
+			}
+		}
+		runBinOut(t, c.env, "down")
+	})
+	return c
+}
+
+func (c *localCluster) readState() *localState {
+	c.t.Helper()
+	var st localState
+	b, err := os.ReadFile(filepath.Join(strings.TrimPrefix(c.env[0], "XDG_STATE_HOME="), "evolve", "local", "cluster.json"))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &st); err != nil {
+		c.t.Fatal(err)
+	}
+	return &st
+}
+
+func (c *localCluster) nodes() []map[string]any {
+	c.t.Helper()
+	out, code := runBinOut(c.t, c.env, "nodes", "-o", "json")
+	if code != 0 {
+		c.t.Fatalf("evolve nodes: %d %s", code, out)
+	}
+	var nodes []map[string]any
+	if err := json.Unmarshal([]byte(out), &nodes); err != nil {
+		c.t.Fatalf("evolve nodes -o json: %v: %s", err, out)
+	}
+	return nodes
+}
+
+func (c *localCluster) node(id string) map[string]any {
+	for _, n := range c.nodes() {
+		if n["id"] == id {
+			return n
+		}
+	}
+	c.t.Fatalf("no node %s", id)
+	return nil
+}
+
+func (c *localCluster) client() openai.Client {
+	return openai.NewClient(option.WithBaseURL(c.state.RouterURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+}
+
+// runBinOut runs evolve and returns its stdout alone, and the exit code.
+func runBinOut(t *testing.T, env []string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(evolveBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return string(out) + stderr.String(), ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), 0
+}
+
+func TestLocalClusterEndToEnd(t *testing.T) {
+	c := upCluster(t, "--engines", "4", "--prefill", "2", "--speedup", "20")
+	for _, k := range []string{"router_url", "control_url"} {
+		if c.up[k] == "" || c.up[k] == nil {
+			t.Fatalf("evolve up -o json lacks %s: %v", k, c.up)
+		}
+	}
+	nodes := c.nodes()
+	if len(nodes) != 4 {
+		t.Fatalf("%d nodes", len(nodes))
+	}
+	roles := map[string]int{}
+	for _, n := range nodes {
+		for _, k := range []string{"id", "role", "mode", "state", "address"} {
+			if _, ok := n[k]; !ok {
+				t.Fatalf("node without %s: %v", k, n)
+			}
+		}
+		roles[n["role"].(string)]++
+		if n["state"] != "serving" || n["mode"] != "auto" {
+			t.Fatalf("node %v", n)
+		}
+	}
+	if roles["prefill"] != 2 || roles["decode"] != 2 {
+		t.Fatalf("roles %v", roles)
+	}
+	out, code := runBinOut(t, c.env, "status", "-o", "json")
+	var st map[string]any
+	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st["router_url"] != c.state.RouterURL || st["nodes"] == nil {
+		t.Fatalf("evolve status -o json: %d %s", code, out)
+	}
+
+	ctx := context.Background()
+	oc := c.client()
+	long := strings.Repeat("The agent reads the repository and plans the change. ", 80) // ~880 tokens: past the 512 the evolve policy keeps on a decode node
+	resp, err := oc.Completions.New(ctx, openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(long)}, MaxTokens: openai.Int(10),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ext struct {
+		Transferred int `json:"transferred_tokens"`
+	}
+	json.Unmarshal([]byte(resp.JSON.ExtraFields["evolve"].Raw()), &ext)
+	if resp.Usage.CompletionTokens != 10 || ext.Transferred == 0 {
+		t.Fatalf("a long prompt should be prefilled on a prefill node and its KV moved: %+v, transferred %d", resp.Usage, ext.Transferred)
+	}
+	// Streamed chat through the router.
+	stream := oc.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{
+		Model: "evolve-tiny", Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(long)}, MaxTokens: openai.Int(12),
+	})
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		acc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil || acc.Choices[0].Message.Content == "" {
+		t.Fatalf("stream: %v %+v", err, acc.ChatCompletion)
+	}
+	// A bad request is refused by the router itself.
+	if status, _, body := post(t, c.state.RouterURL+"/v1/completions", `{"prompt": ""}`); status != 400 || obj(body["error"]) == nil {
+		t.Fatalf("bad request: %d %v", status, body)
+	}
+
+	// Switch roles under load: no request fails.
+	var failed, done atomic.Int64
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				prompt := fmt.Sprintf("%s worker %d request %d", long, w, i)
+				_, err := oc.Completions.New(ctx, openai.CompletionNewParams{
+					Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String(prompt)}, MaxTokens: openai.Int(30),
+				})
+				if err != nil {
+					failed.Add(1)
+					t.Logf("request failed during switch: %v", err)
+				}
+				done.Add(1)
+			}
+		}(w)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if out, code := runBinOut(t, c.env, "role", "set", "engine-0", "decode", "--pin"); code != 0 {
+		t.Fatalf("role set: %d %s", code, out)
+	}
+	if out, code := runBinOut(t, c.env, "role", "set", "engine-3", "prefill"); code != 0 {
+		t.Fatalf("role set: %d %s", code, out)
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	if failed.Load() != 0 || done.Load() < 8 {
+		t.Fatalf("%d of %d requests failed while roles switched", failed.Load(), done.Load())
+	}
+	if n := c.node("engine-0"); n["role"] != "decode" || n["mode"] != "pinned" {
+		t.Fatalf("engine-0 after switch: %v", n)
+	}
+	if n := c.node("engine-3"); n["role"] != "prefill" || n["mode"] != "auto" {
+		t.Fatalf("engine-3 after switch: %v", n)
+	}
+	if out, code := runBinOut(t, c.env, "role", "auto", "engine-0"); code != 0 || !strings.Contains(out, "auto") {
+		t.Fatalf("role auto: %d %s", code, out)
+	}
+	if out, code := runBinOut(t, c.env, "role", "set", "nope", "decode"); code == 0 || !strings.Contains(out, "no node") {
+		t.Fatalf("role set of an unknown node: %d %s", code, out)
+	}
+
+	// evolve down leaves no process behind.
+	pids := append([]int{c.state.Orchestrator}, c.state.Engines...)
+	if out, code := runBinOut(t, c.env, "down"); code != 0 {
+		t.Fatalf("down: %d %s", code, out)
+	}
+	for _, pid := range pids {
+		if alive(pid) {
+			t.Fatalf("process %d still running after evolve down", pid)
+		}
+	}
+	if out, code := runBinOut(t, c.env, "down"); code != 0 {
+		t.Fatalf("second down: %d %s", code, out)
+	}
+}
+
+func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--prefill", "1", "--speedup", "1")
+	oc := c.client()
+	// A short prompt stays on a decode node: kill it mid-stream.
+	stream := oc.Completions.NewStreaming(context.Background(), openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("tell a very long story")}, MaxTokens: openai.Int(3000),
+	})
+	got := 0
+	killed := false
+	deadline := time.AfterFunc(30*time.Second, func() { t.Error("stream hung after the engine died") })
+	defer deadline.Stop()
+	for stream.Next() {
+		got++
+		if got == 5 && !killed {
+			killed = true
+			syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
+		}
+	}
+	if !killed {
+		t.Fatalf("stream ended after %d chunks, before the kill", got)
+	}
+	if stream.Err() == nil {
+		t.Fatal("the stream ended cleanly although its engine died")
+	}
+	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node("engine-1")["state"] == "down" })
+	// The cluster still answers on the node that is left.
+	resp, err := oc.Completions.New(context.Background(), openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("still there?")}, MaxTokens: openai.Int(3),
+	})
+	if err != nil || resp.Usage.CompletionTokens != 3 {
+		t.Fatalf("after the kill: %v %+v", err, resp)
+	}
+}
+
+func TestOrchestratorRestartKeepsPins(t *testing.T) {
+	natsAddr := freePort(t)
+	c := upCluster(t, "--engines", "2", "--prefill", "1", "--speedup", "10", "--nats-addr", natsAddr)
+	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill", "--pin"); code != 0 {
+		t.Fatalf("role set: %d %s", code, out)
+	}
+	// Stop the orchestrator and start a new one on the same addresses and data.
+	syscall.Kill(c.state.Orchestrator, syscall.SIGTERM)
+	eventually(t, 15*time.Second, "orchestrator stops", func() bool { return !alive(c.state.Orchestrator) })
+	dir := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
+	orch := exec.Command(evolveBin, "orchestrator", "--router-addr", strings.TrimPrefix(c.state.RouterURL, "http://"),
+		"--control-addr", strings.TrimPrefix(c.state.ControlURL, "http://"), "--nats-listen", natsAddr,
+		"--data-dir", filepath.Join(dir, "evolve", "local", "nats"))
+	orch.Env = append(os.Environ(), c.env...)
+	if err := orch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { orch.Process.Signal(syscall.SIGTERM); orch.Wait() })
+	c.state.Orchestrator = orch.Process.Pid
+	eventually(t, 20*time.Second, "engines re-register with the new orchestrator", func() bool {
+		out, code := runBinOut(t, c.env, "nodes", "-o", "json")
+		var nodes []map[string]any
+		if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil || len(nodes) != 2 {
+			return false
+		}
+		for _, n := range nodes {
+			if n["state"] != "serving" {
+				return false
+			}
+		}
+		return true
+	})
+	if n := c.node("engine-1"); n["role"] != "prefill" || n["mode"] != "pinned" {
+		t.Fatalf("after restart engine-1 is %v %v, want prefill pinned", n["role"], n["mode"])
+	}
+	if n := c.node("engine-0"); n["mode"] != "auto" {
+		t.Fatalf("engine-0 after restart: %v", n)
+	}
+}

@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/evolvellm/evolve/orchestrator"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/spf13/cobra"
+)
+
+// readyInfo is what a started orchestrator writes to --ready-file.
+type readyInfo struct {
+	RouterURL  string `json:"router_url"`
+	ControlURL string `json:"control_url"`
+	NATSURL    string `json:"nats_url"`
+	PID        int    `json:"pid"`
+}
+
+func newOrchestratorCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "orchestrator",
+		Short: "Run the router, KV directory, role manager and control API",
+		Long: `Run the orchestrator: the one process between agents and engines.
+
+It serves the OpenAI API to agents on --router-addr and routes each request
+to a prefill and a decode engine (--policy evolve, dynamo or round-robin), and
+the control API on --control-addr (loopback by default; a bearer token is
+required elsewhere). Engines register over NATS: by default the orchestrator
+embeds a NATS server with JetStream (data in --data-dir; role overrides
+survive restarts); --nats joins an existing one instead.
+
+Most users start it through 'evolve up'.`,
+		Example: `  evolve orchestrator --data-dir /var/lib/evolve --nats-listen 0.0.0.0:4222
+  evolve engine --nats nats://ORCHESTRATOR:4222 --profile gb300-kimi-k2`,
+		Args: noArgs,
+		RunE: runOrchestrator,
+	}
+	f := cmd.Flags()
+	f.String("router-addr", "127.0.0.1:8000", "OpenAI API address for agents (port 0 picks a free port)")
+	f.String("control-addr", "127.0.0.1:8001", "control API address (port 0 picks a free port)")
+	f.String("token", "", "bearer token the control API requires (required when --control-addr is not loopback)")
+	f.String("nats", "", "URL of an existing NATS server (empty: embed one)")
+	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port)")
+	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
+	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
+	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
+	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
+	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
+	return cmd
+}
+
+func stateDir() string {
+	dir := os.Getenv("XDG_STATE_HOME")
+	if dir == "" {
+		home, _ := os.UserHomeDir()
+		dir = filepath.Join(home, ".local", "state")
+	}
+	return filepath.Join(dir, "evolve")
+}
+
+func runOrchestrator(cmd *cobra.Command, _ []string) error {
+	get := func(k string) string { return config.GetString("orchestrator." + k) }
+	dataDir := get("data-dir")
+	if dataDir == "" && get("nats") == "" {
+		dataDir = filepath.Join(stateDir(), "orchestrator")
+	}
+	if dataDir != "" {
+		if err := os.MkdirAll(dataDir, 0o700); err != nil {
+			return fmt.Errorf("data directory: %w", err)
+		}
+	}
+	o, err := orchestrator.New(orchestrator.Config{
+		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
+		NATSURL: get("nats"), NATSListen: get("nats-listen"), DataDir: dataDir, Policy: get("policy"),
+		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
+		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
+	})
+	if err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	readyFile := get("ready-file")
+	err = o.Run(ctx, func() {
+		slog.Info("orchestrator ready", "router_url", o.RouterURL(), "control_url", o.ControlURL(), "nats_url", o.NATSURL(), "policy", get("policy"))
+		if readyFile != "" {
+			b, _ := json.Marshal(readyInfo{RouterURL: o.RouterURL(), ControlURL: o.ControlURL(), NATSURL: o.NATSURL(), PID: os.Getpid()})
+			tmp := readyFile + ".tmp"
+			if err := os.WriteFile(tmp, b, 0o600); err == nil {
+				os.Rename(tmp, readyFile)
+			}
+		}
+	})
+	if readyFile != "" {
+		os.Remove(readyFile)
+	}
+	return err
+}

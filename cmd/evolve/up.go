@@ -1,0 +1,354 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/orchestrator"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/spf13/cobra"
+)
+
+// localState records a local cluster started by `evolve up`, so that
+// `evolve down` and the other commands find it.
+type localState struct {
+	RouterURL    string    `json:"router_url"`
+	ControlURL   string    `json:"control_url"`
+	NATSURL      string    `json:"nats_url"`
+	Orchestrator int       `json:"orchestrator_pid"`
+	Engines      []int     `json:"engine_pids"`
+	LogDir       string    `json:"log_dir"`
+	Started      time.Time `json:"started"`
+	Detached     bool      `json:"detached"`
+}
+
+func localDir() string { return filepath.Join(stateDir(), "local") }
+
+func localStatePath() string { return filepath.Join(localDir(), "cluster.json") }
+
+func readLocalState() (*localState, error) {
+	b, err := os.ReadFile(localStatePath())
+	if err != nil {
+		return nil, err
+	}
+	var st localState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("local cluster state %s: %w", localStatePath(), err)
+	}
+	return &st, nil
+}
+
+func writeLocalState(st *localState) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	tmp := localStatePath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, localStatePath())
+}
+
+// alive reports whether pid runs (a zombie does not count).
+func alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: trust kill(0)
+	}
+	// The state follows the command name in parentheses.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+func newUpCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "up",
+		Short: "Bring up a local cluster: an orchestrator and simulated engines",
+		Long: `Bring up a cluster on this machine: an orchestrator and --engines simulated
+engines (--prefill of them prefill, the rest decode), each a separate
+process on loopback. It prints the router URL for agents, the control URL,
+and commands to try.
+
+In the foreground (the default) Ctrl-C tears everything down cleanly:
+engines drain, then the orchestrator stops. With --detach the cluster keeps
+running; 'evolve down' stops it. Logs go to files under the state directory
+($XDG_STATE_HOME/evolve/local/logs).`,
+		Example: `  evolve up
+  evolve up --engines 8 --prefill 3 --profile gb300-kimi-k2 --speedup 20 --detach
+  curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'`,
+		Args: noArgs,
+		RunE: runUp,
+	}
+	f := cmd.Flags()
+	f.Int("engines", 4, "simulated engines to start")
+	f.Int("prefill", 0, "how many of them start as prefill (default: a third, at least 1)")
+	f.String("profile", "tiny", "engine profile: "+strings.Join(sim.ProfileNames(), ", ")+", or a YAML file")
+	f.Float64("speedup", 1, "modelled seconds per wall-clock second for every engine")
+	f.String("router-addr", "127.0.0.1:8000", "router address (port 0 picks a free port)")
+	f.String("control-addr", "127.0.0.1:8001", "control API address (port 0 picks a free port)")
+	f.String("nats-addr", "127.0.0.1:0", "address of the orchestrator's embedded NATS server (port 0 picks a free port)")
+	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
+	f.Bool("detach", false, "leave the cluster running and return")
+	f.Duration("timeout", 60*time.Second, "how long to wait for the cluster to be ready")
+	addOutputFlag(cmd, "table or json")
+	return cmd
+}
+
+func runUp(cmd *cobra.Command, _ []string) error {
+	key := func(k string) string { return "up." + k }
+	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
+	engines, prefill := config.GetInt(key("engines")), config.GetInt(key("prefill"))
+	if engines < 1 {
+		return usage(fmt.Errorf("--engines must be at least 1"))
+	}
+	if prefill == 0 && engines > 1 {
+		prefill = max(1, engines/3)
+	}
+	if prefill < 0 || prefill > engines {
+		return usage(fmt.Errorf("--prefill must be between 0 and --engines (%d)", engines))
+	}
+	if _, err := sim.LoadProfile(config.GetString(key("profile"))); err != nil {
+		return usage(fmt.Errorf("--profile: %w", err))
+	}
+	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
+		return usage(fmt.Errorf("--policy: %w", err))
+	}
+	if config.GetFloat64(key("speedup")) <= 0 {
+		return usage(fmt.Errorf("--speedup must be positive"))
+	}
+	if st, err := readLocalState(); err == nil && alive(st.Orchestrator) {
+		return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	dir := localDir()
+	logDir := filepath.Join(dir, "logs")
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		return fmt.Errorf("state directory: %w", err)
+	}
+	detach := config.GetBool(key("detach"))
+	errw := cmd.ErrOrStderr()
+	st := &localState{LogDir: logDir, Started: time.Now(), Detached: detach}
+	var procs []*exec.Cmd
+	cleanup := func() { stopAll(errw, st, procs) }
+
+	// The orchestrator first: engines need its NATS address.
+	ready := filepath.Join(dir, "orchestrator.ready")
+	os.Remove(ready)
+	orch, err := startChild(exe, filepath.Join(logDir, "orchestrator.log"), detach, "orchestrator",
+		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
+		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"), "--policy", config.GetString(key("policy")),
+		"--ready-file", ready, "--log-format", "json")
+	if err != nil {
+		return err
+	}
+	procs = append(procs, orch)
+	st.Orchestrator = orch.Process.Pid
+	fmt.Fprintf(errw, "starting orchestrator (log %s)\n", filepath.Join(logDir, "orchestrator.log"))
+	deadline := time.Now().Add(config.GetDuration(key("timeout")))
+	var info readyInfo
+	for {
+		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &info) == nil {
+			break
+		}
+		if !alive(orch.Process.Pid) || time.Now().After(deadline) {
+			cleanup()
+			return fmt.Errorf("the orchestrator did not start:\n%s", tail(filepath.Join(logDir, "orchestrator.log"), 10))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	st.RouterURL, st.ControlURL, st.NATSURL = info.RouterURL, info.ControlURL, info.NATSURL
+
+	for i := 0; i < engines; i++ {
+		role := "decode"
+		if i < prefill {
+			role = "prefill"
+		}
+		id := fmt.Sprintf("engine-%d", i)
+		log := filepath.Join(logDir, id+".log")
+		p, err := startChild(exe, log, detach, "engine", "--listen", "127.0.0.1:0", "--nats", info.NATSURL, "--id", id,
+			"--role", role, "--profile", config.GetString(key("profile")),
+			"--speedup", strconv.FormatFloat(config.GetFloat64(key("speedup")), 'g', -1, 64),
+			"--shutdown-grace", "10s", "--log-format", "json")
+		if err != nil {
+			cleanup()
+			return err
+		}
+		procs = append(procs, p)
+		st.Engines = append(st.Engines, p.Process.Pid)
+	}
+	if err := writeLocalState(st); err != nil {
+		cleanup()
+		return fmt.Errorf("record the local cluster: %w", err)
+	}
+	fmt.Fprintf(errw, "starting %d engines (%d prefill, %d decode)", engines, prefill, engines-prefill)
+	client := &controlClient{base: info.ControlURL, http: shortClient}
+	for {
+		var nodes []orchestrator.NodeStatus
+		serving := 0
+		if client.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes) == nil {
+			for _, n := range nodes {
+				if n.State == orchestrator.StateServing {
+					serving++
+				}
+			}
+		}
+		if serving == engines {
+			fmt.Fprintln(errw, " ready")
+			break
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintln(errw)
+			cleanup()
+			return fmt.Errorf("only %d of %d engines registered in time; logs in %s", serving, engines, logDir)
+		}
+		fmt.Fprint(errw, ".")
+		time.Sleep(200 * time.Millisecond)
+	}
+	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
+		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach}
+	err = output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprintf(w, "router\t%s\t(OpenAI API for agents)\n", st.RouterURL)
+		fmt.Fprintf(w, "control\t%s\n", st.ControlURL)
+		fmt.Fprintf(w, "logs\t%s\n", logDir)
+		fmt.Fprintln(w)
+		fmt.Fprintln(w, "try:")
+		fmt.Fprintf(w, "  curl -s %s/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", st.RouterURL)
+		fmt.Fprintln(w, "  evolve nodes")
+		fmt.Fprintln(w, "  evolve role set engine-0 decode")
+		if detach {
+			fmt.Fprintln(w, "  evolve down")
+		} else {
+			fmt.Fprintln(w, "Ctrl-C stops the cluster.")
+		}
+	})
+	if err != nil || detach {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	orchDone := make(chan struct{})
+	go func() { orch.Wait(); close(orchDone) }()
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(errw, "\nstopping the cluster")
+	case <-orchDone:
+		fmt.Fprintf(errw, "the orchestrator exited:\n%s\n", tail(filepath.Join(logDir, "orchestrator.log"), 10))
+	}
+	cleanup()
+	return nil
+}
+
+var shortClient = newHTTPClient(5 * time.Second)
+
+// startChild starts `evolve args...` with its output in log. Children get
+// their own process group, so that a Ctrl-C reaches only `evolve up`, which
+// stops them in order; detached ones get their own session.
+func startChild(exe, log string, detach bool, args ...string) (*exec.Cmd, error) {
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	c := exec.Command(exe, args...)
+	c.Stdout, c.Stderr = f, f
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: !detach, Setsid: detach}
+	if err := c.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", args[0], err)
+	}
+	f.Close()
+	return c, nil
+}
+
+// stopAll stops the engines, then the orchestrator: SIGTERM, then SIGKILL
+// after a grace period. It removes the local state when done.
+func stopAll(errw io.Writer, st *localState, procs []*exec.Cmd) {
+	waits := map[int]chan struct{}{}
+	for _, p := range procs {
+		ch := make(chan struct{})
+		waits[p.Process.Pid] = ch
+		go func(p *exec.Cmd) { p.Wait(); close(ch) }(p)
+	}
+	stopPIDs(errw, st.Engines, waits, 15*time.Second)
+	stopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
+	os.Remove(localStatePath())
+}
+
+func stopPIDs(errw io.Writer, pids []int, waits map[int]chan struct{}, grace time.Duration) {
+	for _, pid := range pids {
+		if alive(pid) {
+			syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
+	deadline := time.Now().Add(grace)
+	for _, pid := range pids {
+		for alive(pid) {
+			if ch, ok := waits[pid]; ok {
+				select {
+				case <-ch:
+					continue
+				case <-time.After(50 * time.Millisecond):
+				}
+			} else {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if time.Now().After(deadline) {
+				fmt.Fprintf(errw, "process %d did not stop in %v; killing it\n", pid, grace)
+				syscall.Kill(pid, syscall.SIGKILL)
+				deadline = time.Now().Add(5 * time.Second)
+			}
+		}
+	}
+}
+
+func tail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+func newDownCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "down",
+		Short: "Stop the local cluster started by 'evolve up --detach'",
+		Long: `Stop the local cluster: the engines drain and stop, then the orchestrator.
+Nothing is left running. With no local cluster it says so and succeeds.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			st, err := readLocalState()
+			if errors.Is(err, os.ErrNotExist) {
+				fmt.Fprintln(cmd.ErrOrStderr(), "no local cluster is running")
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "stopping %d engines and the orchestrator\n", len(st.Engines))
+			stopAll(cmd.ErrOrStderr(), st, nil)
+			fmt.Fprintln(cmd.ErrOrStderr(), "stopped")
+			return nil
+		},
+	}
+}

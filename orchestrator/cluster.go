@@ -1,0 +1,148 @@
+// Package orchestrator is the process between agents and engines: the front
+// door that routes each request to a prefill and a decode engine, the
+// membership of engines and their roles, the cluster-wide KV directory, and
+// the control API that the CLI and the monitor use.
+//
+// The decisions are made by pure code (package routing, kv.Directory); this
+// package does the I/O around them: NATS for the engines' registrations, KV
+// events and control, HTTP for inference and for the control API, and a
+// JetStream key-value bucket for the role overrides that must survive a
+// restart.
+package orchestrator
+
+import (
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// Node states.
+const (
+	StateServing   = "serving"
+	StateSwitching = "switching" // draining its old role, then flipping
+	StateDown      = "down"
+)
+
+// Node modes.
+const (
+	ModeAuto   = "auto"   // the planner may move it
+	ModePinned = "pinned" // only the operator may
+)
+
+// RoleChange is one entry of a node's role history.
+type RoleChange struct {
+	Time   time.Time `json:"time"`
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+// Switch is a role switch in progress.
+type Switch struct {
+	To      string    `json:"to"`
+	Phase   string    `json:"phase"` // draining, offloading, flipping
+	Started time.Time `json:"started"`
+}
+
+// NodeStatus is a node as the control API reports it. Field names are
+// stable: scripts depend on them.
+type NodeStatus struct {
+	ID          string       `json:"id"`
+	Role        string       `json:"role"`
+	Mode        string       `json:"mode"`
+	State       string       `json:"state"`
+	Address     string       `json:"address"`
+	Model       string       `json:"model"`
+	Profile     string       `json:"profile,omitempty"`
+	Waiting     int          `json:"waiting"`
+	Running     int          `json:"running"`
+	InFlight    int          `json:"in_flight"` // requests the router has sent it and not seen finish
+	GPUKVUsage  float64      `json:"gpu_kv_usage"`
+	HostKVUsage float64      `json:"host_kv_usage"`
+	GPUBlocks   int          `json:"gpu_blocks_cached"` // copies the directory knows on its GPU
+	HostBlocks  int          `json:"host_blocks_cached"`
+	LastSeen    time.Time    `json:"last_seen"`
+	Switch      *Switch      `json:"switch,omitempty"`
+	History     []RoleChange `json:"history,omitempty"`
+}
+
+// node is the orchestrator's record of one engine.
+type node struct {
+	reg      protocol.Registration
+	hb       protocol.Heartbeat
+	dir      kv.NodeID
+	role     routing.Role
+	mode     string
+	state    string
+	lastSeen time.Time
+	inFlight int
+	sw       *Switch
+	history  []RoleChange
+	resyncAt time.Time // when a resync was last asked for
+}
+
+// cluster is the shared state, guarded by mu.
+type cluster struct {
+	mu    sync.Mutex
+	nodes map[string]*node
+	dir   *kv.Directory
+	gen   uint64 // bumped on every change the watch stream reports
+	subs  map[chan watchEvent]struct{}
+}
+
+func newCluster() *cluster {
+	return &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{}}
+}
+
+func (n *node) status(id string, d *kv.Directory) NodeStatus {
+	g, h := d.NodeReplicas(n.dir)
+	return NodeStatus{
+		ID: id, Role: n.role.String(), Mode: n.mode, State: n.state, Address: n.reg.URL, Model: n.reg.Model,
+		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
+		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h,
+		LastSeen: n.lastSeen, Switch: n.sw, History: n.history,
+	}
+}
+
+// statuses lists every node, sorted by id. Call with mu held.
+func (c *cluster) statuses() []NodeStatus {
+	out := make([]NodeStatus, 0, len(c.nodes))
+	for id, n := range c.nodes {
+		out = append(out, n.status(id, c.dir))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// changed records a change to node id and tells the watchers. Call with mu
+// held.
+func (c *cluster) changed(id string) {
+	c.gen++
+	n := c.nodes[id]
+	if n == nil {
+		return
+	}
+	ev := watchEvent{Type: "node", Generation: c.gen, Node: ptr(n.status(id, c.dir))}
+	for ch := range c.subs {
+		select {
+		case ch <- ev:
+		default: // a slow watcher is dropped, never waited for
+			delete(c.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// watchEvent is one message of the watch stream.
+type watchEvent struct {
+	Type       string       `json:"type"` // snapshot, node
+	Generation uint64       `json:"generation"`
+	Nodes      []NodeStatus `json:"nodes,omitempty"`
+	Node       *NodeStatus  `json:"node,omitempty"`
+}

@@ -1,0 +1,186 @@
+package orchestrator
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/evolvellm/evolve/openaiapi"
+)
+
+// ClusterStatus is the control API's summary of the cluster. Field names
+// are stable: scripts depend on them.
+type ClusterStatus struct {
+	RouterURL  string         `json:"router_url"`
+	ControlURL string         `json:"control_url"`
+	NATSURL    string         `json:"nats_url"`
+	Policy     string         `json:"policy"`
+	Model      string         `json:"model"`
+	NodeCount  int            `json:"node_count"`
+	ByRole     map[string]int `json:"by_role"`  // serving nodes per role
+	ByState    map[string]int `json:"by_state"` // nodes per state
+	KVBlocks   int            `json:"kv_blocks"`
+	KVReplicas int            `json:"kv_replicas"`
+	Generation uint64         `json:"generation"`
+	StartedAt  time.Time      `json:"started_at"`
+}
+
+// controlHandler serves the control API (see the package comment of cmd
+// evolve for the commands that use it).
+func (o *Orchestrator) controlHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/cluster", func(w http.ResponseWriter, r *http.Request) { openaiapi.WriteJSON(w, 200, o.Status()) })
+	mux.HandleFunc("GET /api/v1/nodes", func(w http.ResponseWriter, r *http.Request) { openaiapi.WriteJSON(w, 200, o.Nodes()) })
+	mux.HandleFunc("GET /api/v1/nodes/{id}", func(w http.ResponseWriter, r *http.Request) {
+		st, ok := o.NodeStatus(r.PathValue("id"))
+		if !ok {
+			apiError(w, 404, "no node %q", r.PathValue("id"))
+			return
+		}
+		openaiapi.WriteJSON(w, 200, st)
+	})
+	mux.HandleFunc("POST /api/v1/nodes/{id}/role", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Role string `json:"role"`
+			Pin  bool   `json:"pin"`
+		}
+		if err := json.NewDecoder(io.LimitReader(r.Body, 1<<16)).Decode(&req); err != nil {
+			apiError(w, 400, "body must be JSON like {\"role\": \"decode\", \"pin\": true}: %v", err)
+			return
+		}
+		st, err := o.SetRole(r.PathValue("id"), req.Role, req.Pin, "operator")
+		var unknown ErrUnknownNode
+		switch {
+		case errors.As(err, &unknown):
+			apiError(w, 404, "%v", err)
+		case err != nil:
+			apiError(w, 400, "%v", err)
+		default:
+			openaiapi.WriteJSON(w, 202, st)
+		}
+	})
+	mux.HandleFunc("DELETE /api/v1/nodes/{id}/pin", func(w http.ResponseWriter, r *http.Request) {
+		st, err := o.Unpin(r.PathValue("id"))
+		if err != nil {
+			apiError(w, 404, "%v", err)
+			return
+		}
+		openaiapi.WriteJSON(w, 200, st)
+	})
+	mux.HandleFunc("GET /api/v1/watch", o.serveWatch)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { apiError(w, 404, "no route %s %s", r.Method, r.URL.Path) })
+	if o.cfg.ControlToken == "" {
+		return mux
+	}
+	want := []byte("Bearer " + o.cfg.ControlToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			w.Header().Set("WWW-Authenticate", "Bearer")
+			apiError(w, 401, "missing or wrong bearer token")
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+func apiError(w http.ResponseWriter, status int, format string, args ...any) {
+	openaiapi.WriteJSON(w, status, map[string]any{"error": map[string]any{"message": fmt.Sprintf(format, args...), "status": status}})
+}
+
+// Status summarises the cluster.
+func (o *Orchestrator) Status() ClusterStatus {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
+		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
+		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started}
+	for _, n := range o.c.nodes {
+		st.ByState[n.state]++
+		if n.state == StateServing {
+			st.ByRole[n.role.String()]++
+		}
+	}
+	return st
+}
+
+// Nodes lists the nodes, sorted by id.
+func (o *Orchestrator) Nodes() []NodeStatus {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	return o.c.statuses()
+}
+
+// NodeStatus reports one node.
+func (o *Orchestrator) NodeStatus(id string) (NodeStatus, bool) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := o.c.nodes[id]
+	if n == nil {
+		return NodeStatus{}, false
+	}
+	return n.status(id, o.c.dir), true
+}
+
+// serveWatch streams server-sent events: a snapshot, then a node event for
+// every change, each with a generation number; a comment every few seconds
+// keeps idle connections alive. A client too slow to keep up is dropped.
+func (o *Orchestrator) serveWatch(w http.ResponseWriter, r *http.Request) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		apiError(w, 500, "streaming unsupported")
+		return
+	}
+	ch := make(chan watchEvent, 256)
+	o.c.mu.Lock()
+	snap := watchEvent{Type: "snapshot", Generation: o.c.gen, Nodes: o.c.statuses()}
+	o.c.subs[ch] = struct{}{}
+	o.c.mu.Unlock()
+	defer func() {
+		o.c.mu.Lock()
+		if _, ok := o.c.subs[ch]; ok {
+			delete(o.c.subs, ch)
+			close(ch)
+		}
+		o.c.mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(200)
+	send := func(ev watchEvent) error {
+		b, _ := json.Marshal(ev)
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		flusher.Flush()
+		return nil
+	}
+	if send(snap) != nil {
+		return
+	}
+	ping := time.NewTicker(5 * time.Second)
+	defer ping.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-ch:
+			if !ok {
+				fmt.Fprint(w, "event: dropped\ndata: {\"reason\":\"too slow\"}\n\n")
+				flusher.Flush()
+				return
+			}
+			if send(ev) != nil {
+				return
+			}
+		case <-ping.C:
+			if _, err := io.WriteString(w, ": ping\n\n"); err != nil {
+				return
+			}
+			flusher.Flush()
+		}
+	}
+}

@@ -1,0 +1,209 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/protocol"
+	"github.com/nats-io/nats.go"
+)
+
+// subscribe listens to the engines on the event plane.
+func (o *Orchestrator) subscribe() error {
+	subs := []struct {
+		subject string
+		handle  func(*nats.Msg)
+	}{
+		{protocol.SubjectRegister, o.onRegister},
+		{protocol.SubjectAllHeartbeats, o.onHeartbeat},
+		{protocol.SubjectAllKV, o.onKV},
+		{protocol.SubjectDeregister, o.onDeregister},
+	}
+	for _, s := range subs {
+		sub, err := o.nc.Subscribe(s.subject, s.handle)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", s.subject, err)
+		}
+		// KV events arrive in bursts: never let NATS drop them for a slow
+		// consumer; the directory keeps up (millions of events a second).
+		_ = sub.SetPendingLimits(-1, -1)
+		o.subs = append(o.subs, sub)
+	}
+	if err := o.nc.Flush(); err != nil {
+		return err
+	}
+	// Engines already running register again.
+	return o.nc.Publish(protocol.SubjectAnnounce, nil)
+}
+
+func (o *Orchestrator) onRegister(m *nats.Msg) {
+	var reg protocol.Registration
+	if err := json.Unmarshal(m.Data, &reg); err != nil || protocol.ValidateEngineID(reg.ID) != nil {
+		o.log.Warn("bad registration", "err", err, "data", string(m.Data))
+		return
+	}
+	o.c.mu.Lock()
+	n := o.c.nodes[reg.ID]
+	fresh := n == nil || n.state == StateDown || !n.reg.StartedAt.Equal(reg.StartedAt)
+	if n == nil {
+		dir, err := o.c.dir.Node(reg.ID)
+		if err != nil {
+			o.c.mu.Unlock()
+			o.log.Error("node not added", "id", reg.ID, "err", err)
+			return
+		}
+		n = &node{dir: dir, mode: ModeAuto}
+		o.c.nodes[reg.ID] = n
+		n.role = o.initialRole(reg)
+	}
+	if o.blockSize == 0 {
+		o.blockSize = reg.BlockSize
+		o.model = reg.Model
+	}
+	n.reg = reg
+	n.lastSeen = time.Now()
+	if n.state == "" || n.state == StateDown {
+		n.state = StateServing
+	}
+	if fresh {
+		// Whatever it holds now, learn it from scratch.
+		o.c.dir.DropNode(n.dir)
+		n.resyncAt = time.Time{}
+	}
+	o.applyStoredRole(reg.ID, n)
+	want := n.role.String()
+	o.c.changed(reg.ID)
+	o.c.mu.Unlock()
+	if fresh {
+		o.log.Info("engine registered", "id", reg.ID, "url", reg.URL, "role", want, "model", reg.Model)
+		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpResync})
+	}
+	if reg.Role != want {
+		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpSetRole, Role: want})
+	}
+}
+
+// initialRole is a new node's role: the one it was started with, or
+// decode for an engine that takes both.
+func (o *Orchestrator) initialRole(reg protocol.Registration) routing.Role {
+	if reg.Role == "prefill" {
+		return routing.Prefill
+	}
+	return routing.Decode
+}
+
+func (o *Orchestrator) onHeartbeat(m *nats.Msg) {
+	var hb protocol.Heartbeat
+	if err := json.Unmarshal(m.Data, &hb); err != nil {
+		return
+	}
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := o.c.nodes[hb.ID]
+	if n == nil {
+		// Heartbeats from an engine we have not seen register: ask it.
+		go o.nc.Publish(protocol.SubjectAnnounce, nil)
+		return
+	}
+	n.hb, n.lastSeen = hb, time.Now()
+	if n.state == StateDown {
+		return // it must register again
+	}
+	o.c.changed(hb.ID)
+}
+
+func (o *Orchestrator) onKV(m *nats.Msg) {
+	var b protocol.KVEventBatch
+	if err := json.Unmarshal(m.Data, &b); err != nil {
+		o.log.Warn("bad KV event batch", "err", err)
+		return
+	}
+	o.c.mu.Lock()
+	n := o.c.nodes[b.Engine]
+	if n == nil || n.state == StateDown {
+		o.c.mu.Unlock()
+		return
+	}
+	err := o.c.dir.ApplyBatch(n.dir, b.Events)
+	ask := false
+	if errors.Is(err, kv.ErrGap) || (o.c.dir.NeedsResync(n.dir) && time.Since(n.resyncAt) > 5*time.Second) {
+		ask = true
+		n.resyncAt = time.Now()
+	}
+	o.c.mu.Unlock()
+	if ask {
+		o.log.Warn("KV events lost; resyncing the engine", "id", b.Engine, "err", err)
+		go o.control(b.Engine, protocol.ControlRequest{Op: protocol.OpResync})
+	}
+}
+
+func (o *Orchestrator) onDeregister(m *nats.Msg) {
+	var d protocol.Deregistration
+	if json.Unmarshal(m.Data, &d) != nil {
+		return
+	}
+	o.markDown(d.ID, "deregistered")
+}
+
+// markDown takes a node out of routing and its KV out of the directory.
+func (o *Orchestrator) markDown(id, why string) {
+	o.c.mu.Lock()
+	n := o.c.nodes[id]
+	if n == nil || n.state == StateDown {
+		o.c.mu.Unlock()
+		return
+	}
+	n.state = StateDown
+	dropped := o.c.dir.DropNode(n.dir)
+	o.c.changed(id)
+	o.c.mu.Unlock()
+	o.log.Warn("engine down", "id", id, "why", why, "kv_replicas_dropped", dropped)
+}
+
+// watchHeartbeats marks nodes down when they miss their heartbeats.
+func (o *Orchestrator) watchHeartbeats(ctx context.Context) {
+	t := time.NewTicker(protocol.HeartbeatInterval / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		limit := time.Duration(o.cfg.MissedHeartbeats) * protocol.HeartbeatInterval
+		var late []string
+		o.c.mu.Lock()
+		for id, n := range o.c.nodes {
+			if n.state != StateDown && time.Since(n.lastSeen) > limit {
+				late = append(late, id)
+			}
+		}
+		o.c.mu.Unlock()
+		for _, id := range late {
+			o.markDown(id, fmt.Sprintf("no heartbeat for %v", limit))
+		}
+	}
+}
+
+// control sends a control request to an engine and waits for its reply.
+func (o *Orchestrator) control(id string, req protocol.ControlRequest) (protocol.ControlReply, error) {
+	var rep protocol.ControlReply
+	b, _ := json.Marshal(req)
+	msg, err := o.nc.Request(protocol.ControlSubject(id), b, 10*time.Second)
+	if err != nil {
+		o.log.Warn("control request failed", "id", id, "op", req.Op, "err", err)
+		return rep, fmt.Errorf("%s on %s: %w", req.Op, id, err)
+	}
+	if err := json.Unmarshal(msg.Data, &rep); err != nil {
+		return rep, fmt.Errorf("%s on %s: bad reply: %w", req.Op, id, err)
+	}
+	if !rep.OK {
+		return rep, fmt.Errorf("%s on %s: %s", req.Op, id, rep.Error)
+	}
+	return rep, nil
+}

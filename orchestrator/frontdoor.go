@@ -1,0 +1,451 @@
+package orchestrator
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/protocol"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// maxAttempts bounds how often a request is routed again when its engine
+// fails before the first byte reaches the client.
+const maxAttempts = 3
+
+// routerHandler serves the OpenAI API to agents.
+func (o *Orchestrator) routerHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, false) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, true) })
+	mux.HandleFunc("GET /v1/models", o.serveModels)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
+		openaiapi.WriteJSON(w, 200, map[string]any{"status": "ok", "serving_nodes": o.servingNodes()})
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(o.met.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}).Write(w)
+	})
+	return mux
+}
+
+func (o *Orchestrator) servingNodes() int {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := 0
+	for _, x := range o.c.nodes {
+		if x.state == StateServing {
+			n++
+		}
+	}
+	return n
+}
+
+func (o *Orchestrator) serveModels(w http.ResponseWriter, r *http.Request) {
+	o.c.mu.Lock()
+	model, maxLen := o.model, 0
+	for _, n := range o.c.nodes {
+		maxLen = max(maxLen, n.reg.MaxModelLen)
+	}
+	o.c.mu.Unlock()
+	data := []map[string]any{}
+	if model != "" {
+		data = append(data, map[string]any{"id": model, "object": "model", "created": o.started.Unix(), "owned_by": "evolve", "max_model_len": maxLen})
+	}
+	openaiapi.WriteJSON(w, 200, map[string]any{"object": "list", "data": data})
+}
+
+// view builds the router's view of the cluster and matches chain against
+// the directory, leaving out nodes in exclude.
+func (o *Orchestrator) view(chain []kv.BlockHash, m *kv.Match, exclude map[string]bool) *routing.View {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	v := &routing.View{BlockSize: o.blockSize, Nodes: make([]routing.Node, 0, len(o.c.nodes))}
+	for id, n := range o.c.nodes {
+		blockBytes := float64(n.reg.BlockSize * n.reg.KVBytesPerToken)
+		rn := routing.Node{
+			ID: id, Dir: n.dir, Role: n.role, Serving: n.state == StateServing && !exclude[id],
+			Running: n.hb.Running, Waiting: n.hb.Waiting, MaxSeqs: n.reg.MaxNumSeqs,
+			GPUBlocks: n.reg.GPUBlocks, GPUBlocksUse: int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
+			PrefillSecPerToken: n.reg.PrefillUsPerToken * 1e-6,
+		}
+		if n.reg.HostGBps > 0 {
+			rn.HostSecPerBlock = blockBytes / (n.reg.HostGBps * 1e9)
+		}
+		if n.reg.NetworkGBps > 0 {
+			rn.NetSecPerBlock = blockBytes / (n.reg.NetworkGBps * 1e9)
+		}
+		v.Nodes = append(v.Nodes, rn)
+	}
+	o.c.dir.Match(chain, m)
+	return v
+}
+
+// attempt is one try at serving a request on the nodes a decision named.
+type attempt struct {
+	o       *Orchestrator
+	w       http.ResponseWriter
+	r       *http.Request
+	p       *openaiapi.Parsed
+	raw     map[string]any // the client's body, re-sent to engines
+	path    string
+	reqID   string
+	dec     routing.Decision
+	urls    map[string]string
+	started bool // bytes reached the client: no more retries
+	first   bool // the first token was seen
+	arrival time.Time
+}
+
+var reqCounter atomic.Uint64
+
+func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	arrival := time.Now()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes))
+	if err != nil {
+		openaiapi.BadRequest("", "read body: %v", err).Write(w)
+		return
+	}
+	p, perr := openaiapi.Parse(body, chat, 0)
+	if perr != nil {
+		o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
+		perr.Write(w)
+		return
+	}
+	var raw map[string]any
+	if err := json.Unmarshal(body, &raw); err != nil {
+		openaiapi.BadRequest("", "body must be a JSON object").Write(w)
+		return
+	}
+	o.c.mu.Lock()
+	model, bs := o.model, o.blockSize
+	o.c.mu.Unlock()
+	if bs == 0 {
+		openaiapi.Unavailable("no_engines", "no engine has registered yet").Write(w)
+		return
+	}
+	if p.Req.Model != "" && p.Req.Model != model {
+		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+			Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)}).Write(w)
+		return
+	}
+	reqID := r.Header.Get("X-Request-Id")
+	if reqID == "" {
+		reqID = fmt.Sprintf("evolve-%d-%d", o.started.UnixNano()%1e9, reqCounter.Add(1))
+	}
+	chain := kv.ChainHashes(p.Tokens, bs)
+	var match kv.Match
+	exclude := map[string]bool{}
+	path := r.URL.Path
+	var lastErr error
+	for try := 0; try < maxAttempts; try++ {
+		v := o.view(chain, &match, exclude)
+		rr := &routing.Request{ID: reqID, Tokens: len(p.Tokens), Chain: chain, Match: &match, MaxTokens: p.MaxTokens}
+		o.policyMu.Lock()
+		dec, err := o.policy.Route(time.Now(), rr, v)
+		o.policyMu.Unlock()
+		if err != nil {
+			o.met.requests.WithLabelValues(o.policy.Name(), "no_engine").Inc()
+			openaiapi.Unavailable("no_engine", "%v", err).Write(w)
+			return
+		}
+		o.met.decisions.WithLabelValues(o.policy.Name(), strconv.FormatBool(dec.Disaggregated)).Inc()
+		o.countHits(&match, v, dec, bs, len(p.Tokens))
+		a := &attempt{o: o, w: w, r: r, p: p, raw: raw, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec)}
+		o.startFetches(dec, chain)
+		failed, err := a.run()
+		o.policyMu.Lock()
+		o.policy.Finished(time.Now(), reqID)
+		o.policyMu.Unlock()
+		if err == nil {
+			o.met.requests.WithLabelValues(o.policy.Name(), "ok").Inc()
+			o.met.e2e.Observe(time.Since(arrival).Seconds())
+			return
+		}
+		lastErr = err
+		if a.started || r.Context().Err() != nil {
+			o.met.requests.WithLabelValues(o.policy.Name(), "failed").Inc()
+			return
+		}
+		o.log.Warn("engine failed before the first token; routing again", "request", reqID, "node", failed, "err", err)
+		exclude[failed] = true
+	}
+	o.met.requests.WithLabelValues(o.policy.Name(), "failed").Inc()
+	openaiapi.Unavailable("engines_failed", "the request failed on %d engines: %v", maxAttempts, lastErr).Write(w)
+}
+
+// countHits records where the prompt's KV comes from for the chosen
+// prefill node, by tier.
+func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int) {
+	var dir kv.NodeID
+	for _, n := range v.Nodes {
+		if n.ID == dec.Prefill {
+			dir = n.Dir
+		}
+	}
+	nm := m.For(dir)
+	fetched := 0
+	for _, f := range dec.Fetches {
+		fetched += f.End - f.From
+	}
+	gpu, host := nm.GPU*bs, (nm.Local-nm.GPU)*bs
+	remote := fetched * bs
+	o.met.hitTokens.WithLabelValues("gpu").Add(float64(gpu))
+	o.met.hitTokens.WithLabelValues("local_host").Add(float64(host))
+	o.met.hitTokens.WithLabelValues("remote_host").Add(float64(remote))
+	o.met.hitTokens.WithLabelValues("recomputed").Add(float64(max(tokens-gpu-host-remote, 0)))
+}
+
+func (o *Orchestrator) urls(dec routing.Decision) map[string]string {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	out := map[string]string{}
+	for _, id := range []string{dec.Prefill, dec.Decode} {
+		if n := o.c.nodes[id]; n != nil {
+			out[id] = n.reg.URL
+			n.inFlight++
+		}
+	}
+	for _, f := range dec.Fetches {
+		if n := o.c.nodes[f.Src]; n != nil {
+			out[f.Src] = n.reg.URL
+		}
+	}
+	return out
+}
+
+func (o *Orchestrator) release(dec routing.Decision) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	for _, id := range []string{dec.Prefill, dec.Decode} {
+		if n := o.c.nodes[id]; n != nil && n.inFlight > 0 {
+			n.inFlight--
+		}
+	}
+}
+
+// startFetches asks prefill nodes to pull blocks from peers at once, while
+// the request waits in their queue.
+func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) {
+	for _, f := range dec.Fetches {
+		o.c.mu.Lock()
+		src := o.c.nodes[f.Src]
+		url := ""
+		if src != nil {
+			url = src.reg.URL
+		}
+		o.c.mu.Unlock()
+		if url == "" {
+			continue
+		}
+		f := f
+		go func() {
+			// The chain is needed whole: the peer checks it holds the prefix.
+			_, err := o.control(f.To, protocol.ControlRequest{Op: protocol.OpFetch, Peer: url, Blocks: chain[:f.End], From: f.From})
+			if err != nil {
+				o.log.Warn("fetch failed", "to", f.To, "from", f.Src, "err", err)
+			}
+		}()
+	}
+}
+
+// run serves the request on the decision's nodes. It returns the node that
+// failed and why, or nil when the client got its answer.
+func (a *attempt) run() (string, error) {
+	defer a.o.release(a.dec)
+	body := a.raw
+	if a.dec.Disaggregated {
+		params, err := a.prefill()
+		var ce *clientError
+		if errors.As(err, &ce) { // the request's fault: every engine would say so
+			a.started = true
+			a.w.Header().Set("Content-Type", "application/json")
+			a.w.WriteHeader(ce.status)
+			a.w.Write(ce.body)
+			return a.dec.Prefill, err
+		}
+		if err != nil {
+			return a.dec.Prefill, err
+		}
+		body = cloneMap(a.raw)
+		body["kv_transfer_params"] = params
+	}
+	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], body)
+}
+
+func cloneMap(m map[string]any) map[string]any {
+	out := make(map[string]any, len(m)+1)
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+// prefill runs the prefill leg (vLLM's step 1) and returns the
+// kv_transfer_params the decode leg needs.
+func (a *attempt) prefill() (any, error) {
+	leg := cloneMap(a.raw)
+	leg["max_tokens"] = 1
+	if _, ok := leg["max_completion_tokens"]; ok {
+		leg["max_completion_tokens"] = 1
+	}
+	leg["stream"] = false
+	delete(leg, "stream_options")
+	leg["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
+	resp, err := a.post(a.urls[a.dec.Prefill], leg)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	if err != nil {
+		return nil, fmt.Errorf("read prefill answer: %w", err)
+	}
+	if resp.StatusCode != 200 {
+		return nil, engineError(resp.StatusCode, b)
+	}
+	var out struct {
+		KV any `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(b, &out); err != nil || out.KV == nil {
+		return nil, fmt.Errorf("prefill answer has no kv_transfer_params")
+	}
+	a.firstToken()
+	return out.KV, nil
+}
+
+func (a *attempt) firstToken() {
+	if a.first {
+		return
+	}
+	a.first = true
+	a.o.met.ttft.Observe(time.Since(a.arrival).Seconds())
+	a.o.policyMu.Lock()
+	a.o.policy.FirstToken(time.Now(), a.reqID)
+	a.o.policyMu.Unlock()
+}
+
+func (a *attempt) post(url string, body map[string]any) (*http.Response, error) {
+	if url == "" {
+		return nil, errors.New("node has no address")
+	}
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+a.path, bytes.NewReader(b))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", a.reqID)
+	return a.o.http.Do(req)
+}
+
+// engineError is an engine's refusal; a 4xx other than 429 is the client's
+// fault and is passed on, not retried.
+type clientError struct {
+	status int
+	body   []byte
+}
+
+func (e *clientError) Error() string { return fmt.Sprintf("engine answered %d: %s", e.status, e.body) }
+
+func engineError(status int, body []byte) error {
+	if status >= 400 && status < 500 && status != 429 {
+		return &clientError{status: status, body: body}
+	}
+	return fmt.Errorf("engine answered %d: %s", status, bytes.TrimSpace(body))
+}
+
+// forward sends body to the node and passes its answer to the client as it
+// arrives. Whole answers are read first, so a failure can still be retried.
+func (a *attempt) forward(url string, body map[string]any) error {
+	resp, err := a.post(url, body)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		err := engineError(resp.StatusCode, b)
+		var ce *clientError
+		if errors.As(err, &ce) {
+			a.started = true
+			a.w.Header().Set("Content-Type", "application/json")
+			a.w.WriteHeader(ce.status)
+			a.w.Write(ce.body)
+		}
+		return err
+	}
+	if !a.p.Req.Stream {
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return fmt.Errorf("read answer: %w", err)
+		}
+		a.firstToken()
+		a.started = true
+		a.w.Header().Set("Content-Type", "application/json")
+		a.w.Header().Set("X-Request-Id", a.reqID)
+		a.w.WriteHeader(200)
+		a.w.Write(b)
+		return nil
+	}
+	h := a.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Request-Id", a.reqID)
+	flusher, _ := a.w.(http.Flusher)
+	rd := bufio.NewReader(resp.Body)
+	done := false
+	for {
+		line, err := rd.ReadBytes('\n')
+		if len(line) > 0 {
+			if !a.started {
+				a.started = true
+				a.w.WriteHeader(200)
+			}
+			if bytes.HasPrefix(line, []byte("data: ")) {
+				a.firstToken()
+				if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+					done = true
+				}
+			}
+			if _, werr := a.w.Write(line); werr != nil {
+				return fmt.Errorf("client went away: %w", werr)
+			}
+			if len(bytes.TrimSpace(line)) == 0 && flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if err != nil {
+			if done && errors.Is(err, io.EOF) {
+				if flusher != nil {
+					flusher.Flush()
+				}
+				return nil
+			}
+			if a.started {
+				// Mid-stream: tell the client in the stream, never hang.
+				e := openaiapi.Unavailable("engine_failed", "the engine serving this request failed mid-stream: %v", err)
+				b, _ := json.Marshal(e.Body())
+				fmt.Fprintf(a.w, "data: %s\n\ndata: [DONE]\n\n", b)
+				if flusher != nil {
+					flusher.Flush()
+				}
+			}
+			return fmt.Errorf("stream from engine: %w", err)
+		}
+	}
+}

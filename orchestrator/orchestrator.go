@@ -1,0 +1,234 @@
+package orchestrator
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Config configures an orchestrator.
+type Config struct {
+	RouterAddr  string // OpenAI API for agents, e.g. 127.0.0.1:8000 (port 0: any)
+	ControlAddr string // control API, e.g. 127.0.0.1:8001
+	// ControlToken, when set, is required as a bearer token by the control
+	// API. It must be set when ControlAddr is not a loopback address.
+	ControlToken string
+	// NATSURL joins an existing NATS server; empty embeds one listening on
+	// NATSListen with JetStream data under DataDir.
+	NATSURL          string
+	NATSListen       string // default 127.0.0.1:4222
+	DataDir          string
+	Policy           string        // evolve, dynamo, round-robin
+	MissedHeartbeats int           // default 3
+	DrainTimeout     time.Duration // longest wait for a switching node's requests; default 5 min
+	Logger           *slog.Logger
+}
+
+// Orchestrator is a running orchestrator.
+type Orchestrator struct {
+	cfg Config
+	log *slog.Logger
+	ctx context.Context
+
+	ns    *server.Server
+	nc    *nats.Conn
+	subs  []*nats.Subscription
+	store *roleStore
+
+	c        *cluster
+	policyMu sync.Mutex
+	policy   routing.Policy
+	http     *http.Client
+	met      *metrics
+
+	blockSize int    // guarded by c.mu
+	model     string // guarded by c.mu
+
+	started                        time.Time
+	routerURL, controlURL, natsURL string
+	routerLn, controlLn            net.Listener
+}
+
+type metrics struct {
+	reg       *prometheus.Registry
+	requests  *prometheus.CounterVec
+	decisions *prometheus.CounterVec
+	hitTokens *prometheus.CounterVec
+	switches  *prometheus.CounterVec
+	ttft, e2e prometheus.Histogram
+}
+
+func newMetrics() *metrics {
+	m := &metrics{reg: prometheus.NewRegistry()}
+	buckets := []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_requests_total", Help: "Requests by policy and outcome."}, []string{"policy", "outcome"})
+	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_decisions_total", Help: "Routing decisions by policy and whether disaggregated."}, []string{"policy", "disaggregated"})
+	m.hitTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_prompt_tokens_total", Help: "Prompt tokens by where their KV came from at routing: gpu, local_host, remote_host, recomputed."}, []string{"source"})
+	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})
+	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "evolve_router_time_to_first_token_seconds", Help: "Wall time from arrival to the first token passing the router.", Buckets: buckets})
+	m.e2e = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "evolve_router_e2e_request_latency_seconds", Help: "Wall time from arrival to the last byte.", Buckets: buckets})
+	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.ttft, m.e2e)
+	return m
+}
+
+// New checks the configuration; Start does the work.
+func New(cfg Config) (*Orchestrator, error) {
+	if cfg.MissedHeartbeats <= 0 {
+		cfg.MissedHeartbeats = 3
+	}
+	if cfg.DrainTimeout <= 0 {
+		cfg.DrainTimeout = 5 * time.Minute
+	}
+	if cfg.NATSListen == "" {
+		cfg.NATSListen = "127.0.0.1:4222"
+	}
+	if cfg.Policy == "" {
+		cfg.Policy = "evolve"
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	p, err := routing.New(cfg.Policy)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ControlToken == "" && !isLoopback(cfg.ControlAddr) {
+		return nil, fmt.Errorf("control address %s is not loopback: set a control token", cfg.ControlAddr)
+	}
+	if cfg.NATSURL == "" && cfg.DataDir == "" {
+		return nil, errors.New("an embedded NATS server needs a data directory")
+	}
+	return &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}},
+		met:  newMetrics(), started: time.Now()}, nil
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// URLs of the running orchestrator.
+func (o *Orchestrator) RouterURL() string  { return o.routerURL }
+func (o *Orchestrator) ControlURL() string { return o.controlURL }
+func (o *Orchestrator) NATSURL() string    { return o.natsURL }
+
+// Run starts the event plane and the HTTP servers and serves until ctx
+// ends. ready is called once everything listens.
+func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
+	o.ctx = ctx
+	if err := o.startNATS(ctx); err != nil {
+		return err
+	}
+	defer o.stopNATS()
+	var err error
+	if o.routerLn, err = net.Listen("tcp", o.cfg.RouterAddr); err != nil {
+		return fmt.Errorf("router listen on %s: %w", o.cfg.RouterAddr, err)
+	}
+	if o.controlLn, err = net.Listen("tcp", o.cfg.ControlAddr); err != nil {
+		o.routerLn.Close()
+		return fmt.Errorf("control listen on %s: %w", o.cfg.ControlAddr, err)
+	}
+	o.routerURL = "http://" + o.routerLn.Addr().String()
+	o.controlURL = "http://" + o.controlLn.Addr().String()
+	if err := o.subscribe(); err != nil {
+		return err
+	}
+	go o.watchHeartbeats(ctx)
+	router := &http.Server{Handler: o.routerHandler(), ReadHeaderTimeout: 10 * time.Second}
+	control := &http.Server{Handler: o.controlHandler(), ReadHeaderTimeout: 10 * time.Second}
+	errs := make(chan error, 2)
+	go func() { errs <- router.Serve(o.routerLn) }()
+	go func() { errs <- control.Serve(o.controlLn) }()
+	if ready != nil {
+		ready()
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errs:
+	}
+	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_ = router.Shutdown(shut)
+	_ = control.Shutdown(shut)
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
+		return serveErr
+	}
+	return nil
+}
+
+func (o *Orchestrator) startNATS(ctx context.Context) error {
+	url := o.cfg.NATSURL
+	if url == "" {
+		host, portStr, err := net.SplitHostPort(o.cfg.NATSListen)
+		if err != nil {
+			return fmt.Errorf("--nats-listen %q: %w", o.cfg.NATSListen, err)
+		}
+		port := 0
+		fmt.Sscan(portStr, &port)
+		if port == 0 {
+			port = -1 // any free port
+		}
+		ns, err := server.NewServer(&server.Options{Host: host, Port: port, JetStream: true, StoreDir: o.cfg.DataDir,
+			NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator"})
+		if err != nil {
+			return fmt.Errorf("embedded NATS: %w", err)
+		}
+		go ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			ns.Shutdown()
+			return fmt.Errorf("embedded NATS on %s did not start", o.cfg.NATSListen)
+		}
+		o.ns = ns
+		url = ns.ClientURL()
+	}
+	nc, err := nats.Connect(url, nats.Name("evolve-orchestrator"), nats.MaxReconnects(-1),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(*nats.Conn) { o.log.Info("NATS reconnected") }))
+	if err != nil {
+		o.stopNATS()
+		return fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	o.nc, o.natsURL = nc, url
+	js, err := jetstream.New(nc)
+	if err == nil {
+		o.store, err = openRoleStore(ctx, js)
+	}
+	if err != nil {
+		o.log.Warn("no JetStream: role overrides will not survive a restart", "err", err)
+		o.store = nil
+	}
+	return nil
+}
+
+func (o *Orchestrator) stopNATS() {
+	for _, s := range o.subs {
+		s.Unsubscribe()
+	}
+	if o.nc != nil {
+		o.nc.Close()
+	}
+	if o.ns != nil {
+		o.ns.Shutdown()
+		o.ns.WaitForShutdown()
+	}
+}

@@ -1,0 +1,216 @@
+package orchestrator
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine"
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/nats-io/nats.go"
+)
+
+// testCluster runs an orchestrator and engines in this process, so that
+// the race detector sees all of them.
+type testCluster struct {
+	o       *Orchestrator
+	cancel  context.CancelFunc
+	done    chan struct{}
+	engines []func()
+}
+
+func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
+	t.Helper()
+	o, err := New(Config{RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "evolve"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	tc := &testCluster{o: o, cancel: cancel, done: make(chan struct{})}
+	ready := make(chan struct{})
+	go func() {
+		if err := o.Run(ctx, func() { close(ready) }); err != nil {
+			t.Error(err)
+		}
+		close(tc.done)
+	}()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("orchestrator not ready")
+	}
+	p, _ := sim.LoadProfile("tiny")
+	for i, r := range roles {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := engine.New(engine.Config{ID: fmt.Sprint("e", i), Profile: p, Role: r, Speedup: 20, AdvertiseURL: "http://" + ln.Addr().String()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc, err := nats.Connect(o.NATSURL())
+		if err != nil {
+			t.Fatal(err)
+		}
+		a := engine.AttachNATS(e, nc, "test")
+		ectx, ecancel := context.WithCancel(context.Background())
+		if err := a.Start(ectx); err != nil {
+			t.Fatal(err)
+		}
+		srv := &http.Server{Handler: e.Handler()}
+		var wg sync.WaitGroup
+		wg.Add(3)
+		go func() { defer wg.Done(); e.Run(ectx) }()
+		go func() { defer wg.Done(); a.Run(ectx) }()
+		go func() { defer wg.Done(); srv.Serve(ln) }()
+		tc.engines = append(tc.engines, func() { ecancel(); srv.Close(); wg.Wait(); nc.Close() })
+	}
+	t.Cleanup(tc.stop)
+	deadline := time.Now().Add(10 * time.Second)
+	for tc.o.servingNodes() < len(roles) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d engines registered", tc.o.servingNodes(), len(roles))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return tc
+}
+
+func (tc *testCluster) stop() {
+	for _, stop := range tc.engines {
+		stop()
+	}
+	tc.engines = nil
+	tc.cancel()
+	<-tc.done
+}
+
+func postJSON(t *testing.T, url, body string) (int, map[string]any) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	b, _ := io.ReadAll(resp.Body)
+	json.Unmarshal(b, &out)
+	return resp.StatusCode, out
+}
+
+func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	router := tc.o.RouterURL()
+	long := strings.Repeat("context for the agent to read ", 200)
+
+	status, body := postJSON(t, router+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 4}`, long))
+	ev, _ := body["evolve"].(map[string]any)
+	if status != 200 || ev == nil || ev["transferred_tokens"].(float64) == 0 {
+		t.Fatalf("disaggregated request: %d %v", status, body)
+	}
+	// The directory learned the prompt's blocks from the prefill engine.
+	eventually(t, "directory holds the prompt", func() bool { return tc.o.Status().KVReplicas > 0 })
+
+	// Watch the control stream while switching a node under load.
+	resp, err := http.Get(tc.o.ControlURL() + "/api/v1/watch")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := make(chan map[string]any, 1024)
+	go func() {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+				var ev map[string]any
+				if json.Unmarshal([]byte(line), &ev) == nil {
+					events <- ev
+				}
+			}
+		}
+		close(events)
+	}()
+	first := <-events
+	if first["type"] != "snapshot" || len(first["nodes"].([]any)) != 3 {
+		t.Fatalf("watch did not start with a snapshot: %v", first)
+	}
+
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var failures []string
+	for w := 0; w < 3; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < 6; i++ {
+				st, b := postJSON(t, router+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 20}`, fmt.Sprint(long, w, i)))
+				if st != 200 {
+					mu.Lock()
+					failures = append(failures, fmt.Sprint(st, b))
+					mu.Unlock()
+				}
+			}
+		}(w)
+	}
+	if _, err := tc.o.SetRole("e1", "prefill", true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if len(failures) > 0 {
+		t.Fatalf("requests failed during the switch: %v", failures)
+	}
+	eventually(t, "switch completes", func() bool {
+		st, _ := tc.o.NodeStatus("e1")
+		return st.Role == "prefill" && st.Switch == nil && st.State == StateServing && st.Mode == ModePinned
+	})
+	sawSwitching := false
+	timeout := time.After(5 * time.Second)
+	for !sawSwitching {
+		select {
+		case ev := <-events:
+			if n, ok := ev["node"].(map[string]any); ok && n["id"] == "e1" && n["state"] == StateSwitching {
+				sawSwitching = true
+			}
+		case <-timeout:
+			t.Fatal("the watch stream never showed e1 switching")
+		}
+	}
+
+	// A node that stops is marked down and leaves the directory.
+	tc.engines[2]()
+	tc.engines[2] = func() {}
+	eventually(t, "e2 down", func() bool {
+		st, _ := tc.o.NodeStatus("e2")
+		return st.State == StateDown && st.GPUBlocks == 0
+	})
+}
+
+func TestControlAPIRequiresTokenOffLoopback(t *testing.T) {
+	if _, err := New(Config{RouterAddr: "127.0.0.1:0", ControlAddr: "0.0.0.0:0", DataDir: t.TempDir()}); err == nil {
+		t.Fatal("a control API on all interfaces without a token was accepted")
+	}
+	if _, err := New(Config{ControlAddr: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "fastest"}); err == nil {
+		t.Fatal("unknown policy accepted")
+	}
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out: %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -1,0 +1,151 @@
+package orchestrator
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// ErrUnknownNode is returned for a node id the orchestrator has not seen.
+type ErrUnknownNode string
+
+func (e ErrUnknownNode) Error() string { return fmt.Sprintf("no node %q", string(e)) }
+
+// SetRole starts switching node id to role (and pins it when pin is set);
+// the switch runs in the background: stop routing new work to the node,
+// let its requests in flight finish, offload its GPU KV to its host pool so
+// the context stays reachable, flip the engine's role, resume. A request is
+// never dropped. It returns at once with the node's status.
+func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (NodeStatus, error) {
+	var to routing.Role
+	switch role {
+	case "prefill":
+		to = routing.Prefill
+	case "decode":
+		to = routing.Decode
+	default:
+		return NodeStatus{}, fmt.Errorf("role %q: want prefill or decode", role)
+	}
+	o.c.mu.Lock()
+	n := o.c.nodes[id]
+	if n == nil {
+		o.c.mu.Unlock()
+		return NodeStatus{}, ErrUnknownNode(id)
+	}
+	if n.state == StateDown {
+		o.c.mu.Unlock()
+		return NodeStatus{}, fmt.Errorf("node %s is down", id)
+	}
+	if pin {
+		n.mode = ModePinned
+	}
+	rec := roleRecord{Role: role, Pinned: n.mode == ModePinned}
+	start := false
+	if n.sw == nil && n.role != to {
+		n.sw = &Switch{To: role, Phase: "draining", Started: time.Now()}
+		n.state = StateSwitching
+		start = true
+	}
+	o.c.changed(id)
+	st := n.status(id, o.c.dir)
+	o.c.mu.Unlock()
+	if err := o.store.put(id, rec); err != nil {
+		o.log.Warn("role override not stored", "id", id, "err", err)
+	}
+	if start {
+		go o.runSwitch(id, to, reason)
+	}
+	return st, nil
+}
+
+// Unpin returns node id to automatic mode.
+func (o *Orchestrator) Unpin(id string) (NodeStatus, error) {
+	o.c.mu.Lock()
+	n := o.c.nodes[id]
+	if n == nil {
+		o.c.mu.Unlock()
+		return NodeStatus{}, ErrUnknownNode(id)
+	}
+	n.mode = ModeAuto
+	o.c.changed(id)
+	st := n.status(id, o.c.dir)
+	o.c.mu.Unlock()
+	if err := o.store.unpin(id); err != nil {
+		o.log.Warn("unpin not stored", "id", id, "err", err)
+	}
+	return st, nil
+}
+
+func (o *Orchestrator) phase(id, phase string) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	if n := o.c.nodes[id]; n != nil && n.sw != nil {
+		n.sw.Phase = phase
+		o.c.changed(id)
+	}
+}
+
+func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
+	ctx, cancel := context.WithTimeout(o.ctx, o.cfg.DrainTimeout)
+	defer cancel()
+	// Drain: the node is out of routing while switching; wait for the work
+	// the router sent it.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		o.c.mu.Lock()
+		n := o.c.nodes[id]
+		busy := n != nil && n.inFlight > 0 && n.state != StateDown
+		o.c.mu.Unlock()
+		if !busy {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			o.log.Warn("drain timed out; switching with requests in flight (they finish where they are)", "id", id)
+			busy = false
+		case <-tick.C:
+		}
+		if !busy {
+			break
+		}
+	}
+	o.phase(id, "offloading")
+	if _, err := o.control(id, protocol.ControlRequest{Op: protocol.OpOffload}); err != nil {
+		o.log.Warn("offload before switch failed", "id", id, "err", err)
+	}
+	o.phase(id, "flipping")
+	_, err := o.control(id, protocol.ControlRequest{Op: protocol.OpSetRole, Role: to.String()})
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := o.c.nodes[id]
+	if n == nil {
+		return
+	}
+	from := n.role
+	n.sw = nil
+	if n.state == StateSwitching {
+		n.state = StateServing
+	}
+	if err != nil {
+		o.log.Error("role switch failed; the node keeps its role", "id", id, "err", err)
+		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: from.String(), Reason: "switch failed: " + err.Error()})
+	} else {
+		n.role = to
+		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: to.String(), Reason: reason})
+		o.met.switches.WithLabelValues(to.String()).Inc()
+		o.log.Info("role switched", "id", id, "from", from.String(), "to", to.String(), "reason", reason)
+	}
+	o.c.changed(id)
+}
+
+func appendHistory(h []RoleChange, c RoleChange) []RoleChange {
+	h = append(h, c)
+	if len(h) > 20 {
+		h = h[len(h)-20:]
+	}
+	return h
+}
