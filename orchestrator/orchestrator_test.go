@@ -16,6 +16,7 @@ import (
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // testCluster runs an orchestrator and engines in this process, so that
@@ -25,6 +26,7 @@ type testCluster struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	engines []func()
+	servers []*http.Server // each engine's HTTP server
 }
 
 func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
@@ -67,6 +69,7 @@ func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
 			t.Fatal(err)
 		}
 		srv := &http.Server{Handler: e.Handler()}
+		tc.servers = append(tc.servers, srv)
 		var wg sync.WaitGroup
 		wg.Add(3)
 		go func() { defer wg.Done(); e.Run(ectx) }()
@@ -212,5 +215,23 @@ func eventually(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out: %s", what)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// An engine whose HTTP side dies while its heartbeats go on: requests
+// routed to it fail before their first byte and are routed again.
+func TestRetriesOnAnotherEngineBeforeFirstByte(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	tc.servers[0].Close()
+	for i := 0; i < 10; i++ {
+		status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": "request %d", "max_tokens": 3}`, i))
+		ev, _ := body["evolve"].(map[string]any)
+		if status != 200 || ev["engine"] != "e1" {
+			t.Fatalf("request %d: %d %v", i, status, body)
+		}
+	}
+	// Some were first routed to the dead engine: more decisions than requests.
+	if n := testutil.ToFloat64(tc.o.met.decisions.WithLabelValues("evolve", "false")); n <= 10 {
+		t.Fatalf("%v routing decisions for 10 requests: the retry path never ran", n)
 	}
 }

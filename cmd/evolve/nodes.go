@@ -167,6 +167,12 @@ planner from moving the node again ('evolve role auto NODE' undoes it).`,
 			})
 		},
 	}
+	set.ValidArgsFunction = func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+		if len(args) == 1 {
+			return []string{"prefill", "decode"}, cobra.ShellCompDirectiveNoFileComp
+		}
+		return completeNodes(cmd, args, "")
+	}
 	set.Flags().Bool("pin", false, "pin the node: the planner will not move it")
 	set.Flags().Bool("detach", false, "return at once instead of watching the switch")
 	addClientFlags(set)
@@ -191,8 +197,28 @@ planner from moving the node again ('evolve role auto NODE' undoes it).`,
 			})
 		},
 	}
+	auto.ValidArgsFunction = completeNodes
 	addClientFlags(auto)
 	addOutputFlag(auto, "table, json or yaml")
 	cmd.AddCommand(set, auto)
 	return cmd
+}
+
+// completeNodes offers the node ids of the cluster for shell completion.
+func completeNodes(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
+	if len(args) > 0 {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	if err := loadConfig(cmd); err != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	var nodes []orchestrator.NodeStatus
+	if newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes) != nil {
+		return nil, cobra.ShellCompDirectiveNoFileComp
+	}
+	ids := make([]string, len(nodes))
+	for i, n := range nodes {
+		ids[i] = n.ID + "\t" + n.Role + ", " + n.State
+	}
+	return ids, cobra.ShellCompDirectiveNoFileComp
 }
