@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -129,11 +128,6 @@ func output(cmd *cobra.Command, v any, table func(w *tabwriter.Writer, wide bool
 
 func addOutputFlag(cmd *cobra.Command, formats string) {
 	cmd.Flags().StringP("output", "o", "table", "output format: "+formats)
-}
-
-func isNotFound(err error) bool {
-	var e *apiErr
-	return errors.As(err, &e) && e.status == 404
 }
 
 func newHTTPClient(timeout time.Duration) *http.Client { return &http.Client{Timeout: timeout} }
