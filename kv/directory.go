@@ -24,8 +24,14 @@ func (r Replica) Node() NodeID { return NodeID(r >> 1) }
 // Tier is the replica's tier.
 func (r Replica) Tier() Tier { return Tier(r & 1) }
 
-// replicaSet holds up to inlineReplicas copies in the table slot itself;
-// more live in Directory.extra. A slot is 16 bytes: hash and set.
+// dirEntry is a block's arena entry; an entry without replicas is free.
+type dirEntry struct {
+	hash BlockHash
+	rs   replicaSet
+}
+
+// replicaSet holds up to inlineReplicas copies inline; more live in
+// Directory.extra.
 type replicaSet struct {
 	reps [inlineReplicas]Replica
 	n    uint8
@@ -48,17 +54,22 @@ var ErrGap = errors.New("KV event sequence gap")
 // hold, and where does the rest live? It is pure (no clock, no I/O) and not
 // safe for concurrent use.
 //
-// Memory: a block costs one 16-byte slot in an open-addressing table (kept
-// between a quarter and a half full), with up to three replicas inline;
-// blocks with more copies keep the rest in a side map.
+// Layout: each block has a 16-byte entry (hash and up to three replicas
+// inline; more go to a side map) in an arena, and an open-addressing index
+// from hash to arena position. A block is placed right after its parent
+// when that place is free, so a chain stored in one go lies contiguous and
+// Match reads it sequentially instead of one random slot per block.
 type Directory struct {
-	t        Table[replicaSet]
+	t        Table[int32] // hash -> arena position
+	arena    []dirEntry
+	free     []int32 // free arena positions
 	extra    map[BlockHash][]Replica
 	nodes    []nodeState
 	names    map[string]NodeID
 	replicas int
 
-	sink BlockHash // keeps Match's prefetching reads alive
+	sink         BlockHash // keeps Match's prefetching reads alive
+	indexLookups uint64    // Match's index lookups (the rest were sequential), for benchmarks
 
 	// Match scratch, indexed by NodeID.
 	gpuLen, localLen []int32
@@ -102,6 +113,48 @@ func (d *Directory) Replicas() int { return d.replicas }
 
 // Blocks is the number of distinct blocks indexed.
 func (d *Directory) Blocks() int { return d.t.Len() }
+
+// entry returns the arena entry of h, or nil.
+func (d *Directory) entry(h BlockHash) *replicaSet {
+	pos, ok := d.t.Get(h)
+	if !ok {
+		return nil
+	}
+	return &d.arena[pos].rs
+}
+
+// place finds an arena position for a new block whose parent is parent:
+// right after the parent when free, else at the end while the arena is not
+// much larger than what it holds, else a freed position.
+func (d *Directory) place(parent BlockHash) int32 {
+	if parent != 0 {
+		if pp, ok := d.t.Get(parent); ok {
+			if next := int(pp) + 1; next < len(d.arena) && d.arena[next].rs.n == 0 && d.takeFree(int32(next)) {
+				return int32(next)
+			}
+		}
+	}
+	if n := len(d.free); n == 0 || len(d.arena) < 2*d.t.Len()+1024 {
+		d.arena = append(d.arena, dirEntry{})
+		return int32(len(d.arena) - 1)
+	}
+	pos := d.free[len(d.free)-1]
+	d.free = d.free[:len(d.free)-1]
+	return pos
+}
+
+// takeFree removes pos from the free list if it is there (a position just
+// past the arena's end-appends is free without being listed).
+func (d *Directory) takeFree(pos int32) bool {
+	for i := len(d.free) - 1; i >= 0 && i >= len(d.free)-64; i-- {
+		if d.free[i] == pos {
+			d.free[i] = d.free[len(d.free)-1]
+			d.free = d.free[:len(d.free)-1]
+			return true
+		}
+	}
+	return false
+}
 
 // NodeReplicas returns how many copies node n holds in each tier.
 func (d *Directory) NodeReplicas(n NodeID) (gpu, host int) {
@@ -154,7 +207,7 @@ func (d *Directory) Apply(n NodeID, e Event) error {
 	r := MakeReplica(n, e.Tier)
 	switch e.Kind {
 	case BlockStored:
-		d.add(e.Hash, r)
+		d.add(e.Hash, e.Parent, r)
 	case BlockRemoved:
 		d.remove(e.Hash, r)
 	default:
@@ -173,8 +226,14 @@ func (d *Directory) count(r Replica, delta int) {
 	d.replicas += delta
 }
 
-func (d *Directory) add(h BlockHash, r Replica) {
-	s, _ := d.t.PutNew(h, replicaSet{})
+func (d *Directory) add(h, parent BlockHash, r Replica) {
+	s := d.entry(h)
+	if s == nil {
+		pos := d.place(parent)
+		d.arena[pos] = dirEntry{hash: h}
+		d.t.Put(h, pos)
+		s = &d.arena[pos].rs
+	}
 	for _, x := range s.reps[:s.n] {
 		if x == r {
 			return
@@ -197,7 +256,7 @@ func (d *Directory) add(h BlockHash, r Replica) {
 }
 
 func (d *Directory) remove(h BlockHash, r Replica) {
-	s := d.t.Ptr(h)
+	s := d.entry(h)
 	if s == nil {
 		return
 	}
@@ -220,7 +279,10 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 		s.n--
 		s.reps[i] = s.reps[s.n]
 		if s.n == 0 {
+			pos, _ := d.t.Get(h)
 			d.t.Delete(h)
+			d.arena[pos] = dirEntry{}
+			d.free = append(d.free, pos)
 		}
 		return
 	}
@@ -258,7 +320,11 @@ func (d *Directory) clearNode(n NodeID) {
 	}
 	var gone []BlockHash
 	var drop []Replica
-	d.t.Range(func(h BlockHash, s replicaSet) bool {
+	for i := range d.arena {
+		h, s := d.arena[i].hash, &d.arena[i].rs
+		if s.n == 0 {
+			continue
+		}
 		drop = drop[:0]
 		for _, r := range s.reps[:s.n] {
 			if r.Node() == n {
@@ -278,9 +344,8 @@ func (d *Directory) clearNode(n NodeID) {
 				gone = append(gone, BlockHash(r))
 			}
 		}
-		return true
-	})
-	// Remove outside Range: removal can move slots.
+	}
+	// Remove after the scan: removal frees entries.
 	for i := 0; i < len(gone); {
 		h, k := gone[i], int(gone[i+1])
 		for _, r := range gone[i+2 : i+2+k] {
@@ -331,26 +396,39 @@ func (d *Directory) Match(chain []BlockHash, m *Match) {
 	m.Nodes, m.Sources, m.Cluster = m.Nodes[:0], m.Sources[:0], 0
 	d.touched = d.touched[:0]
 	var extra []Replica
+	pos, touched := int32(-1), 0
+	cluster, curFrom, haveCur := 0, 0, false
+	var cur Replica
 	for i, h := range chain {
-		if i%touchBatch == 0 {
-			// Fetch the next batch's slots in parallel: the walk is bound by
-			// memory latency, one random slot per block.
-			var sink BlockHash
-			for _, x := range chain[i:min(i+touchBatch, len(chain))] {
-				sink ^= d.t.Touch(x)
+		// A chain stored in one go lies contiguous in the arena: try the
+		// entry after the previous block's before asking the index.
+		if next := int(pos) + 1; pos >= 0 && next < len(d.arena) && d.arena[next].hash == h && d.arena[next].rs.n > 0 {
+			pos++
+		} else {
+			d.indexLookups++
+			if i > 0 && i >= touched {
+				// The layout broke: fetch the next batch's index slots in
+				// parallel, as the walk is now bound by memory latency.
+				touched = min(i+touchBatch, len(chain))
+				var sink BlockHash
+				for _, x := range chain[i:touched] {
+					sink ^= d.t.Touch(x)
+				}
+				d.sink ^= sink
 			}
-			d.sink ^= sink
+			p, ok := d.t.Get(h)
+			if !ok {
+				break
+			}
+			pos = p
 		}
-		s := d.t.Ptr(h)
-		if s == nil {
-			break
-		}
+		s := &d.arena[pos].rs
 		reps := s.reps[:s.n]
 		if s.more {
 			extra = append(append(extra[:0], reps...), d.extra[h]...)
 			reps = extra
 		}
-		src, haveSrc := Replica(0), false
+		src, keep := reps[0], false
 		for _, r := range reps {
 			n := r.Node()
 			if d.localLen[n] == int32(i) {
@@ -362,28 +440,27 @@ func (d *Directory) Match(chain []BlockHash, m *Match) {
 			if r.Tier() == TierGPU && d.gpuLen[n] == int32(i) {
 				d.gpuLen[n]++
 			}
-			if !haveSrc || (r.Tier() == TierHost && src.Tier() != TierHost) {
-				src, haveSrc = r, true
+			if r == cur {
+				keep = true
+			}
+			if r.Tier() == TierHost && src.Tier() != TierHost {
+				src = r
 			}
 		}
-		// Keep the previous run's holder when it has this block too.
-		if k := len(m.Sources) - 1; k >= 0 && m.Sources[k].To == i {
-			prev := MakeReplica(m.Sources[k].Node, m.Sources[k].Tier)
-			for _, r := range reps {
-				if r == prev {
-					src = prev
-					break
-				}
-			}
-			if src == prev {
-				m.Sources[k].To++
-				m.Cluster = i + 1
-				continue
-			}
+		cluster = i + 1
+		// Keep the current run's holder while it has the blocks.
+		if haveCur && keep {
+			continue
 		}
-		m.Sources = append(m.Sources, Source{From: i, To: i + 1, Node: src.Node(), Tier: src.Tier()})
-		m.Cluster = i + 1
+		if haveCur {
+			m.Sources = append(m.Sources, Source{From: curFrom, To: i, Node: cur.Node(), Tier: cur.Tier()})
+		}
+		cur, curFrom, haveCur = src, i, true
 	}
+	if haveCur {
+		m.Sources = append(m.Sources, Source{From: curFrom, To: cluster, Node: cur.Node(), Tier: cur.Tier()})
+	}
+	m.Cluster = cluster
 	for _, n := range d.touched {
 		m.Nodes = append(m.Nodes, NodeMatch{Node: n, GPU: int(d.gpuLen[n]), Local: int(d.localLen[n])})
 		d.gpuLen[n], d.localLen[n] = 0, 0

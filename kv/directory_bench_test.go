@@ -113,6 +113,7 @@ func BenchmarkDirectoryMatch2000(b *testing.B) {
 	r := rand.New(rand.NewPCG(11, 12))
 	var m Match
 	lat := make([]time.Duration, 0, 1<<16)
+	bd.d.indexLookups = 0
 	b.ResetTimer()
 	for b.Loop() {
 		chain := bd.chains[r.IntN(len(bd.chains))]
@@ -125,6 +126,7 @@ func BenchmarkDirectoryMatch2000(b *testing.B) {
 			b.Fatalf("matched %d blocks", m.Cluster)
 		}
 	}
+	b.ReportMetric(float64(bd.d.indexLookups)/float64(b.N), "index-lookups/op")
 	slices.Sort(lat)
 	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-us")
 	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-us")
