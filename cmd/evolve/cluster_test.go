@@ -322,3 +322,50 @@ func TestOrchestratorRestartKeepsPins(t *testing.T) {
 		t.Fatalf("engine-0 after restart: %v", n)
 	}
 }
+
+func TestBenchAgainstLocalCluster(t *testing.T) {
+	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "gb300-kimi-k2", "--speedup", "50")
+	out, code := runBinOut(t, c.env, "bench", "--workload", "coding", "--agents", "3", "--duration", "4s", "--speedup", "50", "-o", "json")
+	if code != 0 {
+		t.Fatalf("bench: exit %d: %s", code, out)
+	}
+	var res struct {
+		Requests     int     `json:"requests_completed"`
+		Errors       int     `json:"errors"`
+		PromptTokens int64   `json:"prompt_tokens"`
+		Cached       int64   `json:"cached_tokens"`
+		TokensPerSec float64 `json:"output_tokens_per_s"`
+		TTFT         struct {
+			N   int     `json:"n"`
+			P50 float64 `json:"p50_s"`
+		} `json:"ttft"`
+		E2E struct {
+			P99 float64 `json:"p99_s"`
+		} `json:"e2e"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, out)
+	}
+	if res.Requests < 3 || res.Errors != 0 || res.TTFT.N != res.Requests || res.TTFT.P50 <= 0 || res.E2E.P99 < res.TTFT.P50 || res.TokensPerSec <= 0 {
+		t.Fatalf("bench result: %+v", res)
+	}
+	// Coding agents share a 20K-token system prompt: most prompt tokens are cached.
+	if res.Cached*2 < res.PromptTokens {
+		t.Fatalf("only %d of %d prompt tokens cached", res.Cached, res.PromptTokens)
+	}
+	if out, code := runBinOut(t, c.env, "bench", "--workload", "poetry"); code != 2 {
+		t.Fatalf("unknown workload: exit %d %s", code, out)
+	}
+}
+
+func TestUpWithAgentsRunsAndStops(t *testing.T) {
+	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	out, code := runBinOut(t, env, "up", "--agents", "2", "--workload", "computer-use", "--duration", "3s", "--engines", "2",
+		"--speedup", "50", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0")
+	if code != 0 || !strings.Contains(out, "requests") || !strings.Contains(out, "ttft") {
+		t.Fatalf("up --agents: exit %d\n%s", code, out)
+	}
+	if out, _ := runBinOut(t, env, "status"); !strings.Contains(out, "cannot reach") {
+		t.Fatalf("cluster still up after the agents' run: %s", out)
+	}
+}

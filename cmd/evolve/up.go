@@ -19,6 +19,7 @@ import (
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
 
@@ -107,6 +108,9 @@ running; 'evolve down' stops it. Logs go to files under the state directory
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	f.Bool("detach", false, "leave the cluster running and return")
 	f.Duration("timeout", 60*time.Second, "how long to wait for the cluster to be ready")
+	f.Int("agents", 0, "run this many simulated agents against the cluster (foreground only), printing a summary every few seconds")
+	f.String("workload", "shift", "agent workload for --agents: "+strings.Join(workload.Names(), ", ")+", mix:..., shift:...")
+	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -132,6 +136,27 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	}
 	if config.GetFloat64(key("speedup")) <= 0 {
 		return usage(fmt.Errorf("--speedup must be positive"))
+	}
+	agents := config.GetInt(key("agents"))
+	var model workload.Model
+	if agents > 0 {
+		if config.GetBool(key("detach")) {
+			return usage(fmt.Errorf("--agents runs in the foreground: drop --detach, or run 'evolve bench' against a detached cluster"))
+		}
+		var err error
+		if model, err = workload.New(config.GetString(key("workload")), agents); err != nil {
+			return usage(fmt.Errorf("--workload: %w", err))
+		}
+		// Agent contexts need a real model's context length; time runs
+		// faster so that a demo shows minutes of agent work per minute.
+		if !cmd.Flags().Changed("profile") && config.GetString(key("profile")) == "tiny" {
+			config.Set(key("profile"), "gb300-kimi-k2")
+		}
+		if !cmd.Flags().Changed("speedup") && config.GetFloat64(key("speedup")) == 1 {
+			config.Set(key("speedup"), 10.0)
+		}
+	} else if agents < 0 {
+		return usage(fmt.Errorf("--agents must not be negative"))
 	}
 	if st, err := readLocalState(); err == nil && alive(st.Orchestrator) {
 		return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
@@ -246,6 +271,22 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if agents > 0 {
+		fmt.Fprintf(errw, "running %d %s agents (profile %s, speedup %g); Ctrl-C stops\n", agents, model.Name(),
+			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
+		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents,
+			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
+			Progress: func(s workload.Snapshot) { progressLine(errw, s, split(client)) }})
+		if berr != nil {
+			fmt.Fprintln(errw, "agents:", berr)
+		} else {
+			printBench(cmd, res)
+		}
+		stop()
+		fmt.Fprintln(errw, "stopping the cluster")
+		cleanup()
+		return berr
+	}
 	orchDone := make(chan struct{})
 	go func() { orch.Wait(); close(orchDone) }()
 	select {
@@ -259,6 +300,26 @@ func runUp(cmd *cobra.Command, _ []string) error {
 }
 
 var shortClient = newHTTPClient(5 * time.Second)
+
+// split describes the cluster's prefill/decode split for a progress line.
+func split(c *controlClient) string {
+	var nodes []orchestrator.NodeStatus
+	if c.do(context.Background(), "GET", "/api/v1/nodes", nil, &nodes) != nil {
+		return ""
+	}
+	p, d := 0, 0
+	for _, n := range nodes {
+		if n.State != orchestrator.StateServing {
+			continue
+		}
+		if n.Role == "prefill" {
+			p++
+		} else {
+			d++
+		}
+	}
+	return fmt.Sprintf(" | split %dP/%dD", p, d)
+}
 
 // startChild starts `evolve args...` with its output in log. Children get
 // their own process group, so that a Ctrl-C reaches only `evolve up`, which

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/evolvellm/evolve/workload"
+	"github.com/spf13/cobra"
+)
+
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Run closed-loop simulated agents against a router and report latency",
+		Long: `Run a fleet of simulated agents against an OpenAI-compatible router (an
+evolve cluster by default). Each agent runs sessions as real agents do: it
+sends a call, waits for the answer, waits for its tool, and sends the next
+call with the grown context. Workloads: ` + strings.Join(workload.Names(), ", ") + `,
+mix:coding=3,math=1, or shift:A>B:T1:T2:T3.
+
+Progress goes to stderr; the summary (mean and P50/P95/P99 of end-to-end
+latency, time to first token and inter-token latency, requests and sessions
+completed, tokens/s, prompt tokens by where their KV came from, errors) to
+stdout, as a table or with -o json. Latencies are wall seconds: with engines
+at --speedup X, multiply by X for modelled time (pass the same --speedup so
+that think and tool times shrink to match).`,
+		Example: `  evolve bench --workload coding --agents 32 --duration 10m
+  evolve bench --url http://10.0.0.5:8000 --workload mix:coding=3,math=1 -o json`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			k := func(s string) string { return cfgKey(cmd) + "." + s }
+			url := config.GetString(k("url"))
+			if url == "" {
+				url = "http://127.0.0.1:8000"
+				if st, err := readLocalState(); err == nil {
+					url = st.RouterURL
+				}
+			}
+			agents := config.GetInt(k("agents"))
+			model, err := workload.New(config.GetString(k("workload")), agents)
+			if err != nil {
+				return usageError{cmd: cmd.CommandPath(), err: err}
+			}
+			if agents < 1 {
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--agents must be at least 1")}
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			defer stop()
+			errw := cmd.ErrOrStderr()
+			res, err := workload.Bench(ctx, workload.BenchConfig{
+				URL: strings.TrimRight(url, "/"), Model: model, Agents: agents, Duration: config.GetDuration(k("duration")),
+				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))),
+				Progress: func(s workload.Snapshot) { progressLine(errw, s, "") },
+			})
+			if err != nil {
+				return err
+			}
+			if err := printBench(cmd, res); err != nil {
+				return err
+			}
+			if res.Requests == 0 && res.Errors > 0 {
+				return fmt.Errorf("every request failed; last error: %s", res.LastError)
+			}
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.String("url", "", "router base URL (default: the local cluster's, else http://127.0.0.1:8000)")
+	f.String("workload", "coding", "agent workload")
+	f.Int("agents", 8, "concurrent agents")
+	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")
+	f.Float64("speedup", 1, "divide think and tool times by this (match the engines' --speedup)")
+	f.Int64("seed", 1, "random seed of the agents")
+	addOutputFlag(cmd, "table or json")
+	return cmd
+}
+
+func progressLine(w io.Writer, s workload.Snapshot, extra string) {
+	fmt.Fprintf(w, "t=%-6s requests %d (%d errors), sessions %d | last interval: TTFT p50 %.3fs p95 %.3fs, E2E p50 %.3fs p95 %.3fs%s\n",
+		s.Elapsed.Round(time.Second), s.Requests, s.Errors, s.Sessions, s.TTFT.P50, s.TTFT.P95, s.E2E.P50, s.E2E.P95, extra)
+}
+
+func printBench(cmd *cobra.Command, res workload.Result) error {
+	return output(cmd, res, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprintf(w, "workload\t%s, %d agents, %.0f s\n", res.Workload, res.Agents, res.DurationSec)
+		fmt.Fprintf(w, "requests\t%d completed, %d errors; %d sessions completed\n", res.Requests, res.Errors, res.Sessions)
+		fmt.Fprintln(w, "\tmean\tp50\tp95\tp99")
+		for _, r := range []struct {
+			name string
+			d    workload.Dist
+		}{{"e2e (s)", res.E2E}, {"ttft (s)", res.TTFT}, {"itl (s)", res.ITL}} {
+			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.3f\t%.3f\n", r.name, r.d.Mean, r.d.P50, r.d.P95, r.d.P99)
+		}
+		fmt.Fprintf(w, "throughput\t%.0f output tokens/s\n", res.TokensPerSec)
+		if res.PromptTokens > 0 {
+			p := float64(res.PromptTokens)
+			fmt.Fprintf(w, "prompt KV\t%.1f%% GPU hit, %.1f%% host hit, %.1f%% transferred, %.1f%% computed\n",
+				100*float64(res.GPUHitTokens)/p, 100*float64(res.HostHitTokens)/p, 100*float64(res.TransferredTokens)/p, 100*float64(res.ComputedTokens)/p)
+		}
+		if res.LastError != "" {
+			fmt.Fprintf(w, "last error\t%s\n", res.LastError)
+		}
+	})
+}
+

@@ -1,0 +1,369 @@
+package workload
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/tokenizer"
+)
+
+// BenchConfig configures a closed-loop load run against an OpenAI-style
+// router.
+type BenchConfig struct {
+	URL      string // base URL of the router, e.g. http://127.0.0.1:8000
+	Model    Model
+	Agents   int
+	Duration time.Duration // 0: until ctx ends
+	// Speedup divides think and tool times, to match engines that run
+	// faster than real time.
+	Speedup float64
+	Seed    uint64
+	// Progress, if set, is called with a snapshot every ProgressEvery.
+	Progress      func(Snapshot)
+	ProgressEvery time.Duration
+	Client        *http.Client
+}
+
+// Result is what a run measured. Latencies are wall seconds as agents saw
+// them (multiply by the engines' speedup for modelled time).
+type Result struct {
+	Workload          string  `json:"workload"`
+	Agents            int     `json:"agents"`
+	DurationSec       float64 `json:"duration_s"`
+	Requests          int     `json:"requests_completed"`
+	Errors            int     `json:"errors"`
+	Sessions          int     `json:"sessions_completed"`
+	E2E               Dist    `json:"e2e"`
+	TTFT              Dist    `json:"ttft"`
+	ITL               Dist    `json:"itl"`
+	PromptTokens      int64   `json:"prompt_tokens"`
+	OutputTokens      int64   `json:"output_tokens"`
+	TokensPerSec      float64 `json:"output_tokens_per_s"`
+	CachedTokens      int64   `json:"cached_tokens"`
+	GPUHitTokens      int64   `json:"gpu_hit_tokens"`
+	HostHitTokens     int64   `json:"host_hit_tokens"`
+	TransferredTokens int64   `json:"transferred_tokens"`
+	ComputedTokens    int64   `json:"computed_tokens"`
+	LastError         string  `json:"last_error,omitempty"`
+}
+
+// Snapshot is the progress of a run so far.
+type Snapshot struct {
+	Elapsed  time.Duration
+	Requests int
+	Errors   int
+	Sessions int
+	TTFT     Dist // over the last interval
+	E2E      Dist // over the last interval
+}
+
+type collector struct {
+	mu              sync.Mutex
+	res             Result
+	e2e, ttft, itl  []float64
+	winE2E, winTTFT []float64
+	maxContext      int
+}
+
+// Bench runs cfg.Agents closed-loop agents until cfg.Duration passes or ctx
+// ends, and returns what they measured.
+func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
+	if cfg.Agents < 1 || cfg.Model == nil || cfg.URL == "" {
+		return Result{}, errors.New("bench needs a URL, a workload and at least one agent")
+	}
+	if cfg.Speedup <= 0 {
+		cfg.Speedup = 1
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 5 * time.Second
+	}
+	c := &collector{res: Result{Workload: cfg.Model.Name(), Agents: cfg.Agents}}
+	model, maxLen, err := serverModel(ctx, cfg)
+	if err != nil {
+		return Result{}, err
+	}
+	c.maxContext = maxLen
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for a := 0; a < cfg.Agents; a++ {
+		wg.Add(1)
+		go func(agent int) {
+			defer wg.Done()
+			r := rand.New(rand.NewPCG(cfg.Seed, uint64(agent)+1))
+			for seq := 0; ctx.Err() == nil; seq++ {
+				elapsed := time.Duration(float64(time.Since(start)) * cfg.Speedup)
+				s := cfg.Model.NewSession(r, agent, seq, elapsed)
+				before := c.requests()
+				if runSession(ctx, cfg, c, model, s) {
+					c.mu.Lock()
+					c.res.Sessions++
+					c.mu.Unlock()
+				}
+				if c.requests() == before {
+					// Nothing was served (errors, or prompts past the model's
+					// context): back off rather than spin.
+					select {
+					case <-ctx.Done():
+					case <-time.After(time.Second):
+					}
+				}
+			}
+		}(a)
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	tick := time.NewTicker(cfg.ProgressEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-done:
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			res := c.res
+			res.DurationSec = time.Since(start).Seconds()
+			res.E2E, res.TTFT, res.ITL = Summarize(c.e2e), Summarize(c.ttft), Summarize(c.itl)
+			if res.DurationSec > 0 {
+				res.TokensPerSec = float64(res.OutputTokens) / res.DurationSec
+			}
+			return res, nil
+		case <-tick.C:
+			if cfg.Progress != nil {
+				c.mu.Lock()
+				snap := Snapshot{Elapsed: time.Since(start), Requests: c.res.Requests, Errors: c.res.Errors, Sessions: c.res.Sessions,
+					TTFT: Summarize(c.winTTFT), E2E: Summarize(c.winE2E)}
+				c.winE2E, c.winTTFT = c.winE2E[:0], c.winTTFT[:0]
+				c.mu.Unlock()
+				cfg.Progress(snap)
+			}
+		}
+	}
+}
+
+// serverModel asks the router which model it serves and its context limit.
+func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
+	req, _ := http.NewRequestWithContext(ctx, "GET", cfg.URL+"/v1/models", nil)
+	resp, err := cfg.Client.Do(req)
+	if err != nil {
+		return "", 0, fmt.Errorf("reach %s: %w", cfg.URL, err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Data []struct {
+			ID          string `json:"id"`
+			MaxModelLen int    `json:"max_model_len"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Data) == 0 {
+		return "", 0, fmt.Errorf("%s serves no model yet", cfg.URL)
+	}
+	return out.Data[0].ID, out.Data[0].MaxModelLen, nil
+}
+
+// runSession runs a session's lanes concurrently; it reports whether the
+// session ended normally (not cut short by the run's end).
+func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string, s *Session) bool {
+	var mu sync.Mutex // lanes share the session's random source
+	var wg sync.WaitGroup
+	ok := true
+	var okMu sync.Mutex
+	for _, lane := range s.Lanes {
+		wg.Add(1)
+		go func(l Lane) {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				call, more := l.Next()
+				mu.Unlock()
+				if !more {
+					return
+				}
+				if call.Think > 0 {
+					select {
+					case <-ctx.Done():
+						okMu.Lock()
+						ok = false
+						okMu.Unlock()
+						return
+					case <-time.After(time.Duration(float64(call.Think) / cfg.Speedup)):
+					}
+				}
+				if c.maxContext > 0 && len(call.Tokens)+call.MaxTokens > c.maxContext {
+					// The context outgrew the model: the agent gives up the session.
+					if len(call.Tokens) >= c.maxContext {
+						return
+					}
+					call.MaxTokens = c.maxContext - len(call.Tokens)
+				}
+				out, err := c.request(ctx, cfg, model, call)
+				if err != nil {
+					okMu.Lock()
+					ok = false
+					okMu.Unlock()
+					if ctx.Err() != nil {
+						return
+					}
+					time.Sleep(100 * time.Millisecond)
+					return
+				}
+				mu.Lock()
+				l.Answer(out)
+				mu.Unlock()
+			}
+		}(lane)
+	}
+	wg.Wait()
+	return ok && ctx.Err() == nil
+}
+
+// request sends one call, streamed, and records what it measured.
+func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
+	body, _ := json.Marshal(map[string]any{
+		"model": model, "prompt": call.Tokens, "max_tokens": call.MaxTokens, "stream": true,
+		"stream_options": map[string]any{"include_usage": true},
+	})
+	req, err := http.NewRequestWithContext(ctx, "POST", cfg.URL+"/v1/completions", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Evolve-Session", call.Session)
+	req.Header.Set("X-Evolve-Branch", call.Branch)
+	if call.Parent != "" {
+		req.Header.Set("X-Evolve-Parent-Branch", call.Parent)
+	}
+	start := time.Now()
+	resp, err := cfg.Client.Do(req)
+	if err != nil {
+		return nil, c.fail(ctx, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return nil, c.fail(ctx, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b))))
+	}
+	var text strings.Builder
+	var first, last time.Time
+	var usage struct {
+		PromptTokens        int `json:"prompt_tokens"`
+		CompletionTokens    int `json:"completion_tokens"`
+		PromptTokensDetails struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
+	}
+	var ext struct {
+		GPU, Host, Transferred, Computed int64
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	done := false
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if line == "[DONE]" {
+			done = true
+			break
+		}
+		var chunk struct {
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Usage  *json.RawMessage `json:"usage"`
+			Error  *json.RawMessage `json:"error"`
+			Evolve *struct {
+				GPU         int64 `json:"gpu_hit_tokens"`
+				Host        int64 `json:"host_hit_tokens"`
+				Transferred int64 `json:"transferred_tokens"`
+				Computed    int64 `json:"computed_tokens"`
+			} `json:"evolve"`
+		}
+		if err := json.Unmarshal([]byte(line), &chunk); err != nil {
+			continue
+		}
+		if chunk.Error != nil {
+			return nil, c.fail(ctx, fmt.Errorf("stream error: %s", *chunk.Error))
+		}
+		if len(chunk.Choices) > 0 && chunk.Choices[0].Text != "" {
+			now := time.Now()
+			if first.IsZero() {
+				first = now
+			}
+			last = now
+			text.WriteString(chunk.Choices[0].Text)
+		}
+		if chunk.Usage != nil {
+			json.Unmarshal(*chunk.Usage, &usage)
+		}
+		if chunk.Evolve != nil {
+			ext.GPU, ext.Host, ext.Transferred, ext.Computed = chunk.Evolve.GPU, chunk.Evolve.Host, chunk.Evolve.Transferred, chunk.Evolve.Computed
+		}
+	}
+	if !done {
+		err := sc.Err()
+		if err == nil {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, c.fail(ctx, fmt.Errorf("stream ended early: %w", err))
+	}
+	end := time.Now()
+	out := tokenizer.Encode(text.String())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r := &c.res
+	r.Requests++
+	r.PromptTokens += int64(usage.PromptTokens)
+	r.OutputTokens += int64(usage.CompletionTokens)
+	r.CachedTokens += int64(usage.PromptTokensDetails.CachedTokens)
+	r.GPUHitTokens += ext.GPU
+	r.HostHitTokens += ext.Host
+	r.TransferredTokens += ext.Transferred
+	r.ComputedTokens += ext.Computed
+	e2e := secs(end.Sub(start))
+	c.e2e = append(c.e2e, e2e)
+	c.winE2E = append(c.winE2E, e2e)
+	if !first.IsZero() {
+		t := secs(first.Sub(start))
+		c.ttft = append(c.ttft, t)
+		c.winTTFT = append(c.winTTFT, t)
+		if n := usage.CompletionTokens; n > 1 {
+			c.itl = append(c.itl, secs(last.Sub(first))/float64(n-1))
+		}
+	}
+	return out, nil
+}
+
+func (c *collector) requests() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.res.Requests + c.res.Errors
+}
+
+func (c *collector) fail(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return err // the run ended; not the server's fault
+	}
+	c.mu.Lock()
+	c.res.Errors++
+	c.res.LastError = err.Error()
+	c.mu.Unlock()
+	return err
+}
