@@ -107,4 +107,3 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 		}
 	})
 }
-
