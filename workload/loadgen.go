@@ -32,6 +32,8 @@ type BenchConfig struct {
 	Progress      func(Snapshot)
 	ProgressEvery time.Duration
 	Client        *http.Client
+	// Record, if set, receives every call as a trace line.
+	Record *TraceWriter
 }
 
 // Result is what a run measured. Latencies are wall seconds as agents saw
@@ -69,6 +71,8 @@ type Snapshot struct {
 
 type collector struct {
 	mu              sync.Mutex
+	start           time.Time
+	record          *TraceWriter
 	res             Result
 	e2e, ttft, itl  []float64
 	winE2E, winTTFT []float64
@@ -90,7 +94,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 5 * time.Second
 	}
-	c := &collector{res: Result{Workload: cfg.Model.Name(), Agents: cfg.Agents}}
+	c := &collector{res: Result{Workload: cfg.Model.Name(), Agents: cfg.Agents}, record: cfg.Record}
 	model, maxLen, err := serverModel(ctx, cfg)
 	if err != nil {
 		return Result{}, err
@@ -102,6 +106,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 		defer cancel()
 	}
 	start := time.Now()
+	c.start = start
 	var wg sync.WaitGroup
 	for a := 0; a < cfg.Agents; a++ {
 		wg.Add(1)
@@ -128,6 +133,11 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 			}
 		}(a)
 	}
+	return c.wait(&wg, cfg, start), nil
+}
+
+// wait reports progress until the agents are done, then the result.
+func (c *collector) wait(wg *sync.WaitGroup, cfg BenchConfig, start time.Time) Result {
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
 	tick := time.NewTicker(cfg.ProgressEvery)
@@ -143,7 +153,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 			if res.DurationSec > 0 {
 				res.TokensPerSec = float64(res.OutputTokens) / res.DurationSec
 			}
-			return res, nil
+			return res
 		case <-tick.C:
 			if cfg.Progress != nil {
 				c.mu.Lock()
@@ -155,6 +165,76 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 			}
 		}
 	}
+}
+
+// ReplayConfig configures an open-loop trace replay.
+type ReplayConfig struct {
+	BenchConfig
+	Records []TraceRecord
+	// Playback divides the trace's timestamps: 60 replays an hour in a
+	// minute.
+	Playback float64
+}
+
+// Replay sends every record of a trace at its (scaled) time, without
+// waiting for earlier answers, and returns what it measured. Records whose
+// prompt does not fit the served model's context are skipped and counted.
+func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
+	if cfg.URL == "" || len(cfg.Records) == 0 {
+		return Result{}, 0, errors.New("replay needs a URL and a non-empty trace")
+	}
+	if cfg.Playback <= 0 {
+		cfg.Playback = 1
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 5 * time.Second
+	}
+	model, maxLen, err := serverModel(ctx, cfg.BenchConfig)
+	if err != nil {
+		return Result{}, 0, err
+	}
+	c := &collector{res: Result{Workload: "trace", Agents: 0}, maxContext: maxLen}
+	if cfg.Duration > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
+		defer cancel()
+	}
+	start := time.Now()
+	c.start = start
+	var wg sync.WaitGroup
+	skipped := 0
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range cfg.Records {
+			rec := &cfg.Records[i]
+			at := start.Add(time.Duration(rec.Timestamp / cfg.Playback * float64(time.Millisecond)))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Until(at)):
+			}
+			out := rec.OutputLength
+			if maxLen > 0 && rec.InputLength+out > maxLen {
+				if rec.InputLength >= maxLen {
+					skipped++
+					continue
+				}
+				out = maxLen - rec.InputLength
+			}
+			call := Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Tokens: rec.Tokens(), MaxTokens: out}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c.request(ctx, cfg.BenchConfig, model, call)
+			}()
+		}
+	}()
+	res := c.wait(&wg, cfg.BenchConfig, start)
+	return res, skipped, nil
 }
 
 // serverModel asks the router which model it serves and its context limit.
@@ -211,6 +291,11 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 						return
 					}
 					call.MaxTokens = c.maxContext - len(call.Tokens)
+				}
+				if c.record != nil {
+					c.mu.Lock()
+					c.record.Write(float64(time.Since(c.start).Microseconds())/1000*cfg.Speedup, call)
+					c.mu.Unlock()
 				}
 				out, err := c.request(ctx, cfg, model, call)
 				if err != nil {

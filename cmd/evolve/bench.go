@@ -30,7 +30,9 @@ stdout, as a table or with -o json. Latencies are wall seconds: with engines
 at --speedup X, multiply by X for modelled time (pass the same --speedup so
 that think and tool times shrink to match).`,
 		Example: `  evolve bench --workload coding --agents 32 --duration 10m
-  evolve bench --url http://10.0.0.5:8000 --workload mix:coding=3,math=1 -o json`,
+  evolve bench --url http://10.0.0.5:8000 --workload mix:coding=3,math=1 -o json
+  evolve bench --workload coding --agents 8 --duration 5m --record fleet.jsonl
+  evolve bench --trace conversation_trace.jsonl --playback 60`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			k := func(s string) string { return cfgKey(cmd) + "." + s }
@@ -41,24 +43,56 @@ that think and tool times shrink to match).`,
 					url = st.RouterURL
 				}
 			}
-			agents := config.GetInt(k("agents"))
-			model, err := workload.New(config.GetString(k("workload")), agents)
-			if err != nil {
-				return usageError{cmd: cmd.CommandPath(), err: err}
-			}
-			if agents < 1 {
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--agents must be at least 1")}
-			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			errw := cmd.ErrOrStderr()
-			res, err := workload.Bench(ctx, workload.BenchConfig{
-				URL: strings.TrimRight(url, "/"), Model: model, Agents: agents, Duration: config.GetDuration(k("duration")),
+			base := workload.BenchConfig{URL: strings.TrimRight(url, "/"), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))),
-				Progress: func(s workload.Snapshot) { progressLine(errw, s, "") },
-			})
-			if err != nil {
-				return err
+				Progress: func(s workload.Snapshot) { progressLine(errw, s, "") }}
+			var res workload.Result
+			if path := config.GetString(k("trace")); path != "" {
+				f, err := os.Open(path)
+				if err != nil {
+					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
+				}
+				recs, err := workload.ReadTrace(f)
+				f.Close()
+				if err != nil {
+					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace %s: %w", path, err)}
+				}
+				playback := config.GetFloat64(k("playback"))
+				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), path, playback)
+				var skipped int
+				res, skipped, err = workload.Replay(ctx, workload.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
+				if err != nil {
+					return err
+				}
+				if skipped > 0 {
+					fmt.Fprintf(errw, "%d requests skipped: their prompts exceed the model's context\n", skipped)
+				}
+			} else {
+				agents := config.GetInt(k("agents"))
+				if agents < 1 {
+					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--agents must be at least 1")}
+				}
+				model, err := workload.New(config.GetString(k("workload")), agents)
+				if err != nil {
+					return usageError{cmd: cmd.CommandPath(), err: err}
+				}
+				base.Model, base.Agents = model, agents
+				if path := config.GetString(k("record")); path != "" {
+					f, err := os.Create(path)
+					if err != nil {
+						return fmt.Errorf("--record: %w", err)
+					}
+					defer f.Close()
+					tw := workload.NewTraceWriter(f)
+					defer tw.Flush()
+					base.Record = tw
+				}
+				if res, err = workload.Bench(ctx, base); err != nil {
+					return err
+				}
 			}
 			if err := printBench(cmd, res); err != nil {
 				return err
@@ -76,6 +110,9 @@ that think and tool times shrink to match).`,
 	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")
 	f.Float64("speedup", 1, "divide think and tool times by this (match the engines' --speedup)")
 	f.Int64("seed", 1, "random seed of the agents")
+	f.String("trace", "", "replay this JSONL trace (Mooncake format, or one recorded with --record) instead of running agents")
+	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
+	f.String("record", "", "record every call of the agents to this JSONL trace")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }

@@ -369,3 +369,29 @@ func TestUpWithAgentsRunsAndStops(t *testing.T) {
 		t.Fatalf("cluster still up after the agents' run: %s", out)
 	}
 }
+
+func TestBenchRecordsAndReplaysTraces(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--profile", "gb300-kimi-k2", "--speedup", "50")
+	trace := filepath.Join(t.TempDir(), "fleet.jsonl")
+	out, code := runBinOut(t, c.env, "bench", "--workload", "computer-use", "--agents", "2", "--duration", "2s", "--speedup", "50", "--record", trace, "-o", "json")
+	if code != 0 {
+		t.Fatalf("bench --record: %d %s", code, out)
+	}
+	b, err := os.ReadFile(trace)
+	if err != nil || len(strings.Split(strings.TrimSpace(string(b)), "\n")) < 2 {
+		t.Fatalf("recorded trace: %v %q", err, b)
+	}
+	for _, tr := range []string{trace, "../../workload/testdata/mooncake_conversation_head.jsonl"} {
+		out, code = runBinOut(t, c.env, "bench", "--trace", tr, "--playback", "200", "--duration", "20s", "-o", "json")
+		var res struct {
+			Requests int `json:"requests_completed"`
+			Errors   int `json:"errors"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Requests < 2 || res.Errors != 0 {
+			t.Fatalf("replay of %s: exit %d %s", tr, code, out)
+		}
+	}
+	if out, code := runBinOut(t, c.env, "bench", "--trace", "/nonexistent.jsonl"); code != 2 {
+		t.Fatalf("missing trace: %d %s", code, out)
+	}
+}

@@ -1,0 +1,131 @@
+package workload
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+// TraceBlockSize is the size of the blocks that a trace's hash ids name: 512
+// tokens, as in the Mooncake traces.
+const TraceBlockSize = 512
+
+// TraceRecord is one request of a trace, one JSON object per line. It is
+// the Mooncake format (timestamp in milliseconds, input and output lengths,
+// one hash id per 512-token block of the prompt, the last one possibly
+// partial; equal ids mean equal prefixes up to that block), extended with
+// the agent's session and branch when known. Mooncake's own files, and
+// the traces evolve records, read the same way.
+type TraceRecord struct {
+	Timestamp    float64 `json:"timestamp"` // ms from the start
+	InputLength  int     `json:"input_length"`
+	OutputLength int     `json:"output_length"`
+	HashIDs      []int64 `json:"hash_ids"`
+	Session      string  `json:"session,omitempty"`
+	Branch       string  `json:"branch,omitempty"`
+	Parent       string  `json:"parent,omitempty"`
+}
+
+// ReadTrace reads a JSONL trace; an error names the line. Records come back
+// sorted by timestamp.
+func ReadTrace(r io.Reader) ([]TraceRecord, error) {
+	var out []TraceRecord
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	line := 0
+	for sc.Scan() {
+		line++
+		text := strings.TrimSpace(sc.Text())
+		if text == "" {
+			continue
+		}
+		var rec TraceRecord
+		dec := json.NewDecoder(strings.NewReader(text))
+		if err := dec.Decode(&rec); err != nil {
+			return nil, fmt.Errorf("trace line %d: %w", line, err)
+		}
+		if err := rec.validate(); err != nil {
+			return nil, fmt.Errorf("trace line %d: %w", line, err)
+		}
+		out = append(out, rec)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read trace: %w", err)
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
+	return out, nil
+}
+
+func (r *TraceRecord) validate() error {
+	switch {
+	case r.InputLength < 1:
+		return fmt.Errorf("input_length %d: want at least 1", r.InputLength)
+	case r.OutputLength < 1:
+		return fmt.Errorf("output_length %d: want at least 1", r.OutputLength)
+	case r.Timestamp < 0:
+		return fmt.Errorf("timestamp %v is negative", r.Timestamp)
+	case len(r.HashIDs) != (r.InputLength+TraceBlockSize-1)/TraceBlockSize:
+		return fmt.Errorf("%d hash_ids for %d input tokens: want one per %d-token block", len(r.HashIDs), r.InputLength, TraceBlockSize)
+	}
+	return nil
+}
+
+// Tokens returns the prompt of a record: each hash id stands for a
+// deterministic block of 512 tokens, so records with equal leading ids
+// share that prefix token for token.
+func (r *TraceRecord) Tokens() []uint32 {
+	out := make([]uint32, 0, len(r.HashIDs)*TraceBlockSize)
+	for _, id := range r.HashIDs {
+		out = content(out, "trace/block", uint64(id), TraceBlockSize)
+	}
+	return out[:r.InputLength]
+}
+
+// TraceWriter records calls as trace lines, naming each distinct 512-token
+// prompt block (by its chained hash, so equal ids mean equal prefixes) with
+// a small id.
+type TraceWriter struct {
+	w   *bufio.Writer
+	ids map[kv.BlockHash]int64
+}
+
+// NewTraceWriter writes a trace to w; call Flush at the end.
+func NewTraceWriter(w io.Writer) *TraceWriter {
+	return &TraceWriter{w: bufio.NewWriter(w), ids: map[kv.BlockHash]int64{}}
+}
+
+// Write records one call sent at ms milliseconds into the run.
+func (t *TraceWriter) Write(ms float64, call Call) error {
+	chain := kv.ChainHashes(call.Tokens, TraceBlockSize)
+	if rest := len(call.Tokens) % TraceBlockSize; rest > 0 {
+		var parent kv.BlockHash
+		if len(chain) > 0 {
+			parent = chain[len(chain)-1]
+		}
+		chain = append(chain, kv.NextHash(parent, len(chain) > 0, call.Tokens[len(call.Tokens)-rest:]))
+	}
+	rec := TraceRecord{Timestamp: ms, InputLength: len(call.Tokens), OutputLength: call.MaxTokens,
+		Session: call.Session, Branch: call.Branch, Parent: call.Parent, HashIDs: make([]int64, len(chain))}
+	for i, h := range chain {
+		id, ok := t.ids[h]
+		if !ok {
+			id = int64(len(t.ids))
+			t.ids[h] = id
+		}
+		rec.HashIDs[i] = id
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	t.w.Write(b)
+	return t.w.WriteByte('\n')
+}
+
+// Flush writes what is buffered.
+func (t *TraceWriter) Flush() error { return t.w.Flush() }
