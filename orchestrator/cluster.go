@@ -25,6 +25,7 @@ const (
 	StateServing   = "serving"
 	StateSwitching = "switching" // draining its old role, then flipping
 	StateDown      = "down"
+	StateRejected  = "rejected" // registered, but cannot serve this cluster (other model or block size)
 )
 
 // Node modes.
@@ -67,6 +68,7 @@ type NodeStatus struct {
 	HostBlocks  int          `json:"host_blocks_cached"`
 	LastSeen    time.Time    `json:"last_seen"`
 	Switch      *Switch      `json:"switch,omitempty"`
+	Reason      string       `json:"reason,omitempty"` // why a node is rejected or down
 	History     []RoleChange `json:"history,omitempty"`
 }
 
@@ -83,6 +85,7 @@ type node struct {
 	sw       *Switch
 	history  []RoleChange
 	resyncAt time.Time // when a resync was last asked for
+	reason   string
 }
 
 // cluster is the shared state, guarded by mu.
@@ -104,7 +107,7 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 		ID: id, Role: n.role.String(), Mode: n.mode, State: n.state, Address: n.reg.URL, Model: n.reg.Model,
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h,
-		LastSeen: n.lastSeen, Switch: n.sw, History: n.history,
+		LastSeen: n.lastSeen, Switch: n.sw, History: n.history, Reason: n.reason,
 	}
 }
 

@@ -67,8 +67,19 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 	}
 	n.reg = reg
 	n.lastSeen = time.Now()
-	if n.state == "" || n.state == StateDown {
-		n.state = StateServing
+	if reg.Model != o.model || reg.BlockSize != o.blockSize {
+		// Routing one model's prompts to another, or hashing blocks of
+		// another size, would be wrong: keep it out.
+		n.state = StateRejected
+		n.reason = fmt.Sprintf("serves %s with %d-token blocks; this cluster serves %s with %d-token blocks",
+			reg.Model, reg.BlockSize, o.model, o.blockSize)
+		o.c.changed(reg.ID)
+		o.c.mu.Unlock()
+		o.log.Error("engine rejected", "id", reg.ID, "reason", n.reason)
+		return
+	}
+	if n.state == "" || n.state == StateDown || n.state == StateRejected {
+		n.state, n.reason = StateServing, ""
 	}
 	if fresh {
 		// Whatever it holds now, learn it from scratch.
@@ -125,7 +136,7 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 	}
 	o.c.mu.Lock()
 	n := o.c.nodes[b.Engine]
-	if n == nil || n.state == StateDown {
+	if n == nil || n.state == StateDown || n.state == StateRejected {
 		o.c.mu.Unlock()
 		return
 	}
@@ -154,11 +165,11 @@ func (o *Orchestrator) onDeregister(m *nats.Msg) {
 func (o *Orchestrator) markDown(id, why string) {
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
-	if n == nil || n.state == StateDown {
+	if n == nil || n.state == StateDown || n.state == StateRejected {
 		o.c.mu.Unlock()
 		return
 	}
-	n.state = StateDown
+	n.state, n.reason = StateDown, why
 	dropped := o.c.dir.DropNode(n.dir)
 	o.c.changed(id)
 	o.c.mu.Unlock()

@@ -93,18 +93,19 @@ func (o *Orchestrator) view(chain []kv.BlockHash, m *kv.Match, exclude map[strin
 
 // attempt is one try at serving a request on the nodes a decision named.
 type attempt struct {
-	o       *Orchestrator
-	w       http.ResponseWriter
-	r       *http.Request
-	p       *openaiapi.Parsed
-	raw     map[string]any // the client's body, re-sent to engines
-	path    string
-	reqID   string
-	dec     routing.Decision
-	urls    map[string]string
-	started bool // bytes reached the client: no more retries
-	first   bool // the first token was seen
-	arrival time.Time
+	o        *Orchestrator
+	w        http.ResponseWriter
+	r        *http.Request
+	p        *openaiapi.Parsed
+	raw      map[string]any // the client's body, re-sent to engines
+	path     string
+	reqID    string
+	dec      routing.Decision
+	urls     map[string]string
+	started  bool // bytes reached the client: no more retries
+	first    bool // the prefill is over
+	ttftSeen bool // the client got its first token
+	arrival  time.Time
 }
 
 var reqCounter atomic.Uint64
@@ -321,19 +322,30 @@ func (a *attempt) prefill() (any, error) {
 	if err := json.Unmarshal(b, &out); err != nil || out.KV == nil {
 		return nil, fmt.Errorf("prefill answer has no kv_transfer_params")
 	}
-	a.firstToken()
+	a.prefillDone()
 	return out.KV, nil
 }
 
-func (a *attempt) firstToken() {
+// prefillDone tells the policy the request's prefill is over (its queued
+// prefill work leaves the node's bookkeeping).
+func (a *attempt) prefillDone() {
 	if a.first {
 		return
 	}
 	a.first = true
-	a.o.met.ttft.Observe(time.Since(a.arrival).Seconds())
 	a.o.policyMu.Lock()
 	a.o.policy.FirstToken(time.Now(), a.reqID)
 	a.o.policyMu.Unlock()
+}
+
+// firstToken records the first token the client sees.
+func (a *attempt) firstToken() {
+	a.prefillDone()
+	if a.ttftSeen {
+		return
+	}
+	a.ttftSeen = true
+	a.o.met.ttft.Observe(time.Since(a.arrival).Seconds())
 }
 
 func (a *attempt) post(url string, body map[string]any) (*http.Response, error) {

@@ -31,6 +31,13 @@ type testCluster struct {
 
 func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
 	t.Helper()
+	return startTestClusterProfiles(t, nil, roles...)
+}
+
+// startTestClusterProfiles is startTestCluster with a profile per engine
+// (nil: all tiny); it waits for the tiny ones to serve.
+func startTestClusterProfiles(t *testing.T, profiles []string, roles ...sim.Role) *testCluster {
+	t.Helper()
 	o, err := New(Config{RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "evolve"})
 	if err != nil {
 		t.Fatal(err)
@@ -49,8 +56,16 @@ func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
 	case <-time.After(10 * time.Second):
 		t.Fatal("orchestrator not ready")
 	}
-	p, _ := sim.LoadProfile("tiny")
+	want := 0
 	for i, r := range roles {
+		name := "tiny"
+		if i < len(profiles) && profiles[i] != "" {
+			name = profiles[i]
+		}
+		if name == "tiny" {
+			want++
+		}
+		p, _ := sim.LoadProfile(name)
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -79,9 +94,9 @@ func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
 	}
 	t.Cleanup(tc.stop)
 	deadline := time.Now().Add(10 * time.Second)
-	for tc.o.servingNodes() < len(roles) {
+	for tc.o.servingNodes() < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d engines registered", tc.o.servingNodes(), len(roles))
+			t.Fatalf("%d of %d engines registered", tc.o.servingNodes(), want)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -233,5 +248,20 @@ func TestRetriesOnAnotherEngineBeforeFirstByte(t *testing.T) {
 	// Some were first routed to the dead engine: more decisions than requests.
 	if n := testutil.ToFloat64(tc.o.met.decisions.WithLabelValues("evolve", "false")); n <= 10 {
 		t.Fatalf("%v routing decisions for 10 requests: the retry path never ran", n)
+	}
+}
+
+// An engine of another model joining the cluster is kept out of routing.
+func TestRejectsEngineOfAnotherModel(t *testing.T) {
+	tc := startTestClusterProfiles(t, []string{"tiny", "gb300-kimi-k2"}, sim.RoleDecode, sim.RoleDecode)
+	eventually(t, "e1 rejected", func() bool {
+		st, ok := tc.o.NodeStatus("e1")
+		return ok && st.State == StateRejected && st.Reason != ""
+	})
+	for i := 0; i < 5; i++ {
+		status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": "hello %d", "max_tokens": 2}`, i))
+		if ev, _ := body["evolve"].(map[string]any); status != 200 || ev["engine"] != "e0" {
+			t.Fatalf("request %d: %d %v", i, status, body)
+		}
 	}
 }
