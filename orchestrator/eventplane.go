@@ -140,6 +140,7 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 		o.c.mu.Unlock()
 		return
 	}
+	n.lastSeen = time.Now() // events flowing are a sign of life too
 	err := o.c.dir.ApplyBatch(n.dir, b.Events)
 	ask := false
 	if errors.Is(err, kv.ErrGap) || (o.c.dir.NeedsResync(n.dir) && time.Since(n.resyncAt) > 5*time.Second) {

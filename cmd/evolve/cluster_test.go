@@ -381,8 +381,18 @@ func TestBenchRecordsAndReplaysTraces(t *testing.T) {
 	if err != nil || len(strings.Split(strings.TrimSpace(string(b)), "\n")) < 2 {
 		t.Fatalf("recorded trace: %v %q", err, b)
 	}
-	for _, tr := range []string{trace, "../../workload/testdata/mooncake_conversation_head.jsonl"} {
-		out, code = runBinOut(t, c.env, "bench", "--trace", tr, "--playback", "200", "--duration", "20s", "-o", "json")
+	// The first 60 requests of the Mooncake sample (12 s of trace) at 20x.
+	head, err := os.ReadFile("../../workload/testdata/mooncake_conversation_head.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mooncake := filepath.Join(t.TempDir(), "mooncake60.jsonl")
+	lines := strings.SplitAfter(string(head), "\n")
+	if err := os.WriteFile(mooncake, []byte(strings.Join(lines[:60], "")), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tr := range []string{trace, mooncake} {
+		out, code = runBinOut(t, c.env, "bench", "--trace", tr, "--playback", "20", "--duration", "30s", "-o", "json")
 		var res struct {
 			Requests int `json:"requests_completed"`
 			Errors   int `json:"errors"`
