@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -280,8 +281,36 @@ func (a *attempt) run() (string, error) {
 		}
 		body = cloneMap(a.raw)
 		body["kv_transfer_params"] = params
+		err = a.forward(a.urls[a.dec.Decode], body)
+		if err != nil && !a.started {
+			// The decode leg never pulled the KV: free it on the prefill
+			// engine now rather than when its hold times out.
+			a.releaseHold(params)
+		}
+		return a.dec.Decode, err
 	}
 	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], body)
+}
+
+// releaseHold takes (and drops) the KV a prefill leg holds.
+func (a *attempt) releaseHold(params any) {
+	p, _ := params.(map[string]any)
+	id, _ := p["remote_request_id"].(string)
+	if id == "" {
+		return
+	}
+	b, _ := json.Marshal(map[string]string{"remote_request_id": id})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", a.urls[a.dec.Prefill]+"/evolve/v1/kv/pull", bytes.NewReader(b))
+	if err != nil {
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := a.o.http.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
 }
 
 func cloneMap(m map[string]any) map[string]any {

@@ -265,3 +265,30 @@ func TestRejectsEngineOfAnotherModel(t *testing.T) {
 		}
 	}
 }
+
+// When the decode leg fails before it pulls the KV, the router frees the
+// prefill engine's hold at once and serves the request elsewhere.
+func TestFailedDecodeLegReleasesPrefillHold(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode)
+	tc.servers[1].Close() // the decode engine's HTTP dies; its heartbeats go on
+	long := strings.Repeat("context for the agent to read ", 200)
+	status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 3}`, long))
+	if status != 200 {
+		t.Fatalf("request: %d %v", status, body)
+	}
+	st, _ := tc.o.NodeStatus("e0")
+	eventually(t, "no KV held on the prefill engine", func() bool {
+		resp, err := http.Get(st.Address + "/metrics")
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "evolve_engine_held_requests{") {
+				return strings.HasSuffix(line, " 0")
+			}
+		}
+		return false
+	})
+}
