@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -317,5 +318,39 @@ func TestEngineDrainsOnSIGTERM(t *testing.T) {
 	}
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("exit code %d after a clean drain", code)
+	}
+}
+
+func TestSimPrintsStableJSON(t *testing.T) {
+	out, code := runBin(t, nil, "sim", "--gpus", "12", "--workload", "coding", "--agents", "8", "--duration", "2m", "--warmup", "1m",
+		"--policies", "static:1:2,dynamo-static:best", "-o", "json")
+	if code != 0 {
+		t.Fatalf("sim: %d %s", code, out)
+	}
+	// Progress lines go to stderr; the JSON object is the rest.
+	var res struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil || len(res.Results) != 2 {
+		t.Fatalf("sim -o json: %v\n%s", err, out)
+	}
+	for _, r := range res.Results {
+		for _, k := range []string{"policy", "mean_e2e_s", "p50_e2e_s", "p95_ttft_s", "p99_ttft_s", "sessions_completed",
+			"requests_completed", "throughput_tok_s", "lost_kv_reuse_tokens", "role_switches"} {
+			if _, ok := r[k]; !ok {
+				t.Fatalf("result lacks %s: %v", k, r)
+			}
+		}
+		if r["requests_completed"].(float64) == 0 {
+			t.Fatalf("no request completed: %v", r)
+		}
+	}
+	if res.Results[1]["policy"] != "dynamo-static:best" {
+		t.Fatalf("policy names: %v", res.Results)
+	}
+	for _, bad := range [][]string{{"sim", "--policies", "oracle"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"}} {
+		if out, code := runBin(t, nil, bad...); code != 2 {
+			t.Errorf("evolve %v: exit %d %s", bad, code, out)
+		}
 	}
 }

@@ -120,6 +120,9 @@ func (m *Model) commitBlock(id BlockID, h, parent kv.BlockHash, depth int) {
 	b.Hash, b.Parent, b.Depth, b.Hashed = h, parent, int32(depth), true
 	b.Priority = m.hints[h]
 	m.emitBlock(kv.BlockStored, b)
+	if m.cfg.WriteThrough && m.storeHost(h, parent, int32(depth)) {
+		m.counters.OffloadedBlocks++
+	}
 }
 
 // release drops one reference; a cached block nobody uses becomes

@@ -57,12 +57,15 @@ var (
 // Config sets the scheduler; zero fields take the profile's value, then
 // vLLM's default.
 type Config struct {
-	MaxNumSeqs          int                              // default 256
-	MaxNumBatchedTokens int                              // default 8192
-	GPUBlocks           int                              // default: profile
-	HostBlocks          int                              // default: profile (4x GPU unless set)
-	HoldTimeout         time.Duration                    // how long a remote-decode prefill keeps its KV for the peer; default 480 s (vLLM's)
-	NewPolicy           func(*BlockTable) EvictionPolicy // default NewLRUPolicy
+	MaxNumSeqs          int           // default 256
+	MaxNumBatchedTokens int           // default 8192
+	GPUBlocks           int           // default: profile
+	HostBlocks          int           // default: profile (4x GPU unless set)
+	HoldTimeout         time.Duration // how long a remote-decode prefill keeps its KV for the peer; default 480 s (vLLM's)
+	// WriteThrough copies every block to the host tier as soon as it is
+	// stored on GPU, as Dynamo's KVBM does, instead of on eviction.
+	WriteThrough bool
+	NewPolicy    func(*BlockTable) EvictionPolicy // default NewLRUPolicy
 }
 
 // Request is one generation request.

@@ -551,3 +551,15 @@ func TestSubmitUsesGivenChain(t *testing.T) {
 		t.Fatal("the model aliases the caller's chain")
 	}
 }
+
+func TestWriteThroughCopiesEveryBlockToHost(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{WriteThrough: true})
+	tokens := prompt(320, 77)
+	submit(t, m, t0, Request{ID: "w", Tokens: tokens, MaxTokens: 1})
+	run(t, m, t0, 100)
+	chain := kv.ChainHashes(tokens, p.BlockSize)
+	if g, l := m.Lookup(chain); g != 20 || l != 20 || m.hostByHash.Len() != 20 {
+		t.Fatalf("gpu %d local %d host %d, want all 20 blocks in both tiers", g, l, m.hostByHash.Len())
+	}
+}

@@ -1,0 +1,199 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/sim"
+	"github.com/spf13/cobra"
+)
+
+// preset is a named scenario after the research system's experiments
+// (../shared/reference/workloads.md).
+type preset struct {
+	workload string
+	agents   int
+	gpus     int
+	profile  string
+	warmup   time.Duration
+	scored   time.Duration
+}
+
+var presets = map[string]preset{}
+
+func init() {
+	add := func(name string, p preset) { presets[name] = p }
+	add("claude-code-126x36", preset{"coding", 126, 36, "gb300-kimi-k2", 30 * time.Minute, time.Hour})
+	add("shift-math-cu-3h", preset{"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2", 10 * time.Minute, 3 * time.Hour})
+	for _, lvl := range []struct {
+		name          string
+		math, cc, osw int
+	}{{"low", 96, 96, 96}, {"mid", 160, 126, 160}, {"high", 224, 160, 224}} {
+		add("putnam-"+lvl.name, preset{"math", lvl.math, 36, "gb300-kimi-k2", 10 * time.Minute, time.Hour})
+		add("claude-code-"+lvl.name, preset{"coding", lvl.cc, 36, "gb300-kimi-k2", 30 * time.Minute, time.Hour})
+		add("osworld-"+lvl.name, preset{"computer-use", lvl.osw, 36, "gb300-kimi-k2", 10 * time.Minute, time.Hour})
+	}
+}
+
+func presetNames() []string {
+	var out []string
+	for k := range presets {
+		out = append(out, k)
+	}
+	sortStrings(out)
+	return out
+}
+
+func newSimCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "sim",
+		Short: "Simulate a cluster under agent traffic and compare policies side by side",
+		Long: `Replay agent traffic at paper scale in virtual time and compare policies on
+the same agents, seed for seed. The simulator runs the live system's code:
+the engines' step model, the routing policies, the KV directory and the
+workload models, driven by a virtual clock.
+
+Policies (comma-separated):
+  evolve              evolve's router at Dynamo's recipe ratio (1 prefill : 2 decode)
+                      until the online planner moves nodes
+  static:P:D          evolve's router and KV management with a fixed split
+  static:best         every static split, the best by mean end-to-end latency
+  dynamo-static:P:D   Dynamo's KV router cost, fixed roles, KVBM write-through
+                      host offload per worker, no cross-worker host fetch
+  dynamo-static:best  every Dynamo split, the best
+(dynamo with its load planner, dynamo-sla and oracle are not built yet.)
+
+One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
+` + "  " + strings.Join(presetNames(), ", ") + `.`,
+		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo-static:best,static:best,evolve
+  evolve sim --gpus 16 --workload math --agents 40 --duration 20m --warmup 5m -o json`,
+		Args: noArgs,
+		RunE: runSim,
+	}
+	f := cmd.Flags()
+	f.String("preset", "", "scenario preset (overridden by flags given alongside)")
+	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
+	f.String("profile", "gb300-kimi-k2", "engine profile")
+	f.String("workload", "coding", "agent workload")
+	f.Int("agents", 126, "concurrent agents")
+	f.Duration("duration", time.Hour, "scored time, after the warm-up")
+	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
+	f.String("policies", "dynamo-static:best,static:best,evolve", "policies to compare")
+	f.Int64("seed", 1, "random seed")
+	addOutputFlag(cmd, "table or json")
+	return cmd
+}
+
+func runSim(cmd *cobra.Command, _ []string) error {
+	k := func(s string) string { return cfgKey(cmd) + "." + s }
+	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
+	gpus, profile, wl := config.GetInt(k("gpus")), config.GetString(k("profile")), config.GetString(k("workload"))
+	agents, dur, warm := config.GetInt(k("agents")), config.GetDuration(k("duration")), config.GetDuration(k("warmup"))
+	if name := config.GetString(k("preset")); name != "" {
+		p, ok := presets[name]
+		if !ok {
+			return usage(fmt.Errorf("unknown preset %q (have %s)", name, strings.Join(presetNames(), ", ")))
+		}
+		changed := func(f string) bool { return cmd.Flags().Changed(f) }
+		if !changed("gpus") {
+			gpus = p.gpus
+		}
+		if !changed("profile") {
+			profile = p.profile
+		}
+		if !changed("workload") {
+			wl = p.workload
+		}
+		if !changed("agents") {
+			agents = p.agents
+		}
+		if !changed("duration") {
+			dur = p.scored
+		}
+		if !changed("warmup") {
+			warm = p.warmup
+		}
+	}
+	prof, err := enginesim.LoadProfile(profile)
+	if err != nil {
+		return usage(err)
+	}
+	if gpus < 2*prof.GPUs || gpus%prof.GPUs != 0 {
+		return usage(fmt.Errorf("--gpus %d: want a multiple of %d (GPUs per engine), at least two engines", gpus, prof.GPUs))
+	}
+	if agents < 1 || dur <= 0 || warm < 0 {
+		return usage(fmt.Errorf("want --agents >= 1, --duration > 0 and --warmup >= 0"))
+	}
+	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
+		Seed: uint64(config.GetInt64(k("seed")))}
+	names := strings.Split(config.GetString(k("policies")), ",")
+	for _, n := range names {
+		if strings.HasSuffix(n, ":best") {
+			continue
+		}
+		if _, err := sim.ParsePolicy(n, sc.Engines); err != nil {
+			return usage(err)
+		}
+	}
+	errw := cmd.ErrOrStderr()
+	start := time.Now()
+	results, err := sim.Compare(sc, names, func(p string) {
+		fmt.Fprintf(errw, "simulating %s (%s elapsed)\n", p, time.Since(start).Round(time.Second))
+	})
+	if err != nil {
+		return usage(err)
+	}
+	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
+		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,
+		"wall_s": time.Since(start).Seconds()}
+	return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %d %s agents, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, agents, wl, dur, warm, sc.Seed)
+		fmt.Fprint(w, "metric")
+		for _, r := range results {
+			fmt.Fprintf(w, "\t%s", r.Policy)
+		}
+		fmt.Fprintln(w)
+		row := func(name string, f func(r sim.Result) string) {
+			fmt.Fprint(w, name)
+			for _, r := range results {
+				fmt.Fprintf(w, "\t%s", f(r))
+			}
+			fmt.Fprintln(w)
+		}
+		sec := func(v float64) string { return fmt.Sprintf("%.2f", v) }
+		row("split P:D", func(r sim.Result) string { return r.Split })
+		row("mean E2E (s)", func(r sim.Result) string { return sec(r.MeanE2E) })
+		row("P50 E2E (s)", func(r sim.Result) string { return sec(r.P50E2E) })
+		row("P99 E2E (s)", func(r sim.Result) string { return sec(r.P99E2E) })
+		row("P50 TTFT (s)", func(r sim.Result) string { return sec(r.P50TTFT) })
+		row("P95 TTFT (s)", func(r sim.Result) string { return sec(r.P95TTFT) })
+		row("P99 TTFT (s)", func(r sim.Result) string { return sec(r.P99TTFT) })
+		row("sessions completed", func(r sim.Result) string { return fmt.Sprint(r.Sessions) })
+		row("sessions / hour", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.SessionsPerHour) })
+		row("requests completed", func(r sim.Result) string { return fmt.Sprint(r.Requests) })
+		row("throughput (tok/s)", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.Throughput) })
+		pct := func(a, b int64) string {
+			if b == 0 {
+				return "-"
+			}
+			return fmt.Sprintf("%.1f%%", 100*float64(a)/float64(b))
+		}
+		row("prompt KV: GPU hit", func(r sim.Result) string { return pct(r.GPUHitTokens, r.PromptTokens) })
+		row("prompt KV: host hit", func(r sim.Result) string { return pct(r.HostHitTokens, r.PromptTokens) })
+		row("prompt KV: computed", func(r sim.Result) string { return pct(r.ComputedTokens, r.PromptTokens) })
+		row("lost KV reuse (tokens)", func(r sim.Result) string { return fmt.Sprint(r.LostKVReuse) })
+		row("role switches", func(r sim.Result) string { return fmt.Sprint(r.RoleSwitches) })
+		row("preemptions", func(r sim.Result) string { return fmt.Sprint(r.Preemptions) })
+	})
+}
+
+func sortStrings(s []string) {
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+}

@@ -1,0 +1,469 @@
+// Package sim is the discrete-event simulator: a virtual clock drives the
+// same code the live system runs (engine/sim step models, the routing
+// policies, the KV directory, the agent workloads), so that hours of a
+// paper-scale cluster run in seconds and every policy sees the same agents.
+// It is pure: no wall clock, no I/O; the same seed gives the same result.
+package sim
+
+import (
+	"container/heap"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/workload"
+)
+
+// Scenario is what is simulated: a cluster, a fleet of agents, a time span.
+type Scenario struct {
+	Profile  *enginesim.Profile
+	Engines  int
+	Workload string
+	Agents   int
+	Warmup   time.Duration
+	Duration time.Duration // scored, after Warmup
+	Seed     uint64
+}
+
+// Policy is how a simulated cluster is run.
+type Policy struct {
+	Name    string // as given: evolve, static:P:D, dynamo-static:P:D, ...
+	Router  string // routing policy: evolve or dynamo
+	Prefill int    // engines in the prefill role (fixed split)
+	// WriteThrough: KVBM-style host offload of every block (Dynamo).
+	WriteThrough bool
+}
+
+// ParsePolicy reads a fixed-split policy for a cluster of n engines:
+// static:P:D (evolve's router and KV management), dynamo-static:P:D
+// (Dynamo's router and KVBM), or evolve (evolve's router at Dynamo's
+// recipe ratio of one prefill engine for two decode, until the planner
+// moves nodes). Sweeps (static:best, dynamo-static:best) are resolved by Run.
+func ParsePolicy(name string, n int) (Policy, error) {
+	split := func(spec string) (int, error) {
+		p, d, ok := strings.Cut(spec, ":")
+		pi, err1 := strconv.Atoi(p)
+		di, err2 := strconv.Atoi(d)
+		if !ok || err1 != nil || err2 != nil || pi < 1 || di < 1 || pi+di != n {
+			return 0, fmt.Errorf("policy %q: want P:D with P, D >= 1 and P+D = %d engines", name, n)
+		}
+		return pi, nil
+	}
+	switch {
+	case name == "evolve":
+		return Policy{Name: name, Router: "evolve", Prefill: max(1, n/3)}, nil
+	case strings.HasPrefix(name, "static:"):
+		p, err := split(strings.TrimPrefix(name, "static:"))
+		return Policy{Name: name, Router: "evolve", Prefill: p}, err
+	case strings.HasPrefix(name, "dynamo-static:"):
+		p, err := split(strings.TrimPrefix(name, "dynamo-static:"))
+		return Policy{Name: name, Router: "dynamo", Prefill: p, WriteThrough: true}, err
+	}
+	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, static:P:D, static:best, dynamo-static:P:D or dynamo-static:best)", name)
+}
+
+// Result is one policy's outcome on a scenario. JSON names are stable.
+type Result struct {
+	Policy            string  `json:"policy"`
+	Split             string  `json:"split"`
+	MeanE2E           float64 `json:"mean_e2e_s"`
+	P50E2E            float64 `json:"p50_e2e_s"`
+	P99E2E            float64 `json:"p99_e2e_s"`
+	MeanTTFT          float64 `json:"mean_ttft_s"`
+	P50TTFT           float64 `json:"p50_ttft_s"`
+	P95TTFT           float64 `json:"p95_ttft_s"`
+	P99TTFT           float64 `json:"p99_ttft_s"`
+	Sessions          int     `json:"sessions_completed"`
+	SessionsPerHour   float64 `json:"sessions_per_hour"`
+	Requests          int     `json:"requests_completed"`
+	Throughput        float64 `json:"throughput_tok_s"`
+	PromptTokens      int64   `json:"prompt_tokens"`
+	GPUHitTokens      int64   `json:"gpu_hit_tokens"`
+	HostHitTokens     int64   `json:"host_hit_tokens"`
+	TransferredTokens int64   `json:"transferred_tokens"`
+	ComputedTokens    int64   `json:"computed_tokens"`
+	LostKVReuse       int64   `json:"lost_kv_reuse_tokens"`
+	RoleSwitches      int     `json:"role_switches"`
+	Preemptions       uint64  `json:"preemptions"`
+	VirtualSec        float64 `json:"virtual_s"`
+}
+
+// event kinds.
+const (
+	evStep    = iota // an engine runs a pass
+	evArrive         // an agent sends a call
+	evDecode         // a prefill leg is done: its decode leg starts
+	evSession        // an agent slot starts its next session
+)
+
+type event struct {
+	at         time.Time
+	seq        uint64
+	kind       int
+	eng        int
+	req        *request
+	agent, num int // evSession
+}
+
+type eventQueue []*event
+
+func (q eventQueue) Len() int { return len(q) }
+func (q eventQueue) Less(i, j int) bool {
+	if !q[i].at.Equal(q[j].at) {
+		return q[i].at.Before(q[j].at)
+	}
+	return q[i].seq < q[j].seq
+}
+func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*event)) }
+func (q *eventQueue) Pop() any {
+	old := *q
+	e := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return e
+}
+
+type engine struct {
+	id        string
+	dir       kv.NodeID
+	model     *enginesim.Model
+	role      routing.Role
+	scheduled bool // a step event is queued
+	stats     enginesim.PassStats
+}
+
+// request is one call in flight.
+type request struct {
+	id        string
+	call      workload.Call
+	chain     []kv.BlockHash
+	lane      *laneState
+	arrival   time.Time
+	dec       routing.Decision
+	prefillAt int // engine indexes
+	decodeAt  int
+	scored    bool
+	seed      uint64
+	prefill   enginesim.Usage // the prefill leg's, when disaggregated
+}
+
+type laneState struct {
+	lane    workload.Lane
+	session *sessionState
+}
+
+type sessionState struct {
+	agent, seq int
+	lanes      int // still running
+	scored     bool
+	started    time.Time
+	calls      int
+}
+
+type run struct {
+	sc      Scenario
+	pol     Policy
+	now     time.Time
+	start   time.Time
+	q       eventQueue
+	seq     uint64
+	engines []*engine
+	byID    map[string]int
+	dir     *kv.Directory
+	router  routing.Policy
+	view    routing.View
+	model   workload.Model
+	rng     *rand.Rand
+	reqs    map[string]*request
+	nextReq int
+	ever    map[kv.BlockHash]struct{} // blocks ever computed anywhere
+
+	e2e, ttft []float64
+	res       Result
+	scoreFrom time.Time
+	scoreTo   time.Time
+}
+
+// epoch is the virtual clock's origin.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Run simulates one fixed-split policy on a scenario.
+func Run(sc Scenario, pol Policy) (Result, error) {
+	if sc.Engines < 2 || sc.Agents < 1 || sc.Duration <= 0 || sc.Profile == nil {
+		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, 1 agent and a duration")
+	}
+	if pol.Prefill < 1 || pol.Prefill >= sc.Engines {
+		return Result{}, fmt.Errorf("policy %s: %d prefill engines of %d", pol.Name, pol.Prefill, sc.Engines)
+	}
+	m, err := workload.New(sc.Workload, sc.Agents)
+	if err != nil {
+		return Result{}, err
+	}
+	var router routing.Policy
+	switch pol.Router {
+	case "dynamo":
+		router = routing.NewDynamoSeeded(sc.Seed + 1)
+	default:
+		if router, err = routing.New(pol.Router); err != nil {
+			return Result{}, err
+		}
+	}
+	r := &run{sc: sc, pol: pol, now: epoch, start: epoch, dir: kv.NewDirectory(), router: router, model: m,
+		rng: rand.New(rand.NewPCG(sc.Seed, 0x5eed)), reqs: map[string]*request{}, byID: map[string]int{},
+		ever: map[kv.BlockHash]struct{}{}, scoreFrom: epoch.Add(sc.Warmup), scoreTo: epoch.Add(sc.Warmup + sc.Duration)}
+	p := sc.Profile
+	blockBytes := float64(p.BlockSize * p.KVBytesPerToken)
+	for i := 0; i < sc.Engines; i++ {
+		id := fmt.Sprintf("e%d", i)
+		dir, _ := r.dir.Node(id)
+		role := routing.Decode
+		if i < pol.Prefill {
+			role = routing.Prefill
+		}
+		model := enginesim.NewModel(p, enginesim.Config{WriteThrough: pol.WriteThrough})
+		r.engines = append(r.engines, &engine{id: id, dir: dir, model: model, role: role})
+		r.byID[id] = i
+		r.view.Nodes = append(r.view.Nodes, routing.Node{ID: id, Dir: dir, Role: role, Serving: true,
+			MaxSeqs: model.Config().MaxNumSeqs, GPUBlocks: model.Config().GPUBlocks,
+			PrefillSecPerToken: p.Prefill.PerTokenUs * 1e-6,
+			HostSecPerBlock:    blockBytes / (p.HostGBps * 1e9), NetSecPerBlock: blockBytes / (p.NetworkGBps * 1e9)})
+	}
+	r.view.BlockSize = p.BlockSize
+	r.res = Result{Policy: pol.Name, Split: fmt.Sprintf("%d:%d", pol.Prefill, sc.Engines-pol.Prefill)}
+	for a := 0; a < sc.Agents; a++ {
+		r.push(&event{at: r.now, kind: evSession, agent: a})
+	}
+	end := r.scoreTo
+	for len(r.q) > 0 {
+		ev := heap.Pop(&r.q).(*event)
+		if ev.at.After(end) {
+			break
+		}
+		r.now = ev.at
+		switch ev.kind {
+		case evStep:
+			r.step(ev.eng)
+		case evArrive:
+			r.arrive(ev.req)
+		case evDecode:
+			r.startDecode(ev.req)
+		case evSession:
+			r.startSession(ev.agent, ev.num)
+		}
+	}
+	return r.finish(), nil
+}
+
+func (r *run) push(e *event) {
+	r.seq++
+	e.seq = r.seq
+	heap.Push(&r.q, e)
+}
+
+func (r *run) startSession(agent, seq int) {
+	s := r.model.NewSession(r.rng, agent, seq, r.now.Sub(r.start))
+	ss := &sessionState{agent: agent, seq: seq, lanes: len(s.Lanes), scored: !r.now.Before(r.scoreFrom), started: r.now}
+	for _, l := range s.Lanes {
+		r.nextCall(&laneState{lane: l, session: ss})
+	}
+}
+
+// nextCall asks a lane for its next call and schedules it.
+func (r *run) nextCall(ls *laneState) {
+	call, ok := ls.lane.Next()
+	if ok && len(call.Tokens)+call.MaxTokens > r.sc.Profile.MaxModelLen {
+		// Past the model's context: the agent's session ends here.
+		if len(call.Tokens) >= r.sc.Profile.MaxModelLen {
+			ok = false
+		} else {
+			call.MaxTokens = r.sc.Profile.MaxModelLen - len(call.Tokens)
+		}
+	}
+	if !ok {
+		ss := ls.session
+		ss.lanes--
+		if ss.lanes == 0 {
+			if ss.calls > 0 && !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
+				r.res.Sessions++
+			}
+			// The agent starts its next task at once (closed loop); a session
+			// that could not send anything waits a second before the next.
+			at := r.now
+			if ss.calls == 0 {
+				at = at.Add(time.Second)
+			}
+			r.push(&event{at: at, kind: evSession, agent: ss.agent, num: ss.seq + 1})
+		}
+		return
+	}
+	ls.session.calls++
+	r.nextReq++
+	req := &request{id: fmt.Sprintf("r%d", r.nextReq), call: call, lane: ls, seed: uint64(r.nextReq)*0x9e3779b97f4a7c15 | 1}
+	r.push(&event{at: r.now.Add(call.Think), kind: evArrive, req: req})
+}
+
+// arrive routes a call and submits its first leg.
+func (r *run) arrive(req *request) {
+	req.arrival = r.now
+	req.scored = !r.now.Before(r.scoreFrom)
+	req.chain = kv.ChainHashes(req.call.Tokens, r.sc.Profile.BlockSize)
+	for i, e := range r.engines {
+		v := &r.view.Nodes[i]
+		v.Running, v.Waiting = e.stats.Running, e.stats.Waiting
+		v.GPUBlocksUse = e.stats.GPUBlocksUsed
+	}
+	var m kv.Match
+	r.dir.Match(req.chain, &m)
+	rr := &routing.Request{ID: req.id, Tokens: len(req.call.Tokens), Chain: req.chain, Match: &m, MaxTokens: req.call.MaxTokens}
+	dec, err := r.router.Route(r.now, rr, &r.view)
+	if err != nil {
+		// Cannot happen with a fixed split; keep the agent going.
+		r.nextCall(req.lane)
+		return
+	}
+	req.dec = dec
+	req.prefillAt, req.decodeAt = r.byID[dec.Prefill], r.byID[dec.Decode]
+	r.reqs[req.id] = req
+	if req.scored {
+		r.countLostReuse(req, &m)
+	}
+	for _, f := range dec.Fetches {
+		to := r.engines[r.byID[f.To]]
+		to.model.Fetch(r.now, req.chain[:f.End], f.From, 0)
+		r.kick(r.byID[f.To])
+	}
+	sr := enginesim.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens, Seed: req.seed}
+	if dec.Disaggregated {
+		sr.MaxTokens, sr.RemoteDecode = 1, true
+	}
+	if err := r.engines[req.prefillAt].model.Submit(r.now, sr); err != nil {
+		r.router.Finished(r.now, req.id)
+		delete(r.reqs, req.id)
+		r.nextCall(req.lane)
+		return
+	}
+	r.kick(req.prefillAt)
+}
+
+// countLostReuse adds the tokens this request will recompute that some
+// engine had computed before (lost KV reuse).
+func (r *run) countLostReuse(req *request, m *kv.Match) {
+	nm := m.For(r.engines[req.prefillAt].dir)
+	covered := nm.Local
+	for _, f := range req.dec.Fetches {
+		covered = max(covered, f.End)
+	}
+	for _, h := range req.chain[covered:] {
+		if _, ok := r.ever[h]; ok {
+			r.res.LostKVReuse += int64(r.sc.Profile.BlockSize)
+		}
+	}
+}
+
+func (r *run) startDecode(req *request) {
+	p := r.engines[req.prefillAt]
+	chain, _ := p.model.Release(req.id)
+	sr := enginesim.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens,
+		Seed: req.seed, Remote: &enginesim.RemoteKV{Blocks: chain}}
+	if err := r.engines[req.decodeAt].model.Submit(r.now, sr); err != nil {
+		r.router.Finished(r.now, req.id)
+		delete(r.reqs, req.id)
+		r.nextCall(req.lane)
+		return
+	}
+	r.kick(req.decodeAt)
+}
+
+// kick makes sure engine i steps.
+func (r *run) kick(i int) {
+	e := r.engines[i]
+	if e.scheduled {
+		return
+	}
+	e.scheduled = true
+	r.push(&event{at: r.now, kind: evStep, eng: i})
+}
+
+func (r *run) step(i int) {
+	e := r.engines[i]
+	e.scheduled = false
+	d, out := e.model.Step(r.now)
+	end := out.Start.Add(d)
+	for _, ev := range out.Events {
+		r.dir.Apply(e.dir, ev)
+		if ev.Kind == kv.BlockStored {
+			r.ever[ev.Hash] = struct{}{}
+		}
+	}
+	e.stats = out.Stats
+	if !out.Idle {
+		for _, f := range out.Finished {
+			r.finished(e, i, f, end)
+		}
+		e.scheduled = true
+		r.push(&event{at: end, kind: evStep, eng: i})
+		return
+	}
+	if next, ok := e.model.NextWake(r.now); ok {
+		e.scheduled = true
+		r.push(&event{at: next, kind: evStep, eng: i})
+	}
+}
+
+func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
+	req := r.reqs[f.ReqID]
+	if req == nil {
+		return
+	}
+	if f.Reason == enginesim.FinishRemoteDecode {
+		req.prefill = f.Usage
+		r.router.FirstToken(end, req.id)
+		r.push(&event{at: end, kind: evDecode, req: req})
+		return
+	}
+	if !end.Before(r.scoreFrom) && !end.After(r.scoreTo) {
+		r.res.Throughput += float64(f.Usage.CompletionTokens)
+	}
+	r.router.FirstToken(end, req.id)
+	r.router.Finished(end, req.id)
+	delete(r.reqs, req.id)
+	if req.scored {
+		u := f.Usage
+		r.e2e = append(r.e2e, end.Sub(req.arrival).Seconds())
+		r.ttft = append(r.ttft, u.FirstToken.Sub(req.arrival).Seconds())
+		r.res.Requests++
+		r.res.PromptTokens += int64(u.PromptTokens)
+		// Where the prompt's KV came from is the prefill's story; a decode
+		// leg's pull from its prefill engine is counted apart.
+		src := u
+		if req.dec.Disaggregated {
+			src = req.prefill
+			r.res.TransferredTokens += int64(u.TransferredTokens)
+		}
+		r.res.GPUHitTokens += int64(src.GPUHitTokens)
+		r.res.HostHitTokens += int64(src.HostHitTokens)
+		r.res.ComputedTokens += int64(src.ComputedTokens)
+	}
+	req.lane.lane.Answer(f.Output)
+	r.nextCall(req.lane)
+}
+
+func (r *run) finish() Result {
+	res := r.res
+	e2e, ttft := workload.Summarize(r.e2e), workload.Summarize(r.ttft)
+	res.MeanE2E, res.P50E2E, res.P99E2E = e2e.Mean, e2e.P50, e2e.P99
+	res.MeanTTFT, res.P50TTFT, res.P95TTFT, res.P99TTFT = ttft.Mean, ttft.P50, ttft.P95, ttft.P99
+	secs := r.sc.Duration.Seconds()
+	res.Throughput /= secs
+	res.SessionsPerHour = float64(res.Sessions) / secs * 3600
+	for _, e := range r.engines {
+		res.Preemptions += e.model.Counters().Preemptions
+	}
+	res.VirtualSec = r.now.Sub(r.start).Seconds()
+	return res
+}

@@ -1,0 +1,95 @@
+package sim
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+)
+
+func smallScenario(t *testing.T, workload string) Scenario {
+	t.Helper()
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Scenario{Profile: p, Engines: 3, Workload: workload, Agents: 6, Warmup: 2 * time.Minute, Duration: 5 * time.Minute, Seed: 7}
+}
+
+func TestRunServesAgents(t *testing.T) {
+	for _, wl := range []string{"coding", "math", "computer-use"} {
+		t.Run(wl, func(t *testing.T) {
+			sc := smallScenario(t, wl)
+			for _, name := range []string{"static:1:2", "dynamo-static:1:2"} {
+				pol, err := ParsePolicy(name, 3)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := Run(sc, pol)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if res.Requests == 0 || res.MeanE2E <= 0 || res.P50TTFT <= 0 || res.Throughput <= 0 || res.P99E2E < res.P50E2E {
+					t.Fatalf("%s: %+v", name, res)
+				}
+				if res.PromptTokens <= 0 || res.GPUHitTokens+res.HostHitTokens+res.ComputedTokens < res.PromptTokens/2 {
+					t.Fatalf("%s: prompt KV sources do not add up: %+v", name, res)
+				}
+				if res.VirtualSec < sc.Warmup.Seconds()+sc.Duration.Seconds()-60 {
+					t.Fatalf("%s: simulated only %.0f s", name, res.VirtualSec)
+				}
+			}
+		})
+	}
+}
+
+func TestSameSeedSameResult(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	a, err := Compare(sc, []string{"static:1:2", "dynamo-static:1:2"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Compare(sc, []string{"static:1:2", "dynamo-static:1:2"}, nil)
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if string(ja) != string(jb) {
+		t.Fatalf("two runs with seed %d differ:\n%s\n%s", sc.Seed, ja, jb)
+	}
+	sc.Seed++
+	c, _ := Compare(sc, []string{"static:1:2"}, nil)
+	if c[0].MeanE2E == a[0].MeanE2E && c[0].Requests == a[0].Requests {
+		t.Fatal("another seed gave the very same result")
+	}
+}
+
+func TestBestSweepsSplits(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	res, err := Compare(sc, []string{"static:best", "static:1:2", "static:2:1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	best := res[0]
+	if best.Policy != "static:best" || (best.Split != "1:2" && best.Split != "2:1") {
+		t.Fatalf("best: %+v", best)
+	}
+	for _, r := range res[1:] {
+		if better(r, best) {
+			t.Fatalf("%s (%v) beats static:best (%v)", r.Policy, r.MeanE2E, best.MeanE2E)
+		}
+	}
+}
+
+func TestPolicyNames(t *testing.T) {
+	for _, bad := range []string{"static:3:1", "static:0:3", "dynamo", "oracle", "static:x:y"} {
+		if _, err := ParsePolicy(bad, 3); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+	if p, err := ParsePolicy("evolve", 9); err != nil || p.Prefill != 3 || p.Router != "evolve" {
+		t.Fatalf("evolve: %+v %v", p, err)
+	}
+	if p, _ := ParsePolicy("dynamo-static:2:7", 9); !p.WriteThrough || p.Router != "dynamo" {
+		t.Fatalf("dynamo-static: %+v", p)
+	}
+}
