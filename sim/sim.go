@@ -155,6 +155,23 @@ type request struct {
 type laneState struct {
 	lane    workload.Lane
 	session *sessionState
+	// The lane's last prompt and its block chain: the next prompt mostly
+	// extends it, so only the new blocks need hashing.
+	lastTokens []uint32
+	lastChain  []kv.BlockHash
+}
+
+// chain returns the block hashes of tokens, reusing the lane's last chain
+// for the prefix the two prompts share.
+func (ls *laneState) chain(tokens []uint32, bs int) []kv.BlockHash {
+	n := 0
+	for n < len(tokens) && n < len(ls.lastTokens) && tokens[n] == ls.lastTokens[n] {
+		n++
+	}
+	reuse := min(n/bs, len(ls.lastChain))
+	c := kv.ExtendChain(append([]kv.BlockHash(nil), ls.lastChain[:reuse]...), tokens, bs)
+	ls.lastTokens, ls.lastChain = tokens, c
+	return c
 }
 
 type sessionState struct {
@@ -181,7 +198,7 @@ type run struct {
 	rng     *rand.Rand
 	reqs    map[string]*request
 	nextReq int
-	ever    map[kv.BlockHash]struct{} // blocks ever computed anywhere
+	ever    *kv.Index // blocks ever computed anywhere
 
 	e2e, ttft []float64
 	res       Result
@@ -215,7 +232,7 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 	}
 	r := &run{sc: sc, pol: pol, now: epoch, start: epoch, dir: kv.NewDirectory(), router: router, model: m,
 		rng: rand.New(rand.NewPCG(sc.Seed, 0x5eed)), reqs: map[string]*request{}, byID: map[string]int{},
-		ever: map[kv.BlockHash]struct{}{}, scoreFrom: epoch.Add(sc.Warmup), scoreTo: epoch.Add(sc.Warmup + sc.Duration)}
+		ever: kv.NewIndex(1 << 16), scoreFrom: epoch.Add(sc.Warmup), scoreTo: epoch.Add(sc.Warmup + sc.Duration)}
 	p := sc.Profile
 	blockBytes := float64(p.BlockSize * p.KVBytesPerToken)
 	for i := 0; i < sc.Engines; i++ {
@@ -311,7 +328,7 @@ func (r *run) nextCall(ls *laneState) {
 func (r *run) arrive(req *request) {
 	req.arrival = r.now
 	req.scored = !r.now.Before(r.scoreFrom)
-	req.chain = kv.ChainHashes(req.call.Tokens, r.sc.Profile.BlockSize)
+	req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
 	for i, e := range r.engines {
 		v := &r.view.Nodes[i]
 		v.Running, v.Waiting = e.stats.Running, e.stats.Waiting
@@ -359,7 +376,7 @@ func (r *run) countLostReuse(req *request, m *kv.Match) {
 		covered = max(covered, f.End)
 	}
 	for _, h := range req.chain[covered:] {
-		if _, ok := r.ever[h]; ok {
+		if r.ever.Has(h) {
 			r.res.LostKVReuse += int64(r.sc.Profile.BlockSize)
 		}
 	}
@@ -397,7 +414,7 @@ func (r *run) step(i int) {
 	for _, ev := range out.Events {
 		r.dir.Apply(e.dir, ev)
 		if ev.Kind == kv.BlockStored {
-			r.ever[ev.Hash] = struct{}{}
+			r.ever.Put(ev.Hash, 1)
 		}
 	}
 	e.stats = out.Stats
