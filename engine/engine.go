@@ -151,6 +151,10 @@ func (e *Engine) poke() {
 	}
 }
 
+// maxLag is how far (in modelled time) an engine may run behind the wall
+// clock before it gives up catching up and resynchronises.
+const maxLag = 200 * time.Millisecond
+
 // Run steps the model until ctx ends: one forward pass at a time, each taking
 // its modelled duration divided by the speedup in wall time. Tokens are
 // delivered when their pass ends.
@@ -161,10 +165,21 @@ func (e *Engine) Run(ctx context.Context) {
 		tokens   []sim.Token
 		finished []sim.Finished
 		events   []kv.Event
+		prevEnd  time.Time // end of the last pass, while busy
+		busy     bool
 	)
 	for {
 		e.mu.Lock()
-		d, out := e.model.Step(e.clock.Now())
+		now := e.clock.Now()
+		if busy && now.Sub(prevEnd) < maxLag {
+			// Back-to-back passes: the next starts where the last ended.
+			// Waking late (timer slack, scheduling) must not stretch the
+			// modelled time; the absolute wall deadlines catch up.
+			now = prevEnd
+		}
+		d, out := e.model.Step(now)
+		busy = !out.Idle
+		prevEnd = out.Start.Add(d)
 		tokens = append(tokens[:0], out.Tokens...)
 		finished = append(finished[:0], out.Finished...)
 		for i := range finished { // the model reuses its buffers

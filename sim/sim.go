@@ -28,6 +28,10 @@ type Scenario struct {
 	Warmup   time.Duration
 	Duration time.Duration // scored, after Warmup
 	Seed     uint64
+	// Trace, when set, replaces the agents: its requests arrive at their
+	// timestamps (scaled by TimeScale, default 1), open loop.
+	Trace     []workload.TraceRecord
+	TimeScale float64
 }
 
 // Policy is how a simulated cluster is run.
@@ -211,8 +215,11 @@ var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Run simulates one fixed-split policy on a scenario.
 func Run(sc Scenario, pol Policy) (Result, error) {
-	if sc.Engines < 2 || sc.Agents < 1 || sc.Duration <= 0 || sc.Profile == nil {
-		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, 1 agent and a duration")
+	if sc.Engines < 2 || (sc.Agents < 1 && len(sc.Trace) == 0) || sc.Duration <= 0 || sc.Profile == nil {
+		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, agents or a trace, and a duration")
+	}
+	if sc.Workload == "" {
+		sc.Workload = "coding"
 	}
 	if pol.Prefill < 1 || pol.Prefill >= sc.Engines {
 		return Result{}, fmt.Errorf("policy %s: %d prefill engines of %d", pol.Name, pol.Prefill, sc.Engines)
@@ -252,8 +259,28 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 	}
 	r.view.BlockSize = p.BlockSize
 	r.res = Result{Policy: pol.Name, Split: fmt.Sprintf("%d:%d", pol.Prefill, sc.Engines-pol.Prefill)}
-	for a := 0; a < sc.Agents; a++ {
-		r.push(&event{at: r.now, kind: evSession, agent: a})
+	if len(sc.Trace) > 0 {
+		scale := sc.TimeScale
+		if scale <= 0 {
+			scale = 1
+		}
+		for i := range sc.Trace {
+			rec := &sc.Trace[i]
+			out := rec.OutputLength
+			if rec.InputLength >= p.MaxModelLen {
+				continue
+			}
+			out = min(out, p.MaxModelLen-rec.InputLength)
+			r.nextReq++
+			req := &request{id: fmt.Sprintf("r%d", r.nextReq), seed: uint64(r.nextReq)*0x9e3779b97f4a7c15 | 1,
+				lane: &laneState{}, call: workload.Call{Session: rec.Session, Branch: rec.Branch, Tokens: rec.Tokens(), MaxTokens: out}}
+			at := epoch.Add(time.Duration(rec.Timestamp * scale * float64(time.Millisecond)))
+			r.push(&event{at: at, kind: evArrive, req: req})
+		}
+	} else {
+		for a := 0; a < sc.Agents; a++ {
+			r.push(&event{at: r.now, kind: evSession, agent: a})
+		}
 	}
 	end := r.scoreTo
 	for len(r.q) > 0 {
@@ -292,6 +319,9 @@ func (r *run) startSession(agent, seq int) {
 
 // nextCall asks a lane for its next call and schedules it.
 func (r *run) nextCall(ls *laneState) {
+	if ls.lane == nil {
+		return // a trace request: nothing follows it
+	}
 	call, ok := ls.lane.Next()
 	if ok && len(call.Tokens)+call.MaxTokens > r.sc.Profile.MaxModelLen {
 		// Past the model's context: the agent's session ends here.
@@ -466,8 +496,10 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 		r.res.HostHitTokens += int64(src.HostHitTokens)
 		r.res.ComputedTokens += int64(src.ComputedTokens)
 	}
-	req.lane.lane.Answer(f.Output)
-	r.nextCall(req.lane)
+	if req.lane.lane != nil {
+		req.lane.lane.Answer(f.Output)
+		r.nextCall(req.lane)
+	}
 }
 
 func (r *run) finish() Result {
