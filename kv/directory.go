@@ -31,11 +31,11 @@ type dirEntry struct {
 }
 
 // replicaSet holds up to inlineReplicas copies inline; more live in
-// Directory.extra.
+// Directory.extraSlab.
 type replicaSet struct {
 	reps [inlineReplicas]Replica
 	n    uint8
-	more bool // Directory.extra holds further replicas of this block
+	more bool // Directory.extraSlab holds further replicas of this block
 }
 
 const inlineReplicas = 3
@@ -60,13 +60,15 @@ var ErrGap = errors.New("KV event sequence gap")
 // when that place is free, so a chain stored in one go lies contiguous and
 // Match reads it sequentially instead of one random slot per block.
 type Directory struct {
-	t        Table[int32] // hash -> arena position
-	arena    []dirEntry
-	free     []int32 // free arena positions
-	extra    map[BlockHash][]Replica
-	nodes    []nodeState
-	names    map[string]NodeID
-	replicas int
+	t         Table[int32] // hash -> arena position
+	arena     []dirEntry
+	free      []int32      // free arena positions
+	extraIdx  Table[int32] // hash -> extraSlab index, for blocks with more than inline copies
+	extraSlab [][]Replica
+	extraFree []int32
+	nodes     []nodeState
+	names     map[string]NodeID
+	replicas  int
 
 	sink         BlockHash // keeps Match's prefetching reads alive
 	indexLookups uint64    // Match's index lookups (the rest were sequential), for benchmarks
@@ -86,7 +88,7 @@ type nodeState struct {
 
 // NewDirectory returns an empty directory.
 func NewDirectory() *Directory {
-	return &Directory{extra: map[BlockHash][]Replica{}, names: map[string]NodeID{}}
+	return &Directory{names: map[string]NodeID{}}
 }
 
 // Node returns the id of the named node, adding it if new.
@@ -216,6 +218,37 @@ func (d *Directory) Apply(n NodeID, e Event) error {
 	return nil
 }
 
+// extras returns the side replicas of h (nil if none).
+func (d *Directory) extras(h BlockHash) []Replica {
+	i, ok := d.extraIdx.Get(h)
+	if !ok {
+		return nil
+	}
+	return d.extraSlab[i]
+}
+
+func (d *Directory) setExtras(h BlockHash, ex []Replica) {
+	i, ok := d.extraIdx.Get(h)
+	switch {
+	case ok && len(ex) == 0:
+		d.extraIdx.Delete(h)
+		d.extraSlab[i] = d.extraSlab[i][:0]
+		d.extraFree = append(d.extraFree, i)
+	case ok:
+		d.extraSlab[i] = ex
+	case len(ex) > 0:
+		if n := len(d.extraFree); n > 0 {
+			i = d.extraFree[n-1]
+			d.extraFree = d.extraFree[:n-1]
+			d.extraSlab[i] = ex
+		} else {
+			i = int32(len(d.extraSlab))
+			d.extraSlab = append(d.extraSlab, ex)
+		}
+		d.extraIdx.Put(h, i)
+	}
+}
+
 func (d *Directory) count(r Replica, delta int) {
 	st := &d.nodes[r.Node()]
 	if r.Tier() == TierGPU {
@@ -245,13 +278,14 @@ func (d *Directory) add(h, parent BlockHash, r Replica) {
 		d.count(r, 1)
 		return
 	}
-	for _, x := range d.extra[h] {
+	ex := d.extras(h)
+	for _, x := range ex {
 		if x == r {
 			return
 		}
 	}
 	s.more = true
-	d.extra[h] = append(d.extra[h], r)
+	d.setExtras(h, append(ex, r))
 	d.count(r, 1)
 }
 
@@ -266,14 +300,10 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 		}
 		d.count(r, -1)
 		// Refill the hole from the side map, or close it up.
-		if ex := d.extra[h]; s.more && len(ex) > 0 {
+		if ex := d.extras(h); s.more && len(ex) > 0 {
 			s.reps[i] = ex[len(ex)-1]
-			if len(ex) == 1 {
-				delete(d.extra, h)
-				s.more = false
-			} else {
-				d.extra[h] = ex[:len(ex)-1]
-			}
+			d.setExtras(h, ex[:len(ex)-1])
+			s.more = len(ex) > 1
 			return
 		}
 		s.n--
@@ -289,17 +319,13 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 	if !s.more {
 		return
 	}
-	ex := d.extra[h]
+	ex := d.extras(h)
 	for i, x := range ex {
 		if x == r {
 			d.count(r, -1)
 			ex[i] = ex[len(ex)-1]
-			if len(ex) == 1 {
-				delete(d.extra, h)
-				s.more = false
-			} else {
-				d.extra[h] = ex[:len(ex)-1]
-			}
+			d.setExtras(h, ex[:len(ex)-1])
+			s.more = len(ex) > 1
 			return
 		}
 	}
@@ -332,7 +358,7 @@ func (d *Directory) clearNode(n NodeID) {
 			}
 		}
 		if s.more {
-			for _, r := range d.extra[h] {
+			for _, r := range d.extras(h) {
 				if r.Node() == n {
 					drop = append(drop, r)
 				}
@@ -425,7 +451,7 @@ func (d *Directory) Match(chain []BlockHash, m *Match) {
 		s := &d.arena[pos].rs
 		reps := s.reps[:s.n]
 		if s.more {
-			extra = append(append(extra[:0], reps...), d.extra[h]...)
+			extra = append(append(extra[:0], reps...), d.extras(h)...)
 			reps = extra
 		}
 		src, keep := reps[0], false
