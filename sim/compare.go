@@ -6,17 +6,31 @@ import (
 )
 
 // Compare runs every named policy on the scenario, side by side. A name
-// ending in ":best" (static:best, dynamo-static:best) sweeps every fixed
-// split and reports the one with the lowest mean end-to-end latency, named
-// as asked, with its split.
+// ending in ":best" sweeps and reports the run with the lowest mean
+// end-to-end latency, named as asked, with its split: static:best and
+// dynamo-static:best over every fixed split, dynamo:best over those Dynamo
+// splits and the shipped planner.
 func Compare(sc Scenario, names []string, progress func(string)) ([]Result, error) {
 	var out []Result
 	for _, name := range names {
 		if base, ok := strings.CutSuffix(name, ":best"); ok {
-			if base != "static" && base != "dynamo-static" {
-				return nil, fmt.Errorf("policy %q: only static:best and dynamo-static:best sweep", name)
+			if base != "static" && base != "dynamo-static" && base != "dynamo" {
+				return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep", name)
 			}
 			var best Result
+			first := 1
+			if base == "dynamo" {
+				// dynamo:best: the shipped planner, and every fixed Dynamo split.
+				pol, _ := ParsePolicy("dynamo", sc.Engines)
+				if progress != nil {
+					progress(pol.Name)
+				}
+				res, err := Run(sc, pol)
+				if err != nil {
+					return nil, err
+				}
+				best, first, base = res, 0, "dynamo-static"
+			}
 			for p := 1; p < sc.Engines; p++ {
 				pol, err := ParsePolicy(fmt.Sprintf("%s:%d:%d", base, p, sc.Engines-p), sc.Engines)
 				if err != nil {
@@ -29,7 +43,7 @@ func Compare(sc Scenario, names []string, progress func(string)) ([]Result, erro
 				if err != nil {
 					return nil, err
 				}
-				if p == 1 || better(res, best) {
+				if (p == 1 && first == 1) || better(res, best) {
 					best = res
 				}
 			}

@@ -41,6 +41,10 @@ type Policy struct {
 	Prefill int    // engines in the prefill role (fixed split)
 	// WriteThrough: KVBM-style host offload of every block (Dynamo).
 	WriteThrough bool
+	// DynamoPlanner runs Dynamo's 2026 default load-based planner (see
+	// dynamo.go), starting from the fixed split.
+	DynamoPlanner bool
+	ColdStart     time.Duration // how long an added worker loads before it serves
 }
 
 // ParsePolicy reads a fixed-split policy for a cluster of n engines:
@@ -61,6 +65,8 @@ func ParsePolicy(name string, n int) (Policy, error) {
 	switch {
 	case name == "evolve":
 		return Policy{Name: name, Router: "evolve", Prefill: max(1, n/3)}, nil
+	case name == "dynamo":
+		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, DynamoPlanner: true, ColdStart: 60 * time.Second}, nil
 	case strings.HasPrefix(name, "static:"):
 		p, err := split(strings.TrimPrefix(name, "static:"))
 		return Policy{Name: name, Router: "evolve", Prefill: p}, err
@@ -68,7 +74,7 @@ func ParsePolicy(name string, n int) (Policy, error) {
 		p, err := split(strings.TrimPrefix(name, "dynamo-static:"))
 		return Policy{Name: name, Router: "dynamo", Prefill: p, WriteThrough: true}, err
 	}
-	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, static:P:D, static:best, dynamo-static:P:D or dynamo-static:best)", name)
+	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, dynamo, static:P:D, static:best, dynamo-static:P:D or dynamo-static:best)", name)
 }
 
 // Result is one policy's outcome on a scenario. JSON names are stable.
@@ -93,6 +99,7 @@ type Result struct {
 	ComputedTokens    int64   `json:"computed_tokens"`
 	LostKVReuse       int64   `json:"lost_kv_reuse_tokens"`
 	RoleSwitches      int     `json:"role_switches"`
+	Retried           int     `json:"requests_retried"` // aborted by a worker's removal and sent again
 	Preemptions       uint64  `json:"preemptions"`
 	VirtualSec        float64 `json:"virtual_s"`
 }
@@ -103,6 +110,9 @@ const (
 	evArrive         // an agent sends a call
 	evDecode         // a prefill leg is done: its decode leg starts
 	evSession        // an agent slot starts its next session
+	evPlan           // the Dynamo planner's 5-second tick
+	evReady          // an added worker finished its cold start
+	evRemove         // a removed worker's grace period ended
 )
 
 type event struct {
@@ -111,6 +121,7 @@ type event struct {
 	kind       int
 	eng        int
 	req        *request
+	attempt    int // evDecode: the routing attempt it belongs to
 	agent, num int // evSession
 }
 
@@ -139,7 +150,16 @@ type engine struct {
 	role      routing.Role
 	scheduled bool // a step event is queued
 	stats     enginesim.PassStats
+	state     int // engActive, engStarting, engRemoving, engOff
 }
+
+// Engine states under a planner that adds and removes workers.
+const (
+	engActive = iota
+	engStarting
+	engRemoving
+	engOff
+)
 
 // request is one call in flight.
 type request struct {
@@ -154,6 +174,10 @@ type request struct {
 	scored    bool
 	seed      uint64
 	prefill   enginesim.Usage // the prefill leg's, when disaggregated
+	// Leg progress, for aborts when a worker is removed.
+	prefillDone, decodeStarted bool
+	retry                      bool
+	attempt                    int // bumped on every routing; stale events are ignored
 }
 
 type laneState struct {
@@ -282,6 +306,9 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			r.push(&event{at: r.now, kind: evSession, agent: a})
 		}
 	}
+	if pol.DynamoPlanner {
+		r.push(&event{at: r.now.Add(dynamoPlanInterval), kind: evPlan})
+	}
 	end := r.scoreTo
 	for len(r.q) > 0 {
 		ev := heap.Pop(&r.q).(*event)
@@ -295,9 +322,17 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 		case evArrive:
 			r.arrive(ev.req)
 		case evDecode:
-			r.startDecode(ev.req)
+			if ev.attempt == ev.req.attempt {
+				r.startDecode(ev.req)
+			}
 		case evSession:
 			r.startSession(ev.agent, ev.num)
+		case evPlan:
+			r.plan()
+		case evReady:
+			r.ready(ev.eng)
+		case evRemove:
+			r.remove(ev.eng)
 		}
 	}
 	return r.finish(), nil
@@ -356,27 +391,34 @@ func (r *run) nextCall(ls *laneState) {
 
 // arrive routes a call and submits its first leg.
 func (r *run) arrive(req *request) {
-	req.arrival = r.now
-	req.scored = !r.now.Before(r.scoreFrom)
-	req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
+	if !req.retry {
+		req.arrival = r.now
+		req.scored = !r.now.Before(r.scoreFrom)
+		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
+	}
+	req.prefillDone, req.decodeStarted = false, false
+	req.attempt++
 	for i, e := range r.engines {
 		v := &r.view.Nodes[i]
 		v.Running, v.Waiting = e.stats.Running, e.stats.Waiting
 		v.GPUBlocksUse = e.stats.GPUBlocksUsed
+		v.Serving = e.state == engActive
+		v.Role = e.role
 	}
 	var m kv.Match
 	r.dir.Match(req.chain, &m)
 	rr := &routing.Request{ID: req.id, Tokens: len(req.call.Tokens), Chain: req.chain, Match: &m, MaxTokens: req.call.MaxTokens}
 	dec, err := r.router.Route(r.now, rr, &r.view)
 	if err != nil {
-		// Cannot happen with a fixed split; keep the agent going.
-		r.nextCall(req.lane)
+		// No worker serves (a planner removed the last one): try again soon.
+		req.retry = true
+		r.push(&event{at: r.now.Add(time.Second), kind: evArrive, req: req})
 		return
 	}
 	req.dec = dec
 	req.prefillAt, req.decodeAt = r.byID[dec.Prefill], r.byID[dec.Decode]
 	r.reqs[req.id] = req
-	if req.scored {
+	if req.scored && !req.retry {
 		r.countLostReuse(req, &m)
 	}
 	for _, f := range dec.Fetches {
@@ -413,6 +455,10 @@ func (r *run) countLostReuse(req *request, m *kv.Match) {
 }
 
 func (r *run) startDecode(req *request) {
+	if r.reqs[req.id] != req || req.decodeStarted {
+		return // aborted meanwhile
+	}
+	req.decodeStarted = true
 	p := r.engines[req.prefillAt]
 	chain, _ := p.model.Release(req.id)
 	sr := enginesim.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens,
@@ -469,8 +515,9 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	}
 	if f.Reason == enginesim.FinishRemoteDecode {
 		req.prefill = f.Usage
+		req.prefillDone = true
 		r.router.FirstToken(end, req.id)
-		r.push(&event{at: end, kind: evDecode, req: req})
+		r.push(&event{at: end, kind: evDecode, req: req, attempt: req.attempt})
 		return
 	}
 	if !end.Before(r.scoreFrom) && !end.After(r.scoreTo) {

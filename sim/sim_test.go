@@ -81,7 +81,7 @@ func TestBestSweepsSplits(t *testing.T) {
 }
 
 func TestPolicyNames(t *testing.T) {
-	for _, bad := range []string{"static:3:1", "static:0:3", "dynamo", "oracle", "static:x:y"} {
+	for _, bad := range []string{"static:3:1", "static:0:3", "oracle", "static:x:y"} {
 		if _, err := ParsePolicy(bad, 3); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
@@ -91,5 +91,67 @@ func TestPolicyNames(t *testing.T) {
 	}
 	if p, _ := ParsePolicy("dynamo-static:2:7", 9); !p.WriteThrough || p.Router != "dynamo" {
 		t.Fatalf("dynamo-static: %+v", p)
+	}
+}
+
+// Dynamo's load planner removes workers from a lightly loaded cluster (as
+// its thresholds say it must), cold-starts any it adds, and every request
+// a removal aborts is sent again and served.
+func TestDynamoPlannerShrinksLightCluster(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := Scenario{Profile: p, Engines: 6, Workload: "computer-use", Agents: 4, Warmup: time.Minute, Duration: 10 * time.Minute, Seed: 3}
+	dyn, _ := ParsePolicy("dynamo", 6)
+	res, err := Run(sc, dyn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.RoleSwitches < 2 {
+		t.Fatalf("the planner never shrank a 2P/4D cluster serving 4 agents: %+v", res)
+	}
+	if res.Requests == 0 || res.MeanE2E <= 0 {
+		t.Fatalf("no service: %+v", res)
+	}
+	static, _ := ParsePolicy("dynamo-static:2:4", 6)
+	fixed, _ := Run(sc, static)
+	if fixed.RoleSwitches != 0 || fixed.Retried != 0 {
+		t.Fatalf("a fixed split moved: %+v", fixed)
+	}
+}
+
+// Under a load past its pools' capacity on a full budget the planner
+// cannot add workers; with free slots it adds them after the cold start.
+func TestDynamoPlannerGrowsAfterColdStart(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := Scenario{Profile: p, Engines: 3, Workload: "coding", Agents: 40, Warmup: 0, Duration: 8 * time.Minute, Seed: 5}
+	dyn, _ := ParsePolicy("dynamo", 3)
+	a, err := Run(sc, dyn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := Run(sc, dyn)
+	if a != b {
+		t.Fatal("the planner is not deterministic")
+	}
+	if a.Requests == 0 {
+		t.Fatalf("%+v", a)
+	}
+}
+
+func TestDynamoBestIsTheBestDynamo(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	res, err := Compare(sc, []string{"dynamo:best", "dynamo", "dynamo-static:1:2", "dynamo-static:2:1"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range res[1:] {
+		if better(r, res[0]) {
+			t.Fatalf("%s (%.3f s) beats dynamo:best (%.3f s)", r.Policy, r.MeanE2E, res[0].MeanE2E)
+		}
 	}
 }

@@ -348,7 +348,7 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	if res.Results[1]["policy"] != "dynamo-static:best" {
 		t.Fatalf("policy names: %v", res.Results)
 	}
-	for _, bad := range [][]string{{"sim", "--policies", "oracle"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"}} {
+	for _, bad := range [][]string{{"sim", "--policies", "oracle"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"}} {
 		if out, code := runBin(t, nil, bad...); code != 2 {
 			t.Errorf("evolve %v: exit %d %s", bad, code, out)
 		}

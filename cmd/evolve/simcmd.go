@@ -61,14 +61,18 @@ Policies (comma-separated):
                       until the online planner moves nodes
   static:P:D          evolve's router and KV management with a fixed split
   static:best         every static split, the best by mean end-to-end latency
-  dynamo-static:P:D   Dynamo's KV router cost, fixed roles, KVBM write-through
-                      host offload per worker, no cross-worker host fetch
-  dynamo-static:best  every Dynamo split, the best
-(dynamo with its load planner, dynamo-sla and oracle are not built yet.)
+  dynamo              Dynamo as shipped: its KV router cost, fixed-role workers,
+                      KVBM write-through host offload per worker (no cross-worker
+                      fetch), and its 2026 default load planner (5 s steps, 60 s
+                      cold starts, removals that abort and retry), from 1:2
+  dynamo-static:P:D   the same with a fixed split and no planner
+  dynamo-static:best  every fixed Dynamo split, the best
+  dynamo:best         the best of dynamo and every fixed Dynamo split
+(dynamo-sla and oracle are not built yet.)
 
 One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 ` + "  " + strings.Join(presetNames(), ", ") + `.`,
-		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo-static:best,static:best,evolve
+		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve
   evolve sim --gpus 16 --workload math --agents 40 --duration 20m --warmup 5m -o json`,
 		Args: noArgs,
 		RunE: runSim,
@@ -81,7 +85,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
-	f.String("policies", "dynamo-static:best,static:best,evolve", "policies to compare")
+	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
 	f.Int64("seed", 1, "random seed")
 	addOutputFlag(cmd, "table or json")
 	return cmd
@@ -186,6 +190,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("prompt KV: computed", func(r sim.Result) string { return pct(r.ComputedTokens, r.PromptTokens) })
 		row("lost KV reuse (tokens)", func(r sim.Result) string { return fmt.Sprint(r.LostKVReuse) })
 		row("role switches", func(r sim.Result) string { return fmt.Sprint(r.RoleSwitches) })
+		row("requests retried", func(r sim.Result) string { return fmt.Sprint(r.Retried) })
 		row("preemptions", func(r sim.Result) string { return fmt.Sprint(r.Preemptions) })
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"sort"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
@@ -579,3 +580,33 @@ func (m *Model) Resync() int {
 
 // LastEventSeq is the sequence number of the last KV event emitted.
 func (m *Model) LastEventSeq() uint64 { return m.eventSeq }
+
+// Load reports what a load-based planner looks at: prompt tokens not yet
+// prefilled (waiting requests, and running ones still in prefill), and the
+// tokens that waiting requests will need in KV.
+func (m *Model) Load() (queuedPrefillTokens, queuedKVTokens int) {
+	for _, s := range m.waiting {
+		queuedPrefillTokens += len(s.tokens) - s.computed
+		queuedKVTokens += len(s.tokens)
+	}
+	for _, s := range m.running {
+		if left := len(s.tokens) - s.computed; left > 1 {
+			queuedPrefillTokens += left
+		}
+	}
+	return queuedPrefillTokens, queuedKVTokens
+}
+
+// AbortAll drops every request (a worker being removed) and returns their
+// ids, in no particular order.
+func (m *Model) AbortAll(now time.Time) []string {
+	var ids []string
+	for id := range m.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	for _, id := range ids {
+		m.Abort(now, id)
+	}
+	return ids
+}

@@ -1,0 +1,135 @@
+package sim
+
+import (
+	"time"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+)
+
+// Dynamo's 2026 default planner ("throughput" target, load-based), as
+// ../shared/reference/dynamo-baseline.md describes it: every 5 s, per pool,
+// at most one step of one worker; prefill grows when any prefill worker has
+// queued prefill tokens of at least one context length and shrinks when all
+// are under a tenth; decode grows when any decode worker's scheduled plus
+// queued KV exceeds its capacity and shrinks when all are under 60%; at
+// least one worker per pool, within the cluster's engine budget; no new
+// action while the pool's previous one is pending. An added worker cold
+// starts (model load) before it serves; a removed one stops getting
+// requests, gets 5 s of grace, then its requests in flight abort and are
+// sent again from scratch (counted as retried). Workers never change role.
+const (
+	dynamoPlanInterval = 5 * time.Second
+	dynamoRemoveGrace  = 5 * time.Second
+)
+
+func (r *run) plan() {
+	r.push(&event{at: r.now.Add(dynamoPlanInterval), kind: evPlan})
+	for _, role := range []routing.Role{routing.Prefill, routing.Decode} {
+		var pool []int
+		pending := false
+		for i, e := range r.engines {
+			if e.role != role {
+				continue
+			}
+			switch e.state {
+			case engActive:
+				pool = append(pool, i)
+			case engStarting, engRemoving:
+				pending = true
+			}
+		}
+		if pending || len(pool) == 0 {
+			continue
+		}
+		up, down := false, true
+		for _, i := range pool {
+			e := r.engines[i]
+			qp, qkv := e.model.Load()
+			var load float64
+			if role == routing.Prefill {
+				load = float64(qp) / float64(r.sc.Profile.MaxModelLen)
+				up = up || load >= 1.0
+				down = down && load < 0.1
+			} else {
+				capTokens := float64(e.model.Config().GPUBlocks * r.sc.Profile.BlockSize)
+				load = (float64(e.stats.GPUBlocksUsed*r.sc.Profile.BlockSize) + float64(qkv)) / capTokens
+				up = up || load > 1.0
+				down = down && load < 0.6
+			}
+		}
+		switch {
+		case up:
+			r.addWorker(role)
+		case down && len(pool) > 1:
+			// Remove the least loaded worker of the pool.
+			best, bestLoad := -1, 0
+			for _, i := range pool {
+				st := r.engines[i].stats
+				if l := st.Running + st.Waiting; best < 0 || l < bestLoad {
+					best, bestLoad = i, l
+				}
+			}
+			e := r.engines[best]
+			e.state = engRemoving
+			r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: best})
+		}
+	}
+}
+
+// addWorker starts a cold worker of role in a free slot of the budget.
+func (r *run) addWorker(role routing.Role) {
+	for i, e := range r.engines {
+		if e.state != engOff {
+			continue
+		}
+		e.role, e.state = role, engStarting
+		e.model = enginesim.NewModel(r.sc.Profile, enginesim.Config{WriteThrough: r.pol.WriteThrough})
+		e.stats = enginesim.PassStats{}
+		r.push(&event{at: r.now.Add(r.pol.ColdStart), kind: evReady, eng: i})
+		return
+	}
+}
+
+func (r *run) ready(i int) {
+	e := r.engines[i]
+	if e.state != engStarting {
+		return
+	}
+	e.state = engActive
+	r.res.RoleSwitches++
+}
+
+// remove ends a removed worker's grace: what it still serves aborts and is
+// sent again from scratch; its KV is gone.
+func (r *run) remove(i int) {
+	e := r.engines[i]
+	if e.state != engRemoving {
+		return
+	}
+	aborted := map[string]bool{}
+	for _, id := range e.model.AbortAll(r.now) {
+		aborted[id] = true
+	}
+	for id, req := range r.reqs {
+		onIt := aborted[id] && !(req.prefillAt == i && req.prefillDone && req.decodeStarted && req.decodeAt != i)
+		if !onIt {
+			continue
+		}
+		// Drop the other leg too (a held prefill, or a decode elsewhere).
+		for _, other := range []int{req.prefillAt, req.decodeAt} {
+			if other != i {
+				r.engines[other].model.Abort(r.now, id)
+			}
+		}
+		r.router.Finished(r.now, id)
+		delete(r.reqs, id)
+		req.retry = true
+		r.res.Retried++
+		r.push(&event{at: r.now, kind: evArrive, req: req})
+	}
+	r.dir.DropNode(e.dir)
+	e.state = engOff
+	e.stats = enginesim.PassStats{}
+	r.res.RoleSwitches++
+}
