@@ -13,6 +13,14 @@ import (
 func Compare(sc Scenario, names []string, progress func(string)) ([]Result, error) {
 	var out []Result
 	for _, name := range names {
+		if name == "oracle" {
+			res, err := Oracle(sc, progress)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, res)
+			continue
+		}
 		if base, ok := strings.CutSuffix(name, ":best"); ok {
 			if base != "static" && base != "dynamo-static" && base != "dynamo" {
 				return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep", name)

@@ -74,7 +74,7 @@ func ParsePolicy(name string, n int) (Policy, error) {
 		p, err := split(strings.TrimPrefix(name, "dynamo-static:"))
 		return Policy{Name: name, Router: "dynamo", Prefill: p, WriteThrough: true}, err
 	}
-	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, dynamo, static:P:D, static:best, dynamo-static:P:D or dynamo-static:best)", name)
+	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, dynamo, dynamo:best, static:P:D, static:best, dynamo-static:P:D, dynamo-static:best or oracle)", name)
 }
 
 // Result is one policy's outcome on a scenario. JSON names are stable.
@@ -102,6 +102,25 @@ type Result struct {
 	Retried           int     `json:"requests_retried"` // aborted by a worker's removal and sent again
 	Preemptions       uint64  `json:"preemptions"`
 	VirtualSec        float64 `json:"virtual_s"`
+
+	// Timeline is the run minute by minute (not in the JSON result; see
+	// WriteTimeline).
+	Timeline []Window `json:"-"`
+}
+
+// Window is one minute of a run.
+type Window struct {
+	Start        time.Duration // since the run's start
+	Prefill      int           // serving prefill engines at the window's end
+	Decode       int           // serving decode engines
+	Waiting      int           // requests queued on engines at the window's end
+	Requests     int           // finished in the window
+	Sessions     int           // ended in the window
+	OutputTokens int64
+	// Prompt tokens of the window's finished requests by KV source, and
+	// lost reuse of the requests that arrived in it.
+	PromptTokens, GPUHit, HostHit, Computed, LostReuse int64
+	e2e, ttft                                          []float64
 }
 
 // event kinds.
@@ -113,6 +132,7 @@ const (
 	evPlan           // the Dynamo planner's 5-second tick
 	evReady          // an added worker finished its cold start
 	evRemove         // a removed worker's grace period ended
+	evMinute         // a timeline window ends
 )
 
 type event struct {
@@ -309,6 +329,8 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 	if pol.DynamoPlanner {
 		r.push(&event{at: r.now.Add(dynamoPlanInterval), kind: evPlan})
 	}
+	r.res.Timeline = []Window{{}}
+	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
 	end := r.scoreTo
 	for len(r.q) > 0 {
 		ev := heap.Pop(&r.q).(*event)
@@ -333,6 +355,8 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			r.ready(ev.eng)
 		case evRemove:
 			r.remove(ev.eng)
+		case evMinute:
+			r.closeWindow()
 		}
 	}
 	return r.finish(), nil
@@ -370,8 +394,11 @@ func (r *run) nextCall(ls *laneState) {
 		ss := ls.session
 		ss.lanes--
 		if ss.lanes == 0 {
-			if ss.calls > 0 && !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
-				r.res.Sessions++
+			if ss.calls > 0 {
+				r.window().Sessions++
+				if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
+					r.res.Sessions++
+				}
 			}
 			// The agent starts its next task at once (closed loop); a session
 			// that could not send anything waits a second before the next.
@@ -418,7 +445,7 @@ func (r *run) arrive(req *request) {
 	req.dec = dec
 	req.prefillAt, req.decodeAt = r.byID[dec.Prefill], r.byID[dec.Decode]
 	r.reqs[req.id] = req
-	if req.scored && !req.retry {
+	if !req.retry {
 		r.countLostReuse(req, &m)
 	}
 	for _, f := range dec.Fetches {
@@ -447,10 +474,15 @@ func (r *run) countLostReuse(req *request, m *kv.Match) {
 	for _, f := range req.dec.Fetches {
 		covered = max(covered, f.End)
 	}
+	var lost int64
 	for _, h := range req.chain[covered:] {
 		if r.ever.Has(h) {
-			r.res.LostKVReuse += int64(r.sc.Profile.BlockSize)
+			lost += int64(r.sc.Profile.BlockSize)
 		}
+	}
+	r.window().LostReuse += lost
+	if req.scored {
+		r.res.LostKVReuse += lost
 	}
 }
 
@@ -526,17 +558,28 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	r.router.FirstToken(end, req.id)
 	r.router.Finished(end, req.id)
 	delete(r.reqs, req.id)
+	u := f.Usage
+	// Where the prompt's KV came from is the prefill's story; a decode
+	// leg's pull from its prefill engine is counted apart.
+	src := u
+	if req.dec.Disaggregated {
+		src = req.prefill
+	}
+	w := r.window()
+	w.Requests++
+	w.OutputTokens += int64(u.CompletionTokens)
+	w.e2e = append(w.e2e, end.Sub(req.arrival).Seconds())
+	w.ttft = append(w.ttft, u.FirstToken.Sub(req.arrival).Seconds())
+	w.PromptTokens += int64(u.PromptTokens)
+	w.GPUHit += int64(src.GPUHitTokens)
+	w.HostHit += int64(src.HostHitTokens)
+	w.Computed += int64(src.ComputedTokens)
 	if req.scored {
-		u := f.Usage
 		r.e2e = append(r.e2e, end.Sub(req.arrival).Seconds())
 		r.ttft = append(r.ttft, u.FirstToken.Sub(req.arrival).Seconds())
 		r.res.Requests++
 		r.res.PromptTokens += int64(u.PromptTokens)
-		// Where the prompt's KV came from is the prefill's story; a decode
-		// leg's pull from its prefill engine is counted apart.
-		src := u
 		if req.dec.Disaggregated {
-			src = req.prefill
 			r.res.TransferredTokens += int64(u.TransferredTokens)
 		}
 		r.res.GPUHitTokens += int64(src.GPUHitTokens)
@@ -549,7 +592,30 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	}
 }
 
+// window is the current timeline window.
+func (r *run) window() *Window { return &r.res.Timeline[len(r.res.Timeline)-1] }
+
+// closeWindow records the cluster's state at a minute's end and opens the
+// next window.
+func (r *run) closeWindow() {
+	w := r.window()
+	for _, e := range r.engines {
+		if e.state != engActive {
+			continue
+		}
+		if e.role == routing.Prefill {
+			w.Prefill++
+		} else {
+			w.Decode++
+		}
+		w.Waiting += e.stats.Waiting
+	}
+	r.res.Timeline = append(r.res.Timeline, Window{Start: r.now.Sub(r.start)})
+	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
+}
+
 func (r *run) finish() Result {
+	r.res.Timeline = r.res.Timeline[:len(r.res.Timeline)-1] // the open one is partial
 	res := r.res
 	e2e, ttft := workload.Summarize(r.e2e), workload.Summarize(r.ttft)
 	res.MeanE2E, res.P50E2E, res.P99E2E = e2e.Mean, e2e.P50, e2e.P99

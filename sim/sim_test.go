@@ -2,6 +2,7 @@ package sim
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -135,7 +136,9 @@ func TestDynamoPlannerGrowsAfterColdStart(t *testing.T) {
 		t.Fatal(err)
 	}
 	b, _ := Run(sc, dyn)
-	if a != b {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if string(ja) != string(jb) || len(a.Timeline) != len(b.Timeline) {
 		t.Fatal("the planner is not deterministic")
 	}
 	if a.Requests == 0 {
@@ -153,5 +156,30 @@ func TestDynamoBestIsTheBestDynamo(t *testing.T) {
 		if better(r, res[0]) {
 			t.Fatalf("%s (%.3f s) beats dynamo:best (%.3f s)", r.Policy, r.MeanE2E, res[0].MeanE2E)
 		}
+	}
+}
+
+// The oracle takes, minute by minute, the best static split: it is never
+// worse than the best single static split on mean latency of its minutes.
+func TestOracleIsAnUpperLimit(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	res, err := Compare(sc, []string{"oracle", "static:best"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, best := res[0], res[1]
+	if o.Requests == 0 || len(o.Timeline) != int(sc.Duration/time.Minute) {
+		t.Fatalf("oracle: %+v (%d windows)", o, len(o.Timeline))
+	}
+	if o.MeanE2E > best.MeanE2E*1.05 {
+		t.Fatalf("oracle mean %.3f s worse than static:best %.3f s", o.MeanE2E, best.MeanE2E)
+	}
+	var buf strings.Builder
+	if err := WriteTimeline(&buf, res); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if !strings.HasPrefix(lines[0], "policy,minute,prefill,decode") || len(lines) < 1+len(o.Timeline) {
+		t.Fatalf("timeline CSV: %d lines, header %q", len(lines), lines[0])
 	}
 }

@@ -322,8 +322,9 @@ func TestEngineDrainsOnSIGTERM(t *testing.T) {
 }
 
 func TestSimPrintsStableJSON(t *testing.T) {
+	timeline := filepath.Join(t.TempDir(), "timeline.csv")
 	out, code := runBin(t, nil, "sim", "--gpus", "12", "--workload", "coding", "--agents", "8", "--duration", "2m", "--warmup", "1m",
-		"--policies", "static:1:2,dynamo-static:best", "-o", "json")
+		"--policies", "static:1:2,dynamo-static:best", "--timeline", timeline, "-o", "json")
 	if code != 0 {
 		t.Fatalf("sim: %d %s", code, out)
 	}
@@ -348,7 +349,10 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	if res.Results[1]["policy"] != "dynamo-static:best" {
 		t.Fatalf("policy names: %v", res.Results)
 	}
-	for _, bad := range [][]string{{"sim", "--policies", "oracle"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"}} {
+	if b, err := os.ReadFile(timeline); err != nil || !strings.HasPrefix(string(b), "policy,minute,prefill,decode") {
+		t.Fatalf("timeline: %v %.80q", err, b)
+	}
+	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"}} {
 		if out, code := runBin(t, nil, bad...); code != 2 {
 			t.Errorf("evolve %v: exit %d %s", bad, code, out)
 		}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -68,7 +69,9 @@ Policies (comma-separated):
   dynamo-static:P:D   the same with a fixed split and no planner
   dynamo-static:best  every fixed Dynamo split, the best
   dynamo:best         the best of dynamo and every fixed Dynamo split
-(dynamo-sla and oracle are not built yet.)
+  oracle              per minute, the best static split, as if the future were
+                      known and switches free (an optimistic upper limit)
+(dynamo-sla is not built yet.)
 
 One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 ` + "  " + strings.Join(presetNames(), ", ") + `.`,
@@ -87,6 +90,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
 	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
 	f.Int64("seed", 1, "random seed")
+	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -135,7 +139,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		Seed: uint64(config.GetInt64(k("seed")))}
 	names := strings.Split(config.GetString(k("policies")), ",")
 	for _, n := range names {
-		if strings.HasSuffix(n, ":best") {
+		if strings.HasSuffix(n, ":best") || n == "oracle" {
 			continue
 		}
 		if _, err := sim.ParsePolicy(n, sc.Engines); err != nil {
@@ -149,6 +153,20 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	})
 	if err != nil {
 		return usage(err)
+	}
+	if path := config.GetString(k("timeline")); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("--timeline: %w", err)
+		}
+		werr := sim.WriteTimeline(f, results)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return werr
+		}
+		fmt.Fprintf(errw, "timeline written to %s\n", path)
 	}
 	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,

@@ -1,0 +1,33 @@
+package sim
+
+import (
+	"encoding/csv"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/evolvellm/evolve/workload"
+)
+
+// WriteTimeline writes each result's timeline as CSV, one row per policy
+// and minute: the serving prefill/decode split, requests queued on engines,
+// requests finished, their mean and P95 end-to-end latency and TTFT, and
+// output tokens per second.
+func WriteTimeline(w io.Writer, results []Result) error {
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"policy", "minute", "prefill", "decode", "waiting", "requests", "mean_e2e_s", "p95_e2e_s", "mean_ttft_s", "p95_ttft_s", "output_tok_s"})
+	f := func(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
+	for _, r := range results {
+		for _, win := range r.Timeline {
+			e2e, ttft := workload.Summarize(append([]float64(nil), win.e2e...)), workload.Summarize(append([]float64(nil), win.ttft...))
+			cw.Write([]string{r.Policy, strconv.Itoa(int(win.Start.Minutes())), strconv.Itoa(win.Prefill), strconv.Itoa(win.Decode),
+				strconv.Itoa(win.Waiting), strconv.Itoa(win.Requests), f(e2e.Mean), f(e2e.P95), f(ttft.Mean), f(ttft.P95),
+				f(float64(win.OutputTokens) / 60)})
+		}
+	}
+	cw.Flush()
+	if err := cw.Error(); err != nil {
+		return fmt.Errorf("write timeline: %w", err)
+	}
+	return nil
+}
