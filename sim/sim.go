@@ -114,7 +114,7 @@ type Window struct {
 	Prefill      int           // serving prefill engines at the window's end
 	Decode       int           // serving decode engines
 	Waiting      int           // requests queued on engines at the window's end
-	Requests     int           // finished in the window
+	Requests     int           // arrived in the window (and finished)
 	Sessions     int           // ended in the window
 	OutputTokens int64
 	// Prompt tokens of the window's finished requests by KV source, and
@@ -565,7 +565,12 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	if req.dec.Disaggregated {
 		src = req.prefill
 	}
+	// A request belongs to the window it arrived in, as the scored results
+	// count requests by arrival.
 	w := r.window()
+	if i := int(req.arrival.Sub(r.start) / time.Minute); i < len(r.res.Timeline) {
+		w = &r.res.Timeline[i]
+	}
 	w.Requests++
 	w.OutputTokens += int64(u.CompletionTokens)
 	w.e2e = append(w.e2e, end.Sub(req.arrival).Seconds())

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/workload"
 )
 
 func smallScenario(t *testing.T, workload string) Scenario {
@@ -15,7 +16,7 @@ func smallScenario(t *testing.T, workload string) Scenario {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return Scenario{Profile: p, Engines: 3, Workload: workload, Agents: 6, Warmup: 2 * time.Minute, Duration: 5 * time.Minute, Seed: 7}
+	return Scenario{Profile: p, Engines: 3, Workload: workload, Agents: 6, Warmup: time.Minute, Duration: 3 * time.Minute, Seed: 7}
 }
 
 func TestRunServesAgents(t *testing.T) {
@@ -129,7 +130,7 @@ func TestDynamoPlannerGrowsAfterColdStart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sc := Scenario{Profile: p, Engines: 3, Workload: "coding", Agents: 40, Warmup: 0, Duration: 8 * time.Minute, Seed: 5}
+	sc := Scenario{Profile: p, Engines: 3, Workload: "coding", Agents: 20, Warmup: 0, Duration: 5 * time.Minute, Seed: 5}
 	dyn, _ := ParsePolicy("dynamo", 3)
 	a, err := Run(sc, dyn)
 	if err != nil {
@@ -173,6 +174,25 @@ func TestOracleIsAnUpperLimit(t *testing.T) {
 	}
 	if o.MeanE2E > best.MeanE2E*1.05 {
 		t.Fatalf("oracle mean %.3f s worse than static:best %.3f s", o.MeanE2E, best.MeanE2E)
+	}
+	// Minute by minute, the oracle's latency is the lowest of all splits'.
+	var runs []Result
+	for _, name := range []string{"static:1:2", "static:2:1"} {
+		pol, _ := ParsePolicy(name, 3)
+		r, _ := Run(sc, pol)
+		runs = append(runs, r)
+	}
+	for i, w := range o.Timeline {
+		mine := workload.Summarize(append([]float64(nil), w.e2e...)).Mean
+		for _, r := range runs {
+			for _, rw := range r.Timeline {
+				if rw.Start == w.Start && rw.Requests > 0 {
+					if other := workload.Summarize(append([]float64(nil), rw.e2e...)).Mean; other < mine-1e-9 {
+						t.Fatalf("minute %d: %s had %.3f s, the oracle took %.3f s", i, r.Policy, other, mine)
+					}
+				}
+			}
+		}
 	}
 	var buf strings.Builder
 	if err := WriteTimeline(&buf, res); err != nil {
