@@ -116,7 +116,7 @@ type Window struct {
 	Waiting      int           // requests queued on engines at the window's end
 	Requests     int           // arrived in the window (and finished)
 	Sessions     int           // ended in the window
-	OutputTokens int64
+	OutputTokens int64         // of requests finishing in the window
 	// Prompt tokens of the window's finished requests by KV source, and
 	// lost reuse of the requests that arrived in it.
 	PromptTokens, GPUHit, HostHit, Computed, LostReuse int64
@@ -572,7 +572,7 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 		w = &r.res.Timeline[i]
 	}
 	w.Requests++
-	w.OutputTokens += int64(u.CompletionTokens)
+	r.window().OutputTokens += int64(u.CompletionTokens) // throughput: when produced
 	w.e2e = append(w.e2e, end.Sub(req.arrival).Seconds())
 	w.ttft = append(w.ttft, u.FirstToken.Sub(req.arrival).Seconds())
 	w.PromptTokens += int64(u.PromptTokens)

@@ -203,3 +203,22 @@ func TestOracleIsAnUpperLimit(t *testing.T) {
 		t.Fatalf("timeline CSV: %d lines, header %q", len(lines), lines[0])
 	}
 }
+
+func TestPlotDrawsEveryPolicy(t *testing.T) {
+	sc := smallScenario(t, "math")
+	res, err := Compare(sc, []string{"static:1:2", "dynamo"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if err := WritePlot(&b, res); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<polyline") < 3 || !strings.Contains(svg, ">dynamo<") || !strings.Contains(svg, ">static:1:2<") {
+		t.Fatalf("plot: %.300s", svg)
+	}
+	if err := WritePlot(&b, []Result{{Policy: "empty"}}); err == nil {
+		t.Fatal("a plot of no timeline succeeded")
+	}
+}

@@ -11,9 +11,9 @@ import (
 
 // WriteTimeline writes each result's timeline as CSV, one row per policy
 // and minute: the serving prefill/decode split and requests queued on
-// engines at the minute's end; the requests that arrived in the minute, their
-// mean and P95 end-to-end latency and TTFT, and their output tokens per
-// second of the minute.
+// engines at the minute's end; the requests that arrived in the minute and
+// their mean and P95 end-to-end latency and TTFT; and the output tokens per
+// second of the requests that finished in it.
 func WriteTimeline(w io.Writer, results []Result) error {
 	cw := csv.NewWriter(w)
 	cw.Write([]string{"policy", "minute", "prefill", "decode", "waiting", "requests", "mean_e2e_s", "p95_e2e_s", "mean_ttft_s", "p95_ttft_s", "output_tok_s"})

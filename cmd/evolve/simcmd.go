@@ -91,6 +91,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
 	f.Int64("seed", 1, "random seed")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
+	f.String("plot", "", "draw the timelines (split and latency per minute) as an SVG file")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -167,6 +168,20 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			return werr
 		}
 		fmt.Fprintf(errw, "timeline written to %s\n", path)
+	}
+	if path := config.GetString(k("plot")); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("--plot: %w", err)
+		}
+		werr := sim.WritePlot(f, results)
+		if cerr := f.Close(); werr == nil {
+			werr = cerr
+		}
+		if werr != nil {
+			return werr
+		}
+		fmt.Fprintf(errw, "plot written to %s\n", path)
 	}
 	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,
