@@ -2,75 +2,123 @@ package sim
 
 import (
 	"fmt"
+	"runtime"
 	"strings"
+	"sync"
 )
 
 // Compare runs every named policy on the scenario, side by side. A name
 // ending in ":best" sweeps and reports the run with the lowest mean
 // end-to-end latency, named as asked, with its split: static:best and
 // dynamo-static:best over every fixed split, dynamo:best over those Dynamo
-// splits and the shipped planner.
+// splits and the shipped planner. "oracle" takes the best static split
+// minute by minute (see Oracle). Independent runs use every core; the
+// results do not depend on how many there are.
 func Compare(sc Scenario, names []string, progress func(string)) ([]Result, error) {
-	var out []Result
+	// Expand every name into the runs it needs.
+	type job struct {
+		pol Policy
+		res Result
+		err error
+	}
+	var jobs []*job
+	need := map[string]*job{}
+	add := func(name string) error {
+		if need[name] != nil {
+			return nil
+		}
+		pol, err := ParsePolicy(name, sc.Engines)
+		if err != nil {
+			return err
+		}
+		j := &job{pol: pol}
+		need[name] = j
+		jobs = append(jobs, j)
+		return nil
+	}
+	splits := func(base string) []string {
+		var out []string
+		for p := 1; p < sc.Engines; p++ {
+			out = append(out, fmt.Sprintf("%s:%d:%d", base, p, sc.Engines-p))
+		}
+		return out
+	}
+	members := map[string][]string{}
 	for _, name := range names {
-		if name == "oracle" {
-			res, err := Oracle(sc, progress)
-			if err != nil {
+		var m []string
+		switch {
+		case name == "oracle", name == "static:best":
+			m = splits("static")
+		case name == "dynamo-static:best":
+			m = splits("dynamo-static")
+		case name == "dynamo:best":
+			m = append([]string{"dynamo"}, splits("dynamo-static")...)
+		case strings.HasSuffix(name, ":best"):
+			return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep", name)
+		default:
+			m = []string{name}
+		}
+		for _, n := range m {
+			if err := add(n); err != nil {
 				return nil, err
 			}
-			out = append(out, res)
-			continue
 		}
-		if base, ok := strings.CutSuffix(name, ":best"); ok {
-			if base != "static" && base != "dynamo-static" && base != "dynamo" {
-				return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep", name)
-			}
-			var best Result
-			first := 1
-			if base == "dynamo" {
-				// dynamo:best: the shipped planner, and every fixed Dynamo split.
-				pol, _ := ParsePolicy("dynamo", sc.Engines)
+		members[name] = m
+	}
+
+	// Run them, a worker per core.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	next := 0
+	for w := 0; w < min(runtime.GOMAXPROCS(0), len(jobs)); w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				mu.Lock()
+				if next == len(jobs) {
+					mu.Unlock()
+					return
+				}
+				j := jobs[next]
+				next++
 				if progress != nil {
-					progress(pol.Name)
+					progress(j.pol.Name)
 				}
-				res, err := Run(sc, pol)
-				if err != nil {
-					return nil, err
-				}
-				best, first, base = res, 0, "dynamo-static"
+				mu.Unlock()
+				j.res, j.err = Run(sc, j.pol)
 			}
-			for p := 1; p < sc.Engines; p++ {
-				pol, err := ParsePolicy(fmt.Sprintf("%s:%d:%d", base, p, sc.Engines-p), sc.Engines)
-				if err != nil {
-					return nil, err
-				}
-				if progress != nil {
-					progress(pol.Name)
-				}
-				res, err := Run(sc, pol)
-				if err != nil {
-					return nil, err
-				}
-				if (p == 1 && first == 1) || better(res, best) {
-					best = res
+		}()
+	}
+	wg.Wait()
+	for _, j := range jobs {
+		if j.err != nil {
+			return nil, j.err
+		}
+	}
+
+	var out []Result
+	for _, name := range names {
+		m := members[name]
+		switch {
+		case name == "oracle":
+			runs := make([]Result, len(m))
+			for i, n := range m {
+				runs[i] = need[n].res
+			}
+			out = append(out, oracleOf(sc, runs))
+		case strings.HasSuffix(name, ":best"):
+			best := need[m[0]].res
+			for _, n := range m[1:] {
+				if r := need[n].res; better(r, best) {
+					best = r
 				}
 			}
 			best.Policy = name
 			out = append(out, best)
-			continue
+		default:
+			out = append(out, need[name].res)
 		}
-		pol, err := ParsePolicy(name, sc.Engines)
-		if err != nil {
-			return nil, err
-		}
-		if progress != nil {
-			progress(pol.Name)
-		}
-		res, err := Run(sc, pol)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, res)
 	}
 	return out, nil
 }

@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"fmt"
 	"time"
 
 	"github.com/evolvellm/evolve/workload"
@@ -14,21 +13,15 @@ import (
 // different runs ignores that the state a minute starts from depends on
 // the split before it, so the oracle is optimistic: a limit, not a policy.
 func Oracle(sc Scenario, progress func(string)) (Result, error) {
-	var runs []Result
-	for p := 1; p < sc.Engines; p++ {
-		pol, err := ParsePolicy(fmt.Sprintf("static:%d:%d", p, sc.Engines-p), sc.Engines)
-		if err != nil {
-			return Result{}, err
-		}
-		if progress != nil {
-			progress("oracle: " + pol.Name)
-		}
-		res, err := Run(sc, pol)
-		if err != nil {
-			return Result{}, err
-		}
-		runs = append(runs, res)
+	res, err := Compare(sc, []string{"oracle"}, progress)
+	if err != nil {
+		return Result{}, err
 	}
+	return res[0], nil
+}
+
+// oracleOf glues the best minutes of runs, one per static split.
+func oracleOf(sc Scenario, runs []Result) Result {
 	out := Result{Policy: "oracle", Split: "per minute"}
 	var e2e, ttft []float64
 	var tokens int64
@@ -76,5 +69,5 @@ func Oracle(sc Scenario, progress func(string)) (Result, error) {
 		out.SessionsPerHour = float64(out.Sessions) / secs * 3600
 	}
 	out.VirtualSec = runs[0].VirtualSec
-	return out, nil
+	return out
 }
