@@ -371,7 +371,9 @@ func (e *Engine) Drain(ctx context.Context) int {
 	defer tick.Stop()
 	for {
 		e.mu.Lock()
-		n := e.model.InFlight()
+		// A request the model has finished may still have its last pass's
+		// tokens on the way to its client: wait for the handlers too.
+		n := max(e.model.InFlight(), len(e.pending))
 		e.mu.Unlock()
 		if n == 0 {
 			return 0
