@@ -69,6 +69,19 @@ type Snapshot struct {
 	E2E      Dist // over the last interval
 }
 
+// defaults fills what a run needs and the caller left out.
+func (cfg *BenchConfig) defaults() {
+	if cfg.Speedup <= 0 {
+		cfg.Speedup = 1
+	}
+	if cfg.Client == nil {
+		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	}
+	if cfg.ProgressEvery <= 0 {
+		cfg.ProgressEvery = 5 * time.Second
+	}
+}
+
 type collector struct {
 	mu              sync.Mutex
 	start           time.Time
@@ -85,15 +98,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 	if cfg.Agents < 1 || cfg.Model == nil || cfg.URL == "" {
 		return Result{}, errors.New("bench needs a URL, a workload and at least one agent")
 	}
-	if cfg.Speedup <= 0 {
-		cfg.Speedup = 1
-	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
-	}
-	if cfg.ProgressEvery <= 0 {
-		cfg.ProgressEvery = 5 * time.Second
-	}
+	cfg.defaults()
 	c := &collector{res: Result{Workload: cfg.Model.Name(), Agents: cfg.Agents}, record: cfg.Record}
 	model, maxLen, err := serverModel(ctx, cfg)
 	if err != nil {
@@ -186,12 +191,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 	if cfg.Playback <= 0 {
 		cfg.Playback = 1
 	}
-	if cfg.Client == nil {
-		cfg.Client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
-	}
-	if cfg.ProgressEvery <= 0 {
-		cfg.ProgressEvery = 5 * time.Second
-	}
+	cfg.defaults()
 	model, maxLen, err := serverModel(ctx, cfg.BenchConfig)
 	if err != nil {
 		return Result{}, 0, err

@@ -94,14 +94,9 @@ func (e *Evolve) estimate(n *Node, r *Request, bs int, byDir map[kv.NodeID]strin
 // Route picks the decode node by load and the prefill node by estimated
 // TTFT, and says which blocks to fetch.
 func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
-	ps, ds := serving(v, Prefill), serving(v, Decode)
-	switch {
-	case len(ps) == 0 && len(ds) == 0:
-		return Decision{}, ErrNoNode
-	case len(ps) == 0:
-		ps = ds
-	case len(ds) == 0:
-		ds = ps
+	ps, ds, err := candidates(v)
+	if err != nil {
+		return Decision{}, err
 	}
 	bs := v.BlockSize
 	need := (r.Tokens + r.MaxTokens + bs - 1) / bs

@@ -14,14 +14,9 @@ func (*RoundRobin) Name() string { return "round-robin" }
 // Route picks the next prefill node and the next decode node. With no
 // prefill node it serves whole requests on decode nodes, and the reverse.
 func (rr *RoundRobin) Route(_ time.Time, _ *Request, v *View) (Decision, error) {
-	ps, ds := serving(v, Prefill), serving(v, Decode)
-	switch {
-	case len(ps) == 0 && len(ds) == 0:
-		return Decision{}, ErrNoNode
-	case len(ps) == 0:
-		ps = ds
-	case len(ds) == 0:
-		ds = ps
+	ps, ds, err := candidates(v)
+	if err != nil {
+		return Decision{}, err
 	}
 	p := ps[rr.p%len(ps)]
 	d := ds[rr.d%len(ds)]

@@ -134,3 +134,18 @@ func serving(v *View, role Role) []*Node {
 	}
 	return out
 }
+
+// candidates returns the serving prefill and decode nodes. With no prefill
+// node, decode nodes serve whole requests, and the reverse.
+func candidates(v *View) (ps, ds []*Node, err error) {
+	ps, ds = serving(v, Prefill), serving(v, Decode)
+	switch {
+	case len(ps) == 0 && len(ds) == 0:
+		return nil, nil, ErrNoNode
+	case len(ps) == 0:
+		ps = ds
+	case len(ds) == 0:
+		ds = ps
+	}
+	return ps, ds, nil
+}
