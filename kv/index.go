@@ -99,29 +99,11 @@ func (x *Table[V]) Has(h BlockHash) bool { return x.Ptr(h) != nil }
 
 // Put sets h's value, or adds h. It reports whether h was added.
 func (x *Table[V]) Put(h BlockHash, v V) bool {
-	if h == 0 {
-		added := !x.zero
-		x.zero, x.zeroVal = true, v
-		return added
+	p, added := x.PutNew(h, v)
+	if !added {
+		*p = v
 	}
-	if x.slots == nil {
-		x.init(8)
-	}
-	if 2*(x.n+1) > len(x.slots) {
-		x.resize(2 * len(x.slots))
-	}
-	for i := uint64(h) & x.mask; ; i = (i + 1) & x.mask {
-		s := &x.slots[i]
-		if s.key == h {
-			s.val = v
-			return false
-		}
-		if s.key == 0 {
-			s.key, s.val = h, v
-			x.n++
-			return true
-		}
-	}
+	return added
 }
 
 // PutNew adds h with value v unless h is present; it returns where h's

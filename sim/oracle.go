@@ -6,21 +6,12 @@ import (
 	"github.com/evolvellm/evolve/workload"
 )
 
-// Oracle is the upper limit: every fixed split runs the whole scenario, and
+// oracleOf builds the upper limit named "oracle" in Compare: every fixed split runs the whole scenario, and
 // for each minute the oracle takes the split that served that minute best
 // (lowest mean end-to-end latency of the requests finishing in it), as if
 // it had known the future and switched for free. Gluing minutes from
 // different runs ignores that the state a minute starts from depends on
 // the split before it, so the oracle is optimistic: a limit, not a policy.
-func Oracle(sc Scenario, progress func(string)) (Result, error) {
-	res, err := Compare(sc, []string{"oracle"}, progress)
-	if err != nil {
-		return Result{}, err
-	}
-	return res[0], nil
-}
-
-// oracleOf glues the best minutes of runs, one per static split.
 func oracleOf(sc Scenario, runs []Result) Result {
 	out := Result{Policy: "oracle", Split: "per minute"}
 	var e2e, ttft []float64

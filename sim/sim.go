@@ -457,13 +457,19 @@ func (r *run) arrive(req *request) {
 	if dec.Disaggregated {
 		sr.MaxTokens, sr.RemoteDecode = 1, true
 	}
-	if err := r.engines[req.prefillAt].model.Submit(r.now, sr); err != nil {
+	r.submit(req, req.prefillAt, sr)
+}
+
+// submit gives a leg to engine i; if the engine refuses it, the request is
+// dropped and its agent moves on.
+func (r *run) submit(req *request, i int, sr enginesim.Request) {
+	if err := r.engines[i].model.Submit(r.now, sr); err != nil {
 		r.router.Finished(r.now, req.id)
 		delete(r.reqs, req.id)
 		r.nextCall(req.lane)
 		return
 	}
-	r.kick(req.prefillAt)
+	r.kick(i)
 }
 
 // countLostReuse adds the tokens this request will recompute that some
@@ -495,13 +501,7 @@ func (r *run) startDecode(req *request) {
 	chain, _ := p.model.Release(req.id)
 	sr := enginesim.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens,
 		Seed: req.seed, Remote: &enginesim.RemoteKV{Blocks: chain}}
-	if err := r.engines[req.decodeAt].model.Submit(r.now, sr); err != nil {
-		r.router.Finished(r.now, req.id)
-		delete(r.reqs, req.id)
-		r.nextCall(req.lane)
-		return
-	}
-	r.kick(req.decodeAt)
+	r.submit(req, req.decodeAt, sr)
 }
 
 // kick makes sure engine i steps.

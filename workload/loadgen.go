@@ -69,6 +69,14 @@ type Snapshot struct {
 	E2E      Dist // over the last interval
 }
 
+// withLimit bounds ctx by d when d is positive.
+func withLimit(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	if d > 0 {
+		return context.WithTimeout(ctx, d)
+	}
+	return context.WithCancel(ctx)
+}
+
 // defaults fills what a run needs and the caller left out.
 func (cfg *BenchConfig) defaults() {
 	if cfg.Speedup <= 0 {
@@ -105,11 +113,8 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 		return Result{}, err
 	}
 	c.maxContext = maxLen
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
-		defer cancel()
-	}
+	ctx, cancel := withLimit(ctx, cfg.Duration)
+	defer cancel()
 	start := time.Now()
 	c.start = start
 	var wg sync.WaitGroup
@@ -197,11 +202,8 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 		return Result{}, 0, err
 	}
 	c := &collector{res: Result{Workload: "trace", Agents: 0}, maxContext: maxLen}
-	if cfg.Duration > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, cfg.Duration)
-		defer cancel()
-	}
+	ctx, cancel := withLimit(ctx, cfg.Duration)
+	defer cancel()
 	start := time.Now()
 	c.start = start
 	var wg sync.WaitGroup

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -155,33 +156,16 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return usage(err)
 	}
-	if path := config.GetString(k("timeline")); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			return fmt.Errorf("--timeline: %w", err)
+	for _, file := range []struct {
+		flag  string
+		write func(io.Writer, []sim.Result) error
+	}{{"timeline", sim.WriteTimeline}, {"plot", sim.WritePlot}} {
+		if path := config.GetString(k(file.flag)); path != "" {
+			if err := writeFile(path, func(w io.Writer) error { return file.write(w, results) }); err != nil {
+				return fmt.Errorf("--%s: %w", file.flag, err)
+			}
+			fmt.Fprintf(errw, "%s written to %s\n", file.flag, path)
 		}
-		werr := sim.WriteTimeline(f, results)
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return werr
-		}
-		fmt.Fprintf(errw, "timeline written to %s\n", path)
-	}
-	if path := config.GetString(k("plot")); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			return fmt.Errorf("--plot: %w", err)
-		}
-		werr := sim.WritePlot(f, results)
-		if cerr := f.Close(); werr == nil {
-			werr = cerr
-		}
-		if werr != nil {
-			return werr
-		}
-		fmt.Fprintf(errw, "plot written to %s\n", path)
 	}
 	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,
@@ -226,6 +210,20 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("requests retried", func(r sim.Result) string { return fmt.Sprint(r.Retried) })
 		row("preemptions", func(r sim.Result) string { return fmt.Sprint(r.Preemptions) })
 	})
+}
+
+// writeFile creates path and writes it with write, reporting a failure to
+// write or to close.
+func writeFile(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	werr := write(f)
+	if cerr := f.Close(); werr == nil {
+		werr = cerr
+	}
+	return werr
 }
 
 func sortStrings(s []string) {
