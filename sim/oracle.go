@@ -6,9 +6,10 @@ import (
 	"github.com/evolvellm/evolve/workload"
 )
 
-// oracleOf builds the upper limit named "oracle" in Compare: every fixed split runs the whole scenario, and
-// for each minute the oracle takes the split that served that minute best
-// (lowest mean end-to-end latency of the requests finishing in it), as if
+// oracleOf builds the upper limit named "oracle" in Compare: every fixed
+// split runs the whole scenario, and for each minute the oracle takes the
+// split that served that minute best (lowest mean end-to-end latency of the
+// requests arriving in it), as if
 // it had known the future and switched for free. Gluing minutes from
 // different runs ignores that the state a minute starts from depends on
 // the split before it, so the oracle is optimistic: a limit, not a policy.
