@@ -11,6 +11,7 @@
 package orchestrator
 
 import (
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -101,13 +102,20 @@ func newCluster() *cluster {
 	return &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{}}
 }
 
+// status is a snapshot of the node that shares no memory with it: the
+// watch stream marshals it after the lock is released, while a switch
+// goes on changing n.sw and n.history.
 func (n *node) status(id string, d *kv.Directory) NodeStatus {
 	g, h := d.NodeReplicas(n.dir)
+	var sw *Switch
+	if n.sw != nil {
+		sw = ptr(*n.sw)
+	}
 	return NodeStatus{
 		ID: id, Role: n.role.String(), Mode: n.mode, State: n.state, Address: n.reg.URL, Model: n.reg.Model,
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h,
-		LastSeen: n.lastSeen, Switch: n.sw, History: n.history, Reason: n.reason,
+		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
 	}
 }
 
