@@ -1,0 +1,477 @@
+// Package planner is evolve's online planner: it learns prefill and decode
+// pass costs from the engines' live pass statistics (no offline profile),
+// tracks the demand arriving over a short and a long horizon, predicts
+// latency under every prefill/decode split of the nodes it may move, and
+// moves nodes between roles when a better split has held long enough for
+// its gain to pay for the switch.
+//
+// It is pure: every method takes now, nothing reads a clock or does I/O,
+// so the orchestrator and the simulator run the same code.
+package planner
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Roles, as the planner names them.
+const (
+	Prefill = "prefill"
+	Decode  = "decode"
+)
+
+// Config tunes the planner. Zero values take the defaults in brackets.
+type Config struct {
+	Interval     time.Duration // between steps [5s]
+	ShortHorizon time.Duration // demand that drives the recommendation [30s]
+	LongHorizon  time.Duration // demand that tells a shift from a burst [10m]
+	// Persistence: a recommendation must hold this long before it acts
+	// [60s]; ReverseHold: this long to undo the last move [5m].
+	Persistence time.Duration
+	ReverseHold time.Duration
+	// GainHorizon: the predicted gain is summed over this span and must
+	// exceed the switch's cost [5m].
+	GainHorizon time.Duration
+	// MinImprovement: the better split must lower the objective by at
+	// least this share [0.05]; noise below it is not worth a move.
+	MinImprovement  float64
+	MaxMovesPerStep int // [max(1, nodes/8)]
+	MinPerRole      int // [1]
+	// TTFTWeight is the knob between TTFT and decode speed: the objective
+	// is TTFTWeight*TTFT + output tokens*ITL, so 1 minimises mean
+	// end-to-end latency and larger values favour time to first token
+	// at the cost of decode throughput [1].
+	TTFTWeight float64
+	CostTau    time.Duration // forgetting of the cost models [10m]
+	MinSamples int           // passes each cost model needs [50]
+	MaxRelErr  float64       // relative error each must reach [0.1]
+	Limits     Limits        // the engines' limits (all alike)
+	// HostSecPerBlock prices offloading a node's GPU KV on a switch.
+	HostSecPerBlock float64
+	// Disabled: learn and recommend, never move.
+	Disabled bool
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Interval, 5*time.Second)
+	def(&c.ShortHorizon, 30*time.Second)
+	def(&c.LongHorizon, 10*time.Minute)
+	def(&c.Persistence, time.Minute)
+	def(&c.ReverseHold, 5*time.Minute)
+	def(&c.GainHorizon, 5*time.Minute)
+	def(&c.CostTau, 10*time.Minute)
+	if c.MinImprovement <= 0 {
+		c.MinImprovement = 0.05
+	}
+	if c.MinPerRole <= 0 {
+		c.MinPerRole = 1
+	}
+	if c.TTFTWeight <= 0 {
+		c.TTFTWeight = 1
+	}
+	if c.MinSamples <= 0 {
+		c.MinSamples = 50
+	}
+	if c.MaxRelErr <= 0 {
+		c.MaxRelErr = 0.1
+	}
+	if c.Limits.MaxBatchedTokens <= 0 {
+		c.Limits.MaxBatchedTokens = 8192
+	}
+}
+
+// NodeInfo is a node as the planner sees it at a step.
+type NodeInfo struct {
+	ID string
+	// Role the node serves, or is switching to.
+	Role      string
+	Auto      bool // the planner may move it (not pinned by an operator)
+	Serving   bool // up, and not in a switch
+	Switching bool
+	// What a move would cost and disturb.
+	Waiting, Running int
+	GPUBlocksUsed    int
+	// ReferencedShare is the share of its GPU KV that live agent branches
+	// reference (0 when unknown).
+	ReferencedShare float64
+}
+
+// Move asks for one node to change role.
+type Move struct {
+	Node   string `json:"node"`
+	From   string `json:"from"`
+	To     string `json:"to"`
+	Reason string `json:"reason"`
+}
+
+// Decision is one entry of the planner's log.
+type Decision struct {
+	Time   time.Time `json:"time"`
+	Action string    `json:"action"` // move, hold
+	Moves  []Move    `json:"moves,omitempty"`
+	Reason string    `json:"reason"`
+}
+
+// Planner is the online planner. Not safe for concurrent use.
+type Planner struct {
+	cfg    Config
+	costs  *CostModel
+	demand demandTracker
+
+	rec      int       // recommended prefill count (-1: none)
+	recDir   int       // sign of rec - current when it was set
+	recSince time.Time // since when the recommendation's direction held
+	lastMove time.Time
+	lastDir  int // direction of the last move: +1 more prefill, -1 fewer
+	nextStep time.Time
+	log      []Decision
+	status   Status
+	moves    int
+	// decodeSeqs: sequences on decode nodes, smoothed.
+	decodeSeqs float64
+}
+
+// New returns a planner.
+func New(cfg Config) *Planner {
+	cfg.defaults()
+	p := &Planner{cfg: cfg, costs: NewCostModel(cfg.CostTau, cfg.MinSamples, cfg.MaxRelErr), rec: -1}
+	p.demand.short.tau = cfg.ShortHorizon.Seconds()
+	p.demand.long.tau = cfg.LongHorizon.Seconds()
+	return p
+}
+
+// SetLimits sets the engines' limits and the price of offloading a block,
+// once they are known (from the engines' registrations).
+func (p *Planner) SetLimits(l Limits, hostSecPerBlock float64) {
+	if l.MaxBatchedTokens <= 0 {
+		l.MaxBatchedTokens = p.cfg.Limits.MaxBatchedTokens
+	}
+	p.cfg.Limits, p.cfg.HostSecPerBlock = l, hostSecPerBlock
+}
+
+// SetSpeedup runs the planner s times faster: every duration of its
+// configuration is divided by s. For simulated engines that model time s
+// times faster than the wall clock, so that the planner, working in wall
+// time, behaves in modelled time as configured. Call it before feeding any
+// data.
+func (p *Planner) SetSpeedup(s float64) {
+	if s <= 0 || s == 1 {
+		return
+	}
+	c := &p.cfg
+	for _, d := range []*time.Duration{&c.Interval, &c.ShortHorizon, &c.LongHorizon, &c.Persistence, &c.ReverseHold, &c.GainHorizon, &c.CostTau} {
+		*d = time.Duration(float64(*d) / s)
+	}
+	p.costs = NewCostModel(c.CostTau, c.MinSamples, c.MaxRelErr)
+	p.demand = demandTracker{}
+	p.demand.short.tau = c.ShortHorizon.Seconds()
+	p.demand.long.tau = c.LongHorizon.Seconds()
+}
+
+// Config returns the planner's configuration with defaults filled in.
+func (p *Planner) Config() Config { return p.cfg }
+
+// ObservePass learns from one engine pass.
+func (p *Planner) ObservePass(now time.Time, ps Pass) { p.costs.Observe(now, ps) }
+
+// Arrive records a request the router placed.
+func (p *Planner) Arrive(now time.Time, a Arrival) { p.demand.arrive(now, a) }
+
+// Finish records a finished request.
+func (p *Planner) Finish(now time.Time, promptTokens, outputTokens int) {
+	p.demand.finish(now, promptTokens, outputTokens)
+}
+
+// Costs returns the learned cost models.
+func (p *Planner) Costs() *CostModel { return p.costs }
+
+// Due reports whether a step is due at now.
+func (p *Planner) Due(now time.Time) bool { return !now.Before(p.nextStep) }
+
+// Step looks at the cluster and returns the moves to make now (often
+// none). Call it every Interval; calls in between return nothing.
+func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
+	if !p.Due(now) {
+		return nil
+	}
+	p.nextStep = now.Add(p.cfg.Interval)
+	st := Status{Time: now, Enabled: !p.cfg.Disabled, Recommended: -1}
+	st.PrefillFit, st.DecodeFit = p.costs.Status()
+	st.Short = p.demand.short.demand(now)
+	st.Long = p.demand.long.demand(now)
+
+	// The split: serving and switching nodes count in the role they serve
+	// or are going to.
+	cur, total, lo, hi := 0, 0, 0, 0
+	pinnedP, pinnedD, switching := 0, 0, 0
+	for _, n := range nodes {
+		if !n.Serving && !n.Switching {
+			continue
+		}
+		total++
+		if n.Role == Prefill {
+			cur++
+		}
+		if n.Switching {
+			switching++
+		}
+		if !n.Auto || n.Switching {
+			if n.Role == Prefill {
+				pinnedP++
+			} else {
+				pinnedD++
+			}
+		}
+	}
+	st.Prefill, st.Decode, st.Switching = cur, total-cur, switching
+	seqs := 0.0
+	for _, n := range nodes {
+		if n.Role == Decode && (n.Serving || n.Switching) {
+			seqs += float64(n.Waiting + n.Running)
+		}
+	}
+	a := 1 - math.Exp(-p.cfg.Interval.Seconds()/p.cfg.ShortHorizon.Seconds())
+	p.decodeSeqs += a * (seqs - p.decodeSeqs)
+	st.Short.DecodeSeqs, st.Long.DecodeSeqs = p.decodeSeqs, p.decodeSeqs
+	lo = max(p.cfg.MinPerRole, pinnedP)
+	hi = total - max(p.cfg.MinPerRole, pinnedD)
+	defer func() { p.status = st; p.status.Decisions = p.lastDecisions(10) }()
+
+	pc, pOK := p.costs.PrefillModel()
+	dc, dOK := p.costs.DecodeModel()
+	switch {
+	case !pOK || !dOK:
+		st.State, st.Reason = "learning", "the cost models are not trusted yet; holding the split"
+		p.rec = -1
+		return nil
+	case st.Short.RequestsPerSec <= 0 || st.Short.OutputTokens <= 0:
+		st.State, st.Reason = "idle", "no demand measured; holding the split"
+		p.rec = -1
+		return nil
+	case lo > hi:
+		st.State, st.Reason = "pinned", "pins leave no node to move"
+		p.rec = -1
+		return nil
+	}
+
+	pred := func(dm Demand, np int) Prediction {
+		return predict(np, total-np, dm, pc, dc, p.cfg.Limits, p.cfg.TTFTWeight)
+	}
+	st.Current = pred(st.Short, cur)
+	best := st.Current
+	for np := lo; np <= hi; np++ {
+		if pr := pred(st.Short, np); pr.Objective < best.Objective {
+			best = pr
+		}
+	}
+	st.Best = best
+	target := cur
+	if best.Objective < st.Current.Objective*(1-p.cfg.MinImprovement) {
+		target = best.Prefill
+	}
+	dir := sign(target - cur)
+	if dir == 0 {
+		p.rec, p.recDir = -1, 0
+		st.State, st.Recommended = "fitted", cur
+		st.Reason = fmt.Sprintf("%d:%d is within %.0f%% of the best split", cur, total-cur, p.cfg.MinImprovement*100)
+		return nil
+	}
+	if p.recDir != dir {
+		p.recSince = now
+	}
+	p.rec, p.recDir = target, dir
+	st.Recommended = target
+	st.HeldSec = now.Sub(p.recSince).Seconds()
+
+	// One step toward the target: the gain of the split one move closer,
+	// summed over the horizon, against what the switch costs.
+	step := pred(st.Short, cur+dir)
+	rate := st.Short.RequestsPerSec
+	st.GainSec = max(0, st.Current.Objective-step.Objective) * rate * p.cfg.GainHorizon.Seconds()
+	cand := p.pickNodes(nodes, dir)
+	st.CostSec = p.switchCost(st.Short, cur, total, dir, pc, dc, cand)
+
+	need := p.cfg.Persistence
+	recent := now.Sub(p.lastMove) < p.cfg.ReverseHold
+	switch {
+	case p.lastDir == -dir && recent && !st.Current.Saturated:
+		need = p.cfg.ReverseHold // undoing a move: be sure
+	case p.lastDir == dir && recent && now.Sub(p.lastMove) < 2*p.cfg.Persistence:
+		// Continuing a shift already acted on: the next node follows
+		// once a step has seen the last move.
+		need = min(need, 2*p.cfg.Interval)
+		st.HeldSec = max(st.HeldSec, now.Sub(p.lastMove).Seconds())
+	case !st.Current.Saturated && !(pred(st.Long, cur+dir).Objective < pred(st.Long, cur).Objective):
+		// The long horizon does not see it yet: a burst, unless it
+		// lasts. An overloaded split is not waited out.
+		need = 2 * p.cfg.Persistence
+	}
+	st.ActsInSec = max(0, need.Seconds()-st.HeldSec)
+	split := fmt.Sprintf("%d:%d -> %d:%d", cur, total-cur, target, total-target)
+	switch {
+	case p.cfg.Disabled:
+		st.State, st.Reason = "recommending", "planner disabled: "+split+" recommended"
+		return nil
+	case st.ActsInSec > 0:
+		st.State, st.Reason = "waiting", fmt.Sprintf("%s recommended for %.0fs; acts after %.0fs", split, st.HeldSec, need.Seconds())
+		return nil
+	case st.GainSec <= st.CostSec:
+		st.State, st.Reason = "waiting", fmt.Sprintf("%s: gain %.0fs over %s does not pay the switch (%.0fs)", split, st.GainSec, p.cfg.GainHorizon, st.CostSec)
+		return nil
+	case len(cand) == 0:
+		st.State, st.Reason = "waiting", split+": no movable node is free"
+		return nil
+	}
+	n := min(abs(target-cur), p.maxMoves(total), len(cand))
+	from, to := Decode, Prefill
+	if dir < 0 {
+		from, to = Prefill, Decode
+	}
+	reason := fmt.Sprintf("%s: objective %.2fs -> %.2fs (TTFT %.2fs -> %.2fs, ITL %.1fms -> %.1fms), gain %.0fs > cost %.0fs, held %.0fs",
+		split, st.Current.Objective, best.Objective, st.Current.TTFT, best.TTFT, st.Current.ITL*1e3, best.ITL*1e3,
+		st.GainSec, st.CostSec, st.HeldSec)
+	moves := make([]Move, 0, n)
+	for _, c := range cand[:n] {
+		moves = append(moves, Move{Node: c.ID, From: from, To: to, Reason: reason})
+	}
+	p.lastMove, p.lastDir, p.moves = now, dir, p.moves+len(moves)
+	p.log = append(p.log, Decision{Time: now, Action: "move", Moves: moves, Reason: reason})
+	if len(p.log) > 100 {
+		p.log = p.log[len(p.log)-100:]
+	}
+	st.State, st.Reason = "moving", reason
+	return moves
+}
+
+// maxMoves bounds the nodes moved in one step.
+func (p *Planner) maxMoves(total int) int {
+	if p.cfg.MaxMovesPerStep > 0 {
+		return p.cfg.MaxMovesPerStep
+	}
+	return max(1, total/8)
+}
+
+// pickNodes lists the auto nodes that could move in direction dir, best
+// first: least referenced GPU KV, then in-flight work that ends soonest.
+func (p *Planner) pickNodes(nodes []NodeInfo, dir int) []NodeInfo {
+	from := Decode
+	if dir < 0 {
+		from = Prefill
+	}
+	var out []NodeInfo
+	for _, n := range nodes {
+		if n.Auto && n.Serving && !n.Switching && n.Role == from {
+			out = append(out, n)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		if a.ReferencedShare != b.ReferencedShare {
+			return a.ReferencedShare < b.ReferencedShare
+		}
+		if wa, wb := a.Waiting+a.Running, b.Waiting+b.Running; wa != wb {
+			return wa < wb
+		}
+		if a.GPUBlocksUsed != b.GPUBlocksUsed {
+			return a.GPUBlocksUsed < b.GPUBlocksUsed
+		}
+		return a.ID < b.ID
+	})
+	return out
+}
+
+// switchCost prices moving the first candidate, in request-seconds of
+// latency: while it drains and offloads, the cluster runs a node short in
+// the role it leaves; after, the GPU KV it held loads again from host.
+func (p *Planner) switchCost(dm Demand, cur, total, dir int, pc PrefillCost, dc DecodeCost, cand []NodeInfo) float64 {
+	if len(cand) == 0 {
+		return 1e18 // nothing can move
+	}
+	n := cand[0]
+	now := predict(cur, total-cur, dm, pc, dc, p.cfg.Limits, p.cfg.TTFTWeight)
+	short := cur - 1 // leaving prefill
+	if dir > 0 {
+		short = cur // leaving decode: cur prefill, one decode fewer
+	}
+	during := predict(short, total-cur-boolInt(dir > 0), dm, pc, dc, p.cfg.Limits, p.cfg.TTFTWeight)
+	// Drain: a decode node finishes its sequences (about one output's
+	// worth of passes); a prefill node its queue.
+	drain := 0.0
+	if n.Role == Decode {
+		drain = dm.OutputTokens * now.ITL
+	} else if n.Waiting+n.Running > 0 {
+		drain = float64(n.Waiting+n.Running) * (pc.BaseSec + dm.PrefillTokens*pc.PerToken)
+	}
+	offload := float64(n.GPUBlocksUsed) * p.cfg.HostSecPerBlock
+	dur := drain + offload
+	worse := math.Min(during.Objective-now.Objective, saturatedObjective(0))
+	cost := max(0, worse) * dm.RequestsPerSec * dur
+	// The warm cache reloads from host on its next use.
+	cost += offload
+	return cost
+}
+
+func (p *Planner) lastDecisions(n int) []Decision {
+	if len(p.log) <= n {
+		return append([]Decision(nil), p.log...)
+	}
+	return append([]Decision(nil), p.log[len(p.log)-n:]...)
+}
+
+// Moves is how many role moves the planner has asked for.
+func (p *Planner) Moves() int { return p.moves }
+
+// Status is the planner's state as of its last step.
+func (p *Planner) Status() Status { return p.status }
+
+// Status is what operators see of the planner. JSON names are stable.
+type Status struct {
+	Time    time.Time `json:"time"`
+	Enabled bool      `json:"enabled"`
+	// State: learning, idle, pinned, fitted, waiting, moving, recommending.
+	State      string    `json:"state"`
+	Reason     string    `json:"reason"`
+	PrefillFit FitStatus `json:"prefill_cost"`
+	DecodeFit  FitStatus `json:"decode_cost"`
+	Short      Demand    `json:"demand_short"`
+	Long       Demand    `json:"demand_long"`
+	Prefill    int       `json:"prefill"`
+	Decode     int       `json:"decode"`
+	Switching  int       `json:"switching"`
+	// Recommended prefill count (-1 when there is no recommendation);
+	// Current and Best are the predictions for the current and the best split.
+	Recommended int        `json:"recommended_prefill"`
+	Current     Prediction `json:"current"`
+	Best        Prediction `json:"best"`
+	GainSec     float64    `json:"gain_s"`    // predicted request-seconds saved over the gain horizon
+	CostSec     float64    `json:"cost_s"`    // predicted request-seconds the switch costs
+	HeldSec     float64    `json:"held_s"`    // how long the recommendation has held
+	ActsInSec   float64    `json:"acts_in_s"` // until it may act
+	Decisions   []Decision `json:"decisions"` // the last ones, oldest first
+}
+
+func sign(x int) int {
+	switch {
+	case x > 0:
+		return 1
+	case x < 0:
+		return -1
+	}
+	return 0
+}
+
+func abs(x int) int { return max(x, -x) }
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,343 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// synthetic is an engine with known costs.
+type synthetic struct {
+	pc    PrefillCost
+	dc    DecodeCost
+	noise float64 // relative, uniform
+}
+
+func (s synthetic) pass(rng *rand.Rand, ps Pass) Pass {
+	var t float64
+	if ps.PrefillTokens > 0 {
+		t = s.pc.BaseSec + s.pc.PerToken*float64(ps.PrefillTokens) + s.pc.PerTokenContext*ps.PrefillAttended + s.pc.PerBlock*float64(ps.CopyBlocks)
+	} else {
+		t = s.dc.BaseSec + s.dc.PerSeq*float64(ps.DecodeSeqs) + s.dc.PerContext*float64(ps.DecodeContext) + s.dc.PerBlock*float64(ps.CopyBlocks)
+	}
+	ps.Seconds = t * (1 + s.noise*(2*rng.Float64()-1))
+	return ps
+}
+
+// randomPasses draws passes of the shapes an engine runs: prefill chunks
+// of varying size over varying cached context, decode batches of varying
+// size and context, some with KV copies.
+func randomPass(rng *rand.Rand, prefill bool) Pass {
+	if prefill {
+		n := 64 + rng.IntN(8192)
+		ctx := rng.IntN(100_000)
+		return Pass{PrefillTokens: n, PrefillAttended: float64(n) * (float64(ctx) + float64(n)/2), CopyBlocks: rng.IntN(3) * rng.IntN(200)}
+	}
+	b := 1 + rng.IntN(256)
+	return Pass{DecodeSeqs: b, DecodeContext: b * (1000 + rng.IntN(60_000)), CopyBlocks: rng.IntN(2) * rng.IntN(50)}
+}
+
+var gb300 = synthetic{
+	pc:    PrefillCost{BaseSec: 0.012, PerToken: 55e-6, PerTokenContext: 0.9e-9, PerBlock: 20e-6},
+	dc:    DecodeCost{BaseSec: 0.009, PerSeq: 40e-6, PerContext: 1.1e-9, PerBlock: 20e-6},
+	noise: 0.05,
+}
+
+func within(t *testing.T, name string, got, want, tol float64) {
+	t.Helper()
+	if math.Abs(got-want) > tol*math.Abs(want) {
+		t.Errorf("%s = %.4g, want %.4g within %.0f%%", name, got, want, tol*100)
+	}
+}
+
+func TestCostModelRecoversASyntheticEngine(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	cm := NewCostModel(10*time.Minute, 50, 0.1)
+	if _, ok := cm.PrefillModel(); ok {
+		t.Fatal("an empty model claims to be trusted")
+	}
+	now := t0
+	for i := 0; i < 4000; i++ {
+		now = now.Add(20 * time.Millisecond)
+		cm.Observe(now, gb300.pass(rng, randomPass(rng, i%3 == 0)))
+	}
+	pc, ok := cm.PrefillModel()
+	if !ok {
+		t.Fatalf("prefill model not trusted after 1333 passes: %+v", must(cm.Status()))
+	}
+	within(t, "prefill base", pc.BaseSec, gb300.pc.BaseSec, 0.05)
+	within(t, "prefill per token", pc.PerToken, gb300.pc.PerToken, 0.05)
+	within(t, "prefill per token x context", pc.PerTokenContext, gb300.pc.PerTokenContext, 0.05)
+	dc, ok := cm.DecodeModel()
+	if !ok {
+		t.Fatal("decode model not trusted")
+	}
+	within(t, "decode base", dc.BaseSec, gb300.dc.BaseSec, 0.05)
+	within(t, "decode per seq", dc.PerSeq, gb300.dc.PerSeq, 0.05)
+	within(t, "decode per context", dc.PerContext, gb300.dc.PerContext, 0.05)
+
+	ps, ds := cm.Status()
+	if !ps.Ready || !ds.Ready || ps.Samples != 1334 || len(ds.Coefs) != 4 || ds.Coefs[1].Name != "per_seq_us" {
+		t.Fatalf("status: %+v %+v", ps, ds)
+	}
+	within(t, "reported per_seq_us", ds.Coefs[1].Value, 40, 0.05)
+	if ds.Coefs[1].StdErr <= 0 || ds.Coefs[1].StdErr > 2 {
+		t.Errorf("per_seq_us stderr %.3g: want a small positive uncertainty", ds.Coefs[1].StdErr)
+	}
+}
+
+func must(a, b FitStatus) string { return fmt.Sprintf("%+v %+v", a, b) }
+
+// A new engine build changes the costs: forgetting follows it.
+func TestCostModelFollowsAChange(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	cm := NewCostModel(2*time.Minute, 50, 0.1)
+	now := t0
+	for i := 0; i < 3000; i++ {
+		now = now.Add(40 * time.Millisecond)
+		cm.Observe(now, gb300.pass(rng, randomPass(rng, false)))
+	}
+	faster := gb300
+	faster.dc.PerSeq /= 2
+	for i := 0; i < 30000; i++ { // 20 minutes: ten time constants
+		now = now.Add(40 * time.Millisecond)
+		cm.Observe(now, faster.pass(rng, randomPass(rng, false)))
+	}
+	dc, _ := cm.DecodeModel()
+	within(t, "decode per seq after the change", dc.PerSeq, faster.dc.PerSeq, 0.05)
+}
+
+// A model fed only one shape of pass cannot tell its coefficients apart:
+// it must say so rather than claim precision, and its predictions at the
+// shape it saw must still be right.
+func TestCostModelSaysWhenItCannotKnow(t *testing.T) {
+	cm := NewCostModel(10*time.Minute, 50, 0.1)
+	now := t0
+	ps, _ := cm.Status()
+	if ps.Ready || ps.Note == "" {
+		t.Fatalf("empty model status %+v", ps)
+	}
+	for i := 0; i < 20; i++ {
+		now = now.Add(time.Second)
+		cm.Observe(now, Pass{Seconds: 0.05, PrefillTokens: 100, PrefillAttended: 1e4})
+	}
+	if _, ok := cm.PrefillModel(); ok {
+		t.Fatal("20 passes are below the 50 required, yet the model is trusted")
+	}
+	if ps, _ := cm.Status(); ps.Note != "learning: too few passes" {
+		t.Fatalf("note %q", ps.Note)
+	}
+}
+
+// cluster drives a planner with a synthetic cluster: demand given as
+// arrivals per second of a request shape, passes from the synthetic engine.
+type cluster struct {
+	p     *Planner
+	nodes []NodeInfo
+	now   time.Time
+	rng   *rand.Rand
+	moves []time.Time
+}
+
+func newCluster(n, prefill int, cfg Config) *cluster {
+	c := &cluster{p: New(cfg), now: t0, rng: rand.New(rand.NewPCG(7, 8))}
+	for i := 0; i < n; i++ {
+		role := Decode
+		if i < prefill {
+			role = Prefill
+		}
+		c.nodes = append(c.nodes, NodeInfo{ID: fmt.Sprintf("n%02d", i), Role: role, Auto: true, Serving: true})
+	}
+	return c
+}
+
+func (c *cluster) split() (p, d int) {
+	for _, n := range c.nodes {
+		if n.Role == Prefill {
+			p++
+		} else {
+			d++
+		}
+	}
+	return
+}
+
+// run simulates dur of demand: rate requests/s (Poisson) of prompt tokens
+// computed remotely and output tokens.
+func (c *cluster) run(dur time.Duration, rate float64, prompt, output int) {
+	end := c.now.Add(dur)
+	for c.now.Before(end) {
+		c.now = c.now.Add(time.Duration(c.rng.ExpFloat64() / rate * float64(time.Second)))
+		c.p.Arrive(c.now, Arrival{Tokens: prompt + 20000, ComputeTokens: prompt, Disaggregated: true})
+		c.p.Finish(c.now, prompt+20000, output)
+		c.p.ObservePass(c.now, gb300.pass(c.rng, randomPass(c.rng, true)))
+		for i := 0; i < 3; i++ {
+			c.p.ObservePass(c.now, gb300.pass(c.rng, randomPass(c.rng, false)))
+		}
+		if c.p.Due(c.now) {
+			for _, m := range c.p.Step(c.now, c.nodes) {
+				for i := range c.nodes {
+					if c.nodes[i].ID == m.Node {
+						if c.nodes[i].Role != m.From || !c.nodes[i].Auto {
+							panic("bad move " + m.Node)
+						}
+						c.nodes[i].Role = m.To
+					}
+				}
+				c.moves = append(c.moves, c.now)
+			}
+		}
+	}
+}
+
+// Prompt-heavy work wants prefill nodes; output-heavy work wants decode
+// nodes. The split follows a shift from one to the other.
+func TestSplitFollowsAShift(t *testing.T) {
+	c := newCluster(9, 3, Config{})
+	// Math-like: short prompts, long outputs.
+	c.run(10*time.Minute, 4, 1000, 4000)
+	p, d := c.split()
+	if p > 2 {
+		t.Fatalf("output-heavy work: split %d:%d, want at most 2 prefill; status %+v", p, d, c.p.Status())
+	}
+	// Computer-use-like: big screenshots to prefill, short actions.
+	shiftAt := c.now
+	c.run(10*time.Minute, 6, 12000, 60)
+	p, d = c.split()
+	if p < 4 {
+		t.Fatalf("prompt-heavy work: split %d:%d, want at least 4 prefill; status %+v", p, d, c.p.Status())
+	}
+	// The split reached its final value within 3 minutes of the shift.
+	last := c.moves[len(c.moves)-1]
+	if last.Sub(shiftAt) > 3*time.Minute {
+		t.Errorf("the last move came %s after the shift; want within 3m", last.Sub(shiftAt))
+		for _, d := range c.p.log {
+			t.Logf("%s %s", d.Time.Sub(shiftAt), d.Reason)
+		}
+	}
+	st := c.p.Status()
+	if st.State != "fitted" || len(st.Decisions) == 0 || st.Decisions[len(st.Decisions)-1].Reason == "" {
+		t.Errorf("status after the shift: %s (%s), decisions %v", st.State, st.Reason, st.Decisions)
+	}
+}
+
+// A stationary workload with noisy arrivals does not make the planner
+// flap: at most one switch per 10 minutes, after it has settled.
+func TestHysteresisHoldsUnderNoise(t *testing.T) {
+	c := newCluster(9, 3, Config{})
+	c.run(10*time.Minute, 5, 6000, 500) // settle
+	settled := len(c.moves)
+	// Noise: the rate and shape jitter every 20 s by up to +-30%.
+	for i := 0; i < 180; i++ {
+		j := func() float64 { return 1 + 0.6*(c.rng.Float64()-0.5) }
+		c.run(20*time.Second, 5*j(), int(6000*j()), int(500*j()))
+	}
+	if n := len(c.moves) - settled; n > 6 {
+		t.Fatalf("%d moves in an hour of stationary noisy traffic; want at most 6 (one per 10 minutes)", n)
+	}
+}
+
+// Pinned nodes never move and count toward their role; the minimum per
+// role holds.
+func TestPinsAndMinimumsAreRespected(t *testing.T) {
+	c := newCluster(6, 3, Config{})
+	c.nodes[0].Auto = false // a pinned prefill node
+	c.nodes[1].Auto = false
+	c.run(15*time.Minute, 4, 500, 4000) // output-heavy: wants few prefill
+	p, _ := c.split()
+	if c.nodes[0].Role != Prefill || c.nodes[1].Role != Prefill {
+		t.Fatal("a pinned node moved")
+	}
+	if p != 2 {
+		t.Fatalf("%d prefill nodes; want the 2 pinned ones only", p)
+	}
+	// Every node pinned: nothing to do, and the status says why.
+	for i := range c.nodes {
+		c.nodes[i].Auto = false
+	}
+	c.run(time.Minute, 4, 500, 4000)
+	if st := c.p.Status(); st.State != "fitted" && st.State != "pinned" {
+		t.Fatalf("all pinned: state %s (%s)", st.State, st.Reason)
+	}
+}
+
+// Until the costs are learned the planner holds.
+func TestNoMovesWhileLearning(t *testing.T) {
+	p := New(Config{})
+	nodes := []NodeInfo{{ID: "a", Role: Prefill, Auto: true, Serving: true}, {ID: "b", Role: Prefill, Auto: true, Serving: true}, {ID: "c", Role: Decode, Auto: true, Serving: true}}
+	now := t0
+	for i := 0; i < 100; i++ {
+		now = now.Add(time.Second)
+		p.Arrive(now, Arrival{Tokens: 100, ComputeTokens: 100})
+		p.Finish(now, 100, 5000)
+		if m := p.Step(now, nodes); len(m) > 0 {
+			t.Fatalf("moved %v with no cost model", m)
+		}
+	}
+	if st := p.Status(); st.State != "learning" {
+		t.Fatalf("state %q, want learning", st.State)
+	}
+}
+
+// The node moved is the one with the least referenced KV, then the least
+// work in flight.
+func TestMovesTheNodeThatLosesLeast(t *testing.T) {
+	p := New(Config{})
+	nodes := []NodeInfo{
+		{ID: "a", Role: Decode, Auto: true, Serving: true, Running: 50, ReferencedShare: 0.1},
+		{ID: "b", Role: Decode, Auto: true, Serving: true, Running: 2, ReferencedShare: 0.8},
+		{ID: "c", Role: Decode, Auto: true, Serving: true, Running: 10, ReferencedShare: 0.1},
+		{ID: "d", Role: Decode, Auto: false, Serving: true},
+		{ID: "e", Role: Decode, Auto: true, Switching: true},
+	}
+	got := p.pickNodes(nodes, +1)
+	if len(got) != 3 || got[0].ID != "c" || got[1].ID != "a" || got[2].ID != "b" {
+		t.Fatalf("order %v", got)
+	}
+}
+
+func BenchmarkStep256(b *testing.B) {
+	c := newCluster(256, 80, Config{})
+	c.run(5*time.Minute, 100, 4000, 800)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c.p.nextStep = time.Time{}
+		c.p.Step(c.now, c.nodes)
+	}
+}
+
+// Prefill done on decode nodes, mixed into their decode passes, teaches
+// the prefill model once the decode model is known.
+func TestCostModelLearnsPrefillFromMixedPasses(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	cm := NewCostModel(10*time.Minute, 50, 0.1)
+	now := t0
+	for i := 0; i < 3000; i++ {
+		now = now.Add(20 * time.Millisecond)
+		d := randomPass(rng, false)
+		if i%4 != 0 {
+			cm.Observe(now, gb300.pass(rng, d))
+			continue
+		}
+		// A mixed pass: decode work plus a prefill chunk; the fixed cost
+		// is paid once (the larger of the two).
+		p := randomPass(rng, true)
+		p.CopyBlocks = 0
+		dur := max(gb300.pc.BaseSec, gb300.dc.BaseSec) + gb300.pc.PerToken*float64(p.PrefillTokens) +
+			gb300.pc.PerTokenContext*p.PrefillAttended + gb300.dc.PerSeq*float64(d.DecodeSeqs) +
+			gb300.dc.PerContext*float64(d.DecodeContext) + gb300.dc.PerBlock*float64(d.CopyBlocks)
+		cm.Observe(now, Pass{Seconds: dur, PrefillTokens: p.PrefillTokens, PrefillAttended: p.PrefillAttended,
+			DecodeSeqs: d.DecodeSeqs, DecodeContext: d.DecodeContext, CopyBlocks: d.CopyBlocks})
+	}
+	pc, ok := cm.PrefillModel()
+	if !ok {
+		t.Fatalf("prefill model not trusted from mixed passes: %s", must(cm.Status()))
+	}
+	within(t, "prefill per token (mixed)", pc.PerToken, gb300.pc.PerToken, 0.05)
+	within(t, "prefill per token x context (mixed)", pc.PerTokenContext, gb300.pc.PerTokenContext, 0.05)
+}
