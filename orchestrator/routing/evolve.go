@@ -105,12 +105,18 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 		byDir[n.Dir] = n.ID
 	}
 
-	// Decode: least loaded with room; among equals the one holding most context.
-	var dec *Node
+	// Decode: least loaded with room; among equals the one holding most
+	// context. When none has room, the roomiest: the engine queues the
+	// request until sequences finish, as vLLM does, rather than the agent
+	// getting an error.
+	var dec, roomiest *Node
 	var decScore float64
-	decLocal := 0
+	decLocal, mostRoom := 0, 0
 	for _, n := range ds {
 		room := n.GPUBlocks - n.GPUBlocksUse
+		if roomiest == nil || room > mostRoom || (room == mostRoom && e.decodes[n.ID] < e.decodes[roomiest.ID]) {
+			roomiest, mostRoom = n, room
+		}
 		if n.GPUBlocks > 0 && room < need {
 			continue
 		}
@@ -130,7 +136,10 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 		}
 	}
 	if dec == nil {
-		return Decision{}, fmt.Errorf("%w: no decode engine has room for %d KV blocks", ErrNoNode, need)
+		dec = roomiest
+		if r.Match != nil {
+			decLocal = r.Match.For(dec.Dir).Local
+		}
 	}
 
 	// A short part missing from the decode node's own tiers: do it all there,
@@ -138,7 +147,7 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 	if missing := r.Tokens - decLocal*bs; missing <= e.cfg.LocalPrefillTokens {
 		local := e.estimate(dec, r, bs, nil)
 		e.admit(r.ID, evolveReq{prefill: dec.ID, decode: dec.ID, prefillSec: local.compute})
-		return Decision{Prefill: dec.ID, Decode: dec.ID, EstTTFT: seconds(local.ttft),
+		return Decision{Prefill: dec.ID, Decode: dec.ID, EstTTFT: seconds(local.ttft), ComputeTokens: local.uncached,
 			Reason: fmt.Sprintf("evolve: %d tokens missing on the decode node, prefilled there", missing)}, nil
 	}
 
@@ -152,7 +161,7 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 	e.admit(r.ID, evolveReq{prefill: best.node.ID, decode: dec.ID, prefillSec: best.compute})
 	return Decision{
 		Prefill: best.node.ID, Decode: dec.ID, Disaggregated: best.node.ID != dec.ID, Fetches: best.fetches,
-		EstTTFT: seconds(best.ttft),
+		EstTTFT: seconds(best.ttft), ComputeTokens: best.uncached,
 		Reason: fmt.Sprintf("evolve: least TTFT %.3fs (%d GPU, %d host, %d fetched blocks, %d tokens computed)",
 			best.ttft, best.localHits, best.ownHost, fetched(best.fetches), best.uncached),
 	}, nil

@@ -92,9 +92,12 @@ type Decision struct {
 	// Decode with the returned kv_transfer_params.
 	Disaggregated bool
 	Fetches       []Fetch
-	// EstTTFT is the policy's estimate of time to first token (evolve only).
-	EstTTFT time.Duration
-	Reason  string
+	// EstTTFT is the policy's estimate of time to first token, and
+	// ComputeTokens of the prompt tokens the prefill will compute after
+	// cache hits and fetches (evolve only).
+	EstTTFT       time.Duration
+	ComputeTokens int
+	Reason        string
 }
 
 // ErrNoNode is returned when no serving node can take the request.

@@ -337,3 +337,19 @@ func TestRoundRobinAlternates(t *testing.T) {
 		t.Fatalf("%v", got)
 	}
 }
+
+// With every decode node full, the request queues on the roomiest one
+// (the engine waits for sequences to finish) instead of failing.
+func TestEvolveQueuesWhenNoDecodeNodeHasRoom(t *testing.T) {
+	c := newCluster(t)
+	c.node("p", Prefill)
+	c.node("d1", Decode)
+	c.node("d2", Decode)
+	c.get("d1").GPUBlocksUse = c.get("d1").GPUBlocks
+	c.get("d2").GPUBlocksUse = c.get("d2").GPUBlocks - 3
+	r := c.request("r", 4000, 12)
+	dec, err := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
+	if err != nil || dec.Decode != "d2" {
+		t.Fatalf("decision %+v, err %v: want d2, the roomiest", dec, err)
+	}
+}
