@@ -16,6 +16,7 @@ import (
 	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/workload"
 )
 
@@ -44,7 +45,9 @@ type Policy struct {
 	// DynamoPlanner runs Dynamo's 2026 default load-based planner (see
 	// dynamo.go), starting from the fixed split.
 	DynamoPlanner bool
-	ColdStart     time.Duration // how long an added worker loads before it serves
+	// Planner runs evolve's online planner, starting from the fixed split.
+	Planner   bool
+	ColdStart time.Duration // how long an added worker loads before it serves
 }
 
 // ParsePolicy reads a fixed-split policy for a cluster of n engines:
@@ -64,7 +67,7 @@ func ParsePolicy(name string, n int) (Policy, error) {
 	}
 	switch {
 	case name == "evolve":
-		return Policy{Name: name, Router: "evolve", Prefill: max(1, n/3)}, nil
+		return Policy{Name: name, Router: "evolve", Prefill: max(1, n/3), Planner: true}, nil
 	case name == "dynamo":
 		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, DynamoPlanner: true, ColdStart: 60 * time.Second}, nil
 	case strings.HasPrefix(name, "static:"):
@@ -125,14 +128,16 @@ type Window struct {
 
 // event kinds.
 const (
-	evStep    = iota // an engine runs a pass
-	evArrive         // an agent sends a call
-	evDecode         // a prefill leg is done: its decode leg starts
-	evSession        // an agent slot starts its next session
-	evPlan           // the Dynamo planner's 5-second tick
-	evReady          // an added worker finished its cold start
-	evRemove         // a removed worker's grace period ended
-	evMinute         // a timeline window ends
+	evStep     = iota // an engine runs a pass
+	evArrive          // an agent sends a call
+	evDecode          // a prefill leg is done: its decode leg starts
+	evSession         // an agent slot starts its next session
+	evPlan            // the Dynamo planner's 5-second tick
+	evReady           // an added worker finished its cold start
+	evRemove          // a removed worker's grace period ended
+	evMinute          // a timeline window ends
+	evPlanStep        // evolve's planner steps
+	evSwitch          // a switching node is checked
 )
 
 type event struct {
@@ -171,6 +176,11 @@ type engine struct {
 	scheduled bool // a step event is queued
 	stats     enginesim.PassStats
 	state     int // engActive, engStarting, engRemoving, engOff
+	// A role switch by evolve's planner: the role it goes to, and the
+	// decode legs routed to it that have not reached it yet.
+	switching      bool
+	switchTo       routing.Role
+	pendingDecodes int
 }
 
 // Engine states under a planner that adds and removes workers.
@@ -198,6 +208,7 @@ type request struct {
 	prefillDone, decodeStarted bool
 	retry                      bool
 	attempt                    int // bumped on every routing; stale events are ignored
+	pendingAt                  int // 1 + the engine whose pendingDecodes counts this request; 0: none
 }
 
 type laneState struct {
@@ -247,6 +258,9 @@ type run struct {
 	reqs    map[string]*request
 	nextReq int
 	ever    *kv.Index // blocks ever computed anywhere
+	planner *planner.Planner
+	// planNodes is reused by every planner step.
+	planNodes []planner.NodeInfo
 
 	e2e, ttft []float64
 	res       Result
@@ -329,6 +343,10 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 	if pol.DynamoPlanner {
 		r.push(&event{at: r.now.Add(dynamoPlanInterval), kind: evPlan})
 	}
+	if pol.Planner {
+		r.planner = newPlanner(sc, r.engines[0].model)
+		r.push(&event{at: r.now.Add(r.planner.Config().Interval), kind: evPlanStep})
+	}
 	r.res.Timeline = []Window{{}}
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
 	end := r.scoreTo
@@ -357,6 +375,11 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			r.remove(ev.eng)
 		case evMinute:
 			r.closeWindow()
+
+		case evPlanStep:
+			r.planStep()
+		case evSwitch:
+			r.switchStep(ev.eng)
 		}
 	}
 	return r.finish(), nil
@@ -429,7 +452,7 @@ func (r *run) arrive(req *request) {
 		v := &r.view.Nodes[i]
 		v.Running, v.Waiting = e.stats.Running, e.stats.Waiting
 		v.GPUBlocksUse = e.stats.GPUBlocksUsed
-		v.Serving = e.state == engActive
+		v.Serving = e.state == engActive && !e.switching
 		v.Role = e.role
 	}
 	var m kv.Match
@@ -445,6 +468,14 @@ func (r *run) arrive(req *request) {
 	req.dec = dec
 	req.prefillAt, req.decodeAt = r.byID[dec.Prefill], r.byID[dec.Decode]
 	r.reqs[req.id] = req
+	r.unpend(req) // a retried request's earlier claim
+	if dec.Disaggregated {
+		req.pendingAt = req.decodeAt + 1
+		r.engines[req.decodeAt].pendingDecodes++
+	}
+	if r.planner != nil && !req.retry {
+		r.planner.Arrive(r.now, planner.Arrival{Tokens: len(req.call.Tokens), ComputeTokens: dec.ComputeTokens, Disaggregated: dec.Disaggregated})
+	}
 	if !req.retry {
 		r.countLostReuse(req, &m)
 	}
@@ -463,13 +494,25 @@ func (r *run) arrive(req *request) {
 // submit gives a leg to engine i; if the engine refuses it, the request is
 // dropped and its agent moves on.
 func (r *run) submit(req *request, i int, sr enginesim.Request) {
+	if i == req.decodeAt {
+		r.unpend(req)
+	}
 	if err := r.engines[i].model.Submit(r.now, sr); err != nil {
+		r.unpend(req)
 		r.router.Finished(r.now, req.id)
 		delete(r.reqs, req.id)
 		r.nextCall(req.lane)
 		return
 	}
 	r.kick(i)
+}
+
+// unpend ends a decode leg's claim on its node, which a switch waits for.
+func (r *run) unpend(req *request) {
+	if req.pendingAt > 0 {
+		r.engines[req.pendingAt-1].pendingDecodes--
+		req.pendingAt = 0
+	}
 }
 
 // countLostReuse adds the tokens this request will recompute that some
@@ -527,6 +570,7 @@ func (r *run) step(i int) {
 	}
 	e.stats = out.Stats
 	if !out.Idle {
+		r.observePass(d, &out.Stats)
 		for _, f := range out.Finished {
 			r.finished(e, i, f, end)
 		}
@@ -559,6 +603,9 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	r.router.Finished(end, req.id)
 	delete(r.reqs, req.id)
 	u := f.Usage
+	if r.planner != nil {
+		r.planner.Finish(end, u.PromptTokens, u.CompletionTokens)
+	}
 	// Where the prompt's KV came from is the prefill's story; a decode
 	// leg's pull from its prefill engine is counted apart.
 	src := u

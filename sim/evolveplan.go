@@ -1,0 +1,97 @@
+package sim
+
+import (
+	"time"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/planner"
+)
+
+// evolve's online planner in the simulator: the same planner.Planner the
+// orchestrator runs, fed the same things (every engine pass, every routed
+// request, every finished one) and switching nodes by the same protocol:
+// the node leaves the router's view, finishes what it holds (requests
+// running, queued or on their way to it as decode legs), copies its GPU KV
+// to its host pool so that the context stays reachable, and serves in its
+// new role.
+
+// switchPoll is how often a draining node is checked.
+const switchPoll = time.Second
+
+func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
+	p := sc.Profile
+	cfg := m.Config()
+	return planner.New(planner.Config{
+		Limits: planner.Limits{MaxBatchedTokens: cfg.MaxNumBatchedTokens, MaxSeqs: cfg.MaxNumSeqs,
+			GPUKVTokens: cfg.GPUBlocks * p.BlockSize},
+		HostSecPerBlock: p.BlockBytes() / (p.HostGBps * 1e9),
+	})
+}
+
+func roleName(r routing.Role) string {
+	if r == routing.Prefill {
+		return planner.Prefill
+	}
+	return planner.Decode
+}
+
+// observePass gives the planner one pass of an engine.
+func (r *run) observePass(d time.Duration, st *enginesim.PassStats) {
+	if r.planner == nil || d <= 0 {
+		return
+	}
+	r.planner.ObservePass(r.now, planner.Pass{Seconds: d.Seconds(), PrefillTokens: st.PrefillTokens,
+		PrefillAttended: st.PrefillAttended, DecodeSeqs: st.DecodeSeqs, DecodeContext: st.DecodeContext,
+		CopyBlocks: st.HostLoadBlocks + st.OffloadBlocks})
+}
+
+// planStep runs one planner step and starts the switches it asks for.
+func (r *run) planStep() {
+	r.push(&event{at: r.now.Add(r.planner.Config().Interval), kind: evPlanStep})
+	nodes := r.planNodes[:0]
+	for _, e := range r.engines {
+		role := e.role
+		if e.switching {
+			role = e.switchTo
+		}
+		nodes = append(nodes, planner.NodeInfo{ID: e.id, Role: roleName(role), Auto: true,
+			Serving: e.state == engActive && !e.switching, Switching: e.switching,
+			Waiting: e.stats.Waiting, Running: e.stats.Running, GPUBlocksUsed: e.stats.GPUBlocksUsed})
+	}
+	r.planNodes = nodes
+	for _, m := range r.planner.Step(r.now, nodes) {
+		i := r.byID[m.Node]
+		e := r.engines[i]
+		e.switching = true
+		e.switchTo = routing.Decode
+		if m.To == planner.Prefill {
+			e.switchTo = routing.Prefill
+		}
+		if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
+			r.res.RoleSwitches++
+		}
+		r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
+	}
+}
+
+// switchStep moves a switching node on: once nothing is in flight on it,
+// its GPU KV goes to host, then it takes its new role.
+func (r *run) switchStep(i int) {
+	e := r.engines[i]
+	if !e.switching {
+		return
+	}
+	if e.model.InFlight() > 0 || e.pendingDecodes > 0 {
+		r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
+		return
+	}
+	e.model.OffloadGPU(r.now) // delays the node's next pass by the copy
+	role := enginesim.RoleDecode
+	if e.switchTo == routing.Prefill {
+		role = enginesim.RolePrefill
+	}
+	e.model.SetRole(role)
+	e.role, e.switching = e.switchTo, false
+	r.kick(i) // publishes the offload's KV events
+}
