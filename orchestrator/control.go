@@ -72,6 +72,14 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		openaiapi.WriteJSON(w, 200, st)
 	})
 	mux.HandleFunc("GET /api/v1/watch", o.serveWatch)
+	mux.HandleFunc("GET /api/v1/planner", func(w http.ResponseWriter, r *http.Request) {
+		st, ok := o.PlannerStatus()
+		if !ok {
+			apiError(w, 404, "the planner is off (orchestrator --planner off)")
+			return
+		}
+		openaiapi.WriteJSON(w, 200, st)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { apiError(w, 404, "no route %s %s", r.Method, r.URL.Path) })
 	if o.cfg.ControlToken == "" {
 		return mux

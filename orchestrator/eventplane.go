@@ -23,6 +23,7 @@ func (o *Orchestrator) subscribe() error {
 		{protocol.SubjectAllHeartbeats, o.onHeartbeat},
 		{protocol.SubjectAllKV, o.onKV},
 		{protocol.SubjectDeregister, o.onDeregister},
+		{protocol.SubjectAllStats, o.onStats},
 	}
 	for _, s := range subs {
 		sub, err := o.nc.Subscribe(s.subject, s.handle)
@@ -90,6 +91,7 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 	want := n.role.String()
 	o.c.changed(reg.ID)
 	o.c.mu.Unlock()
+	o.planLimits(reg)
 	if fresh {
 		o.log.Info("engine registered", "id", reg.ID, "url", reg.URL, "role", want, "model", reg.Model)
 		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpResync})

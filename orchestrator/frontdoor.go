@@ -107,6 +107,9 @@ type attempt struct {
 	first    bool // the prefill is over
 	ttftSeen bool // the client got its first token
 	arrival  time.Time
+	// outTokens: output tokens the client got, from the answer's usage
+	// or, in a stream without usage, one per content chunk.
+	outTokens int
 }
 
 var reqCounter atomic.Uint64
@@ -162,7 +165,10 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			return
 		}
 		o.met.decisions.WithLabelValues(o.policy.Name(), strconv.FormatBool(dec.Disaggregated)).Inc()
-		o.countHits(&match, v, dec, bs, len(p.Tokens))
+		computed := o.countHits(&match, v, dec, bs, len(p.Tokens))
+		if try == 0 {
+			o.planArrival(len(p.Tokens), computed, dec)
+		}
 		a := &attempt{o: o, w: w, r: r, p: p, raw: raw, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec)}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
@@ -170,6 +176,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.policy.Finished(time.Now(), reqID)
 		o.policyMu.Unlock()
 		if err == nil {
+			o.planFinish(len(p.Tokens), a.outTokens)
 			o.met.requests.WithLabelValues(o.policy.Name(), "ok").Inc()
 			o.met.e2e.Observe(time.Since(arrival).Seconds())
 			return
@@ -188,7 +195,8 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 
 // countHits records where the prompt's KV comes from for the chosen
 // prefill node, by tier.
-func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int) {
+// It returns the tokens the prefill computes.
+func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int) int {
 	var dir kv.NodeID
 	for _, n := range v.Nodes {
 		if n.ID == dec.Prefill {
@@ -205,7 +213,9 @@ func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decis
 	o.met.hitTokens.WithLabelValues("gpu").Add(float64(gpu))
 	o.met.hitTokens.WithLabelValues("local_host").Add(float64(host))
 	o.met.hitTokens.WithLabelValues("remote_host").Add(float64(remote))
-	o.met.hitTokens.WithLabelValues("recomputed").Add(float64(max(tokens-gpu-host-remote, 0)))
+	computed := max(tokens-gpu-host-remote, 0)
+	o.met.hitTokens.WithLabelValues("recomputed").Add(float64(computed))
+	return computed
 }
 
 func (o *Orchestrator) urls(dec routing.Decision) map[string]string {
@@ -436,6 +446,7 @@ func (a *attempt) forward(url string, body map[string]any) error {
 			return fmt.Errorf("read answer: %w", err)
 		}
 		a.firstToken()
+		a.countUsage(b)
 		a.started = true
 		a.w.Header().Set("Content-Type", "application/json")
 		a.w.Header().Set("X-Request-Id", a.reqID)
@@ -461,6 +472,8 @@ func (a *attempt) forward(url string, body map[string]any) error {
 				a.firstToken()
 				if bytes.HasPrefix(line, []byte("data: [DONE]")) {
 					done = true
+				} else {
+					a.countChunk(line[len("data: "):])
 				}
 			}
 			if _, werr := a.w.Write(line); werr != nil {

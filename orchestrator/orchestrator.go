@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/planner"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,7 +33,10 @@ type Config struct {
 	Policy           string        // evolve, dynamo, round-robin
 	MissedHeartbeats int           // default 3
 	DrainTimeout     time.Duration // longest wait for a switching node's requests; default 5 min
-	Logger           *slog.Logger
+	// PlannerMode: auto (default), recommend or off; Planner tunes it.
+	PlannerMode string
+	Planner     planner.Config
+	Logger      *slog.Logger
 }
 
 // Orchestrator is a running orchestrator.
@@ -51,6 +55,7 @@ type Orchestrator struct {
 	policy   routing.Policy
 	http     *http.Client
 	met      *metrics
+	plan     *planning // nil when the planner is off
 
 	blockSize int    // guarded by c.mu
 	model     string // guarded by c.mu
@@ -67,6 +72,12 @@ type metrics struct {
 	hitTokens *prometheus.CounterVec
 	switches  *prometheus.CounterVec
 	ttft, e2e prometheus.Histogram
+	// The planner's view, as of its last step.
+	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
+	planCost      *prometheus.GaugeVec // model, coefficient
+	planPredicted *prometheus.GaugeVec // split (current, best), metric
+	planGain      prometheus.Gauge
+	planMoves     prometheus.Counter
 }
 
 func newMetrics() *metrics {
@@ -78,7 +89,13 @@ func newMetrics() *metrics {
 	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})
 	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "evolve_router_time_to_first_token_seconds", Help: "Wall time from arrival to the first token passing the router.", Buckets: buckets})
 	m.e2e = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "evolve_router_e2e_request_latency_seconds", Help: "Wall time from arrival to the last byte.", Buckets: buckets})
-	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.ttft, m.e2e)
+	m.planSplit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_planner_nodes", Help: "Nodes per role: the current split and the planner's recommendation."}, []string{"role", "kind"})
+	m.planCost = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_planner_cost_coefficient", Help: "Learned pass-cost coefficients, in the unit their name ends with."}, []string{"model", "coefficient"})
+	m.planPredicted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_planner_predicted_seconds", Help: "Predicted latency of the current and the best split."}, []string{"split", "metric"})
+	m.planGain = prometheus.NewGauge(prometheus.GaugeOpts{Name: "evolve_planner_gain_seconds", Help: "Predicted request-seconds a move saves over the gain horizon."})
+	m.planMoves = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_planner_moves_total", Help: "Role moves the planner asked for."})
+	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.ttft, m.e2e,
+		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }
 
@@ -96,6 +113,13 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.Policy == "" {
 		cfg.Policy = "evolve"
 	}
+	switch cfg.PlannerMode {
+	case "":
+		cfg.PlannerMode = PlannerAuto
+	case PlannerAuto, PlannerRecommend, PlannerOff:
+	default:
+		return nil, fmt.Errorf("planner mode %q: want auto, recommend or off", cfg.PlannerMode)
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -109,9 +133,13 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.NATSURL == "" && cfg.DataDir == "" {
 		return nil, errors.New("an embedded NATS server needs a data directory")
 	}
-	return &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
+	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}},
-		met:  newMetrics(), started: time.Now()}, nil
+		met:  newMetrics(), started: time.Now()}
+	if cfg.PlannerMode != PlannerOff {
+		o.plan = newPlanning(cfg)
+	}
+	return o, nil
 }
 
 func isLoopback(addr string) bool {
@@ -153,6 +181,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		return err
 	}
 	go o.watchHeartbeats(ctx)
+	go o.runPlanner(ctx)
 	router := &http.Server{Handler: o.routerHandler(), ReadHeaderTimeout: 10 * time.Second}
 	control := &http.Server{Handler: o.controlHandler(), ReadHeaderTimeout: 10 * time.Second}
 	errs := make(chan error, 2)

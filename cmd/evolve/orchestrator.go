@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/evolvellm/evolve/planner"
+	"github.com/spf13/pflag"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -37,6 +39,11 @@ required elsewhere). Engines register over NATS: by default the orchestrator
 embeds a NATS server with JetStream (data in --data-dir; role overrides
 survive restarts); --nats joins an existing one instead.
 
+The online planner (--planner auto) learns pass costs from the engines'
+live statistics and moves nodes in auto mode between prefill and decode when
+a better split has held for --planner-persistence and its predicted gain
+pays for the switch; --planner recommend only reports ('evolve planner').
+
 Most users start it through 'evolve up'.`,
 		Example: `  evolve orchestrator --data-dir /var/lib/evolve --nats-listen 0.0.0.0:4222
   evolve engine --nats nats://ORCHESTRATOR:4222 --profile gb300-kimi-k2`,
@@ -54,6 +61,7 @@ Most users start it through 'evolve up'.`,
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
+	addPlannerFlags(f)
 	return cmd
 }
 
@@ -77,11 +85,18 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 			return fmt.Errorf("data directory: %w", err)
 		}
 	}
+	if err := checkPlannerFlags(get("planner"), config.GetFloat64("orchestrator.planner-ttft-weight")); err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), DataDir: dataDir, Policy: get("policy"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
+		PlannerMode: get("planner"),
+		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
+			Persistence: config.GetDuration("orchestrator.planner-persistence"),
+			TTFTWeight:  config.GetFloat64("orchestrator.planner-ttft-weight")},
 	})
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
@@ -103,4 +118,25 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		os.Remove(readyFile)
 	}
 	return err
+}
+
+// addPlannerFlags adds the planner's flags (evolve orchestrator and evolve
+// up share them).
+func addPlannerFlags(f *pflag.FlagSet) {
+	f.String("planner", "auto", "online planner: auto (moves auto nodes), recommend (reports only) or off")
+	f.Duration("planner-interval", 0, "time between planner steps, in the engines' modelled time (default 5s)")
+	f.Duration("planner-persistence", 0, "how long a better split must hold before the planner acts, in modelled time (default 1m)")
+	f.Float64("planner-ttft-weight", 0, "weight of TTFT against decode time in the planner's objective (default 1: mean end-to-end latency)")
+}
+
+func checkPlannerFlags(mode string, ttftWeight float64) error {
+	switch mode {
+	case orchestrator.PlannerAuto, orchestrator.PlannerRecommend, orchestrator.PlannerOff:
+	default:
+		return fmt.Errorf("--planner %q: want auto, recommend or off", mode)
+	}
+	if ttftWeight < 0 {
+		return fmt.Errorf("--planner-ttft-weight must not be negative")
+	}
+	return nil
 }

@@ -111,6 +111,7 @@ running; 'evolve down' stops it. Logs go to files under the state directory
 	f.Int("agents", 0, "run this many simulated agents against the cluster (foreground only), printing a summary every few seconds")
 	f.String("workload", "shift", "agent workload for --agents: "+strings.Join(workload.Names(), ", ")+", mix:..., shift:...")
 	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")
+	addPlannerFlags(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -133,6 +134,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	}
 	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
 		return usage(fmt.Errorf("--policy: %w", err))
+	}
+	if err := checkPlannerFlags(config.GetString(key("planner")), config.GetFloat64(key("planner-ttft-weight"))); err != nil {
+		return usage(err)
 	}
 	if config.GetFloat64(key("speedup")) <= 0 {
 		return usage(fmt.Errorf("--speedup must be positive"))
@@ -182,7 +186,10 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	orch, err := startChild(exe, filepath.Join(logDir, "orchestrator.log"), detach, "orchestrator",
 		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
 		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"), "--policy", config.GetString(key("policy")),
-		"--ready-file", ready, "--log-format", "json")
+		"--ready-file", ready, "--log-format", "json", "--planner", config.GetString(key("planner")),
+		"--planner-interval", config.GetDuration(key("planner-interval")).String(),
+		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
+		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64))
 	if err != nil {
 		return err
 	}

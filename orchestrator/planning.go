@@ -1,0 +1,234 @@
+package orchestrator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/protocol"
+	"github.com/nats-io/nats.go"
+)
+
+// Planner modes.
+const (
+	PlannerAuto      = "auto"      // learn, recommend and move auto nodes
+	PlannerRecommend = "recommend" // learn and recommend; never move
+	PlannerOff       = "off"
+)
+
+// planning is the orchestrator's planner and what it needs from the
+// cluster; mu guards p (the planner is not safe for concurrent use).
+type planning struct {
+	mu      sync.Mutex
+	p       *planner.Planner
+	limited bool // limits taken from the first registration
+}
+
+func newPlanning(cfg Config) *planning {
+	pc := cfg.Planner
+	pc.Disabled = cfg.PlannerMode == PlannerRecommend
+	return &planning{p: planner.New(pc)}
+}
+
+// planLimits takes the engines' limits from a registration (all engines
+// of a cluster serve the same model with the same block size).
+func (o *Orchestrator) planLimits(reg protocol.Registration) {
+	if o.plan == nil {
+		return
+	}
+	o.plan.mu.Lock()
+	defer o.plan.mu.Unlock()
+	if o.plan.limited || reg.GPUBlocks <= 0 {
+		return
+	}
+	o.plan.limited = true
+	hostSec := 0.0
+	if reg.HostGBps > 0 {
+		hostSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.HostGBps * 1e9)
+	}
+	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: 8192, MaxSeqs: reg.MaxNumSeqs, GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec)
+	// Simulated engines model time faster than the wall clock: the
+	// planner's windows follow their time.
+	o.plan.p.SetSpeedup(reg.Speedup)
+}
+
+// onStats feeds the engines' pass records to the planner's cost models.
+// Modelled durations of simulated engines are divided by their speedup:
+// the planner works in wall time, as its demand does.
+func (o *Orchestrator) onStats(m *nats.Msg) {
+	if o.plan == nil {
+		return
+	}
+	var b protocol.StatsBatch
+	if json.Unmarshal(m.Data, &b) != nil {
+		return
+	}
+	o.c.mu.Lock()
+	speedup := 1.0
+	if n := o.c.nodes[b.Engine]; n != nil && n.reg.Speedup > 0 {
+		speedup = n.reg.Speedup
+	}
+	o.c.mu.Unlock()
+	now := time.Now()
+	o.plan.mu.Lock()
+	defer o.plan.mu.Unlock()
+	for _, ps := range b.Passes {
+		o.plan.p.ObservePass(now, planner.Pass{Seconds: ps.DurationSec / speedup, PrefillTokens: ps.PrefillTokens,
+			PrefillAttended: ps.PrefillAttended, DecodeSeqs: ps.DecodeSeqs, DecodeContext: ps.DecodeContext,
+			CopyBlocks: ps.HostLoadBlocks + ps.OffloadBlocks})
+	}
+}
+
+func (o *Orchestrator) planArrival(tokens, computed int, dec routing.Decision) {
+	if o.plan == nil {
+		return
+	}
+	o.plan.mu.Lock()
+	o.plan.p.Arrive(time.Now(), planner.Arrival{Tokens: tokens, ComputeTokens: computed, Disaggregated: dec.Disaggregated})
+	o.plan.mu.Unlock()
+}
+
+func (o *Orchestrator) planFinish(prompt, output int) {
+	if o.plan == nil {
+		return
+	}
+	o.plan.mu.Lock()
+	o.plan.p.Finish(time.Now(), prompt, output)
+	o.plan.mu.Unlock()
+}
+
+// runPlanner steps the planner every interval and starts the switches it
+// asks for, through the same role protocol an operator's switch uses.
+func (o *Orchestrator) runPlanner(ctx context.Context) {
+	if o.plan == nil {
+		return
+	}
+	// Tick often; the planner says when a step is due (its interval
+	// follows the engines' speedup, known only once they register).
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			o.planStep(now)
+		}
+	}
+}
+
+func (o *Orchestrator) planStep(now time.Time) {
+	o.plan.mu.Lock()
+	due := o.plan.limited && o.plan.p.Due(now)
+	o.plan.mu.Unlock()
+	if !due {
+		return
+	}
+	o.c.mu.Lock()
+	nodes := make([]planner.NodeInfo, 0, len(o.c.nodes))
+	for id, n := range o.c.nodes {
+		if n.state != StateServing && n.state != StateSwitching {
+			continue
+		}
+		role := n.role
+		if n.sw != nil {
+			role = roleOf(n.sw.To)
+		}
+		name := planner.Decode
+		if role == routing.Prefill {
+			name = planner.Prefill
+		}
+		nodes = append(nodes, planner.NodeInfo{ID: id, Role: name, Auto: n.mode == ModeAuto,
+			Serving: n.state == StateServing, Switching: n.state == StateSwitching,
+			Waiting: n.hb.Waiting, Running: n.hb.Running + n.inFlight,
+			GPUBlocksUsed: int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks))})
+	}
+	o.c.mu.Unlock()
+	o.plan.mu.Lock()
+	moves := o.plan.p.Step(now, nodes)
+	st := o.plan.p.Status()
+	o.plan.mu.Unlock()
+	o.met.planner(st)
+	for _, m := range moves {
+		if _, err := o.SetRole(m.Node, m.To, false, "planner: "+m.Reason); err != nil {
+			o.log.Warn("planner move failed", "id", m.Node, "to", m.To, "err", err)
+			continue
+		}
+		o.log.Info("planner moves a node", "id", m.Node, "from", m.From, "to", m.To, "reason", m.Reason)
+	}
+}
+
+// PlannerStatus reports the planner as of its last step.
+func (o *Orchestrator) PlannerStatus() (planner.Status, bool) {
+	if o.plan == nil {
+		return planner.Status{}, false
+	}
+	o.plan.mu.Lock()
+	defer o.plan.mu.Unlock()
+	return o.plan.p.Status(), true
+}
+
+func roleOf(s string) routing.Role {
+	if s == "prefill" {
+		return routing.Prefill
+	}
+	return routing.Decode
+}
+
+// countUsage reads the output tokens from a whole answer's usage.
+func (a *attempt) countUsage(b []byte) {
+	var out struct {
+		Usage *struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(b, &out) == nil && out.Usage != nil {
+		a.outTokens = out.Usage.CompletionTokens
+	}
+}
+
+// countChunk counts a streamed chunk: its usage when it has one (the
+// last chunk with include_usage), else one token per chunk with content.
+func (a *attempt) countChunk(b []byte) {
+	if bytes.Contains(b, []byte(`"usage":{`)) {
+		before := a.outTokens
+		a.countUsage(b)
+		if a.outTokens != before {
+			return
+		}
+	}
+	if bytes.Contains(b, []byte(`"text":`)) || bytes.Contains(b, []byte(`"content":`)) {
+		a.outTokens++
+	}
+}
+
+// planner publishes a planner status as metrics.
+func (m *metrics) planner(st planner.Status) {
+	m.planSplit.WithLabelValues("prefill", "current").Set(float64(st.Prefill))
+	m.planSplit.WithLabelValues("decode", "current").Set(float64(st.Decode))
+	if st.Recommended >= 0 {
+		m.planSplit.WithLabelValues("prefill", "recommended").Set(float64(st.Recommended))
+		m.planSplit.WithLabelValues("decode", "recommended").Set(float64(st.Prefill + st.Decode - st.Recommended))
+	}
+	for model, fit := range map[string]planner.FitStatus{"prefill": st.PrefillFit, "decode": st.DecodeFit} {
+		for _, c := range fit.Coefs {
+			m.planCost.WithLabelValues(model, c.Name).Set(c.Value)
+		}
+	}
+	for name, pr := range map[string]planner.Prediction{"current": st.Current, "best": st.Best} {
+		if pr.Prefill+pr.Decode == 0 {
+			continue
+		}
+		m.planPredicted.WithLabelValues(name, "ttft").Set(pr.TTFT)
+		m.planPredicted.WithLabelValues(name, "itl").Set(pr.ITL)
+		m.planPredicted.WithLabelValues(name, "e2e").Set(pr.E2E)
+	}
+	m.planGain.Set(st.GainSec)
+	if st.State == "moving" && len(st.Decisions) > 0 {
+		m.planMoves.Add(float64(len(st.Decisions[len(st.Decisions)-1].Moves)))
+	}
+}
