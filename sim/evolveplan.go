@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"sort"
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
@@ -71,6 +72,9 @@ func (r *run) planStep() {
 		if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
 			r.res.RoleSwitches++
 		}
+		if e.role == routing.Decode {
+			r.handOver(i)
+		}
 		r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
 	}
 }
@@ -94,4 +98,74 @@ func (r *run) switchStep(i int) {
 	e.model.SetRole(role)
 	e.role, e.switching = e.switchTo, false
 	r.kick(i) // publishes the offload's KV events
+}
+
+// carried is what a request's earlier decode legs produced before it was
+// handed over to another node.
+type carried struct {
+	first  enginesim.Usage // the first leg's usage: prompt, KV sources, first token
+	output []uint32
+}
+
+// handOver empties decode node i for a switch without waiting for its
+// decodes to end (they can run for minutes on reasoning work): a sequence
+// decoding there continues on a peer decode node, which pulls its KV
+// (prompt and output so far) over the network; a decode leg routed there
+// and not yet started goes to the peer instead. A request still in its
+// prefill there finishes it there.
+func (r *run) handOver(i int) {
+	ids := make([]string, 0, 16)
+	for id, req := range r.reqs {
+		if req.decodeAt == i {
+			ids = append(ids, id)
+		}
+	}
+	sort.Strings(ids) // map order is random; the run must not be
+	for _, id := range ids {
+		req := r.reqs[id]
+		j := r.handOverTarget(i)
+		if j < 0 {
+			return
+		}
+		if req.pendingAt == i+1 {
+			r.unpend(req)
+			req.decodeAt, req.pendingAt = j, j+1
+			r.engines[j].pendingDecodes++
+			continue
+		}
+		mg, ok := r.engines[i].model.Migrate(r.now, id)
+		if !ok {
+			continue
+		}
+		if req.carry == nil {
+			req.carry = &carried{first: mg.Usage}
+		}
+		req.carry.output = append(req.carry.output, mg.Output...)
+		req.decodeAt = j
+		req.migrations++
+		r.res.HandedOver++
+		sr := enginesim.Request{ID: req.id, Tokens: mg.Tokens, Chain: mg.Chain, MaxTokens: mg.Remaining,
+			Seed: req.seed + uint64(req.migrations), Remote: &enginesim.RemoteKV{Blocks: mg.Chain}}
+		if mg.Remaining < 1 {
+			continue
+		}
+		r.submit(req, j, sr)
+	}
+	r.kick(i)
+}
+
+// handOverTarget is the serving decode node other than i with the least
+// work, or -1.
+func (r *run) handOverTarget(i int) int {
+	best, load := -1, 0
+	for j, e := range r.engines {
+		if j == i || e.role != routing.Decode || e.switching || e.state != engActive {
+			continue
+		}
+		l := e.stats.Running + e.stats.Waiting + e.pendingDecodes
+		if best < 0 || l < load {
+			best, load = j, l
+		}
+	}
+	return best
 }

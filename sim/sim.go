@@ -102,7 +102,8 @@ type Result struct {
 	ComputedTokens    int64   `json:"computed_tokens"`
 	LostKVReuse       int64   `json:"lost_kv_reuse_tokens"`
 	RoleSwitches      int     `json:"role_switches"`
-	Retried           int     `json:"requests_retried"` // aborted by a worker's removal and sent again
+	Retried           int     `json:"requests_retried"`    // aborted by a worker's removal and sent again
+	HandedOver        int     `json:"decodes_handed_over"` // decoding sequences moved to a peer before a switch
 	Preemptions       uint64  `json:"preemptions"`
 	VirtualSec        float64 `json:"virtual_s"`
 
@@ -124,6 +125,11 @@ type Window struct {
 	// lost reuse of the requests that arrived in it.
 	PromptTokens, GPUHit, HostHit, Computed, LostReuse int64
 	e2e, ttft                                          []float64
+	// Evolve's planner at the window's end: the prefill count it
+	// recommends (-1: none) and the TTFT it predicts for the split it has.
+	Recommended   int
+	PredictedTTFT float64
+	planned       bool
 }
 
 // event kinds.
@@ -209,6 +215,8 @@ type request struct {
 	retry                      bool
 	attempt                    int // bumped on every routing; stale events are ignored
 	pendingAt                  int // 1 + the engine whose pendingDecodes counts this request; 0: none
+	carry                      *carried
+	migrations                 int
 }
 
 type laneState struct {
@@ -596,13 +604,23 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 		r.push(&event{at: end, kind: evDecode, req: req, attempt: req.attempt})
 		return
 	}
-	if !end.Before(r.scoreFrom) && !end.After(r.scoreTo) {
-		r.res.Throughput += float64(f.Usage.CompletionTokens)
-	}
 	r.router.FirstToken(end, req.id)
 	r.router.Finished(end, req.id)
 	delete(r.reqs, req.id)
 	u := f.Usage
+	output := f.Output
+	if c := req.carry; c != nil {
+		// Handed over mid-decode: the request's story starts on its first
+		// leg, and its output is what every leg produced.
+		output = append(c.output, f.Output...)
+		u.CompletionTokens += len(c.output)
+		u.PromptTokens, u.FirstToken = c.first.PromptTokens, c.first.FirstToken
+		u.GPUHitTokens, u.HostHitTokens, u.TransferredTokens, u.ComputedTokens =
+			c.first.GPUHitTokens, c.first.HostHitTokens, c.first.TransferredTokens, c.first.ComputedTokens
+	}
+	if !end.Before(r.scoreFrom) && !end.After(r.scoreTo) {
+		r.res.Throughput += float64(u.CompletionTokens)
+	}
 	if r.planner != nil {
 		r.planner.Finish(end, u.PromptTokens, u.CompletionTokens)
 	}
@@ -639,7 +657,7 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 		r.res.ComputedTokens += int64(src.ComputedTokens)
 	}
 	if req.lane.lane != nil {
-		req.lane.lane.Answer(f.Output)
+		req.lane.lane.Answer(output)
 		r.nextCall(req.lane)
 	}
 }
@@ -661,6 +679,10 @@ func (r *run) closeWindow() {
 			w.Decode++
 		}
 		w.Waiting += e.stats.Waiting
+	}
+	if r.planner != nil {
+		st := r.planner.Status()
+		w.Recommended, w.PredictedTTFT, w.planned = st.Recommended, st.Current.TTFT, true
 	}
 	r.res.Timeline = append(r.res.Timeline, Window{Start: r.now.Sub(r.start)})
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})

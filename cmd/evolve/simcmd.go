@@ -59,8 +59,10 @@ the engines' step model, the routing policies, the KV directory and the
 workload models, driven by a virtual clock.
 
 Policies (comma-separated):
-  evolve              evolve's router at Dynamo's recipe ratio (1 prefill : 2 decode)
-                      until the online planner moves nodes
+  evolve              evolve's router and online planner: starts at Dynamo's recipe
+                      ratio (1 prefill : 2 decode), learns pass costs from the
+                      engines' passes and moves nodes between roles, handing
+                      decodes over to peers instead of waiting for them
   static:P:D          evolve's router and KV management with a fixed split
   static:best         every static split, the best by mean end-to-end latency
   dynamo              Dynamo as shipped: its KV router cost, fixed-role workers,

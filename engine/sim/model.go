@@ -179,6 +179,7 @@ type Counters struct {
 	OffloadedBlocks   uint64
 	Requests          uint64
 	Aborted           uint64
+	Migrated          uint64 // running sequences handed to a peer
 }
 
 type seqState uint8
@@ -393,6 +394,38 @@ func (m *Model) Abort(now time.Time, id string) (Usage, bool) {
 	s.usage.Finish = now
 	m.counters.Aborted++
 	return s.usage, true
+}
+
+// Migrated is a decoding sequence taken off an engine to continue on
+// another (a decode handover before a role switch).
+type Migrated struct {
+	Usage     Usage
+	Tokens    []uint32       // prompt and output so far (a copy)
+	Output    []uint32       // the output so far (a sub-slice of Tokens)
+	Chain     []kv.BlockHash // the full blocks of Tokens whose KV this engine holds
+	Remaining int            // output tokens still to generate
+}
+
+// Migrate takes a running sequence that has started its output off the
+// engine, for a peer to continue from its KV. The blocks stay cached here,
+// evictable, so that the peer can pull them. It reports false for a
+// sequence that is unknown or not decoding.
+func (m *Model) Migrate(now time.Time, id string) (Migrated, bool) {
+	s, ok := m.byID[id]
+	if !ok || s.state != stRunning || s.generated == 0 {
+		return Migrated{}, false
+	}
+	full := min(s.computed>>m.bsShift, len(s.chain))
+	mg := Migrated{Usage: s.usage, Tokens: append([]uint32(nil), s.tokens...),
+		Chain:     append([]kv.BlockHash(nil), s.chain[:full]...),
+		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-len(s.tokens))}
+	mg.Output = mg.Tokens[len(s.req.Tokens):]
+	m.running = removeSeq(m.running, s)
+	m.freeSeq(s)
+	delete(m.byID, id)
+	mg.Usage.Finish = now
+	m.counters.Migrated++
+	return mg, true
 }
 
 // Release ends the hold of a remote-decode prefill (the peer pulled its KV)

@@ -563,3 +563,59 @@ func TestWriteThroughCopiesEveryBlockToHost(t *testing.T) {
 		t.Fatalf("gpu %d local %d host %d, want all 20 blocks in both tiers", g, l, m.hostByHash.Len())
 	}
 }
+
+// A decoding sequence migrates: the peer continues from the KV it pulls and
+// the whole output is as long as asked.
+func TestMigrateHandsADecodeToAPeer(t *testing.T) {
+	p, _ := LoadProfile("tiny")
+	a, b := NewModel(p, Config{}), NewModel(p, Config{})
+	now := t0
+	prompt := make([]uint32, 300)
+	for i := range prompt {
+		prompt[i] = uint32(600 + i%50)
+	}
+	if err := a.Submit(now, Request{ID: "r", Tokens: prompt, MaxTokens: 100, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 40; i++ {
+		d, _ := a.Step(now)
+		now = now.Add(d)
+	}
+	if _, ok := a.Migrate(now, "nope"); ok {
+		t.Fatal("migrated an unknown request")
+	}
+	mg, ok := a.Migrate(now, "r")
+	if !ok || len(mg.Output) == 0 || len(mg.Output)+mg.Remaining != 100 || len(mg.Tokens) != 300+len(mg.Output) {
+		t.Fatalf("migrate: ok %v, %d out, %d remaining, %d tokens", ok, len(mg.Output), mg.Remaining, len(mg.Tokens))
+	}
+	if a.InFlight() != 0 || len(mg.Chain) < 300/p.BlockSize {
+		t.Fatalf("after migrate: %d in flight on the source, chain %d blocks", a.InFlight(), len(mg.Chain))
+	}
+	if gpu, _ := a.Lookup(mg.Chain); gpu != len(mg.Chain) {
+		t.Fatalf("the source keeps %d of %d blocks cached for the peer", gpu, len(mg.Chain))
+	}
+	err := b.Submit(now, Request{ID: "r", Tokens: mg.Tokens, Chain: nil, MaxTokens: mg.Remaining, Seed: 2,
+		Remote: &RemoteKV{Blocks: mg.Chain}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fin *Finished
+	for i := 0; i < 500 && fin == nil; i++ {
+		d, out := b.Step(now)
+		now = now.Add(d)
+		for j := range out.Finished {
+			fin = &out.Finished[j]
+		}
+		if out.Idle {
+			if w, ok := b.NextWake(now); ok {
+				now = w
+			}
+		}
+	}
+	if fin == nil || len(fin.Output) != mg.Remaining || fin.Usage.TransferredTokens == 0 {
+		t.Fatalf("the peer's leg: %+v", fin)
+	}
+	if a.Counters().Migrated != 1 {
+		t.Fatalf("counters %+v", a.Counters())
+	}
+}
