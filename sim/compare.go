@@ -13,8 +13,8 @@ import (
 // dynamo-static:best over every fixed split, dynamo:best over those Dynamo
 // splits and the shipped planner. "oracle" takes the best static split
 // minute by minute (see Oracle). Independent runs use every core; the
-// results do not depend on how many there are.
-func Compare(sc Scenario, names []string, progress func(string)) ([]Result, error) {
+// results do not depend on how many there are. hooks may be nil.
+func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	// Expand every name into the runs it needs.
 	type job struct {
 		pol Policy
@@ -82,11 +82,16 @@ func Compare(sc Scenario, names []string, progress func(string)) ([]Result, erro
 				}
 				j := jobs[next]
 				next++
-				if progress != nil {
-					progress(j.pol.Name)
+				if hooks != nil && hooks.Start != nil {
+					hooks.Start(j.pol.Name)
 				}
 				mu.Unlock()
 				j.res, j.err = Run(sc, j.pol)
+				if hooks != nil && hooks.Done != nil && j.err == nil {
+					mu.Lock()
+					hooks.Done(j.pol.Name, j.res)
+					mu.Unlock()
+				}
 			}
 		}()
 	}
@@ -121,6 +126,13 @@ func Compare(sc Scenario, names []string, progress func(string)) ([]Result, erro
 		}
 	}
 	return out, nil
+}
+
+// Hooks let a caller follow a comparison: Start is called before each
+// simulation (a sweep runs several), Done after it, one at a time.
+type Hooks struct {
+	Start func(policy string)
+	Done  func(policy string, res Result)
 }
 
 // better reports whether a beats b on the primary metric: mean end-to-end

@@ -105,6 +105,7 @@ type Result struct {
 	Retried           int     `json:"requests_retried"`    // aborted by a worker's removal and sent again
 	HandedOver        int     `json:"decodes_handed_over"` // decoding sequences moved to a peer before a switch
 	Preemptions       uint64  `json:"preemptions"`
+	EnginePasses      uint64  `json:"engine_passes"` // forward passes simulated
 	VirtualSec        float64 `json:"virtual_s"`
 
 	// Timeline is the run minute by minute (not in the JSON result; see
@@ -699,6 +700,7 @@ func (r *run) finish() Result {
 	res.SessionsPerHour = float64(res.Sessions) / secs * 3600
 	for _, e := range r.engines {
 		res.Preemptions += e.model.Counters().Preemptions
+		res.EnginePasses += e.model.Counters().Passes
 	}
 	res.VirtualSec = r.now.Sub(r.start).Seconds()
 	return res

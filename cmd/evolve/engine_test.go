@@ -324,15 +324,21 @@ func TestEngineDrainsOnSIGTERM(t *testing.T) {
 func TestSimPrintsStableJSON(t *testing.T) {
 	timeline := filepath.Join(t.TempDir(), "timeline.csv")
 	out, code := runBin(t, nil, "sim", "--gpus", "12", "--workload", "coding", "--agents", "8", "--duration", "2m", "--warmup", "1m",
-		"--policies", "static:1:2,dynamo-static:best", "--timeline", timeline, "-o", "json")
+		"--policies", "static:1:2,dynamo-static:best", "--timeline", timeline, "--profile-self", "-o", "json")
 	if code != 0 {
 		t.Fatalf("sim: %d %s", code, out)
 	}
 	// Progress lines go to stderr; the JSON object is the rest.
 	var res struct {
 		Results []map[string]any `json:"results"`
+		Profile []struct {
+			Policy    string  `json:"policy"`
+			WallSec   float64 `json:"wall_s"`
+			XRealtime float64 `json:"x_realtime"`
+			Passes    float64 `json:"engine_passes"`
+		} `json:"profile_self"`
 	}
-	if err := json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res); err != nil || len(res.Results) != 2 {
+	if err := json.NewDecoder(strings.NewReader(out[strings.Index(out, "{"):])).Decode(&res); err != nil || len(res.Results) != 2 {
 		t.Fatalf("sim -o json: %v\n%s", err, out)
 	}
 	for _, r := range res.Results {
@@ -348,6 +354,19 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	}
 	if res.Results[1]["policy"] != "dynamo-static:best" {
 		t.Fatalf("policy names: %v", res.Results)
+	}
+	// --profile-self: one entry per simulation run (the sweep runs two),
+	// each with its speed.
+	if len(res.Profile) != 3 {
+		t.Fatalf("profile_self: %+v", res.Profile)
+	}
+	for _, p := range res.Profile {
+		if p.WallSec <= 0 || p.XRealtime <= 0 || p.Passes <= 0 {
+			t.Fatalf("profile_self entry %+v", p)
+		}
+	}
+	if !strings.Contains(out, "x real time") {
+		t.Fatalf("no speed table on stderr:\n%s", out)
 	}
 	if b, err := os.ReadFile(timeline); err != nil || !strings.HasPrefix(string(b), "policy,minute,prefill,decode") {
 		t.Fatalf("timeline: %v %.80q", err, b)

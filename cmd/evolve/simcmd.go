@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -95,6 +96,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Int64("seed", 1, "random seed")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (split and latency per minute) as an SVG file")
+	f.Bool("profile-self", false, "report how fast each simulation ran (wall time, modelled time, passes per second) on stderr, and in -o json under profile_self")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -152,8 +154,18 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	errw := cmd.ErrOrStderr()
 	start := time.Now()
-	results, err := sim.Compare(sc, names, func(p string) {
-		fmt.Fprintf(errw, "simulating %s (%s elapsed)\n", p, time.Since(start).Round(time.Second))
+	var speeds []selfProfile
+	began := map[string]time.Time{}
+	results, err := sim.Compare(sc, names, &sim.Hooks{
+		Start: func(p string) {
+			began[p] = time.Now()
+			fmt.Fprintf(errw, "simulating %s (%s elapsed)\n", p, time.Since(start).Round(time.Second))
+		},
+		Done: func(p string, r sim.Result) {
+			wall := time.Since(began[p]).Seconds()
+			speeds = append(speeds, selfProfile{Policy: p, WallSec: wall, ModelledSec: r.VirtualSec,
+				XRealtime: r.VirtualSec / wall, EnginePasses: r.EnginePasses, PassesPerSec: float64(r.EnginePasses) / wall})
+		},
 	})
 	if err != nil {
 		return usage(err)
@@ -172,6 +184,11 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,
 		"wall_s": time.Since(start).Seconds()}
+	if config.GetBool(k("profile-self")) {
+		out["profile_self"] = speeds
+		total := time.Since(start)
+		defer printSelfProfile(errw, speeds, total)
+	}
 	return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %d %s agents, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, agents, wl, dur, warm, sc.Seed)
 		fmt.Fprint(w, "metric")
@@ -210,6 +227,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("lost KV reuse (tokens)", func(r sim.Result) string { return fmt.Sprint(r.LostKVReuse) })
 		row("role switches", func(r sim.Result) string { return fmt.Sprint(r.RoleSwitches) })
 		row("requests retried", func(r sim.Result) string { return fmt.Sprint(r.Retried) })
+		row("decodes handed over", func(r sim.Result) string { return fmt.Sprint(r.HandedOver) })
 		row("preemptions", func(r sim.Result) string { return fmt.Sprint(r.Preemptions) })
 	})
 }
@@ -234,4 +252,24 @@ func sortStrings(s []string) {
 			s[j], s[j-1] = s[j-1], s[j]
 		}
 	}
+}
+
+// selfProfile is how fast one simulation ran (evolve sim --profile-self).
+type selfProfile struct {
+	Policy       string  `json:"policy"`
+	WallSec      float64 `json:"wall_s"`
+	ModelledSec  float64 `json:"modelled_s"`
+	XRealtime    float64 `json:"x_realtime"`
+	EnginePasses uint64  `json:"engine_passes"`
+	PassesPerSec float64 `json:"passes_per_s"`
+}
+
+func printSelfProfile(w io.Writer, prof []selfProfile, total time.Duration) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "\nsimulation\twall (s)\tmodelled (s)\tx real time\tengine passes\tpasses/s\n")
+	for _, p := range prof {
+		fmt.Fprintf(tw, "%s\t%.1f\t%.0f\t%.0f\t%d\t%.0f\n", p.Policy, p.WallSec, p.ModelledSec, p.XRealtime, p.EnginePasses, p.PassesPerSec)
+	}
+	fmt.Fprintf(tw, "all, on %d cores\t%.1f\t\t\t\t\n", runtime.GOMAXPROCS(0), total.Seconds())
+	tw.Flush()
 }
