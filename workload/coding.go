@@ -101,7 +101,8 @@ func (l *codingLane) Next() (Call, bool) {
 		// branch is dead.
 		l.compacts++
 		old := l.branch
-		l.ctx = content(l.ctx[:0], "coding/system", 0, l.c.SharedPrefix)
+		// A fresh slice: earlier calls' prompts share the old one.
+		l.ctx = content(nil, "coding/system", 0, l.c.SharedPrefix)
 		l.ctx = content(l.ctx, fmt.Sprintf("coding/summary/%s/%d", l.session, l.compacts), 0, l.c.Summary)
 		l.parent, l.branch = old, fmt.Sprintf("main.c%d", l.compacts)
 	}

@@ -15,11 +15,14 @@ import (
 
 // Call is one request an agent sends.
 type Call struct {
-	Session   string
-	Branch    string
-	Parent    string   // the branch this one forked from or rewrote, if any
-	Tokens    []uint32 // the whole prompt; shared, do not modify
-	MaxTokens int      // the answer's length (engines generate exactly this)
+	Session string
+	Branch  string
+	Parent  string // the branch this one forked from or rewrote, if any
+	// Tokens is the whole prompt. It is shared (with the lane, with
+	// engines that keep it while serving): neither the lane nor a reader
+	// modifies it once Next has returned it.
+	Tokens    []uint32
+	MaxTokens int // the answer's length (engines generate exactly this)
 	Think     time.Duration
 }
 

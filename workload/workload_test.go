@@ -102,6 +102,27 @@ func TestCodingSessionsGrowAndShare(t *testing.T) {
 	if !slices.Contains(branches, "main.c1") {
 		t.Fatalf("no compaction branch: %v", branches)
 	}
+
+	// A call's prompt is never modified afterwards, compaction included:
+	// engines keep it while serving, the simulator compares the next
+	// prompt with it.
+	s = m.NewSession(r, 0, 100, 0)
+	var kept, copies [][]uint32
+	for _, l := range s.Lanes {
+		for {
+			c, ok := l.Next()
+			if !ok {
+				break
+			}
+			kept, copies = append(kept, c.Tokens), append(copies, slices.Clone(c.Tokens))
+			l.Answer(fakeAnswer(c))
+		}
+	}
+	for i := range kept {
+		if !slices.Equal(kept[i], copies[i]) {
+			t.Fatalf("call %d's prompt changed after it was returned", i)
+		}
+	}
 }
 
 func TestCodingAgentsShareRepositories(t *testing.T) {
