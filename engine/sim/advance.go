@@ -82,10 +82,10 @@ func (m *Model) steadySpan(now, until time.Time) int {
 	}
 	k := int(^uint(0) >> 1)
 	for _, s := range m.running {
-		if s.generated == 0 || s.computed != len(s.tokens)-1 {
+		if s.generated == 0 || s.computed != s.ntok()-1 {
 			return 0
 		}
-		left := min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-len(s.tokens))
+		left := min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok())
 		k = min(k, left-1)
 	}
 	if k < 2 {
@@ -123,7 +123,7 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 	b := len(m.running)
 	ctx := 0
 	for _, s := range m.running {
-		ctx += len(s.tokens)
+		ctx += s.ntok()
 	}
 	var base PassStats
 	m.fillQueueStats(&base)
@@ -141,11 +141,8 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 	}
 	sh, bs := m.bsShift, m.bs
 	for _, s := range m.running {
-		n := len(s.tokens)
-		s.growTokens(passes)
-		s.tokens = s.tokens[:n+passes]
-		for i := n; i < n+passes; i++ {
-			s.tokens[i] = m.nextToken(s)
+		for i := 0; i < passes; i++ {
+			s.out = append(s.out, m.nextToken(s))
 		}
 		s.generated += passes
 		s.usage.CompletionTokens = s.generated
@@ -157,8 +154,8 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 				panic("sim: steady span ran out of the free blocks it counted")
 			}
 		}
-		if len(s.tokens)>>sh > len(s.chain) {
-			s.chain = kv.ExtendChain(s.chain, s.tokens, bs)
+		if s.ntok()>>sh > len(s.chain) {
+			s.extendChain(bs)
 		}
 		for i := before; i < after; i++ {
 			var parent kv.BlockHash

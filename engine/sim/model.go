@@ -72,7 +72,7 @@ type Config struct {
 // Request is one generation request.
 type Request struct {
 	ID        string
-	Tokens    []uint32 // prompt
+	Tokens    []uint32 // prompt; kept, not copied, while the request is in flight: do not modify
 	MaxTokens int      // output tokens to generate (no EOS is modelled)
 	// Chain optionally gives kv.ChainHashes(Tokens, block size), when the
 	// caller (a router, the simulator) has it already; it is not hashed again.
@@ -192,9 +192,12 @@ const (
 )
 
 type seq struct {
-	req         Request
-	tokens      []uint32
-	chain       []kv.BlockHash // hashes of the full blocks of tokens
+	req Request
+	// The sequence's tokens are the prompt (the request's own slice,
+	// shared, never written) followed by out: a 100K-token context is not
+	// copied on every turn.
+	out         []uint32
+	chain       []kv.BlockHash // hashes of the full blocks of the tokens
 	blocks      []BlockID      // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
 	computed    int            // tokens whose KV is in blocks
 	generated   int
@@ -350,12 +353,11 @@ func (m *Model) Submit(now time.Time, r Request) error {
 	if s.rng == 0 {
 		s.rng = xxh3.HashString(r.ID) | 1
 	}
-	s.tokens = make([]uint32, len(r.Tokens), len(r.Tokens)+min(r.MaxTokens, 16384))
-	copy(s.tokens, r.Tokens)
+	s.out = make([]uint32, 0, min(r.MaxTokens, 64))
 	if n := len(r.Tokens) >> m.bsShift; len(r.Chain) == n {
 		s.chain = append(make([]kv.BlockHash, 0, n+16), r.Chain...)
 	} else {
-		s.chain = kv.ChainHashes(s.tokens, m.bs)
+		s.chain = kv.ChainHashes(r.Tokens, m.bs)
 	}
 	s.usage.PromptTokens = len(r.Tokens)
 	s.usage.Arrival = now
@@ -416,9 +418,9 @@ func (m *Model) Migrate(now time.Time, id string) (Migrated, bool) {
 		return Migrated{}, false
 	}
 	full := min(s.computed>>m.bsShift, len(s.chain))
-	mg := Migrated{Usage: s.usage, Tokens: append([]uint32(nil), s.tokens...),
+	mg := Migrated{Usage: s.usage, Tokens: append(append(make([]uint32, 0, s.ntok()), s.req.Tokens...), s.out...),
 		Chain:     append([]kv.BlockHash(nil), s.chain[:full]...),
-		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-len(s.tokens))}
+		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok())}
 	mg.Output = mg.Tokens[len(s.req.Tokens):]
 	m.running = removeSeq(m.running, s)
 	m.freeSeq(s)
@@ -619,11 +621,11 @@ func (m *Model) LastEventSeq() uint64 { return m.eventSeq }
 // tokens that waiting requests will need in KV.
 func (m *Model) Load() (queuedPrefillTokens, queuedKVTokens int) {
 	for _, s := range m.waiting {
-		queuedPrefillTokens += len(s.tokens) - s.computed
-		queuedKVTokens += len(s.tokens)
+		queuedPrefillTokens += s.ntok() - s.computed
+		queuedKVTokens += s.ntok()
 	}
 	for _, s := range m.running {
-		if left := len(s.tokens) - s.computed; left > 1 {
+		if left := s.ntok() - s.computed; left > 1 {
 			queuedPrefillTokens += left
 		}
 	}

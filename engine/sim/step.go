@@ -34,7 +34,7 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 	// Running sequences first, in order; preempt from the back under KV pressure.
 	for i := 0; i < len(m.running) && budget > 0; i++ {
 		s := m.running[i]
-		n := min(len(s.tokens)-s.computed, budget)
+		n := min(s.ntok()-s.computed, budget)
 		for !m.ensureBlocks(s, s.computed+n) {
 			victim := m.running[len(m.running)-1]
 			m.running = m.running[:len(m.running)-1]
@@ -97,7 +97,7 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 	// Sample a token for every sequence whose KV is now complete.
 	finished := false
 	for _, s := range m.sched {
-		if s.computed < len(s.tokens) {
+		if s.computed < s.ntok() {
 			continue // a prefill chunk, more to come
 		}
 		m.sample(s, end)
@@ -125,7 +125,7 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 // admit matches s's prefix against the tiers, takes the blocks it needs for
 // its first chunk and returns that chunk's size; false if KV does not fit.
 func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bool) {
-	maxHit := (len(s.tokens) - 1) / m.bs // always compute at least the last token
+	maxHit := (s.ntok() - 1) / m.bs // always compute at least the last token
 	g := 0
 	for g < maxHit && g < len(s.chain) && m.onGPU(s.chain[g]) {
 		g++
@@ -145,7 +145,7 @@ func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bo
 		t++
 	}
 matched:
-	n := min(len(s.tokens)-t*m.bs, budget)
+	n := min(s.ntok()-t*m.bs, budget)
 	need := (t*m.bs+n+m.bs-1)/m.bs - g
 	// Blocks hit on GPU stop being evictable once taken: count them out.
 	evictableHits := 0
@@ -209,10 +209,10 @@ func (m *Model) ensureBlocks(s *seq, tokens int) bool {
 // account schedules n tokens of s in this pass: cost terms, and caching of
 // the blocks they fill.
 func (m *Model) account(s *seq, n int, st *PassStats) {
-	decode := s.generated > 0 && n == 1 && s.computed == len(s.tokens)-1
+	decode := s.generated > 0 && n == 1 && s.computed == s.ntok()-1
 	if decode {
 		st.DecodeSeqs++
-		st.DecodeContext += len(s.tokens)
+		st.DecodeContext += s.ntok()
 	} else {
 		st.PrefillTokens += n
 		st.PrefillAttended += float64(n) * (float64(s.computed) + float64(n)/2)
@@ -253,11 +253,10 @@ func (m *Model) passTime(st *PassStats) time.Duration {
 func (m *Model) sample(s *seq, end time.Time) {
 	tok := m.nextToken(s)
 	idx := s.generated
-	s.growTokens(1)
-	s.tokens = append(s.tokens, tok)
+	s.out = append(s.out, tok)
 	s.generated++
-	if len(s.tokens)&(m.bs-1) == 0 {
-		s.chain = kv.ExtendChain(s.chain, s.tokens, m.bs)
+	if s.ntok()&(m.bs-1) == 0 {
+		s.extendChain(m.bs)
 	}
 	if idx == 0 {
 		s.usage.FirstToken = end
@@ -277,31 +276,42 @@ func (m *Model) sample(s *seq, end time.Time) {
 		m.out.Finished = append(m.out.Finished, Finished{
 			ReqID: s.req.ID, Reason: FinishRemoteDecode, Usage: s.usage, Blocks: s.chain[:nb:nb],
 		})
-	case s.generated >= s.req.MaxTokens || len(s.tokens) >= m.p.MaxModelLen:
+	case s.generated >= s.req.MaxTokens || s.ntok() >= m.p.MaxModelLen:
 		s.state = stDone
 		s.usage.Finish = end
 		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
 		m.freeSeq(s)
 		delete(m.byID, s.req.ID)
-		out := s.tokens[len(s.req.Tokens):]
-		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.usage, Output: out[:len(out):len(out)]})
+		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.usage, Output: s.out[:len(s.out):len(s.out)]})
 	}
 }
 
-// growTokens makes room for n more tokens, doubling the capacity (up to
-// what the request can reach) so that long outputs copy rarely.
-func (s *seq) growTokens(n int) {
-	need := len(s.tokens) + n
-	if need <= cap(s.tokens) {
-		return
+// ntok is the sequence's length: prompt and output.
+func (s *seq) ntok() int { return len(s.req.Tokens) + len(s.out) }
+
+// extendChain hashes the full blocks of the tokens that the chain lacks;
+// a block may straddle the prompt and the output.
+func (s *seq) extendChain(bs int) {
+	p := len(s.req.Tokens)
+	var buf []uint32
+	for i, n := len(s.chain), s.ntok()/bs; i < n; i++ {
+		lo, hi := i*bs, (i+1)*bs
+		var blk []uint32
+		switch {
+		case hi <= p:
+			blk = s.req.Tokens[lo:hi]
+		case lo >= p:
+			blk = s.out[lo-p : hi-p]
+		default:
+			buf = append(append(buf[:0], s.req.Tokens[lo:]...), s.out[:hi-p]...)
+			blk = buf
+		}
+		var parent kv.BlockHash
+		if i > 0 {
+			parent = s.chain[i-1]
+		}
+		s.chain = append(s.chain, kv.NextHash(parent, i > 0, blk))
 	}
-	c := max(need, 2*cap(s.tokens))
-	if limit := len(s.req.Tokens) + s.req.MaxTokens; c > limit && need <= limit {
-		c = limit
-	}
-	t := make([]uint32, len(s.tokens), c)
-	copy(t, s.tokens)
-	s.tokens = t
 }
 
 // nextToken draws s's next output token: a word of the tokenizer's output
