@@ -331,6 +331,20 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 	}
 }
 
+// Holders appends to out the copies of block h (node and tier) and
+// returns it.
+func (d *Directory) Holders(h BlockHash, out []Replica) []Replica {
+	s := d.entry(h)
+	if s == nil {
+		return out
+	}
+	out = append(out, s.reps[:s.n]...)
+	if s.more {
+		out = append(out, d.extras(h)...)
+	}
+	return out
+}
+
 // DropNode removes every copy node n holds (the node went down, or is
 // resyncing) and reports how many there were. The node keeps its id.
 func (d *Directory) DropNode(n NodeID) int {

@@ -33,6 +33,10 @@ type Scenario struct {
 	// timestamps (scaled by TimeScale, default 1), open loop.
 	Trace     []workload.TraceRecord
 	TimeScale float64
+	// Eviction for evolve's policies: "ref" (default: by live branch
+	// references) or "lru" (plain LRU, to measure what references give).
+	// Dynamo's policies always use KVBM's LRU.
+	Eviction string
 }
 
 // Policy is how a simulated cluster is run.
@@ -218,6 +222,7 @@ type request struct {
 	pendingAt                  int // 1 + the engine whose pendingDecodes counts this request; 0: none
 	carry                      *carried
 	migrations                 int
+	branch                     string // as the branch tracker named it
 }
 
 type laneState struct {
@@ -243,6 +248,7 @@ func (ls *laneState) chain(tokens []uint32, bs int) []kv.BlockHash {
 }
 
 type sessionState struct {
+	id         string // the workload's session id
 	agent, seq int
 	lanes      int // still running
 	scored     bool
@@ -268,6 +274,11 @@ type run struct {
 	nextReq int
 	ever    *kv.Index // blocks ever computed anywhere
 	planner *planner.Planner
+	// Agent-aware KV: the branch tracker (nil under plain LRU) and
+	// scratch for hints per engine.
+	branches *kv.Branches
+	hintBuf  [][]enginesim.Hint
+	holders  []kv.Replica
 	// planNodes is reused by every planner step.
 	planNodes []planner.NodeInfo
 
@@ -325,6 +336,16 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			HostSecPerBlock:    blockBytes / (p.HostGBps * 1e9), NetSecPerBlock: blockBytes / (p.NetworkGBps * 1e9)})
 	}
 	r.view.BlockSize = p.BlockSize
+	switch sc.Eviction {
+	case "", "ref":
+		if pol.Router != "dynamo" {
+			r.branches = kv.NewBranches(BranchTTL)
+			r.hintBuf = make([][]enginesim.Hint, len(r.engines))
+		}
+	case "lru":
+	default:
+		return Result{}, fmt.Errorf("eviction %q: want ref or lru", sc.Eviction)
+	}
 	r.res = Result{Policy: pol.Name, Split: fmt.Sprintf("%d:%d", pol.Prefill, sc.Engines-pol.Prefill)}
 	if len(sc.Trace) > 0 {
 		scale := sc.TimeScale
@@ -340,7 +361,7 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			out = min(out, p.MaxModelLen-rec.InputLength)
 			r.nextReq++
 			req := &request{id: fmt.Sprintf("r%d", r.nextReq), seed: uint64(r.nextReq)*0x9e3779b97f4a7c15 | 1,
-				lane: &laneState{}, call: workload.Call{Session: rec.Session, Branch: rec.Branch, Tokens: rec.Tokens(), MaxTokens: out}}
+				lane: &laneState{}, call: workload.Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Rewrite: rec.Rewrite, Tokens: rec.Tokens(), MaxTokens: out}}
 			at := epoch.Add(time.Duration(rec.Timestamp * scale * float64(time.Millisecond)))
 			r.push(&event{at: at, kind: evArrive, req: req})
 		}
@@ -426,6 +447,7 @@ func (r *run) nextCall(ls *laneState) {
 		ss := ls.session
 		ss.lanes--
 		if ss.lanes == 0 {
+			r.sessionEnd(ss.id)
 			if ss.calls > 0 {
 				r.window().Sessions++
 				if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
@@ -443,6 +465,7 @@ func (r *run) nextCall(ls *laneState) {
 		return
 	}
 	ls.session.calls++
+	ls.session.id = call.Session
 	r.nextReq++
 	req := &request{id: fmt.Sprintf("r%d", r.nextReq), call: call, lane: ls, seed: uint64(r.nextReq)*0x9e3779b97f4a7c15 | 1}
 	r.push(&event{at: r.now.Add(call.Think), kind: evArrive, req: req})
@@ -454,6 +477,7 @@ func (r *run) arrive(req *request) {
 		req.arrival = r.now
 		req.scored = !r.now.Before(r.scoreFrom)
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
+		r.branchBegin(req)
 	}
 	req.prefillDone, req.decodeStarted = false, false
 	req.attempt++
@@ -622,6 +646,7 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	if !end.Before(r.scoreFrom) && !end.After(r.scoreTo) {
 		r.res.Throughput += float64(u.CompletionTokens)
 	}
+	r.branchFinish(req, end)
 	if r.planner != nil {
 		r.planner.Finish(end, u.PromptTokens, u.CompletionTokens)
 	}
@@ -684,6 +709,9 @@ func (r *run) closeWindow() {
 	if r.planner != nil {
 		st := r.planner.Status()
 		w.Recommended, w.PredictedTTFT, w.planned = st.Recommended, st.Current.TTFT, true
+	}
+	if r.branches != nil && r.branches.Expire(r.now) > 0 {
+		r.pushHints()
 	}
 	r.res.Timeline = append(r.res.Timeline, Window{Start: r.now.Sub(r.start)})
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})

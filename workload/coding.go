@@ -96,7 +96,9 @@ func (l *codingLane) Next() (Call, bool) {
 			l.ctx = content(l.ctx, fmt.Sprintf("coding/tool/%s/%s/%d", l.session, l.branch, l.calls), 0, l.c.ToolResult.Int(l.r, 50))
 		}
 	}
+	rewrite := false
 	if len(l.ctx) > l.c.CompactAt {
+		rewrite = true
 		// Compaction: the context is rewritten into a summary; the old
 		// branch is dead.
 		l.compacts++
@@ -109,7 +111,7 @@ func (l *codingLane) Next() (Call, bool) {
 	l.callsLeft--
 	l.calls++
 	l.answered = false
-	return Call{Session: l.session, Branch: l.branch, Parent: l.parent, Tokens: l.ctx[:len(l.ctx):len(l.ctx)],
+	return Call{Session: l.session, Branch: l.branch, Parent: l.parent, Rewrite: rewrite, Tokens: l.ctx[:len(l.ctx):len(l.ctx)],
 		MaxTokens: l.c.Output.Int(l.r, 1), Think: think}, true
 }
 

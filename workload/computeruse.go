@@ -73,8 +73,9 @@ func (l *cuLane) Next() (Call, bool) {
 		}
 		l.prompt = append(l.prompt, s.action...)
 	}
-	branch, parent := "main", ""
+	branch, parent, rewrite := "main", "", false
 	if first > 0 {
+		rewrite = true
 		// The oldest kept screenshot moved: the middle is rewritten.
 		l.rewrote = first
 		branch, parent = fmt.Sprintf("w%d", first), fmt.Sprintf("w%d", first-1)
@@ -87,7 +88,7 @@ func (l *cuLane) Next() (Call, bool) {
 		think = l.c.ActionTime.Duration(l.r)
 	}
 	p := append([]uint32(nil), l.prompt...)
-	return Call{Session: l.session, Branch: branch, Parent: parent, Tokens: p, MaxTokens: l.c.Output.Int(l.r, 1), Think: think}, true
+	return Call{Session: l.session, Branch: branch, Parent: parent, Rewrite: rewrite, Tokens: p, MaxTokens: l.c.Output.Int(l.r, 1), Think: think}, true
 }
 
 func (l *cuLane) Answer(out []uint32) {

@@ -227,7 +227,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 				}
 				out = maxLen - rec.InputLength
 			}
-			call := Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Tokens: rec.Tokens(), MaxTokens: out}
+			call := Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Rewrite: rec.Rewrite, Tokens: rec.Tokens(), MaxTokens: out}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -335,6 +335,9 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	req.Header.Set("X-Evolve-Branch", call.Branch)
 	if call.Parent != "" {
 		req.Header.Set("X-Evolve-Parent-Branch", call.Parent)
+	}
+	if call.Rewrite {
+		req.Header.Set("X-Evolve-Rewrite", "true")
 	}
 	start := time.Now()
 	resp, err := cfg.Client.Do(req)

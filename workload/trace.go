@@ -29,6 +29,7 @@ type TraceRecord struct {
 	Session      string  `json:"session,omitempty"`
 	Branch       string  `json:"branch,omitempty"`
 	Parent       string  `json:"parent,omitempty"`
+	Rewrite      bool    `json:"rewrite,omitempty"`
 }
 
 // ReadTrace reads a JSONL trace; an error names the line. Records come back
@@ -110,7 +111,7 @@ func (t *TraceWriter) Write(ms float64, call Call) error {
 		chain = append(chain, kv.NextHash(parent, len(chain) > 0, call.Tokens[len(call.Tokens)-rest:]))
 	}
 	rec := TraceRecord{Timestamp: ms, InputLength: len(call.Tokens), OutputLength: call.MaxTokens,
-		Session: call.Session, Branch: call.Branch, Parent: call.Parent, HashIDs: make([]int64, len(chain))}
+		Session: call.Session, Branch: call.Branch, Parent: call.Parent, Rewrite: call.Rewrite, HashIDs: make([]int64, len(chain))}
 	for i, h := range chain {
 		id, ok := t.ids[h]
 		if !ok {

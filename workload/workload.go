@@ -18,6 +18,9 @@ type Call struct {
 	Session string
 	Branch  string
 	Parent  string // the branch this one forked from or rewrote, if any
+	// Rewrite: this call's branch replaces its parent (a compaction, a
+	// rewritten window): the parent's context past what they share is dead.
+	Rewrite bool
 	// Tokens is the whole prompt. It is shared (with the lane, with
 	// engines that keep it while serving): neither the lane nor a reader
 	// modifies it once Next has returned it.

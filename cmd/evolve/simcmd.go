@@ -89,6 +89,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
 	f.String("profile", "gb300-kimi-k2", "engine profile")
 	f.String("workload", "coding", "agent workload")
+	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
@@ -142,7 +143,10 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		return usage(fmt.Errorf("want --agents >= 1, --duration > 0 and --warmup >= 0"))
 	}
 	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
-		Seed: uint64(config.GetInt64(k("seed")))}
+		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction"))}
+	if e := sc.Eviction; e != "ref" && e != "lru" {
+		return usage(fmt.Errorf("--eviction %q: want ref or lru", e))
+	}
 	names := strings.Split(config.GetString(k("policies")), ",")
 	for _, n := range names {
 		if strings.HasSuffix(n, ":best") || n == "oracle" {
