@@ -43,8 +43,8 @@ type Branches struct {
 	ttl      time.Duration
 	sessions map[string]*session
 	refs     *Table[int32] // block -> live branches referencing it
-	changed  []BlockHash  // blocks whose count went to or from zero since the last Changes
-	inferred uint64       // names for inferred branches
+	changed  []BlockHash   // blocks whose count went to or from zero since the last Changes
+	inferred uint64        // names for inferred branches
 	live     int
 }
 
