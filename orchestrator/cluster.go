@@ -96,10 +96,18 @@ type cluster struct {
 	dir   *kv.Directory
 	gen   uint64 // bumped on every change the watch stream reports
 	subs  map[chan watchEvent]struct{}
+	// Agent branches and the blocks they reference; blocks ever stored
+	// (for lost KV reuse).
+	branches *kv.Branches
+	ever     *kv.Index
+	// pendingHints: hints for blocks no engine was known to hold when
+	// their reference count changed; sent when a store event names one.
+	pendingHints *kv.Table[int8]
 }
 
 func newCluster() *cluster {
-	return &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{}}
+	return &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{},
+		branches: kv.NewBranches(BranchTTL), ever: kv.NewIndex(1 << 16), pendingHints: kv.NewTable[int8](1 << 10)}
 }
 
 // status is a snapshot of the node that shares no memory with it: the

@@ -72,6 +72,10 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		openaiapi.WriteJSON(w, 200, st)
 	})
 	mux.HandleFunc("GET /api/v1/watch", o.serveWatch)
+	mux.HandleFunc("GET /api/v1/branches", func(w http.ResponseWriter, r *http.Request) {
+		openaiapi.WriteJSON(w, 200, o.Branches(r.URL.Query().Get("session")))
+	})
+	mux.HandleFunc("GET /api/v1/kv", func(w http.ResponseWriter, r *http.Request) { openaiapi.WriteJSON(w, 200, o.KV()) })
 	mux.HandleFunc("GET /api/v1/planner", func(w http.ResponseWriter, r *http.Request) {
 		st, ok := o.PlannerStatus()
 		if !ok {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
@@ -144,12 +145,17 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 	}
 	n.lastSeen = time.Now() // events flowing are a sign of life too
 	err := o.c.dir.ApplyBatch(n.dir, b.Events)
+	hints := o.noteStoredLocked(b.Events)
 	ask := false
 	if errors.Is(err, kv.ErrGap) || (o.c.dir.NeedsResync(n.dir) && time.Since(n.resyncAt) > 5*time.Second) {
 		ask = true
 		n.resyncAt = time.Now()
 	}
 	o.c.mu.Unlock()
+	if len(hints) > 0 {
+		slices.Reverse(hints) // deepest first, as hintsLocked sends them
+		o.sendHints(map[string][]protocol.Hint{b.Engine: hints})
+	}
 	if ask {
 		o.log.Warn("KV events lost; resyncing the engine", "id", b.Engine, "err", err)
 		go o.control(b.Engine, protocol.ControlRequest{Op: protocol.OpResync})
@@ -201,6 +207,7 @@ func (o *Orchestrator) watchHeartbeats(ctx context.Context) {
 		for _, id := range late {
 			o.markDown(id, fmt.Sprintf("no heartbeat for %v", limit))
 		}
+		o.expireBranches(time.Now())
 	}
 }
 

@@ -30,6 +30,8 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, true) })
 	mux.HandleFunc("GET /v1/models", o.serveModels)
+	mux.HandleFunc("DELETE /v1/sessions/{session}", o.serveEndSession)
+	mux.HandleFunc("DELETE /v1/sessions/{session}/branches/{branch}", o.serveEndSession)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		openaiapi.WriteJSON(w, 200, map[string]any{"status": "ok", "serving_nodes": o.servingNodes()})
 	})
@@ -149,6 +151,9 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		reqID = fmt.Sprintf("evolve-%d-%d", o.started.UnixNano()%1e9, reqCounter.Add(1))
 	}
 	chain := kv.ChainHashes(p.Tokens, bs)
+	id := identity(r, p)
+	branch := o.branchBegin(id, chain)
+	defer o.branchFinish(id.Session, branch)
 	var match kv.Match
 	exclude := map[string]bool{}
 	path := r.URL.Path
@@ -165,7 +170,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			return
 		}
 		o.met.decisions.WithLabelValues(o.policy.Name(), strconv.FormatBool(dec.Disaggregated)).Inc()
-		computed := o.countHits(&match, v, dec, bs, len(p.Tokens))
+		computed := o.countHits(&match, v, dec, bs, len(p.Tokens), chain, try == 0)
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
@@ -195,8 +200,9 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 
 // countHits records where the prompt's KV comes from for the chosen
 // prefill node, by tier.
-// It returns the tokens the prefill computes.
-func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int) int {
+// It returns the tokens the prefill computes; first says whether this is
+// the request's first routing (later ones are not counted again).
+func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int, chain []kv.BlockHash, first bool) int {
 	var dir kv.NodeID
 	for _, n := range v.Nodes {
 		if n.ID == dec.Prefill {
@@ -215,6 +221,20 @@ func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decis
 	o.met.hitTokens.WithLabelValues("remote_host").Add(float64(remote))
 	computed := max(tokens-gpu-host-remote, 0)
 	o.met.hitTokens.WithLabelValues("recomputed").Add(float64(computed))
+	if first {
+		k := &o.kvc
+		k.gpu.Add(int64(gpu))
+		k.localHost.Add(int64(host))
+		k.remoteHost.Add(int64(remote))
+		k.recomputed.Add(int64(computed))
+		k.fetchedBlocks.Add(int64(fetched))
+		if dec.Disaggregated {
+			k.transferredTokens.Add(int64(tokens))
+		}
+		o.c.mu.Lock()
+		k.lostReuse.Add(o.lostReuseLocked(chain, nm.Local+fetched, bs))
+		o.c.mu.Unlock()
+	}
 	return computed
 }
 

@@ -56,6 +56,7 @@ type Orchestrator struct {
 	http     *http.Client
 	met      *metrics
 	plan     *planning // nil when the planner is off
+	kvc      kvCounters
 
 	blockSize int    // guarded by c.mu
 	model     string // guarded by c.mu

@@ -154,7 +154,7 @@ func (o *Orchestrator) planStep(now time.Time) {
 	o.plan.mu.Unlock()
 	o.met.planner(st)
 	for _, m := range moves {
-		if _, err := o.SetRole(m.Node, m.To, false, "planner: "+m.Reason); err != nil {
+		if _, err := o.setRole(m.Node, m.To, false, "planner: "+m.Reason, false); err != nil {
 			o.log.Warn("planner move failed", "id", m.Node, "to", m.To, "err", err)
 			continue
 		}

@@ -18,8 +18,15 @@ func (e ErrUnknownNode) Error() string { return fmt.Sprintf("no node %q", string
 // the switch runs in the background: stop routing new work to the node,
 // let its requests in flight finish, offload its GPU KV to its host pool so
 // the context stays reachable, flip the engine's role, resume. A request is
-// never dropped. It returns at once with the node's status.
+// never dropped. It returns at once with the node's status. An operator's
+// choice is stored and survives restarts.
 func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (NodeStatus, error) {
+	return o.setRole(id, role, pin, reason, true)
+}
+
+// setRole is SetRole; the planner's moves are not stored (it re-derives
+// the split; an engine re-registering reports the role it has).
+func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store bool) (NodeStatus, error) {
 	var to routing.Role
 	switch role {
 	case "prefill":
@@ -52,8 +59,10 @@ func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (NodeSt
 	o.c.changed(id)
 	st := n.status(id, o.c.dir)
 	o.c.mu.Unlock()
-	if err := o.store.put(id, rec); err != nil {
-		o.log.Warn("role override not stored", "id", id, "err", err)
+	if store {
+		if err := o.store.put(id, rec); err != nil {
+			o.log.Warn("role override not stored", "id", id, "err", err)
+		}
 	}
 	if start {
 		go o.runSwitch(id, to, reason)

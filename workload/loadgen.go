@@ -10,6 +10,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -317,7 +318,25 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 		}(lane)
 	}
 	wg.Wait()
+	if s.ID != "" {
+		endSession(cfg, s.ID)
+	}
 	return ok && ctx.Err() == nil
+}
+
+// endSession tells an evolve router that the agent is done with a session
+// (its context can go first); other servers answer 404, which is fine.
+func endSession(cfg BenchConfig, session string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "DELETE", cfg.URL+"/v1/sessions/"+url.PathEscape(session), nil)
+	if err != nil {
+		return
+	}
+	if resp, err := cfg.Client.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
 }
 
 // request sends one call, streamed, and records what it measured.

@@ -194,3 +194,17 @@ func obj(v any) map[string]any {
 	m, _ := v.(map[string]any)
 	return m
 }
+
+func mustDelete(t *testing.T, url string) int {
+	t.Helper()
+	req, err := http.NewRequest("DELETE", url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"fmt"
+	"net/url"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/evolvellm/evolve/orchestrator"
+	"github.com/spf13/cobra"
+)
+
+func newBranchesCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "branches",
+		Short: "Show the agent sessions and branches, their state and where their KV lives",
+		Long: `Show the agent branches the orchestrator tracks: the session tree (a
+branch forked from or rewriting its parent is listed under it), each
+branch's state (active: a request in flight; waiting: on a tool call, it
+will be back; ended, with why), the blocks of its context and where they
+live, per node and tier.
+
+Agents name their session and branch with the headers X-Evolve-Session,
+X-Evolve-Branch and X-Evolve-Parent-Branch (X-Evolve-Rewrite: true when the
+branch replaces its parent, as a compaction does), or the same fields in
+the body's metadata (session, branch, parent_branch, rewrite); without a
+branch, it is inferred from the session's context. Ending a session
+(DELETE /v1/sessions/S on the router) or a branch lets its KV go first.`,
+		Example: `  evolve branches
+  evolve branches --session agent-7-3
+  evolve branches -o json | jq '.[] | select(.state=="waiting") | .blocks'`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			path := "/api/v1/branches"
+			if s, _ := cmd.Flags().GetString("session"); s != "" {
+				path += "?session=" + url.QueryEscape(s)
+			}
+			var bs []orchestrator.BranchStatus
+			if err := newControlClient(cmd).do(cmd.Context(), "GET", path, nil, &bs); err != nil {
+				return err
+			}
+			return output(cmd, bs, func(w *tabwriter.Writer, wide bool) { printBranches(w, bs, wide) })
+		},
+	}
+	cmd.Flags().String("session", "", "only this session")
+	addClientFlags(cmd)
+	addOutputFlag(cmd, "table, wide, json or yaml")
+	return cmd
+}
+
+// printBranches prints each session as a tree: branches under the branch
+// they forked from.
+func printBranches(w *tabwriter.Writer, bs []orchestrator.BranchStatus, wide bool) {
+	fmt.Fprint(w, "SESSION / BRANCH\tSTATE\tBLOCKS\tTURNS\tIDLE\tWHERE")
+	if wide {
+		fmt.Fprint(w, "\tWHY ENDED")
+	}
+	fmt.Fprintln(w)
+	bySession := map[string][]orchestrator.BranchStatus{}
+	var order []string
+	for _, b := range bs {
+		if _, ok := bySession[b.Session]; !ok {
+			order = append(order, b.Session)
+		}
+		bySession[b.Session] = append(bySession[b.Session], b)
+	}
+	for _, s := range order {
+		fmt.Fprintf(w, "%s\t\t\t\t\t\n", s)
+		branches := bySession[s]
+		known := map[string]bool{}
+		for _, b := range branches {
+			known[b.Branch] = true
+		}
+		seen := map[string]bool{}
+		var walk func(b orchestrator.BranchStatus, depth int)
+		walk = func(b orchestrator.BranchStatus, depth int) {
+			if seen[b.Branch] {
+				return
+			}
+			seen[b.Branch] = true
+			var where []string
+			for _, r := range b.Residency {
+				where = append(where, fmt.Sprintf("%s %dG/%dH", r.Node, r.GPU, r.Host))
+			}
+			idle := "-"
+			if b.State != "active" {
+				idle = time.Since(b.LastUsed).Round(time.Second).String()
+			}
+			fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth), b.Branch, b.State, b.Blocks, b.Turns, idle, strings.Join(where, ", "))
+			if wide {
+				fmt.Fprintf(w, "\t%s", b.EndReason)
+			}
+			fmt.Fprintln(w)
+			for _, c := range branches {
+				if c.Parent == b.Branch {
+					walk(c, depth+1)
+				}
+			}
+		}
+		for _, b := range branches {
+			if b.Parent == "" || !known[b.Parent] {
+				walk(b, 0)
+			}
+		}
+	}
+}
+
+func newKVCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "kv",
+		Short: "Summarise the cluster's KV: capacity, use, references, hit rates, lost reuse",
+		Long: `Summarise the cluster's KV cache: per node, capacity and use of the GPU and
+host tiers, the copies the directory knows and how many of them live agent
+branches reference; for the cluster, prompt tokens by where their KV came
+from (GPU hit, own host tier, fetched from a peer, recomputed), lost KV reuse
+(tokens recomputed that some engine had computed before) and bytes moved
+between nodes.`,
+		Example: `  evolve kv
+  evolve kv -o json | jq .lost_kv_reuse_tokens`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var st orchestrator.KVStatus
+			if err := newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/kv", nil, &st); err != nil {
+				return err
+			}
+			return output(cmd, st, func(w *tabwriter.Writer, _ bool) {
+				fmt.Fprintln(w, "NODE\tROLE\tSTATE\tGPU USE\tGPU CACHED\tREFERENCED\tHOST USE\tHOST CACHED\tREFERENCED")
+				for _, n := range st.Nodes {
+					fmt.Fprintf(w, "%s\t%s\t%s\t%.0f%% of %d\t%d\t%d\t%.0f%% of %d\t%d\t%d\n", n.ID, n.Role, n.State,
+						n.GPUUsage*100, n.GPUCapacity, n.GPUCached, n.GPUReferenced, n.HostUsage*100, n.HostCapacity, n.HostCached, n.HostReferenced)
+				}
+				fmt.Fprintln(w)
+				fmt.Fprintf(w, "directory\t%d blocks, %d copies; %d blocks referenced by %d live branches\n", st.Blocks, st.Replicas, st.ReferencedBlocks, st.LiveBranches)
+				fmt.Fprintf(w, "prompt tokens\t%d: %.1f%% GPU hit, %.1f%% host hit (%d own host, %d fetched), %d recomputed\n",
+					st.PromptTokens, st.GPUHitRate*100, st.HostHitRate*100, st.LocalHostTokens, st.RemoteHostTokens, st.RecomputedTokens)
+				fmt.Fprintf(w, "lost KV reuse\t%d tokens recomputed that had been computed before\n", st.LostKVReuse)
+				fmt.Fprintf(w, "moved\t%.1f MiB between nodes\n", float64(st.BytesMoved)/(1<<20))
+			})
+		},
+	}
+	addClientFlags(cmd)
+	addOutputFlag(cmd, "table, json or yaml")
+	return cmd
+}

@@ -1,0 +1,214 @@
+package orchestrator
+
+import (
+	"fmt"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// Agent-aware KV management, live: the front door tells the branch tracker
+// (kv.Branches, guarded by the cluster lock with the directory) which
+// session and branch every request belongs to; when a block's count of
+// live branches referencing it crosses zero, the engines holding it get an
+// eviction hint: copies no live branch references go first (see sim's
+// kvrefs.go for the measurements behind the choice of priorities).
+
+// Eviction priorities sent to engines (0 clears a hint).
+const (
+	hintReferenced   int8 = 0
+	hintUnreferenced int8 = -1
+)
+
+// BranchTTL is how long a branch may stay idle before it ends.
+const BranchTTL = 10 * time.Minute
+
+// identity reads the agent's identity from the headers, or from the
+// body's metadata (session, branch, parent_branch, rewrite).
+func identity(r *http.Request, p *openaiapi.Parsed) kv.Identity {
+	id := kv.Identity{Session: r.Header.Get("X-Evolve-Session"), Branch: r.Header.Get("X-Evolve-Branch"),
+		Parent: r.Header.Get("X-Evolve-Parent-Branch"), Rewrite: strings.EqualFold(r.Header.Get("X-Evolve-Rewrite"), "true")}
+	md := p.Req.Metadata
+	str := func(k string) string {
+		s, _ := md[k].(string)
+		return s
+	}
+	if id.Session == "" {
+		id.Session = str("session")
+	}
+	if id.Branch == "" {
+		id.Branch = str("branch")
+	}
+	if id.Parent == "" {
+		id.Parent = str("parent_branch")
+	}
+	if !id.Rewrite {
+		id.Rewrite = strings.EqualFold(str("rewrite"), "true")
+	}
+	return id
+}
+
+// branchBegin records a request's turn and returns the branch it belongs
+// to (named by the agent, or inferred).
+func (o *Orchestrator) branchBegin(id kv.Identity, chain []kv.BlockHash) string {
+	if id.Session == "" {
+		return ""
+	}
+	o.c.mu.Lock()
+	turn := o.c.branches.Begin(time.Now(), id, chain)
+	hints := o.hintsLocked()
+	o.c.mu.Unlock()
+	o.sendHints(hints)
+	return turn.Branch
+}
+
+func (o *Orchestrator) branchFinish(session, branch string) {
+	if session == "" {
+		return
+	}
+	o.c.mu.Lock()
+	o.c.branches.Finish(time.Now(), session, branch)
+	o.c.mu.Unlock()
+}
+
+// hintsLocked turns the tracker's changes into hints per node. Call with
+// mu held.
+func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
+	changes := o.c.branches.Changes()
+	if len(changes) == 0 {
+		return nil
+	}
+	names := map[kv.NodeID]string{}
+	for id, n := range o.c.nodes {
+		if n.state != StateDown && n.state != StateRejected {
+			names[n.dir] = id
+		}
+	}
+	out := map[string][]protocol.Hint{}
+	var holders []kv.Replica
+	// Deepest first: an engine moves a re-prioritised block to the
+	// recent end of its list, and a chain's tail must stay ahead of its
+	// prefix for eviction.
+	for _, h := range slices.Backward(changes) {
+		prio := hintUnreferenced
+		if o.c.branches.Refs(h) > 0 {
+			prio = hintReferenced
+		}
+		holders = o.c.dir.Holders(h, holders[:0])
+		if len(holders) == 0 && prio != hintReferenced {
+			// Its store events have not arrived yet: hint it when they do.
+			if o.c.pendingHints.Len() >= everLimit {
+				o.c.pendingHints = kv.NewTable[int8](1 << 10)
+			}
+			o.c.pendingHints.Put(h, prio)
+		}
+		seen := kv.NodeID(0xffff)
+		for _, rep := range holders {
+			if id, ok := names[rep.Node()]; ok && rep.Node() != seen {
+				out[id] = append(out[id], protocol.Hint{Hash: h, Priority: prio})
+				seen = rep.Node()
+			}
+		}
+	}
+	return out
+}
+
+// sendHints sends each node its hints in the background.
+func (o *Orchestrator) sendHints(hints map[string][]protocol.Hint) {
+	for id, hs := range hints {
+		go func() {
+			if _, err := o.control(id, protocol.ControlRequest{Op: protocol.OpHints, Hints: hs}); err != nil {
+				o.log.Debug("eviction hints not delivered", "id", id, "err", err)
+			}
+		}()
+	}
+}
+
+// expireBranches ends branches idle past the TTL.
+func (o *Orchestrator) expireBranches(now time.Time) {
+	o.c.mu.Lock()
+	var hints map[string][]protocol.Hint
+	if o.c.branches.Expire(now) > 0 {
+		hints = o.hintsLocked()
+	}
+	o.c.mu.Unlock()
+	o.sendHints(hints)
+}
+
+// serveEndSession ends a session (DELETE /v1/sessions/{s}) or one of its
+// branches (DELETE /v1/sessions/{s}/branches/{b}): the agent says it will
+// not come back, so its context goes first when memory is needed.
+func (o *Orchestrator) serveEndSession(w http.ResponseWriter, r *http.Request) {
+	s, b := r.PathValue("session"), r.PathValue("branch")
+	o.c.mu.Lock()
+	n := o.c.branches.End(s, b)
+	hints := o.hintsLocked()
+	o.c.mu.Unlock()
+	o.sendHints(hints)
+	if n == 0 {
+		what := "session " + s
+		if b != "" {
+			what = fmt.Sprintf("branch %s of session %s", b, s)
+		}
+		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "not_found",
+			Message: "no live " + what}).Write(w)
+		return
+	}
+	openaiapi.WriteJSON(w, 200, map[string]any{"session": s, "branch": b, "branches_ended": n})
+}
+
+// Residency is where a branch's blocks live.
+type Residency struct {
+	Node string `json:"node"`
+	GPU  int    `json:"gpu_blocks"`
+	Host int    `json:"host_blocks"`
+}
+
+// BranchStatus is a branch as the control API reports it.
+type BranchStatus struct {
+	kv.BranchInfo
+	Residency []Residency `json:"residency"`
+}
+
+// Branches lists the agent branches of a session (all when empty), with
+// where their blocks live.
+func (o *Orchestrator) Branches(session string) []BranchStatus {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	names := map[kv.NodeID]string{}
+	for id, n := range o.c.nodes {
+		names[n.dir] = id
+	}
+	out := []BranchStatus{}
+	var holders []kv.Replica
+	for _, b := range o.c.branches.List(session) {
+		res := map[string]*Residency{}
+		for _, h := range b.Chain {
+			holders = o.c.dir.Holders(h, holders[:0])
+			for _, rep := range holders {
+				id := names[rep.Node()]
+				if res[id] == nil {
+					res[id] = &Residency{Node: id}
+				}
+				if rep.Tier() == kv.TierGPU {
+					res[id].GPU++
+				} else {
+					res[id].Host++
+				}
+			}
+		}
+		st := BranchStatus{BranchInfo: b, Residency: []Residency{}}
+		for _, r := range res {
+			st.Residency = append(st.Residency, *r)
+		}
+		sort.Slice(st.Residency, func(i, j int) bool { return st.Residency[i].Node < st.Residency[j].Node })
+		out = append(out, st)
+	}
+	return out
+}

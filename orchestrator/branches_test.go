@@ -1,0 +1,149 @@
+package orchestrator
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/openaiapi"
+)
+
+// words makes a prompt of n distinct words of a family.
+func words(family string, n int) string {
+	var b strings.Builder
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&b, "%s%d ", family, i)
+	}
+	return b.String()
+}
+
+// turn sends a completion as an agent, with its identity in headers.
+func turn(t *testing.T, router, session, branch, parent string, rewrite bool, prompt string) map[string]any {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 2})
+	req, _ := http.NewRequest("POST", router+"/v1/completions", bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Evolve-Session", session)
+	if branch != "" {
+		req.Header.Set("X-Evolve-Branch", branch)
+	}
+	if parent != "" {
+		req.Header.Set("X-Evolve-Parent-Branch", parent)
+	}
+	if rewrite {
+		req.Header.Set("X-Evolve-Rewrite", "true")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("turn %s/%s: %d %s", session, branch, resp.StatusCode, b)
+	}
+	var out map[string]any
+	json.Unmarshal(b, &out)
+	return out
+}
+
+func chainOfPrompt(t *testing.T, prompt string) []kv.BlockHash {
+	body, _ := json.Marshal(map[string]any{"prompt": prompt})
+	p, perr := openaiapi.Parse(body, false, 0)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	return kv.ChainHashes(p.Tokens, 16)
+}
+
+// gpuPrefix is how many leading blocks of chain node holds on GPU, per
+// the directory.
+func (tc *testCluster) gpuPrefix(node string, chain []kv.BlockHash) int {
+	o := tc.o
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	var m kv.Match
+	o.c.dir.Match(chain, &m)
+	return m.For(o.c.nodes[node].dir).GPU
+}
+
+// A compaction makes the old context the first to go: memory pressure
+// then evicts the rewritten branch's dead tail, not the older context of
+// another agent's live branch (plain LRU would take that one first).
+func TestCompactedTailIsEvictedFirst(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleDecode) // one tiny engine: 512 GPU blocks of 16 tokens
+	router := tc.o.RouterURL()
+	b := words("bravo", 1000) // about 125 blocks
+	a := words("alpha", 1000)
+	turn(t, router, "s2", "main", "", false, b) // the oldest context, but live
+	turn(t, router, "s1", "main", "", false, a)
+	// s1 compacts: its new branch keeps the start and a summary.
+	turn(t, router, "s1", "main.c1", "main", true, a[:strings.Index(a, "alpha160 ")]+words("summary", 150))
+	list := tc.o.Branches("s1")
+	if len(list) != 2 || list[0].Branch != "main" || list[0].State != "ended" || list[1].State != "waiting" {
+		t.Fatalf("branches of s1 after compaction: %+v", list)
+	}
+	time.Sleep(300 * time.Millisecond) // the eviction hints travel over NATS
+	// Pressure: two more agents' contexts need room.
+	turn(t, router, "s3", "main", "", false, words("charlie", 1200))
+	turn(t, router, "s4", "main", "", false, words("delta", 1200))
+	ca, cb := chainOfPrompt(t, a), chainOfPrompt(t, b)
+	eventually(t, "the directory sees evictions", func() bool {
+		return tc.gpuPrefix("e0", ca) < len(ca) || tc.gpuPrefix("e0", cb) < len(cb)
+	})
+	time.Sleep(100 * time.Millisecond) // the rest of the events
+	if got := tc.gpuPrefix("e0", cb); got != len(cb) || tc.gpuPrefix("e0", ca) == len(ca) {
+		t.Fatalf("the live branch lost GPU blocks: %d of %d left (the dead tail had %d of %d)", got, len(cb), tc.gpuPrefix("e0", ca), len(ca))
+	}
+	// The live branch is reported with all its blocks on the GPU.
+	s2 := tc.o.Branches("s2")
+	if len(s2) != 1 || len(s2[0].Residency) != 1 || s2[0].Residency[0].GPU != s2[0].Blocks {
+		t.Fatalf("s2: %+v", s2)
+	}
+	st := tc.o.KV()
+	if st.LiveBranches != 4 || st.ReferencedBlocks == 0 || st.Nodes[0].GPUReferenced == 0 {
+		t.Fatalf("kv summary: %+v", st)
+	}
+}
+
+// An agent ends its session: its branches end, the router says so, and a
+// second end is a 404.
+func TestAgentEndsSession(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleDecode)
+	router := tc.o.RouterURL()
+	turn(t, router, "s", "main", "", false, words("echo", 100))
+	turn(t, router, "s", "sub1", "main", false, words("echo", 50)+words("fox", 30))
+	del := func(path string) int {
+		req, _ := http.NewRequest("DELETE", router+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := del("/v1/sessions/s/branches/sub1"); code != 200 {
+		t.Fatalf("end branch: %d", code)
+	}
+	if code := del("/v1/sessions/s/branches/sub1"); code != 404 {
+		t.Fatalf("end an ended branch: %d", code)
+	}
+	if code := del("/v1/sessions/s"); code != 200 || tc.o.KV().LiveBranches != 0 {
+		t.Fatalf("end session: %d, live %d", code, tc.o.KV().LiveBranches)
+	}
+	if code := del("/v1/sessions/nope"); code != 404 {
+		t.Fatalf("end an unknown session: %d", code)
+	}
+	// Metadata carries the identity too.
+	status, _ := postJSON(t, router+"/v1/completions", `{"prompt": "golf hotel india", "max_tokens": 1, "metadata": {"session": "m", "branch": "x"}}`)
+	if list := tc.o.Branches("m"); status != 200 || len(list) != 1 || list[0].Branch != "x" {
+		t.Fatalf("identity from metadata: %d %+v", status, list)
+	}
+}

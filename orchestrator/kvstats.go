@@ -1,0 +1,147 @@
+package orchestrator
+
+import (
+	"sort"
+	"sync/atomic"
+
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// kvCounters are the front door's totals of where prompt tokens' KV came
+// from and of what moved between nodes.
+type kvCounters struct {
+	gpu, localHost, remoteHost, recomputed atomic.Int64 // prompt tokens
+	lostReuse                              atomic.Int64 // recomputed tokens some engine had computed before
+	fetchedBlocks, transferredTokens       atomic.Int64
+}
+
+// everLimit bounds the index of blocks ever stored (for lost KV reuse):
+// past it the index starts over, and lost reuse is undercounted for a
+// while rather than memory growing without bound.
+const everLimit = 8 << 20
+
+// KVNode is one node's KV as the control API reports it.
+type KVNode struct {
+	ID              string  `json:"id"`
+	Role            string  `json:"role"`
+	State           string  `json:"state"`
+	GPUCapacity     int     `json:"gpu_capacity_blocks"`
+	GPUUsage        float64 `json:"gpu_usage"` // share of GPU KV in use by sequences
+	HostCapacity    int     `json:"host_capacity_blocks"`
+	HostUsage       float64 `json:"host_usage"`
+	GPUCached       int     `json:"gpu_cached_blocks"` // copies the directory knows
+	HostCached      int     `json:"host_cached_blocks"`
+	GPUReferenced   int     `json:"gpu_referenced_blocks"` // of those, referenced by a live branch
+	HostReferenced  int     `json:"host_referenced_blocks"`
+	ReferencedShare float64 `json:"referenced_share"` // of its cached copies
+}
+
+// KVStatus is the cluster's KV summary. JSON names are stable.
+type KVStatus struct {
+	BlockSize        int      `json:"block_size"`
+	KVBytesPerToken  int      `json:"kv_bytes_per_token"`
+	Blocks           int      `json:"blocks"`   // distinct blocks in the directory
+	Replicas         int      `json:"replicas"` // copies
+	ReferencedBlocks int      `json:"referenced_blocks"`
+	LiveBranches     int      `json:"live_branches"`
+	Nodes            []KVNode `json:"nodes"`
+	// Prompt tokens by where their KV came from when routed, and the
+	// shares of all prompt tokens.
+	PromptTokens     int64   `json:"prompt_tokens"`
+	GPUHitTokens     int64   `json:"gpu_hit_tokens"`
+	LocalHostTokens  int64   `json:"local_host_hit_tokens"`
+	RemoteHostTokens int64   `json:"remote_fetched_tokens"`
+	RecomputedTokens int64   `json:"recomputed_tokens"`
+	GPUHitRate       float64 `json:"gpu_hit_rate"`
+	HostHitRate      float64 `json:"host_hit_rate"` // own host tier and fetched
+	LostKVReuse      int64   `json:"lost_kv_reuse_tokens"`
+	BytesMoved       int64   `json:"bytes_moved"` // fetched blocks and prefill-to-decode transfers
+}
+
+// KV summarises the cluster's KV: capacity and use per node and tier,
+// referenced versus unreferenced copies, hit rates by tier, lost reuse and
+// bytes moved.
+func (o *Orchestrator) KV() KVStatus {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	st := KVStatus{Blocks: o.c.dir.Blocks(), Replicas: o.c.dir.Replicas(), ReferencedBlocks: o.c.branches.Referenced(),
+		LiveBranches: o.c.branches.Live(), BlockSize: o.blockSize}
+	byDir := map[kv.NodeID]*KVNode{}
+	for id, n := range o.c.nodes {
+		if st.KVBytesPerToken == 0 {
+			st.KVBytesPerToken = n.reg.KVBytesPerToken
+		}
+		g, h := o.c.dir.NodeReplicas(n.dir)
+		kn := &KVNode{ID: id, Role: n.role.String(), State: n.state, GPUCapacity: n.reg.GPUBlocks, GPUUsage: n.hb.GPUKVUsage,
+			HostCapacity: n.reg.HostBlocks, HostUsage: n.hb.HostKVUsage, GPUCached: g, HostCached: h}
+		byDir[n.dir] = kn
+	}
+	var holders []kv.Replica
+	o.c.branches.RangeReferenced(func(h kv.BlockHash) {
+		holders = o.c.dir.Holders(h, holders[:0])
+		for _, r := range holders {
+			if kn := byDir[r.Node()]; kn != nil {
+				if r.Tier() == kv.TierGPU {
+					kn.GPUReferenced++
+				} else {
+					kn.HostReferenced++
+				}
+			}
+		}
+	})
+	for _, kn := range byDir {
+		if c := kn.GPUCached + kn.HostCached; c > 0 {
+			kn.ReferencedShare = float64(kn.GPUReferenced+kn.HostReferenced) / float64(c)
+		}
+		st.Nodes = append(st.Nodes, *kn)
+	}
+	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
+	k := &o.kvc
+	st.GPUHitTokens, st.LocalHostTokens, st.RemoteHostTokens, st.RecomputedTokens = k.gpu.Load(), k.localHost.Load(), k.remoteHost.Load(), k.recomputed.Load()
+	st.PromptTokens = st.GPUHitTokens + st.LocalHostTokens + st.RemoteHostTokens + st.RecomputedTokens
+	if st.PromptTokens > 0 {
+		st.GPUHitRate = float64(st.GPUHitTokens) / float64(st.PromptTokens)
+		st.HostHitRate = float64(st.LocalHostTokens+st.RemoteHostTokens) / float64(st.PromptTokens)
+	}
+	st.LostKVReuse = k.lostReuse.Load()
+	st.BytesMoved = (k.fetchedBlocks.Load()*int64(st.BlockSize) + k.transferredTokens.Load()) * int64(st.KVBytesPerToken)
+	return st
+}
+
+// noteStored records blocks an engine stored, for lost KV reuse, and
+// returns the pending hints for them. Call with mu held.
+func (o *Orchestrator) noteStoredLocked(events []kv.Event) []protocol.Hint {
+	var hints []protocol.Hint
+	for _, e := range events {
+		if e.Kind != kv.BlockStored {
+			continue
+		}
+		if o.c.pendingHints.Len() > 0 {
+			if p, ok := o.c.pendingHints.Get(e.Hash); ok {
+				if o.c.branches.Refs(e.Hash) == 0 {
+					hints = append(hints, protocol.Hint{Hash: e.Hash, Priority: p})
+				} else {
+					o.c.pendingHints.Delete(e.Hash) // referenced again
+				}
+			}
+		}
+		if o.c.ever.Len() >= everLimit {
+			o.c.ever = kv.NewIndex(1 << 16)
+		}
+		o.c.ever.Put(e.Hash, 1)
+	}
+	return hints
+}
+
+// lostReuseLocked counts the tokens of chain[from:] that some engine had
+// computed before. Call with mu held.
+func (o *Orchestrator) lostReuseLocked(chain []kv.BlockHash, from, bs int) int64 {
+	var n int64
+	for _, h := range chain[min(from, len(chain)):] {
+		if o.c.ever.Has(h) {
+			n += int64(bs)
+		}
+	}
+	return n
+}
