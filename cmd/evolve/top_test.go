@@ -1,0 +1,115 @@
+package main
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+// evolve top in a real terminal (tmux) against a real local cluster: the
+// operator selects a decode node, presses p, confirms, and sees its role
+// change in the table.
+func TestTopSwitchesANodeInTmux(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux is not installed (.ci/run installs it)")
+	}
+	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
+	session := "evolve-top-test-" + strings.ReplaceAll(t.Name(), "/", "-")
+	env := strings.Join(c.env, " ")
+	cmd := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "32", "env "+env+" "+evolveBin+" top")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("tmux: %v %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
+	screen := func() string {
+		out, _ := exec.Command("tmux", "capture-pane", "-p", "-t", session).Output()
+		return string(out)
+	}
+	keys := func(k ...string) {
+		exec.Command("tmux", append([]string{"send-keys", "-t", session}, k...)...).Run()
+	}
+	waitFor := func(what string, cond func(string) bool) string {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for {
+			s := screen()
+			if cond(s) {
+				return s
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s; screen:\n%s", what, s)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitFor("the nodes table", func(s string) bool {
+		return strings.Contains(s, "live") && strings.Contains(s, "engine-1") && strings.Contains(s, "D decode")
+	})
+	// Keys typed before the program reads its input are lost, as in any
+	// terminal: type j until the selection moves.
+	moved := false
+	for i := 0; i < 20 && !moved; i++ {
+		keys("j")
+		time.Sleep(250 * time.Millisecond)
+		moved = strings.Contains(screen(), "› engine-1")
+	}
+	if !moved {
+		t.Fatalf("the selection never moved to engine-1:\n%s", screen())
+	}
+	keys("p")
+	waitFor("the confirmation", func(s string) bool { return strings.Contains(s, "Switch engine-1 from decode to prefill and pin it?") })
+	keys("y")
+	s := waitFor("engine-1 pinned as prefill", func(s string) bool {
+		for _, l := range strings.Split(s, "\n") {
+			if strings.Contains(l, "engine-1") && strings.Contains(l, "P prefill") && strings.Contains(l, "pinned") {
+				return true
+			}
+		}
+		return false
+	})
+	if !strings.Contains(s, "2 prefill, 0 decode serving") && !strings.Contains(s, "switch engine-1 to prefill") {
+		t.Fatalf("screen after the switch:\n%s", s)
+	}
+	// The cluster agrees.
+	if n := c.node("engine-1"); n["role"] != "prefill" || n["mode"] != "pinned" {
+		t.Fatalf("engine-1: %v", n)
+	}
+	keys("4")
+	waitFor("the switch in the events view", func(s string) bool { return strings.Contains(s, "engine-1 is now prefill") })
+	keys("q")
+	waitFor("evolve top to quit", func(string) bool {
+		return exec.Command("tmux", "has-session", "-t", session).Run() != nil
+	})
+}
+
+// Without a terminal, evolve top refuses and points to --once; --once -o
+// json prints a snapshot for scripts.
+func TestTopOnceAndNoTerminal(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
+	out, code := runBinOut(t, c.env, "top")
+	if code != 2 || !strings.Contains(out, "--once") {
+		t.Fatalf("top without a terminal: exit %d: %s", code, out)
+	}
+	out, code = runBinOut(t, c.env, "top", "--once", "-o", "json")
+	var snap struct {
+		Cluster struct {
+			Model string `json:"model"`
+		} `json:"cluster"`
+		Nodes []struct {
+			ID   string `json:"id"`
+			Role string `json:"role"`
+		} `json:"nodes"`
+		Planner *struct {
+			State string `json:"state"`
+		} `json:"planner"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &snap) != nil || len(snap.Nodes) != 2 || snap.Cluster.Model == "" || snap.Planner == nil {
+		t.Fatalf("top --once -o json: %d\n%s", code, out)
+	}
+	out, code = runBinOut(t, c.env, "top", "--once")
+	if code != 0 || !strings.Contains(out, "P prefill") || !strings.Contains(out, "evolve top") {
+		t.Fatalf("top --once: %d\n%s", code, out)
+	}
+}

@@ -1,0 +1,97 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"text/tabwriter"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+	"github.com/evolvellm/evolve/tui"
+	"github.com/spf13/cobra"
+)
+
+// topSnapshot is what evolve top --once -o json prints. Names are stable.
+type topSnapshot struct {
+	Cluster  tui.Cluster  `json:"cluster"`
+	Nodes    []tui.Node   `json:"nodes"`
+	Planner  *tui.Planner `json:"planner,omitempty"`
+	KV       *tui.KV      `json:"kv,omitempty"`
+	Branches []tui.Branch `json:"branches"`
+}
+
+func newTopCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "top",
+		Short: "Watch the cluster live in the terminal and switch nodes by hand",
+		Long: `A live monitor of the cluster, fed by the control API's watch stream.
+
+Views (keys 1-4): nodes (roles, modes, states, queues, KV use, referenced
+share, load), planner (learned costs, demand, current and recommended split,
+decisions), branches (the agent session tree and where each branch's KV
+lives; f follows one), events (switches, nodes up and down, planner moves,
+errors). p / d switch the selected node to prefill / decode and pin it, a
+hands it back to the planner, each after a confirmation; --readonly refuses
+them. Z pauses the screen, / filters, s sorts, ? helps, q quits.
+
+It needs a terminal of at least 80x24; for scripts, --once prints one
+snapshot (-o json for the data).`,
+		Example: `  evolve top
+  evolve top --server http://10.0.0.5:8001 --token $TOKEN --readonly
+  evolve top --once -o json | jq '.nodes[] | {id, role, state}'`,
+		Args: noArgs,
+		RunE: runTop,
+	}
+	cmd.Flags().Bool("readonly", false, "watch only: refuse to switch nodes")
+	cmd.Flags().Bool("once", false, "print one snapshot and exit (no terminal needed)")
+	addClientFlags(cmd)
+	addOutputFlag(cmd, "with --once: table or json")
+	return cmd
+}
+
+func runTop(cmd *cobra.Command, _ []string) error {
+	c := newControlClient(cmd)
+	src := &tui.HTTPSource{Base: c.base, Token: c.token}
+	once, _ := cmd.Flags().GetBool("once")
+	readonly, _ := cmd.Flags().GetBool("readonly")
+	if once {
+		return topOnce(cmd, c, src)
+	}
+	if fi, err := os.Stdout.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("evolve top needs a terminal; for scripts use evolve top --once -o json")}
+	}
+	// Fail early and clearly when nothing answers.
+	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := src.Cluster(ctx); err != nil {
+		return fmt.Errorf("no orchestrator at %s: %w (start one with 'evolve up', or pass --server)", c.base, err)
+	}
+	m := tui.New(src, tui.Options{ReadOnly: readonly})
+	_, err := tea.NewProgram(m, tea.WithAltScreen()).Run()
+	return err
+}
+
+func topOnce(cmd *cobra.Command, c *controlClient, src *tui.HTTPSource) error {
+	ctx := cmd.Context()
+	var snap topSnapshot
+	var err error
+	if snap.Cluster, err = src.Cluster(ctx); err != nil {
+		return fmt.Errorf("no orchestrator at %s: %w", c.base, err)
+	}
+	if err := c.do(ctx, "GET", "/api/v1/nodes", nil, &snap.Nodes); err != nil {
+		return err
+	}
+	if p, err := src.Planner(ctx); err == nil {
+		snap.Planner = &p
+	}
+	if k, err := src.KV(ctx); err == nil {
+		snap.KV = &k
+	}
+	if snap.Branches, err = src.Branches(ctx); err != nil {
+		return err
+	}
+	return output(cmd, snap, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprint(w, tui.Render(snap.Cluster, snap.Nodes, snap.Planner, snap.KV, snap.Branches, c.base, 120, 40))
+	})
+}

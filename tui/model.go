@@ -1,0 +1,665 @@
+package tui
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+)
+
+// Views.
+const (
+	ViewNodes = iota
+	ViewPlanner
+	ViewBranches
+	ViewEvents
+)
+
+// Connection states shown in the header.
+const (
+	ConnConnecting   = "connecting"
+	ConnLive         = "live"
+	ConnReconnecting = "reconnecting"
+	ConnUnreachable  = "unreachable"
+)
+
+// Sort orders of the nodes table, cycled by s.
+var sortNames = []string{"id", "role", "queue", "gpu-kv"}
+
+// Options configure the monitor.
+type Options struct {
+	ReadOnly bool
+	Poll     time.Duration // planner, branches and KV; default 1 s
+	Now      func() time.Time
+}
+
+// Model is the monitor's state. It is a bubbletea model; tests drive it
+// with messages and read View.
+type Model struct {
+	src  Source
+	opt  Options
+	ctx  context.Context
+	stop context.CancelFunc
+
+	width, height int
+	view          int
+
+	nodes      map[string]*Node
+	gen        uint64
+	conn       string
+	connErr    string
+	failures   int
+	lastUpdate time.Time
+	watchCh    chan WatchEvent
+
+	cluster    Cluster
+	planner    *Planner
+	plannerErr string
+	branches   []Branch
+	kv         *KV
+
+	cursor, branchCursor int
+	sortKey              int
+	filter               string
+	filtering            bool
+	detail               bool
+	help                 bool
+	paused               bool
+	follow               string // session/branch followed in the branches view
+	confirm              *pendingAction
+	message              string
+
+	load     map[string][]float64 // recent queue+running per node
+	reqRate  []float64            // recent requests/s (planner demand)
+	splits   []int                // recent prefill counts
+	ttftPred []float64            // recent predicted TTFT
+	events   []Event
+	prevBr   map[string]string // branch -> residency text at the last poll
+	frozen   string            // the screen as it was when paused
+}
+
+// Event is one line of the events view.
+type Event struct {
+	Time time.Time
+	Kind string // switch, up, down, planner, error, branch
+	Text string
+}
+
+type pendingAction struct {
+	node, role string // role "" with unpin
+	unpin      bool
+	text       string
+}
+
+// New returns a monitor of src.
+func New(src Source, opt Options) *Model {
+	if opt.Poll <= 0 {
+		opt.Poll = time.Second
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Model{src: src, opt: opt, ctx: ctx, stop: cancel, nodes: map[string]*Node{}, conn: ConnConnecting,
+		load: map[string][]float64{}, prevBr: map[string]string{}, width: 120, height: 40}
+}
+
+// Messages.
+type (
+	watchBatch   []WatchEvent
+	watchEnded   struct{ err error }
+	reconnectMsg struct{}
+	pollTick     struct{}
+	polled       struct {
+		cluster  *Cluster
+		planner  *Planner
+		pErr     error
+		branches []Branch
+		kv       *KV
+		err      error
+	}
+	actionDone struct {
+		what string
+		err  error
+	}
+)
+
+// Init starts the watch stream and the polls.
+func (m *Model) Init() tea.Cmd {
+	return tea.Batch(m.connect(), m.poll(), tea.Tick(m.opt.Poll, func(time.Time) tea.Msg { return pollTick{} }))
+}
+
+// connect opens the watch stream; events arrive in coalesced batches.
+func (m *Model) connect() tea.Cmd {
+	ch := make(chan WatchEvent, 1024)
+	m.watchCh = ch
+	ended := make(chan error, 1)
+	go func() { ended <- m.src.Watch(m.ctx, ch); close(ch) }()
+	return m.readWatch(ch, ended)
+}
+
+func (m *Model) readWatch(ch chan WatchEvent, ended chan error) tea.Cmd {
+	return func() tea.Msg {
+		ev, ok := <-ch
+		if !ok {
+			return watchEnded{err: <-ended}
+		}
+		batch := watchBatch{ev}
+		// Coalesce a burst: take what is already queued, up to a bound.
+		for len(batch) < 512 {
+			select {
+			case ev, ok := <-ch:
+				if !ok {
+					return batchThenEnd{batch, <-ended}
+				}
+				batch = append(batch, ev)
+				continue
+			default:
+			}
+			break
+		}
+		return batchWith{batch, ch, ended}
+	}
+}
+
+type batchWith struct {
+	batch watchBatch
+	ch    chan WatchEvent
+	ended chan error
+}
+
+type batchThenEnd struct {
+	batch watchBatch
+	err   error
+}
+
+func (m *Model) poll() tea.Cmd {
+	src := m.src
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		var p polled
+		if c, err := src.Cluster(ctx); err == nil {
+			p.cluster = &c
+		} else {
+			p.err = err
+		}
+		if pl, err := src.Planner(ctx); err == nil {
+			p.planner = &pl
+		} else {
+			p.pErr = err
+		}
+		if b, err := src.Branches(ctx); err == nil {
+			p.branches = b
+		}
+		if k, err := src.KV(ctx); err == nil {
+			p.kv = &k
+		}
+		return p
+	}
+}
+
+// Update handles a message.
+func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	switch msg := msg.(type) {
+	case tea.WindowSizeMsg:
+		m.width, m.height = msg.Width, msg.Height
+	case tea.KeyMsg:
+		return m, m.key(msg.String())
+	case batchWith:
+		m.apply(msg.batch)
+		return m, m.readWatch(msg.ch, msg.ended)
+	case batchThenEnd:
+		m.apply(msg.batch)
+		return m, m.ended(msg.err)
+	case watchBatch:
+		m.apply(msg)
+	case watchEnded:
+		return m, m.ended(msg.err)
+	case reconnectMsg:
+		return m, m.connect()
+	case pollTick:
+		cmds := []tea.Cmd{tea.Tick(m.opt.Poll, func(time.Time) tea.Msg { return pollTick{} })}
+		m.sampleLoad()
+		if !m.paused {
+			cmds = append(cmds, m.poll())
+		}
+		return m, tea.Batch(cmds...)
+	case polled:
+		m.applyPoll(msg)
+	case actionDone:
+		if msg.err != nil {
+			m.message = fmt.Sprintf("%s failed: %v", msg.what, msg.err)
+			m.event("error", m.message)
+		} else {
+			m.message = msg.what + ": started"
+		}
+	}
+	return m, nil
+}
+
+// ended handles the end of the watch stream: reconnect with backoff.
+func (m *Model) ended(err error) tea.Cmd {
+	if m.ctx.Err() != nil {
+		return nil
+	}
+	m.failures++
+	m.conn = ConnReconnecting
+	if m.failures > 3 {
+		m.conn = ConnUnreachable
+	}
+	if err != nil {
+		m.connErr = err.Error()
+	}
+	wait := min(time.Duration(1<<min(m.failures-1, 4))*500*time.Millisecond, 8*time.Second)
+	return tea.Tick(wait, func(time.Time) tea.Msg { return reconnectMsg{} })
+}
+
+// apply folds watch events into the nodes. A gap in generations means
+// events were lost: the stream is reopened for a fresh snapshot.
+func (m *Model) apply(batch watchBatch) {
+	now := m.opt.Now()
+	for _, ev := range batch {
+		switch ev.Type {
+		case "snapshot":
+			old := m.nodes
+			m.nodes = map[string]*Node{}
+			for i := range ev.Nodes {
+				n := ev.Nodes[i]
+				m.nodes[n.ID] = &n
+				m.noteChange(old[n.ID], &n, now)
+			}
+			m.gen = ev.Generation
+			m.conn, m.failures, m.connErr = ConnLive, 0, ""
+		case "node":
+			if ev.Node == nil {
+				continue
+			}
+			if m.gen != 0 && ev.Generation > m.gen+1 {
+				m.event("error", fmt.Sprintf("missed %d updates; resyncing", ev.Generation-m.gen-1))
+				m.gen = ev.Generation
+				m.stop()
+				m.ctx, m.stop = context.WithCancel(context.Background())
+				continue // the stream restarts with a snapshot
+			}
+			m.gen = max(m.gen, ev.Generation)
+			n := *ev.Node
+			m.noteChange(m.nodes[n.ID], &n, now)
+			m.nodes[n.ID] = &n
+		}
+		m.lastUpdate = now
+	}
+}
+
+// sampleLoad records every node's queue and running requests, once a poll.
+func (m *Model) sampleLoad() {
+	for id, n := range m.nodes {
+		m.load[id] = appendRing(m.load[id], float64(n.Waiting+n.Running), 30)
+	}
+}
+
+// noteChange records the events a node's update implies.
+func (m *Model) noteChange(old, n *Node, now time.Time) {
+	switch {
+	case old == nil:
+		if n.State != "" {
+			m.event("up", fmt.Sprintf("%s joined as %s (%s)", n.ID, n.Role, n.State))
+		}
+	case old.State != n.State && n.State == "down":
+		m.event("down", fmt.Sprintf("%s is down: %s", n.ID, n.Reason))
+	case old.State == "down" && n.State != "down":
+		m.event("up", fmt.Sprintf("%s is back as %s", n.ID, n.Role))
+	case old.Switch == nil && n.Switch != nil:
+		m.event("switch", fmt.Sprintf("%s switching %s -> %s", n.ID, n.Role, n.Switch.To))
+	case old.Role != n.Role:
+		reason := ""
+		if len(n.History) > 0 {
+			reason = n.History[len(n.History)-1].Reason
+		}
+		m.event("switch", fmt.Sprintf("%s is now %s (%s)", n.ID, n.Role, reason))
+	}
+}
+
+func (m *Model) event(kind, text string) {
+	m.events = append([]Event{{Time: m.opt.Now(), Kind: kind, Text: text}}, m.events...)
+	if len(m.events) > 500 {
+		m.events = m.events[:500]
+	}
+}
+
+func (m *Model) applyPoll(p polled) {
+	if p.cluster != nil {
+		m.cluster = *p.cluster
+	}
+	if p.planner != nil {
+		if m.planner != nil && len(p.planner.Decisions) > 0 {
+			last := p.planner.Decisions[len(p.planner.Decisions)-1]
+			if len(m.planner.Decisions) == 0 || !m.planner.Decisions[len(m.planner.Decisions)-1].Time.Equal(last.Time) {
+				m.event("planner", last.Reason)
+			}
+		}
+		m.planner, m.plannerErr = p.planner, ""
+		m.reqRate = appendRing(m.reqRate, p.planner.Short.Requests, 60)
+		m.splits = appendRingInt(m.splits, p.planner.Prefill, 60)
+		m.ttftPred = appendRing(m.ttftPred, p.planner.Current.TTFT, 60)
+	} else if p.pErr != nil {
+		m.plannerErr = p.pErr.Error()
+	}
+	if p.branches != nil {
+		for _, b := range p.branches {
+			key := b.Session + "/" + b.Branch
+			where := residency(b)
+			if prev, ok := m.prevBr[key]; ok && prev != where && key == m.follow {
+				m.event("branch", fmt.Sprintf("%s moved: %s -> %s", key, prev, where))
+			}
+			m.prevBr[key] = where
+		}
+		m.branches = p.branches
+	}
+	if p.kv != nil {
+		m.kv = p.kv
+	}
+}
+
+func appendRing(r []float64, v float64, n int) []float64 {
+	r = append(r, v)
+	if len(r) > n {
+		r = r[len(r)-n:]
+	}
+	return r
+}
+
+func appendRingInt(r []int, v, n int) []int {
+	r = append(r, v)
+	if len(r) > n {
+		r = r[len(r)-n:]
+	}
+	return r
+}
+
+// sortedNodes lists the nodes in table order, filtered.
+func (m *Model) sortedNodes() []*Node {
+	out := make([]*Node, 0, len(m.nodes))
+	for _, n := range m.nodes {
+		if m.filter != "" && !strings.Contains(n.ID+" "+n.Role+" "+n.State+" "+n.Mode, m.filter) {
+			continue
+		}
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i], out[j]
+		switch sortNames[m.sortKey] {
+		case "role":
+			if a.Role != b.Role {
+				return a.Role > b.Role // prefill first
+			}
+		case "queue":
+			if qa, qb := a.Waiting+a.Running, b.Waiting+b.Running; qa != qb {
+				return qa > qb
+			}
+		case "gpu-kv":
+			if a.GPUKVUsage != b.GPUKVUsage {
+				return a.GPUKVUsage > b.GPUKVUsage
+			}
+		}
+		return a.ID < b.ID
+	})
+	return out
+}
+
+// selected is the node under the cursor.
+func (m *Model) selected() *Node {
+	ns := m.sortedNodes()
+	if len(ns) == 0 {
+		return nil
+	}
+	m.cursor = min(max(m.cursor, 0), len(ns)-1)
+	return ns[m.cursor]
+}
+
+// key handles a key press.
+func (m *Model) key(k string) tea.Cmd {
+	if m.filtering {
+		switch k {
+		case "enter", "esc":
+			m.filtering = false
+		case "backspace":
+			if m.filter != "" {
+				m.filter = m.filter[:len(m.filter)-1]
+			}
+		default:
+			if len(k) == 1 {
+				m.filter += k
+			}
+		}
+		return nil
+	}
+	if m.confirm != nil {
+		c := m.confirm
+		m.confirm = nil
+		if k != "y" && k != "Y" {
+			m.message = "cancelled"
+			return nil
+		}
+		return m.act(c)
+	}
+	if m.help {
+		m.help = false
+		return nil
+	}
+	switch k {
+	case "q", "ctrl+c":
+		m.stop()
+		return tea.Quit
+	case "1", "2", "3", "4":
+		m.view = int(k[0] - '1')
+	case "j", "down":
+		if m.view == ViewBranches {
+			m.branchCursor++
+			m.follow = ""
+		} else {
+			m.cursor++
+		}
+	case "k", "up":
+		if m.view == ViewBranches {
+			m.branchCursor = max(0, m.branchCursor-1)
+			m.follow = ""
+		} else {
+			m.cursor = max(0, m.cursor-1)
+		}
+	case "enter":
+		m.detail = !m.detail
+	case "/":
+		m.filtering, m.filter = true, ""
+	case "s":
+		m.sortKey = (m.sortKey + 1) % len(sortNames)
+		m.message = "sorted by " + sortNames[m.sortKey]
+	case "?":
+		m.help = true
+	case "Z":
+		m.paused = !m.paused
+		if m.paused {
+			m.message = "paused: the screen holds still; Z resumes"
+			m.frozen = ""
+			m.frozen = m.View()
+		} else {
+			m.frozen = ""
+			m.message = "resumed"
+		}
+	case "f":
+		if b := m.selectedBranch(); b != nil {
+			key := b.Session + "/" + b.Branch
+			if m.follow == key {
+				m.follow, m.message = "", "not following"
+			} else {
+				m.follow, m.message = key, "following "+key
+			}
+		}
+	case "p", "d", "a":
+		return m.ask(k)
+	}
+	return nil
+}
+
+// ask prepares a switch of the selected node and asks for confirmation.
+func (m *Model) ask(k string) tea.Cmd {
+	n := m.selected()
+	if n == nil || m.view != ViewNodes {
+		return nil
+	}
+	if m.opt.ReadOnly {
+		m.message = "read-only: switching nodes is disabled (started with --readonly)"
+		return nil
+	}
+	switch k {
+	case "a":
+		if n.Mode != "pinned" {
+			m.message = n.ID + " is already in auto mode"
+			return nil
+		}
+		m.confirm = &pendingAction{node: n.ID, unpin: true,
+			text: fmt.Sprintf("Hand %s back to the planner? (it stays %s until the planner moves it) [y/N]", n.ID, n.Role)}
+	default:
+		role := "prefill"
+		if k == "d" {
+			role = "decode"
+		}
+		if n.Role == role && n.Mode == "pinned" {
+			m.message = fmt.Sprintf("%s is already a pinned %s node", n.ID, role)
+			return nil
+		}
+		what := fmt.Sprintf("drains %d in flight, GPU KV to host, then %s", n.Waiting+n.Running, role)
+		if n.Role == role {
+			what = "it keeps its role"
+		}
+		m.confirm = &pendingAction{node: n.ID, role: role,
+			text: fmt.Sprintf("Switch %s from %s to %s and pin it? (%s; the planner leaves it) [y/N]", n.ID, n.Role, role, what)}
+	}
+	return nil
+}
+
+func (m *Model) act(c *pendingAction) tea.Cmd {
+	src := m.src
+	return func() tea.Msg {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if c.unpin {
+			return actionDone{what: "unpin " + c.node, err: src.Unpin(ctx, c.node)}
+		}
+		return actionDone{what: fmt.Sprintf("switch %s to %s", c.node, c.role), err: src.SetRole(ctx, c.node, c.role)}
+	}
+}
+
+// treeBranches lists the branches in tree order with their depth.
+func (m *Model) treeBranches() ([]Branch, []int) {
+	bySession := map[string][]Branch{}
+	var sessions []string
+	for _, b := range m.branches {
+		if m.filter != "" && !strings.Contains(b.Session+"/"+b.Branch, m.filter) {
+			continue
+		}
+		if _, ok := bySession[b.Session]; !ok {
+			sessions = append(sessions, b.Session)
+		}
+		bySession[b.Session] = append(bySession[b.Session], b)
+	}
+	sort.Strings(sessions)
+	var out []Branch
+	var depth []int
+	for _, s := range sessions {
+		bs := bySession[s]
+		known := map[string]bool{}
+		for _, b := range bs {
+			known[b.Branch] = true
+		}
+		seen := map[string]bool{}
+		var walk func(b Branch, d int)
+		walk = func(b Branch, d int) {
+			if seen[b.Branch] {
+				return
+			}
+			seen[b.Branch] = true
+			out, depth = append(out, b), append(depth, d)
+			for _, c := range bs {
+				if c.Parent == b.Branch {
+					walk(c, d+1)
+				}
+			}
+		}
+		for _, b := range bs {
+			if b.Parent == "" || !known[b.Parent] {
+				walk(b, 0)
+			}
+		}
+	}
+	return out, depth
+}
+
+// selectedBranch is the branch under the cursor; a followed branch keeps
+// the cursor on it as the list changes.
+func (m *Model) selectedBranch() *Branch {
+	bs, _ := m.treeBranches()
+	if len(bs) == 0 {
+		return nil
+	}
+	if m.follow != "" {
+		for i := range bs {
+			if bs[i].Session+"/"+bs[i].Branch == m.follow {
+				m.branchCursor = i
+			}
+		}
+	}
+	m.branchCursor = min(max(m.branchCursor, 0), len(bs)-1)
+	return &bs[m.branchCursor]
+}
+
+func residency(b Branch) string {
+	var parts []string
+	for _, r := range b.Residency {
+		parts = append(parts, fmt.Sprintf("%s %dG/%dH", r.Node, r.GPU, r.Host))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Render draws the nodes view of a snapshot at a fixed size, for evolve
+// top --once and for tests.
+func Render(c Cluster, nodes []Node, p *Planner, k *KV, b []Branch, addr string, width, height int) string {
+	m := New(staticSource(addr), Options{})
+	m.width, m.height = width, height
+	m.cluster, m.planner, m.kv, m.branches = c, p, k, b
+	m.apply(watchBatch{{Type: "snapshot", Nodes: nodes}})
+	if p != nil {
+		m.reqRate = []float64{p.Short.Requests}
+	}
+	m.stop()
+	// The screen without the key help and the blank lines under it.
+	lines := strings.Split(m.View(), "\n")
+	lines = lines[:len(lines)-1]
+	for len(lines) > 0 && strings.TrimSpace(lines[len(lines)-1]) == "" {
+		lines = lines[:len(lines)-1]
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+// staticSource is a Source with nothing behind it but an address.
+type staticSource string
+
+func (s staticSource) Addr() string { return string(s) }
+func (staticSource) Watch(ctx context.Context, _ chan<- WatchEvent) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+func (staticSource) Cluster(context.Context) (Cluster, error) { return Cluster{}, nil }
+func (staticSource) Planner(context.Context) (Planner, error) {
+	return Planner{}, fmt.Errorf("no planner")
+}
+func (staticSource) Branches(context.Context) ([]Branch, error)    { return nil, nil }
+func (staticSource) KV(context.Context) (KV, error)                { return KV{}, nil }
+func (staticSource) SetRole(context.Context, string, string) error { return fmt.Errorf("static") }
+func (staticSource) Unpin(context.Context, string) error           { return fmt.Errorf("static") }

@@ -1,0 +1,281 @@
+package tui
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+	"github.com/charmbracelet/lipgloss"
+	"github.com/muesli/termenv"
+)
+
+func init() { lipgloss.SetColorProfile(termenv.Ascii) } // no colour: tests read words
+
+var t0 = time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+
+// fakeSource records actions; its watch stream is fed by the test.
+type fakeSource struct {
+	mu      sync.Mutex
+	actions []string
+	watch   chan WatchEvent
+}
+
+func (f *fakeSource) Addr() string { return "http://fake:8001" }
+func (f *fakeSource) Watch(ctx context.Context, out chan<- WatchEvent) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case ev, ok := <-f.watch:
+			if !ok {
+				return fmt.Errorf("stream closed")
+			}
+			out <- ev
+		}
+	}
+}
+func (f *fakeSource) Cluster(context.Context) (Cluster, error) { return Cluster{Model: "m"}, nil }
+func (f *fakeSource) Planner(context.Context) (Planner, error) { return Planner{}, fmt.Errorf("off") }
+func (f *fakeSource) Branches(context.Context) ([]Branch, error) {
+	return nil, nil
+}
+func (f *fakeSource) KV(context.Context) (KV, error) { return KV{}, nil }
+func (f *fakeSource) SetRole(_ context.Context, node, role string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.actions = append(f.actions, "set "+node+" "+role)
+	return nil
+}
+func (f *fakeSource) Unpin(_ context.Context, node string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.actions = append(f.actions, "unpin "+node)
+	return nil
+}
+
+func newTest(t *testing.T, readonly bool) (*Model, *fakeSource) {
+	f := &fakeSource{watch: make(chan WatchEvent, 16)}
+	m := New(f, Options{ReadOnly: readonly, Now: func() time.Time { return t0 }})
+	t.Cleanup(m.stop)
+	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
+	return m, f
+}
+
+func snapshot(gen uint64, nodes ...Node) watchBatch {
+	return watchBatch{{Type: "snapshot", Generation: gen, Nodes: nodes}}
+}
+
+func press(m *Model, keys ...string) tea.Cmd {
+	var cmd tea.Cmd
+	for _, k := range keys {
+		var msg tea.KeyMsg
+		switch k {
+		case "enter":
+			msg = tea.KeyMsg{Type: tea.KeyEnter}
+		default:
+			msg = tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(k)}
+		}
+		_, cmd = m.Update(msg)
+	}
+	return cmd
+}
+
+func threeNodes() []Node {
+	return []Node{
+		{ID: "e0", Role: "prefill", Mode: "auto", State: "serving", Waiting: 2, Running: 1, GPUKVUsage: 0.5},
+		{ID: "e1", Role: "decode", Mode: "auto", State: "serving", Running: 12, GPUKVUsage: 0.8},
+		{ID: "e2", Role: "decode", Mode: "pinned", State: "serving", Running: 3},
+	}
+}
+
+func TestNodesViewShowsTheCluster(t *testing.T) {
+	m, _ := newTest(t, false)
+	m.Update(snapshot(3, threeNodes()...))
+	v := m.View()
+	for _, want := range []string{"evolve top", "live", "1 nodes", "P prefill", "D decode", "pinned", "nodes 3: 1 prefill, 2 decode serving"} {
+		if !strings.Contains(v, want) {
+			t.Fatalf("view lacks %q:\n%s", want, v)
+		}
+	}
+	// A node event updates the row; a switch shows its phase.
+	n := threeNodes()[1]
+	n.State = "switching"
+	n.Switch = &struct {
+		To    string `json:"to"`
+		Phase string `json:"phase"`
+	}{To: "prefill", Phase: "draining"}
+	m.Update(watchBatch{{Type: "node", Generation: 4, Node: &n}})
+	if v := m.View(); !strings.Contains(v, "to prefill, draining") {
+		t.Fatalf("switch not shown:\n%s", v)
+	}
+	if m.events[0].Kind != "switch" {
+		t.Fatalf("events %+v", m.events)
+	}
+	// Sorting by queue puts the busiest first.
+	press(m, "s", "s")
+	if ns := m.sortedNodes(); ns[0].ID != "e1" {
+		t.Fatalf("sorted by %s: %s first", sortNames[m.sortKey], ns[0].ID)
+	}
+	// Filtering.
+	press(m, "/", "p", "r", "e", "enter")
+	if ns := m.sortedNodes(); len(ns) != 1 || ns[0].ID != "e0" {
+		t.Fatalf("filter %q: %d nodes", m.filter, len(ns))
+	}
+}
+
+func TestSwitchIsConfirmedThenSent(t *testing.T) {
+	m, f := newTest(t, false)
+	m.Update(snapshot(1, threeNodes()...))
+	press(m, "j") // e1, a decode node
+	press(m, "p")
+	if m.confirm == nil || !strings.Contains(m.View(), "Switch e1 from decode to prefill and pin it?") {
+		t.Fatalf("no confirmation:\n%s", m.View())
+	}
+	if !strings.Contains(m.View(), "drains 12 in flight") || !strings.Contains(m.View(), "› e1") {
+		t.Fatalf("the confirmation does not say what will happen:\n%s", m.View())
+	}
+	cmd := press(m, "y")
+	if cmd == nil {
+		t.Fatal("confirmed, but nothing sent")
+	}
+	m.Update(cmd())
+	if len(f.actions) != 1 || f.actions[0] != "set e1 prefill" || !strings.Contains(m.message, "switch e1 to prefill") {
+		t.Fatalf("actions %v, message %q", f.actions, m.message)
+	}
+	// n cancels.
+	press(m, "d")
+	if cmd := press(m, "n"); cmd != nil || m.message != "cancelled" {
+		t.Fatalf("cancel: %q", m.message)
+	}
+	// a on a pinned node unpins it, after confirmation.
+	press(m, "j")
+	press(m, "a")
+	m.Update(press(m, "y")())
+	if len(f.actions) != 2 || f.actions[1] != "unpin e2" {
+		t.Fatalf("actions %v", f.actions)
+	}
+}
+
+func TestReadOnlyRefusesSwitches(t *testing.T) {
+	m, f := newTest(t, true)
+	m.Update(snapshot(1, threeNodes()...))
+	press(m, "d")
+	if m.confirm != nil || !strings.Contains(m.message, "read-only") || len(f.actions) != 0 {
+		t.Fatalf("read-only: confirm %v, message %q", m.confirm, m.message)
+	}
+	if !strings.Contains(m.View(), "[read-only]") {
+		t.Fatal("the header does not say read-only")
+	}
+}
+
+// A gap in the watch stream's generations means lost updates: the monitor
+// says so and reopens the stream for a snapshot.
+func TestGenerationGapResyncs(t *testing.T) {
+	m, _ := newTest(t, false)
+	m.Update(snapshot(5, threeNodes()...))
+	old := m.ctx
+	n := threeNodes()[0]
+	m.Update(watchBatch{{Type: "node", Generation: 9, Node: &n}})
+	if old.Err() == nil || m.ctx.Err() != nil {
+		t.Fatal("the old stream was not closed for a resync")
+	}
+	if m.events[0].Kind != "error" || !strings.Contains(m.events[0].Text, "missed 3 updates") {
+		t.Fatalf("events %+v", m.events)
+	}
+	// The stream ends; the monitor reconnects and says so meanwhile.
+	_, cmd := m.Update(watchEnded{err: fmt.Errorf("closed")})
+	if cmd == nil || m.conn != ConnReconnecting || !strings.Contains(m.View(), "reconnecting") {
+		t.Fatalf("after the stream ended: %s", m.conn)
+	}
+	for i := 0; i < 4; i++ {
+		m.Update(watchEnded{err: fmt.Errorf("connection refused")})
+	}
+	if m.conn != ConnUnreachable || !strings.Contains(m.View(), "unreachable: connection refused") {
+		t.Fatalf("conn %s", m.conn)
+	}
+	m.Update(snapshot(20, threeNodes()...))
+	if m.conn != ConnLive {
+		t.Fatalf("after a snapshot: %s", m.conn)
+	}
+}
+
+// f follows a branch: the cursor stays on it while the list changes, and
+// its blocks moving between nodes show as events.
+func TestFollowABranchAcrossARoleChange(t *testing.T) {
+	m, _ := newTest(t, false)
+	res := func(node string, gpu, host int) []struct {
+		Node string `json:"node"`
+		GPU  int    `json:"gpu_blocks"`
+		Host int    `json:"host_blocks"`
+	} {
+		return []struct {
+			Node string `json:"node"`
+			GPU  int    `json:"gpu_blocks"`
+			Host int    `json:"host_blocks"`
+		}{{node, gpu, host}}
+	}
+	m.Update(polled{branches: []Branch{
+		{Session: "a", Branch: "main", State: "waiting", Blocks: 10, Residency: res("e1", 10, 0)},
+		{Session: "b", Branch: "main", State: "active", Blocks: 5, Residency: res("e2", 5, 0)},
+	}})
+	press(m, "3", "j", "f")
+	if m.follow != "b/main" {
+		t.Fatalf("following %q", m.follow)
+	}
+	// e2 switched role: its GPU KV went to its host pool; a new session
+	// sorts before b.
+	m.Update(polled{branches: []Branch{
+		{Session: "a", Branch: "main", State: "waiting", Blocks: 10, Residency: res("e1", 10, 0)},
+		{Session: "aa", Branch: "x", State: "active", Blocks: 1},
+		{Session: "b", Branch: "main", State: "waiting", Blocks: 5, Residency: res("e2", 0, 5)},
+	}})
+	if b := m.selectedBranch(); b == nil || b.Session != "b" {
+		t.Fatalf("the cursor left the followed branch: %+v", b)
+	}
+	if m.events[0].Kind != "branch" || !strings.Contains(m.events[0].Text, "e2 5G/0H -> e2 0G/5H") {
+		t.Fatalf("events %+v", m.events)
+	}
+	if v := m.View(); !strings.Contains(v, "following b/main") || !strings.Contains(v, "e2 0G/5H") {
+		t.Fatalf("view:\n%s", v)
+	}
+}
+
+func TestTooSmallAndHelp(t *testing.T) {
+	m, _ := newTest(t, false)
+	m.Update(tea.WindowSizeMsg{Width: 70, Height: 20})
+	if v := m.View(); !strings.Contains(v, "terminal too small") || !strings.Contains(v, "70x20") {
+		t.Fatalf("small: %s", v)
+	}
+	m.Update(tea.WindowSizeMsg{Width: 100, Height: 30})
+	press(m, "?")
+	if !strings.Contains(m.View(), "switch the selected node to prefill") {
+		t.Fatal("no help")
+	}
+	press(m, "x")
+	if m.help {
+		t.Fatal("help stays open")
+	}
+	if cmd := press(m, "q"); cmd == nil {
+		t.Fatal("q does not quit")
+	}
+}
+
+func BenchmarkRender256Nodes(b *testing.B) {
+	f := &fakeSource{watch: make(chan WatchEvent)}
+	m := New(f, Options{Now: func() time.Time { return t0 }})
+	defer m.stop()
+	m.Update(tea.WindowSizeMsg{Width: 200, Height: 300})
+	var nodes []Node
+	for i := 0; i < 256; i++ {
+		nodes = append(nodes, Node{ID: fmt.Sprintf("gb300-%03d", i), Role: []string{"prefill", "decode"}[i%2], Mode: "auto", State: "serving", Running: i})
+	}
+	m.Update(snapshot(1, nodes...))
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		_ = m.View()
+	}
+}

@@ -1,0 +1,287 @@
+// Package tui is evolve top: a live terminal monitor of a cluster, fed by
+// the orchestrator's control API (the watch stream for nodes, polls for
+// the planner, branches and KV), where operators switch nodes by hand.
+//
+// It depends on the control API's JSON only: the types below decode the
+// fields it shows, so the monitor works against any orchestrator that
+// speaks the API.
+package tui
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// Node is a node as the control API reports it.
+type Node struct {
+	ID          string  `json:"id"`
+	Role        string  `json:"role"`
+	Mode        string  `json:"mode"`
+	State       string  `json:"state"`
+	Address     string  `json:"address"`
+	Waiting     int     `json:"waiting"`
+	Running     int     `json:"running"`
+	InFlight    int     `json:"in_flight"`
+	GPUKVUsage  float64 `json:"gpu_kv_usage"`
+	HostKVUsage float64 `json:"host_kv_usage"`
+	GPUBlocks   int     `json:"gpu_blocks_cached"`
+	HostBlocks  int     `json:"host_blocks_cached"`
+	Switch      *struct {
+		To    string `json:"to"`
+		Phase string `json:"phase"`
+	} `json:"switch,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	History []struct {
+		Time   time.Time `json:"time"`
+		From   string    `json:"from"`
+		To     string    `json:"to"`
+		Reason string    `json:"reason"`
+	} `json:"history,omitempty"`
+}
+
+// WatchEvent is one message of the watch stream.
+type WatchEvent struct {
+	Type       string `json:"type"` // snapshot, node
+	Generation uint64 `json:"generation"`
+	Nodes      []Node `json:"nodes,omitempty"`
+	Node       *Node  `json:"node,omitempty"`
+}
+
+// Cluster is the control API's cluster summary.
+type Cluster struct {
+	RouterURL string `json:"router_url"`
+	Policy    string `json:"policy"`
+	Model     string `json:"model"`
+}
+
+// Planner is the part of the planner's status the monitor shows.
+type Planner struct {
+	State      string  `json:"state"`
+	Reason     string  `json:"reason"`
+	Enabled    bool    `json:"enabled"`
+	PrefillFit Fit     `json:"prefill_cost"`
+	DecodeFit  Fit     `json:"decode_cost"`
+	Short      Demand  `json:"demand_short"`
+	Long       Demand  `json:"demand_long"`
+	Prefill    int     `json:"prefill"`
+	Decode     int     `json:"decode"`
+	Recommend  int     `json:"recommended_prefill"`
+	Current    Pred    `json:"current"`
+	Best       Pred    `json:"best"`
+	GainSec    float64 `json:"gain_s"`
+	CostSec    float64 `json:"cost_s"`
+	HeldSec    float64 `json:"held_s"`
+	ActsInSec  float64 `json:"acts_in_s"`
+	Decisions  []struct {
+		Time   time.Time `json:"time"`
+		Action string    `json:"action"`
+		Reason string    `json:"reason"`
+		Moves  []struct {
+			Node string `json:"node"`
+			To   string `json:"to"`
+		} `json:"moves"`
+	} `json:"decisions"`
+}
+
+// Fit is a learned cost model.
+type Fit struct {
+	Ready   bool    `json:"ready"`
+	Samples int     `json:"samples"`
+	RelErr  float64 `json:"relative_error"`
+	Note    string  `json:"note"`
+	Coefs   []struct {
+		Name   string  `json:"name"`
+		Value  float64 `json:"value"`
+		StdErr float64 `json:"stderr"`
+	} `json:"coefficients"`
+}
+
+// Demand is the planner's demand over one horizon.
+type Demand struct {
+	HorizonSec float64 `json:"horizon_s"`
+	Requests   float64 `json:"requests_per_s"`
+	PrefillTok float64 `json:"prefill_tokens_per_s"`
+	OutputTok  float64 `json:"output_tokens_per_s"`
+}
+
+// Pred is a predicted split.
+type Pred struct {
+	Prefill   int     `json:"prefill"`
+	Decode    int     `json:"decode"`
+	TTFT      float64 `json:"ttft_s"`
+	ITL       float64 `json:"itl_s"`
+	E2E       float64 `json:"e2e_s"`
+	Saturated bool    `json:"saturated"`
+}
+
+// Branch is an agent branch with where its blocks live.
+type Branch struct {
+	Session   string    `json:"session"`
+	Branch    string    `json:"branch"`
+	Parent    string    `json:"parent"`
+	State     string    `json:"state"`
+	Blocks    int       `json:"blocks"`
+	Turns     int       `json:"turns"`
+	LastUsed  time.Time `json:"last_used"`
+	Residency []struct {
+		Node string `json:"node"`
+		GPU  int    `json:"gpu_blocks"`
+		Host int    `json:"host_blocks"`
+	} `json:"residency"`
+}
+
+// KV is the cluster's KV summary.
+type KV struct {
+	PromptTokens int64   `json:"prompt_tokens"`
+	GPUHitRate   float64 `json:"gpu_hit_rate"`
+	HostHitRate  float64 `json:"host_hit_rate"`
+	LostReuse    int64   `json:"lost_kv_reuse_tokens"`
+	LiveBranches int     `json:"live_branches"`
+	Nodes        []struct {
+		ID              string  `json:"id"`
+		ReferencedShare float64 `json:"referenced_share"`
+	} `json:"nodes"`
+}
+
+// Source is where the monitor's data comes from and where its actions go.
+type Source interface {
+	// Watch streams node events until ctx ends or the stream breaks.
+	Watch(ctx context.Context, out chan<- WatchEvent) error
+	Cluster(ctx context.Context) (Cluster, error)
+	Planner(ctx context.Context) (Planner, error)
+	Branches(ctx context.Context) ([]Branch, error)
+	KV(ctx context.Context) (KV, error)
+	SetRole(ctx context.Context, node, role string) error // pinned
+	Unpin(ctx context.Context, node string) error
+	Addr() string
+}
+
+// HTTPSource talks to an orchestrator's control API.
+type HTTPSource struct {
+	Base   string // e.g. http://127.0.0.1:8001
+	Token  string
+	Client *http.Client
+}
+
+// Addr is the control API's address.
+func (s *HTTPSource) Addr() string { return s.Base }
+
+func (s *HTTPSource) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, _ := json.Marshal(in)
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, s.Base+path, body)
+	if err != nil {
+		return err
+	}
+	if s.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.Token)
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	c := s.Client
+	if c == nil {
+		c = &http.Client{Timeout: 5 * time.Second}
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			return fmt.Errorf("%s", e.Error.Message)
+		}
+		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// Watch reads the server-sent events of /api/v1/watch.
+func (s *HTTPSource) Watch(ctx context.Context, out chan<- WatchEvent) error {
+	req, err := http.NewRequestWithContext(ctx, "GET", s.Base+"/api/v1/watch", nil)
+	if err != nil {
+		return err
+	}
+	if s.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+s.Token)
+	}
+	resp, err := (&http.Client{}).Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("watch: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev WatchEvent
+		if json.Unmarshal([]byte(line), &ev) != nil || ev.Type == "" {
+			continue
+		}
+		select {
+		case out <- ev:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return io.EOF
+}
+
+// Cluster fetches the cluster summary.
+func (s *HTTPSource) Cluster(ctx context.Context) (c Cluster, err error) {
+	return c, s.do(ctx, "GET", "/api/v1/cluster", nil, &c)
+}
+
+// Planner fetches the planner's status (an error when it is off).
+func (s *HTTPSource) Planner(ctx context.Context) (p Planner, err error) {
+	return p, s.do(ctx, "GET", "/api/v1/planner", nil, &p)
+}
+
+// Branches fetches the agent branches.
+func (s *HTTPSource) Branches(ctx context.Context) (b []Branch, err error) {
+	return b, s.do(ctx, "GET", "/api/v1/branches", nil, &b)
+}
+
+// KV fetches the KV summary.
+func (s *HTTPSource) KV(ctx context.Context) (k KV, err error) {
+	return k, s.do(ctx, "GET", "/api/v1/kv", nil, &k)
+}
+
+// SetRole switches a node and pins it.
+func (s *HTTPSource) SetRole(ctx context.Context, node, role string) error {
+	return s.do(ctx, "POST", "/api/v1/nodes/"+node+"/role", map[string]any{"role": role, "pin": true}, nil)
+}
+
+// Unpin hands a node back to the planner.
+func (s *HTTPSource) Unpin(ctx context.Context, node string) error {
+	return s.do(ctx, "DELETE", "/api/v1/nodes/"+node+"/pin", nil, nil)
+}

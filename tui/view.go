@@ -1,0 +1,413 @@
+package tui
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/charmbracelet/lipgloss"
+)
+
+// Minimum terminal size.
+const minWidth, minHeight = 80, 24
+
+var (
+	stTitle    = lipgloss.NewStyle().Bold(true)
+	stDim      = lipgloss.NewStyle().Faint(true)
+	stPrefill  = lipgloss.NewStyle().Foreground(lipgloss.Color("6"))
+	stDecode   = lipgloss.NewStyle().Foreground(lipgloss.Color("5"))
+	stBad      = lipgloss.NewStyle().Foreground(lipgloss.Color("1")).Bold(true)
+	stGood     = lipgloss.NewStyle().Foreground(lipgloss.Color("2"))
+	stSelected = lipgloss.NewStyle().Reverse(true)
+	stTab      = lipgloss.NewStyle().Reverse(true).Bold(true)
+)
+
+// View renders the screen.
+func (m *Model) View() string {
+	if m.width < minWidth || m.height < minHeight {
+		return fmt.Sprintf("terminal too small: evolve top needs %dx%d, this one is %dx%d\n(q quits)", minWidth, minHeight, m.width, m.height)
+	}
+	if m.paused && m.frozen != "" {
+		return m.frozen
+	}
+	var body string
+	switch {
+	case m.help:
+		body = helpText
+	case m.view == ViewPlanner:
+		body = m.viewPlanner()
+	case m.view == ViewBranches:
+		body = m.viewBranches()
+	case m.view == ViewEvents:
+		body = m.viewEvents()
+	default:
+		body = m.viewNodes()
+	}
+	out := m.header() + "\n" + body
+	lines := strings.Split(out, "\n")
+	for i, l := range lines {
+		if lipgloss.Width(l) > m.width {
+			lines[i] = truncate(stripANSI(l), m.width)
+		}
+	}
+	if max := m.height - 1; len(lines) > max {
+		lines = lines[:max]
+	}
+	for len(lines) < m.height-1 {
+		lines = append(lines, "")
+	}
+	return strings.Join(lines, "\n") + "\n" + m.footer()
+}
+
+const helpText = `Keys
+  1 nodes   2 planner   3 branches   4 events
+  j/k or arrows   move          enter   details of the selected node
+  /               filter        s       sort the nodes (id, role, queue, gpu-kv)
+  p / d           switch the selected node to prefill / decode and pin it (asks first)
+  a               hand the selected node back to the planner (asks first)
+  f               follow the selected branch (branches view)
+  Z               pause the screen  q   quit   ?   this help
+
+Roles show as a letter and a word (P prefill, D decode); states and modes
+are words: nothing is said by colour alone. NO_COLOR turns colour off.
+(any key closes this help)`
+
+func (m *Model) header() string {
+	tabs := []string{"1 nodes", "2 planner", "3 branches", "4 events"}
+	for i := range tabs {
+		if i == m.view {
+			tabs[i] = stTab.Render(" " + tabs[i] + " ")
+		} else {
+			tabs[i] = " " + tabs[i] + " "
+		}
+	}
+	conn := m.conn
+	switch m.conn {
+	case ConnLive:
+		age := "no update yet"
+		if !m.lastUpdate.IsZero() {
+			age = "updated " + m.opt.Now().Sub(m.lastUpdate).Round(100*time.Millisecond).String() + " ago"
+		}
+		conn = stGood.Render("live") + " (" + age + ")"
+	case ConnReconnecting, ConnUnreachable:
+		conn = stBad.Render(m.conn)
+		if m.connErr != "" {
+			conn += ": " + truncate(m.connErr, 40)
+		}
+	}
+	name := m.cluster.Model
+	if name == "" {
+		name = "evolve"
+	}
+	line := fmt.Sprintf("%s  %s  %s  %s", stTitle.Render("evolve top"), name, stDim.Render(m.src.Addr()), conn)
+	if m.opt.ReadOnly {
+		line += "  [read-only]"
+	}
+	if m.paused {
+		line += "  " + stBad.Render("PAUSED")
+	}
+	return line + "\n" + strings.Join(tabs, "")
+}
+
+func (m *Model) footer() string {
+	switch {
+	case m.confirm != nil:
+		return stBad.Render(m.confirm.text)
+	case m.filtering:
+		return "filter: " + m.filter + "_"
+	case m.message != "":
+		return m.message
+	}
+	return stDim.Render("? help  q quit  1-4 views  p/d/a switch  / filter  s sort  Z pause")
+}
+
+func (m *Model) summary() string {
+	var p, d, sw, down int
+	for _, n := range m.nodes {
+		switch {
+		case n.State == "down":
+			down++
+		case n.State == "switching":
+			sw++
+		case n.Role == "prefill":
+			p++
+		default:
+			d++
+		}
+	}
+	s := fmt.Sprintf("nodes %d: %d prefill, %d decode serving, %d switching, %d down", len(m.nodes), p, d, sw, down)
+	if len(m.reqRate) > 0 {
+		s += fmt.Sprintf("  |  %.1f req/s %s", m.reqRate[len(m.reqRate)-1], sparkline(m.reqRate, 12))
+	}
+	if m.planner != nil && m.planner.Current.Prefill+m.planner.Current.Decode > 0 {
+		s += fmt.Sprintf("  |  predicted TTFT %.2fs, E2E %.1fs", m.planner.Current.TTFT, m.planner.Current.E2E)
+	}
+	if m.kv != nil && m.kv.PromptTokens > 0 {
+		s += fmt.Sprintf("  |  KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100)
+	}
+	return s
+}
+
+func (m *Model) viewNodes() string {
+	var b strings.Builder
+	b.WriteString(m.summary() + "\n\n")
+	ref := map[string]float64{}
+	if m.kv != nil {
+		for _, n := range m.kv.Nodes {
+			ref[n.ID] = n.ReferencedShare
+		}
+	}
+	fmt.Fprintf(&b, "  %-12s %-10s %-7s %-22s %6s %6s %7s %7s %5s  %s\n", "NODE", "ROLE", "MODE", "STATE", "QUEUE", "RUN", "GPU-KV", "HOST-KV", "REF", "LOAD")
+	nodes := m.sortedNodes()
+	sel := m.selected()
+	for _, n := range nodes {
+		role := "D decode "
+		rs := stDecode
+		if n.Role == "prefill" {
+			role, rs = "P prefill", stPrefill
+		}
+		state := n.State
+		if n.Switch != nil {
+			state = fmt.Sprintf("to %s, %s", n.Switch.To, n.Switch.Phase)
+		}
+		mark := "  "
+		if sel != nil && n.ID == sel.ID {
+			mark = "› " // the selection is shown by more than reverse video
+		}
+		line := fmt.Sprintf("%s%-12s %s %-7s %-22s %6d %6d %6.0f%% %6.0f%% %4.0f%%  %s", mark,
+			truncate(n.ID, 12), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, truncate(state, 22), n.Waiting, n.Running,
+			n.GPUKVUsage*100, n.HostKVUsage*100, ref[n.ID]*100, sparkline(m.load[n.ID], 12))
+		if n.State == "down" {
+			line = stBad.Render(line)
+		}
+		if sel != nil && n.ID == sel.ID {
+			line = stSelected.Render(stripANSI(line))
+		}
+		b.WriteString(line + "\n")
+	}
+	if len(nodes) == 0 {
+		b.WriteString(stDim.Render("  no nodes yet") + "\n")
+	}
+	if m.detail && sel != nil {
+		b.WriteString("\n" + stTitle.Render("node "+sel.ID) + "  " + sel.Address + "\n")
+		if sel.Reason != "" {
+			b.WriteString("  why: " + sel.Reason + "\n")
+		}
+		b.WriteString("  role history (newest first):\n")
+		for i := len(sel.History) - 1; i >= 0 && i >= len(sel.History)-5; i-- {
+			h := sel.History[i]
+			fmt.Fprintf(&b, "    %s  %s -> %s  %s\n", h.Time.Local().Format("15:04:05"), h.From, h.To, truncate(h.Reason, m.width-40))
+		}
+		if len(sel.History) == 0 {
+			b.WriteString("    none\n")
+		}
+		b.WriteString("  KV by branch:\n")
+		shown := 0
+		for _, br := range m.branches {
+			for _, r := range br.Residency {
+				if r.Node == sel.ID && shown < 5 {
+					fmt.Fprintf(&b, "    %-30s %-8s %5d GPU %5d host blocks\n", truncate(br.Session+"/"+br.Branch, 30), br.State, r.GPU, r.Host)
+					shown++
+				}
+			}
+		}
+		if shown == 0 {
+			b.WriteString("    none known\n")
+		}
+	}
+	return b.String()
+}
+
+func (m *Model) viewPlanner() string {
+	var b strings.Builder
+	if m.planner == nil {
+		if m.plannerErr != "" {
+			return "planner: " + m.plannerErr + "\n"
+		}
+		return "planner: waiting for its first status\n"
+	}
+	p := m.planner
+	mode := "moves auto nodes"
+	if !p.Enabled {
+		mode = "recommends only"
+	}
+	fmt.Fprintf(&b, "%s (%s)\n  %s\n\n", stTitle.Render("planner: "+p.State), mode, truncate(p.Reason, m.width-4))
+	for _, f := range []struct {
+		name string
+		fit  Fit
+	}{{"prefill cost", p.PrefillFit}, {"decode cost", p.DecodeFit}} {
+		var parts []string
+		for _, c := range f.fit.Coefs {
+			parts = append(parts, fmt.Sprintf("%s %.3g±%.2g", c.Name, c.Value, c.StdErr))
+		}
+		conf := "trusted"
+		if !f.fit.Ready {
+			conf = f.fit.Note
+		}
+		fmt.Fprintf(&b, "%-13s %s\n%-13s %d passes, ±%.1f%%, %s\n", f.name, truncate(strings.Join(parts, ", "), m.width-15), "", f.fit.Samples, f.fit.RelErr*100, conf)
+	}
+	trend := "steady"
+	if p.Long.Requests > 0 {
+		switch r := p.Short.Requests / p.Long.Requests; {
+		case r > 1.2:
+			trend = "rising"
+		case r < 0.8:
+			trend = "falling"
+		}
+	}
+	fmt.Fprintf(&b, "\ndemand        %.2f req/s now (%s), %.0f prefill tok/s, %.0f output tok/s\n", p.Short.Requests, trend, p.Short.PrefillTok, p.Short.OutputTok)
+	fmt.Fprintf(&b, "split         %d prefill : %d decode", p.Prefill, p.Decode)
+	if p.Recommend >= 0 && p.Recommend != p.Prefill {
+		fmt.Fprintf(&b, "  ->  recommended %d : %d, held %.0fs, acts in %.0fs; gain %.0f vs cost %.0f request-s",
+			p.Recommend, p.Prefill+p.Decode-p.Recommend, p.HeldSec, p.ActsInSec, p.GainSec, p.CostSec)
+	}
+	b.WriteString("\n")
+	pred := func(x Pred) string {
+		if x.Saturated {
+			return fmt.Sprintf("%d:%d overloaded", x.Prefill, x.Decode)
+		}
+		return fmt.Sprintf("%d:%d  TTFT %.3fs  ITL %.1fms  E2E %.2fs", x.Prefill, x.Decode, x.TTFT, x.ITL*1e3, x.E2E)
+	}
+	if p.Current.Prefill+p.Current.Decode > 0 {
+		fmt.Fprintf(&b, "predicted     now  %s\n              best %s\n", pred(p.Current), pred(p.Best))
+	}
+	if len(m.splits) > 0 {
+		fs := make([]float64, len(m.splits))
+		for i, v := range m.splits {
+			fs[i] = float64(v)
+		}
+		fmt.Fprintf(&b, "\nprefill nodes %s  (last %d samples)\n", sparkline(fs, 40), len(fs))
+		fmt.Fprintf(&b, "pred. TTFT    %s\n", sparkline(m.ttftPred, 40))
+	}
+	b.WriteString("\ndecisions (newest first)\n")
+	for i := len(p.Decisions) - 1; i >= 0 && i >= len(p.Decisions)-8; i-- {
+		d := p.Decisions[i]
+		var moves []string
+		for _, mv := range d.Moves {
+			moves = append(moves, mv.Node+"->"+mv.To)
+		}
+		fmt.Fprintf(&b, "  %s %s %s: %s\n", d.Time.Local().Format("15:04:05"), d.Action, strings.Join(moves, ","), truncate(d.Reason, m.width-30))
+	}
+	if len(p.Decisions) == 0 {
+		b.WriteString("  none yet\n")
+	}
+	return b.String()
+}
+
+func (m *Model) viewBranches() string {
+	var b strings.Builder
+	bs, depth := m.treeBranches()
+	sel := m.selectedBranch()
+	live := 0
+	for _, br := range bs {
+		if br.State != "ended" {
+			live++
+		}
+	}
+	fmt.Fprintf(&b, "%d branches (%d live)", len(bs), live)
+	if m.follow != "" {
+		b.WriteString("  following " + m.follow)
+	}
+	b.WriteString("\n\n")
+	fmt.Fprintf(&b, "  %-36s %-8s %6s %5s  %s\n", "SESSION / BRANCH", "STATE", "BLOCKS", "TURNS", "WHERE (node GPU/host blocks)")
+	// Keep the selection in sight.
+	rows := m.height - 8
+	start := 0
+	if m.branchCursor >= rows {
+		start = m.branchCursor - rows + 1
+	}
+	prevSession := ""
+	for i := start; i < len(bs) && i < start+rows; i++ {
+		br := bs[i]
+		name := strings.Repeat("  ", depth[i]) + "└ " + br.Branch
+		if depth[i] == 0 && br.Session != prevSession {
+			name = br.Session + " / " + br.Branch
+		}
+		prevSession = br.Session
+		mark := "  "
+		if sel != nil && br.Session == sel.Session && br.Branch == sel.Branch {
+			mark = "› "
+		}
+		line := fmt.Sprintf("%s%-36s %-8s %6d %5d  %s", mark, truncate(name, 36), br.State, br.Blocks, br.Turns, truncate(residency(br), m.width-60))
+		if br.State == "ended" {
+			line = stDim.Render(line)
+		}
+		if sel != nil && br.Session == sel.Session && br.Branch == sel.Branch {
+			line = stSelected.Render(stripANSI(line))
+		}
+		b.WriteString(line + "\n")
+	}
+	if len(bs) == 0 {
+		b.WriteString(stDim.Render("  no agent branches: agents name them with X-Evolve-Session and X-Evolve-Branch") + "\n")
+	}
+	return b.String()
+}
+
+func (m *Model) viewEvents() string {
+	var b strings.Builder
+	b.WriteString("events, newest first\n\n")
+	for i, e := range m.events {
+		if i >= m.height-6 {
+			break
+		}
+		fmt.Fprintf(&b, "%s  %-7s %s\n", e.Time.Local().Format("15:04:05"), e.Kind, truncate(e.Text, m.width-20))
+	}
+	if len(m.events) == 0 {
+		b.WriteString(stDim.Render("  none yet") + "\n")
+	}
+	return b.String()
+}
+
+var sparkChars = []rune("▁▂▃▄▅▆▇█")
+
+// sparkline draws the last n values scaled to their maximum.
+func sparkline(v []float64, n int) string {
+	if len(v) > n {
+		v = v[len(v)-n:]
+	}
+	hi := 0.0
+	for _, x := range v {
+		hi = max(hi, x)
+	}
+	var b strings.Builder
+	for _, x := range v {
+		i := 0
+		if hi > 0 {
+			i = int(x / hi * float64(len(sparkChars)-1))
+		}
+		b.WriteRune(sparkChars[min(max(i, 0), len(sparkChars)-1)])
+	}
+	return b.String()
+}
+
+func truncate(s string, n int) string {
+	if n < 1 {
+		return ""
+	}
+	r := []rune(s)
+	if len(r) <= n {
+		return s
+	}
+	if n == 1 {
+		return "…"
+	}
+	return string(r[:n-1]) + "…"
+}
+
+// stripANSI removes colour codes, so that a selected row can be drawn
+// reversed as a whole.
+func stripANSI(s string) string {
+	var b strings.Builder
+	in := false
+	for _, r := range s {
+		switch {
+		case r == '\x1b':
+			in = true
+		case in && (r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'):
+			in = false
+		case !in:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
