@@ -31,6 +31,16 @@ func TestBranchesAndKVCommands(t *testing.T) {
 	}
 	long := strings.Repeat("read the repository and plan the change ", 100)
 	ask("agent-1", "main", "", long)
+	// The next turn hits the cache once the engines' KV events have told
+	// the directory where the first one's blocks are.
+	eventually(t, 5e9, "the first turn's blocks are known", func() bool {
+		out, _ := runBinOut(t, c.env, "kv", "-o", "json")
+		var st struct {
+			Blocks int `json:"blocks"`
+		}
+		json.Unmarshal([]byte(out), &st)
+		return st.Blocks > 0
+	})
 	ask("agent-1", "main", "", long+" then run the tests")
 	ask("agent-1", "explore", "main", long+" and explore the parser in a sub-agent")
 	ask("agent-2", "main", "", "a short unrelated task")
