@@ -82,6 +82,9 @@ func (o *Orchestrator) view(chain []kv.BlockHash, m *kv.Match, exclude map[strin
 			GPUBlocks: n.reg.GPUBlocks, GPUBlocksUse: int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
 			PrefillSecPerToken: n.reg.PrefillUsPerToken * 1e-6,
 		}
+		if sec := o.learnedPrefillSec(n.reg.Speedup); sec > 0 {
+			rn.PrefillSecPerToken = sec // learned beats the profile's hint
+		}
 		if n.reg.HostGBps > 0 {
 			rn.HostSecPerBlock = blockBytes / (n.reg.HostGBps * 1e9)
 		}

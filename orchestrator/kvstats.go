@@ -109,6 +109,29 @@ func (o *Orchestrator) KV() KVStatus {
 	return st
 }
 
+// referencedShareLocked is, per node, the share of its GPU copies that
+// live agent branches reference: the planner moves the node that loses
+// least. Call with mu held.
+func (o *Orchestrator) referencedShareLocked() map[kv.NodeID]float64 {
+	refs := map[kv.NodeID]int{}
+	var holders []kv.Replica
+	o.c.branches.RangeReferenced(func(h kv.BlockHash) {
+		holders = o.c.dir.Holders(h, holders[:0])
+		for _, r := range holders {
+			if r.Tier() == kv.TierGPU {
+				refs[r.Node()]++
+			}
+		}
+	})
+	out := make(map[kv.NodeID]float64, len(refs))
+	for n, c := range refs {
+		if g, _ := o.c.dir.NodeReplicas(n); g > 0 {
+			out[n] = float64(c) / float64(g)
+		}
+	}
+	return out
+}
+
 // noteStored records blocks an engine stored, for lost KV reuse, and
 // returns the pending hints for them. Call with mu held.
 func (o *Orchestrator) noteStoredLocked(events []kv.Event) []protocol.Hint {

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/evolvellm/evolve/orchestrator/routing"
@@ -26,6 +28,9 @@ type planning struct {
 	mu      sync.Mutex
 	p       *planner.Planner
 	limited bool // limits taken from the first registration
+	// prefillSec is the learned prefill cost per token in wall seconds
+	// (0 until trusted), for the router; read without mu.
+	prefillSec atomic.Uint64
 }
 
 func newPlanning(cfg Config) *planning {
@@ -129,6 +134,7 @@ func (o *Orchestrator) planStep(now time.Time) {
 		return
 	}
 	o.c.mu.Lock()
+	refShare := o.referencedShareLocked()
 	nodes := make([]planner.NodeInfo, 0, len(o.c.nodes))
 	for id, n := range o.c.nodes {
 		if n.state != StateServing && n.state != StateSwitching {
@@ -145,13 +151,18 @@ func (o *Orchestrator) planStep(now time.Time) {
 		nodes = append(nodes, planner.NodeInfo{ID: id, Role: name, Auto: n.mode == ModeAuto,
 			Serving: n.state == StateServing, Switching: n.state == StateSwitching,
 			Waiting: n.hb.Waiting, Running: n.hb.Running + n.inFlight,
-			GPUBlocksUsed: int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks))})
+			GPUBlocksUsed:   int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
+			ReferencedShare: refShare[n.dir]})
 	}
 	o.c.mu.Unlock()
 	o.plan.mu.Lock()
 	moves := o.plan.p.Step(now, nodes)
 	st := o.plan.p.Status()
+	sec, ok := o.plan.p.PrefillSecPerToken(now)
 	o.plan.mu.Unlock()
+	if ok {
+		o.plan.prefillSec.Store(math.Float64bits(sec))
+	}
 	o.met.planner(st)
 	for _, m := range moves {
 		if _, err := o.setRole(m.Node, m.To, false, "planner: "+m.Reason, false); err != nil {
@@ -160,6 +171,15 @@ func (o *Orchestrator) planStep(now time.Time) {
 		}
 		o.log.Info("planner moves a node", "id", m.Node, "from", m.From, "to", m.To, "reason", m.Reason)
 	}
+}
+
+// learnedPrefillSec is the planner's learned prefill cost per token in
+// the engines' modelled seconds (wall seconds times their speedup), or 0.
+func (o *Orchestrator) learnedPrefillSec(speedup float64) float64 {
+	if o.plan == nil {
+		return 0
+	}
+	return math.Float64frombits(o.plan.prefillSec.Load()) * max(speedup, 1)
 }
 
 // PlannerStatus reports the planner as of its last step.

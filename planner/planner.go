@@ -425,6 +425,19 @@ func (p *Planner) lastDecisions(n int) []Decision {
 	return append([]Decision(nil), p.log[len(p.log)-n:]...)
 }
 
+// PrefillSecPerToken is the learned marginal cost of prefilling one token
+// at the context prompts currently attend to, for the router's choice
+// between fetching KV and recomputing it; ok is false until the prefill
+// model is trusted.
+func (p *Planner) PrefillSecPerToken(now time.Time) (float64, bool) {
+	pc, ok := p.costs.PrefillModel()
+	if !ok {
+		return 0, false
+	}
+	ctx := p.demand.short.demand(now).PrefillContext
+	return max(pc.PerToken+pc.PerTokenContext*ctx, 0), pc.PerToken > 0
+}
+
 // Moves is how many role moves the planner has asked for.
 func (p *Planner) Moves() int { return p.moves }
 

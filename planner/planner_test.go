@@ -219,6 +219,13 @@ func TestSplitFollowsAShift(t *testing.T) {
 			t.Logf("%s %s", d.Time.Sub(shiftAt), d.Reason)
 		}
 	}
+	// The router's price of recomputing a token, from the learned model:
+	// per token plus attention over the 20000+6000 tokens each attends to.
+	sec, ok := c.p.PrefillSecPerToken(c.now)
+	within(t, "learned prefill seconds per token", sec, gb300.pc.PerToken+gb300.pc.PerTokenContext*26000, 0.05)
+	if !ok {
+		t.Fatal("learned prefill cost not trusted")
+	}
 	st := c.p.Status()
 	if st.State != "fitted" || len(st.Decisions) == 0 || st.Decisions[len(st.Decisions)-1].Reason == "" {
 		t.Errorf("status after the shift: %s (%s), decisions %v", st.State, st.Reason, st.Decisions)

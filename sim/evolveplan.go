@@ -61,6 +61,12 @@ func (r *run) planStep() {
 			Waiting: e.stats.Waiting, Running: e.stats.Running, GPUBlocksUsed: e.stats.GPUBlocksUsed})
 	}
 	r.planNodes = nodes
+	// The router prices recomputation with the learned cost.
+	if sec, ok := r.planner.PrefillSecPerToken(r.now); ok {
+		for i := range r.view.Nodes {
+			r.view.Nodes[i].PrefillSecPerToken = sec
+		}
+	}
 	for _, m := range r.planner.Step(r.now, nodes) {
 		i := r.byID[m.Node]
 		e := r.engines[i]
