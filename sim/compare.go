@@ -52,7 +52,7 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 		case name == "dynamo-static:best":
 			m = splits("dynamo-static")
 		case name == "dynamo:best":
-			m = append([]string{"dynamo"}, splits("dynamo-static")...)
+			m = append([]string{"dynamo", "dynamo-sla"}, splits("dynamo-static")...)
 		case strings.HasSuffix(name, ":best"):
 			return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep", name)
 		default:

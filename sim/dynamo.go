@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"sort"
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
@@ -111,7 +112,13 @@ func (r *run) remove(i int) {
 	for _, id := range e.model.AbortAll(r.now) {
 		aborted[id] = true
 	}
-	for id, req := range r.reqs {
+	ids := make([]string, 0, len(aborted))
+	for id := range r.reqs {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids) // retries are queued in this order: it must not be the map's
+	for _, id := range ids {
+		req := r.reqs[id]
 		onIt := aborted[id] && !(req.prefillAt == i && req.prefillDone && req.decodeStarted && req.decodeAt != i)
 		if !onIt {
 			continue
@@ -132,4 +139,7 @@ func (r *run) remove(i int) {
 	e.state = engOff
 	e.stats = enginesim.PassStats{}
 	r.res.RoleSwitches++
+	if r.pol.SLAPlanner {
+		r.slaFill() // a freed slot may be what a growing pool waits for
+	}
 }

@@ -49,6 +49,8 @@ type Policy struct {
 	// DynamoPlanner runs Dynamo's 2026 default load-based planner (see
 	// dynamo.go), starting from the fixed split.
 	DynamoPlanner bool
+	// SLAPlanner runs Dynamo's older SLA planner (dynamosla.go).
+	SLAPlanner bool
 	// Planner runs evolve's online planner, starting from the fixed split.
 	Planner   bool
 	ColdStart time.Duration // how long an added worker loads before it serves
@@ -72,6 +74,8 @@ func ParsePolicy(name string, n int) (Policy, error) {
 	switch {
 	case name == "evolve":
 		return Policy{Name: name, Router: "evolve", Prefill: max(1, n/3), Planner: true}, nil
+	case name == "dynamo-sla":
+		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, SLAPlanner: true, ColdStart: 60 * time.Second}, nil
 	case name == "dynamo":
 		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, DynamoPlanner: true, ColdStart: 60 * time.Second}, nil
 	case strings.HasPrefix(name, "static:"):
@@ -81,7 +85,7 @@ func ParsePolicy(name string, n int) (Policy, error) {
 		p, err := split(strings.TrimPrefix(name, "dynamo-static:"))
 		return Policy{Name: name, Router: "dynamo", Prefill: p, WriteThrough: true}, err
 	}
-	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, dynamo, dynamo:best, static:P:D, static:best, dynamo-static:P:D, dynamo-static:best or oracle)", name)
+	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, dynamo, dynamo-sla, dynamo:best, static:P:D, static:best, dynamo-static:P:D, dynamo-static:best or oracle)", name)
 }
 
 // Result is one policy's outcome on a scenario. JSON names are stable.
@@ -149,6 +153,7 @@ const (
 	evMinute          // a timeline window ends
 	evPlanStep        // evolve's planner steps
 	evSwitch          // a switching node is checked
+	evSLA             // Dynamo's SLA planner's 180-second tick
 )
 
 type event struct {
@@ -274,6 +279,8 @@ type run struct {
 	nextReq int
 	ever    *kv.Index // blocks ever computed anywhere
 	planner *planner.Planner
+	sla     slaWindow
+	slaWant [2]int // SLA planner's prefill and decode targets
 	// Agent-aware KV: the branch tracker (nil under plain LRU) and
 	// scratch for hints per engine.
 	branches *kv.Branches
@@ -373,6 +380,9 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 	if pol.DynamoPlanner {
 		r.push(&event{at: r.now.Add(dynamoPlanInterval), kind: evPlan})
 	}
+	if pol.SLAPlanner {
+		r.push(&event{at: r.now.Add(slaInterval), kind: evSLA})
+	}
 	if pol.Planner {
 		r.planner = newPlanner(sc, r.engines[0].model)
 		r.push(&event{at: r.now.Add(r.planner.Config().Interval), kind: evPlanStep})
@@ -410,6 +420,8 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			r.planStep()
 		case evSwitch:
 			r.switchStep(ev.eng)
+		case evSLA:
+			r.slaPlan()
 		}
 	}
 	return r.finish(), nil
@@ -478,6 +490,9 @@ func (r *run) arrive(req *request) {
 		req.scored = !r.now.Before(r.scoreFrom)
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
 		r.branchBegin(req)
+		if r.pol.SLAPlanner {
+			r.slaObserve(len(req.call.Tokens), req.call.MaxTokens)
+		}
 	}
 	req.prefillDone, req.decodeStarted = false, false
 	req.attempt++

@@ -222,3 +222,39 @@ func TestPlotDrawsEveryPolicy(t *testing.T) {
 		t.Fatal("a plot of no timeline succeeded")
 	}
 }
+
+// Dynamo's SLA planner sizes both pools every 180 s from the demand and
+// the per-engine throughput under its targets, within the budget, by
+// adding cold workers and removing others; the run is deterministic.
+func TestDynamoSLAPlannerSizesPools(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := Scenario{Profile: p, Engines: 6, Workload: "computer-use", Agents: 30, Warmup: 0, Duration: 12 * time.Minute, Seed: 5}
+	pol, err := ParsePolicy("dynamo-sla", 6)
+	if err != nil || !pol.SLAPlanner || pol.Router != "dynamo" {
+		t.Fatalf("policy %+v, %v", pol, err)
+	}
+	a, err := Run(sc, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.RoleSwitches == 0 || a.Requests == 0 {
+		t.Fatalf("the SLA planner never resized: %+v", a)
+	}
+	b, _ := Run(sc, pol)
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	if string(ja) != string(jb) {
+		t.Fatal("two runs with the same seed differ")
+	}
+	// Its sizing: a prompt-heavy demand gets more prefill than decode
+	// engines at the same rate than an output-heavy one.
+	r := &run{sc: sc, engines: []*engine{{model: enginesim.NewModel(p, enginesim.Config{})}, {}, {}, {}, {}, {}}}
+	pp, pd := r.slaReplicas(20, 30000, 200)
+	mp, md := r.slaReplicas(20, 1000, 8000)
+	if pp+pd > 6 || mp+md > 6 || pp <= mp || md <= pd || pp < 1 || md < 1 {
+		t.Fatalf("prompt-heavy %d:%d, output-heavy %d:%d", pp, pd, mp, md)
+	}
+}

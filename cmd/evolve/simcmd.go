@@ -70,12 +70,15 @@ Policies (comma-separated):
                       KVBM write-through host offload per worker (no cross-worker
                       fetch), and its 2026 default load planner (5 s steps, 60 s
                       cold starts, removals that abort and retry), from 1:2
+  dynamo-sla          Dynamo with its older SLA planner: every 180 s, pools sized
+                      from the last interval's rate, ISL and OSL and the
+                      per-engine throughput under TTFT 0.5 s / ITL 50 ms targets
+                      (taken from the engine cost model), cold starts, removals
   dynamo-static:P:D   the same with a fixed split and no planner
   dynamo-static:best  every fixed Dynamo split, the best
-  dynamo:best         the best of dynamo and every fixed Dynamo split
+  dynamo:best         the best of dynamo, dynamo-sla and every fixed Dynamo split
   oracle              per minute, the best static split, as if the future were
                       known and switches free (an optimistic upper limit)
-(dynamo-sla is not built yet.)
 
 One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 ` + "  " + strings.Join(presetNames(), ", ") + `.`,

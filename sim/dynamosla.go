@@ -1,0 +1,144 @@
+package sim
+
+import (
+	"math"
+	"time"
+
+	"github.com/evolvellm/evolve/orchestrator/routing"
+)
+
+// Dynamo's older SLA planner, the dynamo-sla baseline
+// (../shared/reference/dynamo-baseline.md): every 180 s it predicts the
+// next interval's request rate, input and output lengths (the last
+// interval's, Dynamo's constant predictor), and sizes each pool from the
+// throughput one engine reaches under the TTFT and ITL targets, as
+// Dynamo's profiler measures it offline; here the profile is read from the
+// engine cost model, the same one the engines run. Pools change all at
+// once, within the cluster's budget, by adding cold workers and removing
+// others (5 s of grace, then their requests abort and are sent again).
+const (
+	slaInterval = 180 * time.Second
+	// The SLA targets the profile is taken under (Dynamo's examples use
+	// TTFT in hundreds of milliseconds and ITL in tens).
+	slaTTFT = 500 * time.Millisecond
+	slaITL  = 50 * time.Millisecond
+)
+
+// slaWindow is what the SLA planner observes over an interval.
+type slaWindow struct {
+	arrivals      int
+	isl, osl      int64
+	intervalStart time.Time
+}
+
+func (r *run) slaObserve(prompt, output int) {
+	r.sla.arrivals++
+	r.sla.isl += int64(prompt)
+	r.sla.osl += int64(output)
+}
+
+// slaPlan sizes the pools for the next interval.
+func (r *run) slaPlan() {
+	r.push(&event{at: r.now.Add(slaInterval), kind: evSLA})
+	w := r.sla
+	r.sla = slaWindow{intervalStart: r.now}
+	if w.arrivals == 0 {
+		return
+	}
+	rate := float64(w.arrivals) / slaInterval.Seconds()
+	isl := float64(w.isl) / float64(w.arrivals)
+	osl := float64(w.osl) / float64(w.arrivals)
+	p, d := r.slaReplicas(rate, isl, osl)
+	r.slaWant = [2]int{p, d}
+	r.shrink(routing.Prefill, p)
+	r.shrink(routing.Decode, d)
+	r.slaFill()
+}
+
+// slaFill adds cold workers to pools below their target while the budget
+// has free slots (removed workers free theirs after their grace).
+func (r *run) slaFill() {
+	for k, role := range []routing.Role{routing.Prefill, routing.Decode} {
+		have := 0
+		for _, e := range r.engines {
+			if e.role == role && (e.state == engActive || e.state == engStarting) {
+				have++
+			}
+		}
+		for ; have < r.slaWant[k] && r.freeSlot(); have++ {
+			r.addWorker(role)
+		}
+	}
+}
+
+func (r *run) freeSlot() bool {
+	for _, e := range r.engines {
+		if e.state == engOff {
+			return true
+		}
+	}
+	return false
+}
+
+// slaReplicas is Dynamo's formula: replicas = demand / per-engine
+// throughput under the SLA, rounded up, then fitted into the budget.
+func (r *run) slaReplicas(rate, isl, osl float64) (p, d int) {
+	pr := r.sc.Profile
+	cfg := r.engines[0].model.Config()
+	// Prefill: full passes of the token budget over prompts of length isl
+	// (the profiler runs without prefix caching).
+	b := float64(cfg.MaxNumBatchedTokens)
+	perTok := pr.Prefill.PerTokenUs*1e-6 + pr.Prefill.PerTokenContextNs*1e-9*isl/2
+	prefillTput := b / (pr.Prefill.BaseMs*1e-3 + b*perTok)
+	// A prompt must also meet the TTFT target alone; longer ones cannot,
+	// and the profiler's throughput is what it is.
+	p = int(math.Ceil(rate * isl / prefillTput))
+	// Decode: the largest batch whose pass stays under the ITL target at
+	// the mean context, within max_num_seqs and the KV capacity.
+	ctx := isl + osl/2
+	perSeq := pr.Decode.PerSeqUs*1e-6 + ctx*float64(pr.KVBytesPerToken)/(pr.HBMGBps*1e9*pr.Decode.KVReadEfficiency)
+	batch := (slaITL.Seconds() - pr.Decode.BaseMs*1e-3) / perSeq
+	batch = min(batch, float64(cfg.MaxNumSeqs), float64(cfg.GPUBlocks*pr.BlockSize)/ctx)
+	batch = max(batch, 1)
+	itl := pr.Decode.BaseMs*1e-3 + batch*perSeq
+	decodeTput := batch / itl
+	d = int(math.Ceil(rate * osl / decodeTput))
+	p, d = max(p, 1), max(d, 1)
+	if total := len(r.engines); p+d > total {
+		// Over budget: scale both down in proportion, at least one each.
+		p = max(1, min(total-1, int(math.Round(float64(total)*float64(p)/float64(p+d)))))
+		d = total - p
+	}
+	return p, d
+}
+
+// shrink removes the least loaded serving workers of a pool above want.
+func (r *run) shrink(role routing.Role, want int) {
+	var active []int
+	have := 0
+	for i, e := range r.engines {
+		if e.role != role {
+			continue
+		}
+		switch e.state {
+		case engActive:
+			active = append(active, i)
+			have++
+		case engStarting:
+			have++
+		}
+	}
+	for ; have > want && len(active) > 1; have-- {
+		best, bestLoad := -1, 0
+		for k, i := range active {
+			st := r.engines[i].stats
+			if l := st.Running + st.Waiting; best < 0 || l < bestLoad {
+				best, bestLoad = k, l
+			}
+		}
+		i := active[best]
+		active = append(active[:best], active[best+1:]...)
+		r.engines[i].state = engRemoving
+		r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: i})
+	}
+}
