@@ -554,11 +554,16 @@ func (m *Model) act(c *pendingAction) tea.Cmd {
 }
 
 // treeBranches lists the branches in tree order with their depth.
-func (m *Model) treeBranches() ([]Branch, []int) {
+func (m *Model) treeBranches() ([]Branch, []int) { return Tree(m.branches, m.filter) }
+
+// Tree orders branches as a tree per session (sessions sorted; a branch
+// under the one it forked from) and gives each its depth; filter keeps the
+// branches whose session/branch contains it.
+func Tree(branches []Branch, filter string) ([]Branch, []int) {
 	bySession := map[string][]Branch{}
 	var sessions []string
-	for _, b := range m.branches {
-		if m.filter != "" && !strings.Contains(b.Session+"/"+b.Branch, m.filter) {
+	for _, b := range branches {
+		if filter != "" && !strings.Contains(b.Session+"/"+b.Branch, filter) {
 			continue
 		}
 		if _, ok := bySession[b.Session]; !ok {
@@ -616,6 +621,9 @@ func (m *Model) selectedBranch() *Branch {
 	return &bs[m.branchCursor]
 }
 
+// Where says where a branch's blocks live: node GPU/host blocks.
+func Where(b Branch) string { return residency(b) }
+
 func residency(b Branch) string {
 	var parts []string
 	for _, r := range b.Residency {
@@ -645,6 +653,14 @@ func Render(c Cluster, nodes []Node, p *Planner, k *KV, b []Branch, addr string,
 		lines = lines[:len(lines)-1]
 	}
 	return strings.Join(lines, "\n") + "\n"
+}
+
+// RenderPlanner draws the planner view of a status, for evolve planner.
+func RenderPlanner(p Planner, width int) string {
+	m := New(staticSource(""), Options{})
+	m.stop()
+	m.width, m.planner = width, &p
+	return m.viewPlanner()
 }
 
 // staticSource is a Source with nothing behind it but an address.

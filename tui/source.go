@@ -9,7 +9,6 @@ package tui
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -17,6 +16,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/evolvellm/evolve/controlapi"
 )
 
 // Node is a node as the control API reports it.
@@ -123,18 +124,21 @@ type Pred struct {
 
 // Branch is an agent branch with where its blocks live.
 type Branch struct {
-	Session   string    `json:"session"`
-	Branch    string    `json:"branch"`
-	Parent    string    `json:"parent"`
-	State     string    `json:"state"`
-	Blocks    int       `json:"blocks"`
-	Turns     int       `json:"turns"`
-	LastUsed  time.Time `json:"last_used"`
-	Residency []struct {
-		Node string `json:"node"`
-		GPU  int    `json:"gpu_blocks"`
-		Host int    `json:"host_blocks"`
-	} `json:"residency"`
+	Session   string      `json:"session"`
+	Branch    string      `json:"branch"`
+	Parent    string      `json:"parent"`
+	State     string      `json:"state"`
+	Blocks    int         `json:"blocks"`
+	Turns     int         `json:"turns"`
+	LastUsed  time.Time   `json:"last_used"`
+	Residency []Residency `json:"residency"`
+}
+
+// Residency is how many of a branch's blocks a node holds per tier.
+type Residency struct {
+	Node string `json:"node"`
+	GPU  int    `json:"gpu_blocks"`
+	Host int    `json:"host_blocks"`
 }
 
 // KV is the cluster's KV summary.
@@ -165,67 +169,28 @@ type Source interface {
 
 // HTTPSource talks to an orchestrator's control API.
 type HTTPSource struct {
-	Base   string // e.g. http://127.0.0.1:8001
-	Token  string
-	Client *http.Client
+	controlapi.Client
+}
+
+// NewHTTPSource returns a source for the control API at base.
+func NewHTTPSource(base, token string) *HTTPSource {
+	return &HTTPSource{controlapi.Client{Base: base, Token: token, HTTP: &http.Client{Timeout: 5 * time.Second}}}
 }
 
 // Addr is the control API's address.
 func (s *HTTPSource) Addr() string { return s.Base }
 
 func (s *HTTPSource) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, _ := json.Marshal(in)
-		body = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, s.Base+path, body)
-	if err != nil {
-		return err
-	}
-	if s.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+s.Token)
-	}
-	if in != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	c := s.Client
-	if c == nil {
-		c = &http.Client{Timeout: 5 * time.Second}
-	}
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if resp.StatusCode >= 300 {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
-			return fmt.Errorf("%s", e.Error.Message)
-		}
-		return fmt.Errorf("%s %s: %s", method, path, resp.Status)
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
+	return s.Do(ctx, method, path, in, out)
 }
 
 // Watch reads the server-sent events of /api/v1/watch.
 func (s *HTTPSource) Watch(ctx context.Context, out chan<- WatchEvent) error {
-	req, err := http.NewRequestWithContext(ctx, "GET", s.Base+"/api/v1/watch", nil)
+	req, err := s.NewRequest(ctx, "GET", "/api/v1/watch", nil)
 	if err != nil {
 		return err
 	}
-	if s.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+s.Token)
-	}
-	resp, err := (&http.Client{}).Do(req)
+	resp, err := (&http.Client{}).Do(req) // no timeout: the stream is long-lived
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/evolvellm/evolve/tui"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -46,18 +47,7 @@ func TestBranchesAndKVCommands(t *testing.T) {
 	ask("agent-2", "main", "", "a short unrelated task")
 
 	out, code := runBinOut(t, c.env, "branches", "-o", "json")
-	var bs []struct {
-		Session   string `json:"session"`
-		Branch    string `json:"branch"`
-		Parent    string `json:"parent"`
-		State     string `json:"state"`
-		Blocks    int    `json:"blocks"`
-		Turns     int    `json:"turns"`
-		Residency []struct {
-			Node string `json:"node"`
-			GPU  int    `json:"gpu_blocks"`
-		} `json:"residency"`
-	}
+	var bs []tui.Branch
 	if code != 0 || json.Unmarshal([]byte(out), &bs) != nil || len(bs) != 3 {
 		t.Fatalf("branches -o json: %d\n%s", code, out)
 	}

@@ -1,17 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
 )
@@ -52,50 +52,13 @@ func flagOrConfig(cmd *cobra.Command, name string) string {
 	return config.GetString(cfgKey(cmd) + "." + name)
 }
 
-// apiErr is an error answer of the control API.
-type apiErr struct {
-	status int
-	msg    string
-}
-
-func (e *apiErr) Error() string { return e.msg }
-
 func (c *controlClient) do(ctx context.Context, method, path string, in, out any) error {
-	var body io.Reader
-	if in != nil {
-		b, _ := json.Marshal(in)
-		body = bytes.NewReader(b)
+	err := (&controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http}).Do(ctx, method, path, in, out)
+	var te *controlapi.TransportError
+	if errors.As(err, &te) {
+		return fmt.Errorf("cannot reach the orchestrator at %s (is a cluster up? try 'evolve up'): %w", c.base, te.Err)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.base+path, body)
-	if err != nil {
-		return err
-	}
-	if c.token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.token)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.http.Do(req)
-	if err != nil {
-		return fmt.Errorf("cannot reach the orchestrator at %s (is a cluster up? try 'evolve up'): %w", c.base, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, 32<<20))
-	if resp.StatusCode >= 300 {
-		var e struct {
-			Error struct {
-				Message string `json:"message"`
-			} `json:"error"`
-		}
-		msg := strings.TrimSpace(string(b))
-		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		}
-		return &apiErr{status: resp.StatusCode, msg: fmt.Sprintf("%s %s: %s", method, path, msg)}
-	}
-	if out != nil {
-		return json.Unmarshal(b, out)
-	}
-	return nil
+	return err
 }
 
 // output writes v as -o asks: json, yaml, or through table for table/wide.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/orchestrator"
+	"github.com/evolvellm/evolve/tui"
 	"github.com/spf13/cobra"
 )
 
@@ -50,59 +51,37 @@ branch, it is inferred from the session's context. Ending a session
 }
 
 // printBranches prints each session as a tree: branches under the branch
-// they forked from.
-func printBranches(w *tabwriter.Writer, bs []orchestrator.BranchStatus, wide bool) {
+// they forked from (evolve top's order).
+func printBranches(w *tabwriter.Writer, raw []orchestrator.BranchStatus, wide bool) {
 	fmt.Fprint(w, "SESSION / BRANCH\tSTATE\tBLOCKS\tTURNS\tIDLE\tWHERE")
 	if wide {
 		fmt.Fprint(w, "\tWHY ENDED")
 	}
 	fmt.Fprintln(w)
-	bySession := map[string][]orchestrator.BranchStatus{}
-	var order []string
-	for _, b := range bs {
-		if _, ok := bySession[b.Session]; !ok {
-			order = append(order, b.Session)
+	bs := make([]tui.Branch, len(raw))
+	why := map[string]string{}
+	for i, b := range raw {
+		bs[i] = tui.Branch{Session: b.Session, Branch: b.Branch, Parent: b.Parent, State: b.State, Blocks: b.Blocks,
+			Turns: b.Turns, LastUsed: b.LastUsed}
+		for _, r := range b.Residency {
+			bs[i].Residency = append(bs[i].Residency, tui.Residency{Node: r.Node, GPU: r.GPU, Host: r.Host})
 		}
-		bySession[b.Session] = append(bySession[b.Session], b)
+		why[b.Session+"/"+b.Branch] = b.EndReason
 	}
-	for _, s := range order {
-		fmt.Fprintf(w, "%s\t\t\t\t\t\n", s)
-		branches := bySession[s]
-		known := map[string]bool{}
-		for _, b := range branches {
-			known[b.Branch] = true
+	tree, depth := tui.Tree(bs, "")
+	for i, b := range tree {
+		if depth[i] == 0 && (i == 0 || tree[i-1].Session != b.Session) {
+			fmt.Fprintf(w, "%s\t\t\t\t\t\n", b.Session)
 		}
-		seen := map[string]bool{}
-		var walk func(b orchestrator.BranchStatus, depth int)
-		walk = func(b orchestrator.BranchStatus, depth int) {
-			if seen[b.Branch] {
-				return
-			}
-			seen[b.Branch] = true
-			var where []string
-			for _, r := range b.Residency {
-				where = append(where, fmt.Sprintf("%s %dG/%dH", r.Node, r.GPU, r.Host))
-			}
-			idle := "-"
-			if b.State != "active" {
-				idle = time.Since(b.LastUsed).Round(time.Second).String()
-			}
-			fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth), b.Branch, b.State, b.Blocks, b.Turns, idle, strings.Join(where, ", "))
-			if wide {
-				fmt.Fprintf(w, "\t%s", b.EndReason)
-			}
-			fmt.Fprintln(w)
-			for _, c := range branches {
-				if c.Parent == b.Branch {
-					walk(c, depth+1)
-				}
-			}
+		idle := "-"
+		if b.State != "active" {
+			idle = time.Since(b.LastUsed).Round(time.Second).String()
 		}
-		for _, b := range branches {
-			if b.Parent == "" || !known[b.Parent] {
-				walk(b, 0)
-			}
+		fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth[i]), b.Branch, b.State, b.Blocks, b.Turns, idle, tui.Where(b))
+		if wide {
+			fmt.Fprintf(w, "\t%s", why[b.Session+"/"+b.Branch])
 		}
+		fmt.Fprintln(w)
 	}
 }
 

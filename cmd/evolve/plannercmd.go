@@ -1,11 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
-	"strings"
 	"text/tabwriter"
 
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/tui"
 	"github.com/spf13/cobra"
 )
 
@@ -27,68 +28,21 @@ always wins, and 'evolve role auto NODE' hands a node back.`,
   evolve planner -o json | jq -r '.decisions[] | .reason'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var st planner.Status
-			if err := newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/planner", nil, &st); err != nil {
+			var raw json.RawMessage
+			if err := newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/planner", nil, &raw); err != nil {
 				return err
 			}
-			return output(cmd, st, func(w *tabwriter.Writer, wide bool) { printPlanner(w, st, wide) })
+			var st planner.Status
+			var view tui.Planner
+			if err := json.Unmarshal(raw, &st); err != nil {
+				return err
+			}
+			json.Unmarshal(raw, &view)
+			// The table is evolve top's planner view.
+			return output(cmd, st, func(w *tabwriter.Writer, wide bool) { fmt.Fprint(w, tui.RenderPlanner(view, 160)) })
 		},
 	}
 	addClientFlags(cmd)
 	addOutputFlag(cmd, "table, wide, json or yaml")
 	return cmd
-}
-
-func printPlanner(w *tabwriter.Writer, st planner.Status, wide bool) {
-	mode := "moves auto nodes"
-	if !st.Enabled {
-		mode = "recommends only"
-	}
-	fmt.Fprintf(w, "state\t%s (%s)\n", st.State, mode)
-	fmt.Fprintf(w, "why\t%s\n", st.Reason)
-	for _, f := range []struct {
-		name string
-		fit  planner.FitStatus
-	}{{"prefill cost", st.PrefillFit}, {"decode cost", st.DecodeFit}} {
-		var parts []string
-		for _, c := range f.fit.Coefs {
-			parts = append(parts, fmt.Sprintf("%s %.3g±%.2g", c.Name, c.Value, c.StdErr))
-		}
-		ready := "trusted"
-		if !f.fit.Ready {
-			ready = f.fit.Note
-		}
-		fmt.Fprintf(w, "%s\t%s; %d passes, ±%.1f%% (%s)\n", f.name, strings.Join(parts, ", "), f.fit.Samples, f.fit.RelErr*100, ready)
-	}
-	for _, d := range []planner.Demand{st.Short, st.Long} {
-		fmt.Fprintf(w, "demand %.0fs\t%.2f req/s, %.0f prefill tok/s (%.0f%% remote), %.0f output tok/s\n",
-			d.HorizonSec, d.RequestsPerSec, d.PrefillTokPerSec+d.LocalTokPerSec, d.DisaggShare*100, d.OutputTokPerSec)
-	}
-	fmt.Fprintf(w, "split\t%d prefill : %d decode (%d switching)\n", st.Prefill, st.Decode, st.Switching)
-	pr := func(p planner.Prediction) string {
-		if p.Saturated {
-			return fmt.Sprintf("%d:%d overloaded (prefill load %.2f, decode load %.2f)", p.Prefill, p.Decode, p.PrefillLoad, p.DecodeLoad)
-		}
-		return fmt.Sprintf("%d:%d TTFT %.3fs, ITL %.1fms, E2E %.2fs", p.Prefill, p.Decode, p.TTFT, p.ITL*1e3, p.E2E)
-	}
-	if st.Current.Prefill+st.Current.Decode > 0 {
-		fmt.Fprintf(w, "predicted now\t%s\n", pr(st.Current))
-		fmt.Fprintf(w, "predicted best\t%s\n", pr(st.Best))
-	}
-	if st.Recommended >= 0 && st.Recommended != st.Prefill {
-		fmt.Fprintf(w, "recommended\t%d:%d, held %.0fs, acts in %.0fs; gain %.0f request-s vs switch cost %.0f\n",
-			st.Recommended, st.Prefill+st.Decode-st.Recommended, st.HeldSec, st.ActsInSec, st.GainSec, st.CostSec)
-	}
-	n := 3
-	if wide {
-		n = len(st.Decisions)
-	}
-	for i := len(st.Decisions) - 1; i >= 0 && i >= len(st.Decisions)-n; i-- {
-		d := st.Decisions[i]
-		var nodes []string
-		for _, m := range d.Moves {
-			nodes = append(nodes, m.Node+"->"+m.To)
-		}
-		fmt.Fprintf(w, "decision %s\t%s %s: %s\n", d.Time.Local().Format("15:04:05"), d.Action, strings.Join(nodes, ","), d.Reason)
-	}
 }

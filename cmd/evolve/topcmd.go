@@ -52,7 +52,7 @@ snapshot (-o json for the data).`,
 
 func runTop(cmd *cobra.Command, _ []string) error {
 	c := newControlClient(cmd)
-	src := &tui.HTTPSource{Base: c.base, Token: c.token}
+	src := tui.NewHTTPSource(c.base, c.token)
 	once, _ := cmd.Flags().GetBool("once")
 	readonly, _ := cmd.Flags().GetBool("readonly")
 	if once {

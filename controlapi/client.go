@@ -1,0 +1,93 @@
+// Package controlapi is a client of the orchestrator's control API, shared
+// by the CLI commands and evolve top: JSON requests with an optional
+// bearer token, and the API's error answers as errors.
+package controlapi
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Client talks to one orchestrator's control API.
+type Client struct {
+	Base  string // e.g. http://127.0.0.1:8001
+	Token string
+	HTTP  *http.Client
+}
+
+// Error is an error answer of the control API.
+type Error struct {
+	Status  int
+	Message string // the API's message, or the body
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// TransportError is a failure to reach the control API at all.
+type TransportError struct{ Err error }
+
+func (e *TransportError) Error() string { return e.Err.Error() }
+func (e *TransportError) Unwrap() error { return e.Err }
+
+// Do sends in (if not nil) as JSON and decodes the answer into out (if not
+// nil). An error answer is an *Error whose message names the request.
+func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := c.NewRequest(ctx, method, path, body)
+	if err != nil {
+		return err
+	}
+	h := c.HTTP
+	if h == nil {
+		h = http.DefaultClient
+	}
+	resp, err := h.Do(req)
+	if err != nil {
+		return &TransportError{Err: err}
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if resp.StatusCode >= 300 {
+		var e struct {
+			Error struct {
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		}
+		return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("%s %s: %s", method, path, msg)}
+	}
+	if out != nil {
+		return json.Unmarshal(b, out)
+	}
+	return nil
+}
+
+// NewRequest builds a request to the API with the token set.
+func (c *Client) NewRequest(ctx context.Context, method, path string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.Base, "/")+path, body)
+	if err != nil {
+		return nil, err
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	return req, nil
+}
