@@ -90,7 +90,13 @@ and commands to try.
 In the foreground (the default) Ctrl-C tears everything down cleanly:
 engines drain, then the orchestrator stops. With --detach the cluster keeps
 running; 'evolve down' stops it. Logs go to files under the state directory
-($XDG_STATE_HOME/evolve/local/logs).`,
+($XDG_STATE_HOME/evolve/local/logs).
+
+With -f cluster.yaml it works on GPU hosts over SSH instead (apiVersion
+evolve/v1, kind Cluster: hosts with their SSH address, user, port, key and
+optional bastion, GPUs, engine backend and arguments, initial role; the
+orchestrator's host and ports). --dry-run validates the file, naming the
+field and line of every problem, and prints what would be done per host.`,
 		Example: `  evolve up
   evolve up --engines 8 --prefill 3 --profile gb300-kimi-k2 --speedup 20 --detach
   curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'`,
@@ -111,6 +117,8 @@ running; 'evolve down' stops it. Logs go to files under the state directory
 	f.Int("agents", 0, "run this many simulated agents against the cluster (foreground only), printing a summary every few seconds")
 	f.String("workload", "shift", "agent workload for --agents: "+strings.Join(workload.Names(), ", ")+", mix:..., shift:...")
 	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")
+	f.StringP("file", "f", "", "bring up the GPU hosts of this cluster file over SSH (see 'evolve up --help')")
+	f.Bool("dry-run", false, "with -f: validate the cluster file and print what would be done on each host")
 	addPlannerFlags(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd
@@ -119,6 +127,12 @@ running; 'evolve down' stops it. Logs go to files under the state directory
 func runUp(cmd *cobra.Command, _ []string) error {
 	key := func(k string) string { return "up." + k }
 	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
+	if file := config.GetString(key("file")); file != "" {
+		return upFromFile(cmd, file, config.GetBool(key("dry-run")))
+	}
+	if config.GetBool(key("dry-run")) {
+		return usage(fmt.Errorf("--dry-run checks a cluster file: pass it with -f"))
+	}
 	engines, prefill := config.GetInt(key("engines")), config.GetInt(key("prefill"))
 	if engines < 1 {
 		return usage(fmt.Errorf("--engines must be at least 1"))

@@ -1,0 +1,62 @@
+package cluster
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// HostPlan is what bringing the cluster up does on one host, step by step.
+type HostPlan struct {
+	Host  string   `json:"host"`
+	SSH   string   `json:"ssh"` // user@address:port, and the jump host
+	Steps []string `json:"steps"`
+}
+
+// Plan lists what `evolve up -f` does, per host, for --dry-run.
+func (f *File) Plan() []HostPlan {
+	var out []HostPlan
+	o := f.Spec.Orchestrator
+	for _, h := range f.Spec.Hosts {
+		ssh := fmt.Sprintf("%s@%s:%d", h.User, h.Address, h.Port)
+		if h.Bastion != nil {
+			ssh += fmt.Sprintf(" via %s@%s:%d", or(h.Bastion.User, h.User), h.Bastion.Address, h.Bastion.Port)
+		}
+		role := h.Role
+		if role == "" {
+			role = "the planner's choice"
+		}
+		engine := h.Engine.Backend
+		if engine == "sim" {
+			engine += ", profile " + h.Engine.Profile
+		}
+		if len(h.Engine.Args) > 0 {
+			engine += ", args " + strings.Join(h.Engine.Args, " ")
+		}
+		if len(h.Engine.Env) > 0 {
+			keys := make([]string, 0, len(h.Engine.Env))
+			for k := range h.Engine.Env {
+				keys = append(keys, k)
+			}
+			sort.Strings(keys)
+			engine += ", env " + strings.Join(keys, ",")
+		}
+		steps := []string{
+			"connect over SSH, checking the host key against ~/.ssh/known_hosts",
+			"facts: OS, architecture, GPUs (nvidia-smi), free disk, free port " + fmt.Sprint(h.Engine.Port),
+			"upload the evolve binary for the host's architecture (skipped when its checksum matches)",
+			fmt.Sprintf("write the engine's config (%s; role %s) and its service", engine, role),
+			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
+		}
+		if o.Host == h.Name {
+			steps = append(steps, fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d)", o.RouterPort, o.ControlPort, o.NATSPort))
+		}
+		out = append(out, HostPlan{Host: h.Name, SSH: ssh, Steps: steps})
+	}
+	if o.Host == "local" {
+		out = append(out, HostPlan{Host: "local", SSH: "this machine", Steps: []string{
+			fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d reachable by the hosts)", o.RouterPort, o.ControlPort, o.NATSPort),
+		}})
+	}
+	return out
+}

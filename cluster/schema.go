@@ -1,0 +1,369 @@
+// Package cluster is the cluster file (cluster.yaml) and, in the phases
+// that follow, the SSH bootstrap of engines on GPU hosts.
+package cluster
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"gopkg.in/yaml.v3"
+)
+
+// APIVersion and Kind of a cluster file.
+const (
+	APIVersion = "evolve/v1"
+	Kind       = "Cluster"
+)
+
+// File is a cluster file.
+type File struct {
+	APIVersion string   `yaml:"apiVersion"`
+	Kind       string   `yaml:"kind"`
+	Metadata   Metadata `yaml:"metadata"`
+	Spec       Spec     `yaml:"spec"`
+
+	lines map[string]int // field path -> line, for errors
+	path  string
+}
+
+// Metadata names the cluster.
+type Metadata struct {
+	Name string `yaml:"name"`
+}
+
+// Spec is the cluster's hosts and orchestrator.
+type Spec struct {
+	Orchestrator Orchestrator `yaml:"orchestrator"`
+	Concurrency  int          `yaml:"concurrency"` // hosts worked on at once; default 8
+	Defaults     Host         `yaml:"defaults"`    // merged into every host
+	Hosts        []Host       `yaml:"hosts"`
+}
+
+// Orchestrator says where the orchestrator runs and on which ports.
+type Orchestrator struct {
+	Host        string `yaml:"host"` // "local" (the operator's machine) or a host's name
+	RouterPort  int    `yaml:"routerPort"`
+	ControlPort int    `yaml:"controlPort"`
+	NATSPort    int    `yaml:"natsPort"`
+	// Advertise is the address engines reach the orchestrator's NATS at;
+	// default: the address the hosts see the operator's machine at.
+	Advertise string `yaml:"advertise"`
+}
+
+// Host is one GPU host.
+type Host struct {
+	Name    string   `yaml:"name"`
+	Address string   `yaml:"address"`
+	User    string   `yaml:"user"`
+	Port    int      `yaml:"port"`
+	KeyPath string   `yaml:"keyPath"`
+	Bastion *Bastion `yaml:"bastion"`
+	GPUs    int      `yaml:"gpus"`
+	Role    string   `yaml:"role"` // initial role: prefill, decode, or empty
+	Engine  Engine   `yaml:"engine"`
+}
+
+// Bastion is a jump host.
+type Bastion struct {
+	Address string `yaml:"address"`
+	User    string `yaml:"user"`
+	Port    int    `yaml:"port"`
+	KeyPath string `yaml:"keyPath"`
+}
+
+// Engine is what runs on a host.
+type Engine struct {
+	Backend string            `yaml:"backend"` // sim or vllm
+	Profile string            `yaml:"profile"` // for sim
+	Port    int               `yaml:"port"`    // engine HTTP port; default 8100
+	Args    []string          `yaml:"args"`
+	Env     map[string]string `yaml:"env"`
+}
+
+// FieldError is a problem with one field of the file.
+type FieldError struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (e FieldError) Error() string {
+	if e.Line > 0 {
+		return fmt.Sprintf("%s:%d: %s: %s", e.File, e.Line, e.Field, e.Msg)
+	}
+	return fmt.Sprintf("%s: %s: %s", e.File, e.Field, e.Msg)
+}
+
+// Errors is every problem found in a file.
+type Errors []FieldError
+
+func (es Errors) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d problem(s) in the cluster file:", len(es))
+	for _, e := range es {
+		b.WriteString("\n  " + e.Error())
+	}
+	return b.String()
+}
+
+// Load reads and validates a cluster file.
+func Load(path string) (*File, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return Parse(path, b)
+}
+
+// Parse decodes and validates a cluster file; unknown fields and wrong
+// types are errors with their line, as is every invalid value.
+func Parse(path string, b []byte) (*File, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(b, &root); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	f := &File{lines: map[string]int{}, path: path}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	dec.KnownFields(true)
+	if err := dec.Decode(f); err != nil {
+		var te *yaml.TypeError
+		if errors.As(err, &te) {
+			var es Errors
+			for _, m := range te.Errors {
+				es = append(es, FieldError{File: path, Line: lineOf(m), Field: "schema", Msg: stripLine(m)})
+			}
+			return nil, es
+		}
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if len(root.Content) > 0 {
+		walk(root.Content[0], "", f.lines)
+	}
+	f.applyDefaults()
+	if es := f.validate(); len(es) > 0 {
+		return nil, es
+	}
+	return f, nil
+}
+
+var lineRE = regexp.MustCompile(`^line (\d+): `)
+
+func lineOf(msg string) int {
+	if m := lineRE.FindStringSubmatch(msg); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
+	}
+	return 0
+}
+
+func stripLine(msg string) string { return lineRE.ReplaceAllString(msg, "") }
+
+// walk records the line of every field path (spec.hosts[1].address).
+func walk(n *yaml.Node, path string, lines map[string]int) {
+	switch n.Kind {
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := k.Value
+			if path != "" {
+				p = path + "." + k.Value
+			}
+			lines[p] = k.Line
+			walk(v, p, lines)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			lines[p] = c.Line
+			walk(c, p, lines)
+		}
+	}
+}
+
+// applyDefaults merges spec.defaults and built-in defaults into the hosts.
+func (f *File) applyDefaults() {
+	s := &f.Spec
+	if s.Concurrency == 0 {
+		s.Concurrency = 8
+	}
+	o := &s.Orchestrator
+	if o.Host == "" {
+		o.Host = "local"
+	}
+	if o.RouterPort == 0 {
+		o.RouterPort = 8000
+	}
+	if o.ControlPort == 0 {
+		o.ControlPort = 8001
+	}
+	if o.NATSPort == 0 {
+		o.NATSPort = 4222
+	}
+	d := s.Defaults
+	for i := range s.Hosts {
+		h := &s.Hosts[i]
+		h.User = or(h.User, d.User)
+		h.KeyPath = or(h.KeyPath, d.KeyPath)
+		if h.Port == 0 {
+			h.Port = max(d.Port, 22)
+		}
+		if h.Bastion == nil {
+			h.Bastion = d.Bastion
+		}
+		if h.GPUs == 0 {
+			h.GPUs = d.GPUs
+		}
+		h.Role = or(h.Role, d.Role)
+		e := &h.Engine
+		e.Backend = or(or(e.Backend, d.Engine.Backend), "sim")
+		e.Profile = or(e.Profile, d.Engine.Profile)
+		if e.Port == 0 {
+			e.Port = max(d.Engine.Port, 8100)
+		}
+		if e.Args == nil {
+			e.Args = d.Engine.Args
+		}
+		if len(d.Engine.Env) > 0 {
+			env := map[string]string{}
+			for k, v := range d.Engine.Env {
+				env[k] = v
+			}
+			for k, v := range e.Env {
+				env[k] = v
+			}
+			e.Env = env
+		}
+		if h.Bastion != nil && h.Bastion.Port == 0 {
+			b := *h.Bastion
+			b.Port = 22
+			h.Bastion = &b
+		}
+	}
+}
+
+func or(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
+
+// validate checks every value and reports each problem with its field and
+// line.
+func (f *File) validate() Errors {
+	var es Errors
+	bad := func(field, format string, args ...any) {
+		line := f.lines[field]
+		if _, rest, ok := strings.Cut(field, "]."); line == 0 && ok && strings.HasPrefix(field, "spec.hosts[") {
+			line = f.lines["spec.defaults."+rest] // the value came from the defaults
+		}
+		for p := field; line == 0 && p != ""; {
+			// The field is absent: point at its parent.
+			i := strings.LastIndexAny(p, ".[")
+			if i < 0 {
+				break
+			}
+			p = p[:i]
+			line = f.lines[p]
+		}
+		es = append(es, FieldError{File: f.path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+	}
+	if f.APIVersion != APIVersion {
+		bad("apiVersion", "is %q; want %q", f.APIVersion, APIVersion)
+	}
+	if f.Kind != Kind {
+		bad("kind", "is %q; want %q", f.Kind, Kind)
+	}
+	if !nameRE.MatchString(f.Metadata.Name) {
+		bad("metadata.name", "%q: want a lowercase name of letters, digits, dots and dashes", f.Metadata.Name)
+	}
+	s := f.Spec
+	if s.Concurrency < 1 {
+		bad("spec.concurrency", "must be at least 1")
+	}
+	if len(s.Hosts) == 0 {
+		bad("spec.hosts", "lists no host")
+	}
+	port := func(field string, p int) {
+		if p < 1 || p > 65535 {
+			bad(field, "%d is not a port", p)
+		}
+	}
+	o := s.Orchestrator
+	port("spec.orchestrator.routerPort", o.RouterPort)
+	port("spec.orchestrator.controlPort", o.ControlPort)
+	port("spec.orchestrator.natsPort", o.NATSPort)
+	names := map[string]int{}
+	for i, h := range s.Hosts {
+		p := fmt.Sprintf("spec.hosts[%d]", i)
+		if !nameRE.MatchString(h.Name) {
+			bad(p+".name", "%q: want a lowercase name of letters, digits, dots and dashes", h.Name)
+		} else if j, dup := names[h.Name]; dup {
+			bad(p+".name", "%q is also the name of hosts[%d]", h.Name, j)
+		}
+		names[h.Name] = i
+		if h.Address == "" {
+			bad(p+".address", "is missing: the host's SSH address")
+		}
+		if h.User == "" {
+			bad(p+".user", "is missing (set it here or in spec.defaults)")
+		}
+		port(p+".port", h.Port)
+		if h.Bastion != nil {
+			if h.Bastion.Address == "" {
+				bad(p+".bastion.address", "is missing")
+			}
+			port(p+".bastion.port", h.Bastion.Port)
+		}
+		if h.GPUs < 0 {
+			bad(p+".gpus", "must not be negative")
+		}
+		switch h.Role {
+		case "", "prefill", "decode":
+		default:
+			bad(p+".role", "%q: want prefill or decode (or leave it to the planner)", h.Role)
+		}
+		e := h.Engine
+		switch e.Backend {
+		case "sim":
+			if e.Profile == "" {
+				bad(p+".engine.profile", "is missing: the sim backend needs one of %s", strings.Join(enginesim.ProfileNames(), ", "))
+			} else if !slicesContains(enginesim.ProfileNames(), e.Profile) {
+				bad(p+".engine.profile", "%q: want one of %s", e.Profile, strings.Join(enginesim.ProfileNames(), ", "))
+			}
+		case "vllm":
+			if e.Profile != "" {
+				bad(p+".engine.profile", "is for the sim backend; vllm takes its model in engine.args")
+			}
+		default:
+			bad(p+".engine.backend", "%q: want sim or vllm", e.Backend)
+		}
+		port(p+".engine.port", e.Port)
+	}
+	if o.Host != "local" {
+		if _, ok := names[o.Host]; !ok {
+			bad("spec.orchestrator.host", "%q: want local or the name of a host", o.Host)
+		}
+	}
+	sort.SliceStable(es, func(i, j int) bool { return es[i].Line < es[j].Line })
+	return es
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}

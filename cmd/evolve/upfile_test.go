@@ -1,0 +1,61 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestUpDryRunValidatesTheClusterFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "cluster.yaml")
+	write := func(s string) {
+		if err := os.WriteFile(path, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: lab}
+spec:
+  orchestrator: {host: gpu-01}
+  defaults: {user: ubuntu, engine: {profile: gb300-kimi-k2}}
+  hosts:
+    - {name: gpu-01, address: 10.0.0.11, role: prefill}
+    - {name: gpu-02, address: 10.0.0.12, bastion: {address: jump.lab}}
+`)
+	out, code := runBinOut(t, nil, "up", "-f", path, "--dry-run", "-o", "json")
+	var res struct {
+		Valid bool `json:"valid"`
+		Hosts []struct {
+			Host  string   `json:"host"`
+			SSH   string   `json:"ssh"`
+			Steps []string `json:"steps"`
+		} `json:"hosts"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || !res.Valid || len(res.Hosts) != 2 {
+		t.Fatalf("dry run: exit %d\n%s", code, out)
+	}
+	if res.Hosts[1].SSH != "ubuntu@10.0.0.12:22 via ubuntu@jump.lab:22" || !strings.Contains(strings.Join(res.Hosts[0].Steps, "\n"), "start the orchestrator") {
+		t.Fatalf("plan %+v", res.Hosts)
+	}
+	// A bad file: exit 2, every problem with its line.
+	write(`apiVersion: evolve/v2
+kind: Cluster
+metadata: {name: lab}
+spec:
+  hosts:
+    - {name: gpu-01, address: 10.0.0.11, user: u, engine: {backend: tensorrt}}
+`)
+	out, code = runBinOut(t, nil, "up", "-f", path, "--dry-run")
+	for _, want := range []string{"cluster.yaml:1: apiVersion", "cluster.yaml:6: spec.hosts[0].engine.backend", "want sim or vllm"} {
+		if code != 2 || !strings.Contains(out, want) {
+			t.Fatalf("bad file: exit %d, want %q in\n%s", code, want, out)
+		}
+	}
+	if out, code := runBinOut(t, nil, "up", "-f", filepath.Join(dir, "missing.yaml"), "--dry-run"); code != 2 || !strings.Contains(out, "no such file") {
+		t.Fatalf("missing file: exit %d %s", code, out)
+	}
+}
