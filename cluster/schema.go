@@ -68,6 +68,9 @@ type Host struct {
 	GPUs    int      `yaml:"gpus"`
 	Role    string   `yaml:"role"` // initial role: prefill, decode, or empty
 	Engine  Engine   `yaml:"engine"`
+	// Dir is where evolve keeps its files on the host (default
+	// $HOME/.local/state/evolve/engine).
+	Dir string `yaml:"dir"`
 }
 
 // Bastion is a jump host.
@@ -222,6 +225,7 @@ func (f *File) applyDefaults() {
 			h.GPUs = d.GPUs
 		}
 		h.Role = or(h.Role, d.Role)
+		h.Dir = or(h.Dir, d.Dir)
 		e := &h.Engine
 		e.Backend = or(or(e.Backend, d.Engine.Backend), "sim")
 		e.Profile = or(e.Profile, d.Engine.Profile)

@@ -1,0 +1,297 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Phases of bringing a host up, in order.
+const (
+	PhaseConnect = "connect"
+	PhaseFacts   = "facts"
+	PhaseUpload  = "upload"
+	PhaseConfig  = "config"
+	PhaseStart   = "start"
+)
+
+// Facts is what a host says about itself.
+type Facts struct {
+	OS       string `json:"os"`
+	Arch     string `json:"arch"` // Go's name: amd64, arm64
+	GPUs     int    `json:"gpus"` // per nvidia-smi; 0 without it
+	FreeDisk int64  `json:"free_disk_bytes"`
+}
+
+// HostResult is what happened on one host.
+type HostResult struct {
+	Host   string `json:"host"`
+	Phase  string `json:"phase"`  // the last phase reached
+	Action string `json:"action"` // started, restarted, unchanged, stopped, or failed
+	Upload string `json:"upload"` // uploaded, unchanged
+	Facts  Facts  `json:"facts"`
+	Error  string `json:"error,omitempty"`
+	err    error
+}
+
+// Err is the host's failure, or nil.
+func (r HostResult) Err() error { return r.err }
+
+// UpOptions configure a bring-up.
+type UpOptions struct {
+	Dial func(ctx context.Context, h Host) (Conn, error)
+	// Binary is the evolve binary to install (the running one by default),
+	// built for BinaryArch (runtime.GOARCH by default).
+	Binary     string
+	BinaryArch string
+	// NATS is the orchestrator's event plane as the hosts reach it; "" uses
+	// nats://<the address each host sees this machine at>:<natsPort>.
+	NATS string
+	// Progress is told each host's phases as they start (may be nil).
+	Progress func(host, phase, detail string)
+	Log      io.Writer // debug log (may be nil)
+}
+
+// StateDir is where a host keeps what evolve installs: the binary, the
+// engine's config and service script, its pid and logs, the config hash.
+func (h Host) StateDir() string {
+	if h.Dir != "" {
+		return h.Dir
+	}
+	return "$HOME/.local/state/evolve/engine"
+}
+
+// Up brings every host up, a limited number at once; a host that fails
+// does not stop the others. Results come in the file's host order.
+func Up(ctx context.Context, f *File, opt UpOptions) []HostResult {
+	return forEachHost(ctx, f, func(ctx context.Context, h Host) HostResult { return upHost(ctx, f, h, opt) })
+}
+
+// Down stops and removes what Up installed on every host.
+func Down(ctx context.Context, f *File, opt UpOptions) []HostResult {
+	return forEachHost(ctx, f, func(ctx context.Context, h Host) HostResult { return downHost(ctx, h, opt) })
+}
+
+func forEachHost(ctx context.Context, f *File, do func(context.Context, Host) HostResult) []HostResult {
+	out := make([]HostResult, len(f.Spec.Hosts))
+	sem := make(chan struct{}, max(1, f.Spec.Concurrency))
+	var wg sync.WaitGroup
+	for i, h := range f.Spec.Hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			out[i] = do(ctx, h)
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+func (o *UpOptions) progress(h, phase, detail string) {
+	if o.Progress != nil {
+		o.Progress(h, phase, detail)
+	}
+	if o.Log != nil {
+		fmt.Fprintf(o.Log, "%s\t%s\t%s\n", h, phase, detail)
+	}
+}
+
+func fail(r HostResult, phase string, err error) HostResult {
+	r.Phase, r.Action, r.err, r.Error = phase, "failed", err, err.Error()
+	return r
+}
+
+// upHost runs the phases on one host.
+func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
+	r := HostResult{Host: h.Name}
+	opt.progress(h.Name, PhaseConnect, fmt.Sprintf("%s@%s:%d", h.User, h.Address, h.Port))
+	c, err := opt.Dial(ctx, h)
+	if err != nil {
+		return fail(r, PhaseConnect, err)
+	}
+	defer c.Close()
+	dir := h.StateDir()
+
+	opt.progress(h.Name, PhaseFacts, "")
+	if r.Facts, err = facts(ctx, c, dir); err != nil {
+		return fail(r, PhaseFacts, err)
+	}
+	want := opt.BinaryArch
+	if want == "" {
+		want = runtime.GOARCH
+	}
+	switch {
+	case r.Facts.OS != "linux":
+		return fail(r, PhaseFacts, fmt.Errorf("the host runs %s; evolve engines run on linux", r.Facts.OS))
+	case r.Facts.Arch != want:
+		return fail(r, PhaseFacts, fmt.Errorf("the host is linux/%s and the binary is linux/%s: build one with GOOS=linux GOARCH=%s go build ./cmd/evolve and pass it with --binary", r.Facts.Arch, want, r.Facts.Arch))
+	case h.Engine.Backend != "sim":
+		return fail(r, PhaseFacts, fmt.Errorf("engine backend %s: this evolve build runs the sim backend only", h.Engine.Backend))
+	case h.GPUs > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < h.GPUs:
+		return fail(r, PhaseFacts, fmt.Errorf("the file says %d GPUs, nvidia-smi sees %d", h.GPUs, r.Facts.GPUs))
+	}
+
+	// Upload, unless the host has this binary already.
+	opt.progress(h.Name, PhaseUpload, "")
+	bin, err := os.ReadFile(opt.Binary)
+	if err != nil {
+		return fail(r, PhaseUpload, fmt.Errorf("read the binary: %w", err))
+	}
+	sum := sha256.Sum256(bin)
+	binSum := hex.EncodeToString(sum[:])
+	remote, _ := c.Run(ctx, fmt.Sprintf("sha256sum %s/bin/evolve 2>/dev/null | cut -d' ' -f1", dir))
+	r.Upload = "unchanged"
+	if strings.TrimSpace(remote) != binSum {
+		home, err := c.Run(ctx, "printf %s "+dir)
+		if err != nil {
+			return fail(r, PhaseUpload, err)
+		}
+		if err := c.Upload(ctx, bytes.NewReader(bin), strings.TrimSpace(home)+"/bin/evolve", 0o755); err != nil {
+			return fail(r, PhaseUpload, err)
+		}
+		r.Upload = "uploaded"
+	}
+
+	// The engine's service: a supervisor script that restarts it, its
+	// environment, and a hash of both with the binary's.
+	opt.progress(h.Name, PhaseConfig, "")
+	nats := opt.NATS
+	if nats == "" {
+		addr := c.LocalAddr()
+		if addr == "" {
+			return fail(r, PhaseConfig, fmt.Errorf("cannot tell the address this host reaches the orchestrator at (a bastion hides it): set spec.orchestrator.advertise"))
+		}
+		nats = fmt.Sprintf("nats://%s:%d", addr, f.Spec.Orchestrator.NATSPort)
+	}
+	script := engineScript(h, dir, nats)
+	hash := sha256.Sum256([]byte(binSum + "\n" + script))
+	cfgHash := hex.EncodeToString(hash[:])
+	old, _ := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", dir))
+	running := isRunning(ctx, c, dir)
+	if strings.TrimSpace(old) == cfgHash && running {
+		r.Phase, r.Action = PhaseStart, "unchanged"
+		opt.progress(h.Name, PhaseStart, "unchanged")
+		return r
+	}
+	write := fmt.Sprintf("mkdir -p %[1]s && cat > %[1]s/run.sh.new <<'EVOLVE_EOF'\n%[2]sEVOLVE_EOF\nchmod 755 %[1]s/run.sh.new && mv %[1]s/run.sh.new %[1]s/run.sh", dir, script)
+	if _, err := c.Run(ctx, write); err != nil {
+		return fail(r, PhaseConfig, err)
+	}
+
+	opt.progress(h.Name, PhaseStart, "")
+	r.Action = "started"
+	if running {
+		r.Action = "restarted"
+		if _, err := c.Run(ctx, stopCommand(dir)); err != nil {
+			return fail(r, PhaseStart, fmt.Errorf("stop the old engine: %w", err))
+		}
+	}
+	start := fmt.Sprintf("cd %[1]s && nohup setsid ./run.sh >> %[1]s/engine.log 2>&1 < /dev/null & echo $! > %[1]s/supervisor.pid && echo %[2]s > %[1]s/config.hash", dir, cfgHash)
+	if _, err := c.Run(ctx, start); err != nil {
+		return fail(r, PhaseStart, err)
+	}
+	r.Phase = PhaseStart
+	opt.progress(h.Name, PhaseStart, r.Action)
+	return r
+}
+
+// engineScript is the supervisor: it runs the engine, and again a second
+// after it exits, until it is stopped.
+func engineScript(h Host, dir, nats string) string {
+	args := []string{"engine", "--nats", nats, "--id", h.Name,
+		"--listen", "0.0.0.0:" + strconv.Itoa(h.Engine.Port),
+		"--advertise", fmt.Sprintf("http://%s:%d", h.Address, h.Engine.Port),
+		"--profile", h.Engine.Profile, "--log-format", "json"}
+	if h.Role != "" {
+		args = append(args, "--role", h.Role)
+	}
+	args = append(args, h.Engine.Args...)
+	var b strings.Builder
+	b.WriteString("#!/bin/sh\n# Written by evolve up: the engine of host " + h.Name + ", restarted when it exits.\n")
+	keys := make([]string, 0, len(h.Engine.Env))
+	for k := range h.Engine.Env {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		fmt.Fprintf(&b, "export %s=%s\n", k, shellQuote(h.Engine.Env[k]))
+	}
+	fmt.Fprintf(&b, "trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT\n")
+	fmt.Fprintf(&b, "while true; do\n  %s/bin/evolve", dir)
+	for _, a := range args {
+		b.WriteString(" " + shellQuote(a))
+	}
+	fmt.Fprintf(&b, " &\n  child=$!\n  echo $child > %s/engine.pid\n  wait $child\n  sleep 1\ndone\n", dir)
+	return b.String()
+}
+
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,@") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
+func isRunning(ctx context.Context, c Conn, dir string) bool {
+	out, err := c.Run(ctx, fmt.Sprintf("kill -0 $(cat %s/supervisor.pid 2>/dev/null) 2>/dev/null && echo yes", dir))
+	return err == nil && strings.TrimSpace(out) == "yes"
+}
+
+// stopCommand stops the supervisor (which stops the engine: it drains).
+func stopCommand(dir string) string {
+	return fmt.Sprintf(`p=$(cat %[1]s/supervisor.pid 2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then kill $p; for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; kill -9 $p 2>/dev/null; fi; e=$(cat %[1]s/engine.pid 2>/dev/null); [ -n "$e" ] && kill -9 $e 2>/dev/null; rm -f %[1]s/supervisor.pid %[1]s/engine.pid; true`, dir)
+}
+
+// facts asks the host what it is.
+func facts(ctx context.Context, c Conn, dir string) (Facts, error) {
+	out, err := c.Run(ctx, fmt.Sprintf(`uname -s; uname -m; (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -c GPU) || echo 0; mkdir -p %s && df -Pk %s | tail -1 | awk '{print $4}'`, dir, dir))
+	if err != nil {
+		return Facts{}, err
+	}
+	l := strings.Fields(out)
+	if len(l) < 4 {
+		return Facts{}, fmt.Errorf("unexpected answer to the facts probe: %q", out)
+	}
+	f := Facts{OS: strings.ToLower(l[0])}
+	switch l[1] {
+	case "x86_64", "amd64":
+		f.Arch = "amd64"
+	case "aarch64", "arm64":
+		f.Arch = "arm64"
+	default:
+		f.Arch = l[1]
+	}
+	f.GPUs, _ = strconv.Atoi(l[2])
+	kb, _ := strconv.ParseInt(l[3], 10, 64)
+	f.FreeDisk = kb * 1024
+	return f, nil
+}
+
+// downHost stops the engine and removes what upHost installed.
+func downHost(ctx context.Context, h Host, opt UpOptions) HostResult {
+	r := HostResult{Host: h.Name}
+	opt.progress(h.Name, PhaseConnect, "")
+	c, err := opt.Dial(ctx, h)
+	if err != nil {
+		return fail(r, PhaseConnect, err)
+	}
+	defer c.Close()
+	dir := h.StateDir()
+	opt.progress(h.Name, PhaseStart, "stopping")
+	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/config.hash %[1]s/engine.log && rmdir %[1]s 2>/dev/null; true", dir)); err != nil {
+		return fail(r, PhaseStart, err)
+	}
+	r.Phase, r.Action = PhaseStart, "stopped"
+	return r
+}

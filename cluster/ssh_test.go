@@ -1,0 +1,97 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+func TestSSHChecksHostKeysRunsAndUploads(t *testing.T) {
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "id_ed25519")
+	s := startSSHD(t, newKey(t, keyPath))
+	kh := filepath.Join(dir, "known_hosts")
+	h := Host{Name: "h1", Address: "127.0.0.1", Port: s.port, User: "root", KeyPath: keyPath}
+	ctx := context.Background()
+	t.Setenv("SSH_AUTH_SOCK", "")
+
+	// Unknown host: refused, nothing recorded, and the message says how
+	// to check and accept it.
+	_, err := DialSSH(ctx, h, SSHOptions{KnownHosts: kh})
+	var he *HostKeyError
+	if !errors.As(err, &he) || !he.Unknown || !strings.Contains(err.Error(), "--accept-new-host-keys") {
+		t.Fatalf("unknown host: %v", err)
+	}
+	if b, _ := os.ReadFile(kh); len(b) != 0 {
+		t.Fatalf("known_hosts written without consent: %s", b)
+	}
+	// Trust on first use, when asked: the key is recorded.
+	c, err := DialSSH(ctx, h, SSHOptions{KnownHosts: kh, AcceptNewHostKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := os.ReadFile(kh); !strings.Contains(string(b), strings.TrimSpace(s.knownHostsLine())) {
+		t.Fatalf("known_hosts after accepting: %q, want %q", b, s.knownHostsLine())
+	}
+	out, err := c.Run(ctx, "echo hello; echo to-stderr >&2")
+	if err != nil || out != "hello\n" {
+		t.Fatalf("run: %q %v", out, err)
+	}
+	if _, err := c.Run(ctx, "echo broken >&2; exit 3"); err == nil || !strings.Contains(err.Error(), "broken") {
+		t.Fatalf("a failing command: %v", err)
+	}
+	target := filepath.Join(dir, "remote", "sub", "file")
+	if err := c.Upload(ctx, strings.NewReader("payload"), target, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(target); err != nil || string(b) != "payload" {
+		t.Fatalf("uploaded %q %v", b, err)
+	}
+	if fi, _ := os.Stat(target); fi.Mode().Perm() != 0o750 {
+		t.Fatalf("mode %v", fi.Mode())
+	}
+	if c.LocalAddr() != "127.0.0.1" {
+		t.Fatalf("local address %q", c.LocalAddr())
+	}
+	c.Close()
+
+	// A changed key fails hard, naming both fingerprints and the fix, even
+	// with --accept-new-host-keys.
+	other := startSSHD(t, newKey(t, filepath.Join(dir, "unused")))
+	line := strings.Replace(other.knownHostsLine(), "]:"+itoa(other.port), "]:"+itoa(s.port), 1)
+	os.WriteFile(kh, []byte(line+"\n"), 0o600)
+	_, err = DialSSH(ctx, h, SSHOptions{KnownHosts: kh, AcceptNewHostKeys: true})
+	if !errors.As(err, &he) || he.Unknown || !strings.Contains(err.Error(), "MISMATCH") || !strings.Contains(err.Error(), "ssh-keygen -R") || he.Got == he.Want {
+		t.Fatalf("changed key: %v", err)
+	}
+}
+
+// A host behind a bastion: the connection hops through it.
+func TestSSHThroughABastion(t *testing.T) {
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "id_ed25519")
+	pub := newKey(t, keyPath)
+	jump, target := startSSHD(t, pub), startSSHD(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(jump.knownHostsLine()+"\n"+target.knownHostsLine()+"\n"), 0o600)
+	t.Setenv("SSH_AUTH_SOCK", "")
+	h := Host{Name: "h", Address: "127.0.0.1", Port: target.port, User: "root", KeyPath: keyPath,
+		Bastion: &Bastion{Address: "127.0.0.1", Port: jump.port}}
+	c, err := DialSSH(context.Background(), h, SSHOptions{KnownHosts: kh})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, err := c.Run(context.Background(), "echo via"); err != nil || out != "via\n" {
+		t.Fatalf("%q %v", out, err)
+	}
+	if c.LocalAddr() != "" {
+		t.Fatal("behind a bastion the host's view of this machine is unknown")
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

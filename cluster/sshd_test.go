@@ -1,0 +1,112 @@
+package cluster
+
+import (
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/knownhosts"
+)
+
+// sshd is a real OpenSSH server on a loopback port, standing for a host:
+// its own host key, its own directory, key authentication only.
+type sshd struct {
+	port    int
+	dir     string
+	hostKey ssh.PublicKey
+}
+
+// newKey writes an ed25519 private key in OpenSSH format and returns its
+// public half.
+func newKey(t *testing.T, path string) ssh.PublicKey {
+	t.Helper()
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := ssh.NewPublicKey(pub)
+	return p
+}
+
+// startSSHD starts sshd accepting clientKey; it is stopped at the test's
+// end. Tests that need it skip where OpenSSH's server is not installed
+// (.ci/run installs it).
+func startSSHD(t *testing.T, clientKey ssh.PublicKey) *sshd {
+	t.Helper()
+	bin := "/usr/sbin/sshd"
+	if _, err := os.Stat(bin); err != nil {
+		t.Skip("OpenSSH server not installed (.ci/run installs openssh-server)")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("sshd for the tests runs as root, as in CI")
+	}
+	os.MkdirAll("/run/sshd", 0o755) // its privilege separation directory
+	dir := t.TempDir()
+	s := &sshd{dir: dir, hostKey: newKey(t, filepath.Join(dir, "host_key"))}
+	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), ssh.MarshalAuthorizedKey(clientKey), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.port = l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	cfg := fmt.Sprintf(`Port %d
+ListenAddress 127.0.0.1
+HostKey %s/host_key
+PidFile %s/sshd.pid
+AuthorizedKeysFile %s/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PubkeyAuthentication yes
+UsePAM no
+PermitRootLogin prohibit-password
+StrictModes no
+AllowTcpForwarding yes
+Subsystem sftp internal-sftp
+LogLevel ERROR
+`, s.port, dir, dir, dir)
+	if err := os.WriteFile(filepath.Join(dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-D", "-e", "-f", filepath.Join(dir, "sshd_config"))
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.port))
+		if err == nil {
+			c.Close()
+			return s
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("sshd did not start: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// knownHostsLine is the known_hosts line for s.
+func (s *sshd) knownHostsLine() string {
+	return knownhosts.Line([]string{knownhosts.Normalize("127.0.0.1:" + strconv.Itoa(s.port))}, s.hostKey)
+}
