@@ -54,8 +54,10 @@ type UpOptions struct {
 	Binary     string
 	BinaryArch string
 	// NATS is the orchestrator's event plane as the hosts reach it; "" uses
-	// nats://<the address each host sees this machine at>:<natsPort>.
-	NATS string
+	// nats://<the address each host sees this machine at>:NATSPort (the
+	// file's natsPort when 0).
+	NATS     string
+	NATSPort int
 	// Progress is told each host's phases as they start (may be nil).
 	Progress func(host, phase, detail string)
 	Log      io.Writer // debug log (may be nil)
@@ -106,6 +108,9 @@ func (o *UpOptions) progress(h, phase, detail string) {
 		fmt.Fprintf(o.Log, "%s\t%s\t%s\n", h, phase, detail)
 	}
 }
+
+// Failed marks a result failed in phase with err.
+func Failed(r HostResult, phase string, err error) HostResult { return fail(r, phase, err) }
 
 func fail(r HostResult, phase string, err error) HostResult {
 	r.Phase, r.Action, r.err, r.Error = phase, "failed", err, err.Error()
@@ -172,7 +177,11 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		if addr == "" {
 			return fail(r, PhaseConfig, fmt.Errorf("cannot tell the address this host reaches the orchestrator at (a bastion hides it): set spec.orchestrator.advertise"))
 		}
-		nats = fmt.Sprintf("nats://%s:%d", addr, f.Spec.Orchestrator.NATSPort)
+		port := opt.NATSPort
+		if port == 0 {
+			port = f.Spec.Orchestrator.NATSPort
+		}
+		nats = fmt.Sprintf("nats://%s:%d", addr, port)
 	}
 	script := engineScript(h, dir, nats)
 	hash := sha256.Sum256([]byte(binSum + "\n" + script))
@@ -197,7 +206,9 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 			return fail(r, PhaseStart, fmt.Errorf("stop the old engine: %w", err))
 		}
 	}
-	start := fmt.Sprintf("cd %[1]s && nohup setsid ./run.sh >> %[1]s/engine.log 2>&1 < /dev/null & echo $! > %[1]s/supervisor.pid && echo %[2]s > %[1]s/config.hash", dir, cfgHash)
+	// Only the supervisor goes to the background, its descriptors off the
+	// SSH session, so that the session ends at once.
+	start := fmt.Sprintf("cd %[1]s && { nohup setsid ./run.sh >> %[1]s/engine.log 2>&1 < /dev/null & echo $! > %[1]s/supervisor.pid; } && echo %[2]s > %[1]s/config.hash", dir, cfgHash)
 	if _, err := c.Run(ctx, start); err != nil {
 		return fail(r, PhaseStart, err)
 	}

@@ -90,6 +90,16 @@ type Engine struct {
 	Env     map[string]string `yaml:"env"`
 }
 
+// Host returns the host named name (the zero Host if none).
+func (f *File) Host(name string) Host {
+	for _, h := range f.Spec.Hosts {
+		if h.Name == name {
+			return h
+		}
+	}
+	return Host{}
+}
+
 // FieldError is a problem with one field of the file.
 type FieldError struct {
 	File  string

@@ -8,14 +8,16 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/evolvellm/evolve/cluster/sshtest"
 )
 
 func TestSSHChecksHostKeysRunsAndUploads(t *testing.T) {
 	dir := t.TempDir()
 	keyPath := filepath.Join(dir, "id_ed25519")
-	s := startSSHD(t, newKey(t, keyPath))
+	s := sshtest.Start(t, sshtest.NewKey(t, keyPath))
 	kh := filepath.Join(dir, "known_hosts")
-	h := Host{Name: "h1", Address: "127.0.0.1", Port: s.port, User: "root", KeyPath: keyPath}
+	h := Host{Name: "h1", Address: "127.0.0.1", Port: s.Port, User: "root", KeyPath: keyPath}
 	ctx := context.Background()
 	t.Setenv("SSH_AUTH_SOCK", "")
 
@@ -34,8 +36,8 @@ func TestSSHChecksHostKeysRunsAndUploads(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b, _ := os.ReadFile(kh); !strings.Contains(string(b), strings.TrimSpace(s.knownHostsLine())) {
-		t.Fatalf("known_hosts after accepting: %q, want %q", b, s.knownHostsLine())
+	if b, _ := os.ReadFile(kh); !strings.Contains(string(b), strings.TrimSpace(s.KnownHostsLine())) {
+		t.Fatalf("known_hosts after accepting: %q, want %q", b, s.KnownHostsLine())
 	}
 	out, err := c.Run(ctx, "echo hello; echo to-stderr >&2")
 	if err != nil || out != "hello\n" {
@@ -61,8 +63,8 @@ func TestSSHChecksHostKeysRunsAndUploads(t *testing.T) {
 
 	// A changed key fails hard, naming both fingerprints and the fix, even
 	// with --accept-new-host-keys.
-	other := startSSHD(t, newKey(t, filepath.Join(dir, "unused")))
-	line := strings.Replace(other.knownHostsLine(), "]:"+itoa(other.port), "]:"+itoa(s.port), 1)
+	other := sshtest.Start(t, sshtest.NewKey(t, filepath.Join(dir, "unused")))
+	line := strings.Replace(other.KnownHostsLine(), "]:"+itoa(other.Port), "]:"+itoa(s.Port), 1)
 	os.WriteFile(kh, []byte(line+"\n"), 0o600)
 	_, err = DialSSH(ctx, h, SSHOptions{KnownHosts: kh, AcceptNewHostKeys: true})
 	if !errors.As(err, &he) || he.Unknown || !strings.Contains(err.Error(), "MISMATCH") || !strings.Contains(err.Error(), "ssh-keygen -R") || he.Got == he.Want {
@@ -74,13 +76,13 @@ func TestSSHChecksHostKeysRunsAndUploads(t *testing.T) {
 func TestSSHThroughABastion(t *testing.T) {
 	dir := t.TempDir()
 	keyPath := filepath.Join(dir, "id_ed25519")
-	pub := newKey(t, keyPath)
-	jump, target := startSSHD(t, pub), startSSHD(t, pub)
+	pub := sshtest.NewKey(t, keyPath)
+	jump, target := sshtest.Start(t, pub), sshtest.Start(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(jump.knownHostsLine()+"\n"+target.knownHostsLine()+"\n"), 0o600)
+	os.WriteFile(kh, []byte(jump.KnownHostsLine()+"\n"+target.KnownHostsLine()+"\n"), 0o600)
 	t.Setenv("SSH_AUTH_SOCK", "")
-	h := Host{Name: "h", Address: "127.0.0.1", Port: target.port, User: "root", KeyPath: keyPath,
-		Bastion: &Bastion{Address: "127.0.0.1", Port: jump.port}}
+	h := Host{Name: "h", Address: "127.0.0.1", Port: target.Port, User: "root", KeyPath: keyPath,
+		Bastion: &Bastion{Address: "127.0.0.1", Port: jump.Port}}
 	c, err := DialSSH(context.Background(), h, SSHOptions{KnownHosts: kh})
 	if err != nil {
 		t.Fatal(err)

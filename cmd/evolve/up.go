@@ -119,6 +119,9 @@ field and line of every problem, and prints what would be done per host.`,
 	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")
 	f.StringP("file", "f", "", "bring up the GPU hosts of this cluster file over SSH (see 'evolve up --help')")
 	f.Bool("dry-run", false, "with -f: validate the cluster file and print what would be done on each host")
+	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
+	f.Bool("accept-new-host-keys", false, "with -f: trust hosts seen for the first time and record their keys (a changed key always fails)")
+	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one; another for hosts of another architecture)")
 	addPlannerFlags(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd
@@ -412,13 +415,23 @@ func tail(path string, n int) string {
 }
 
 func newDownCmd() *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "down",
-		Short: "Stop the local cluster started by 'evolve up --detach'",
+		Short: "Stop the local cluster, or with -f the hosts of a cluster file",
 		Long: `Stop the local cluster: the engines drain and stop, then the orchestrator.
-Nothing is left running. With no local cluster it says so and succeeds.`,
+Nothing is left running. With no local cluster it says so and succeeds.
+
+With -f cluster.yaml it stops the engines that 'evolve up -f' started on
+the hosts over SSH and removes what it installed there, then stops the
+orchestrator it started on this machine. It asks first on a terminal;
+--yes answers for scripts.`,
+		Example: `  evolve down
+  evolve down -f cluster.yaml --yes`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file := config.GetString("down.file"); file != "" {
+				return downFromFile(cmd, file, config.GetBool("down.yes"))
+			}
 			st, err := readLocalState()
 			if errors.Is(err, os.ErrNotExist) {
 				fmt.Fprintln(cmd.ErrOrStderr(), "no local cluster is running")
@@ -433,4 +446,10 @@ Nothing is left running. With no local cluster it says so and succeeds.`,
 			return nil
 		},
 	}
+	f := cmd.Flags()
+	f.StringP("file", "f", "", "stop the hosts of this cluster file (see 'evolve up --help')")
+	f.Bool("yes", false, "with -f: do not ask for confirmation")
+	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
+	addOutputFlag(cmd, "with -f: table or json")
+	return cmd
 }

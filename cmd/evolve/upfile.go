@@ -1,37 +1,349 @@
 package main
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/evolvellm/evolve/cluster"
 	"github.com/spf13/cobra"
 )
 
-// upFromFile brings up the hosts of a cluster file. Only --dry-run is
-// built so far: the SSH phases are the next step of the bootstrap work.
-func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
+// fileClusterState is what `evolve up -f` keeps on the operator's machine
+// (0600, under $XDG_STATE_HOME/evolve/clusters/NAME): the orchestrator it
+// started and how to reach it.
+type fileClusterState struct {
+	Name         string    `json:"name"`
+	File         string    `json:"file"`
+	Orchestrator int       `json:"orchestrator_pid"`
+	RouterURL    string    `json:"router_url"`
+	ControlURL   string    `json:"control_url"`
+	NATSURL      string    `json:"nats_url"`
+	ControlToken string    `json:"control_token"`
+	Started      time.Time `json:"started"`
+}
+
+func clusterDir(name string) string { return filepath.Join(stateDir(), "clusters", name) }
+
+func readClusterState(name string) (*fileClusterState, error) {
+	b, err := os.ReadFile(filepath.Join(clusterDir(name), "state.json"))
+	if err != nil {
+		return nil, err
+	}
+	var st fileClusterState
+	return &st, json.Unmarshal(b, &st)
+}
+
+func writeClusterState(st *fileClusterState) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	p := filepath.Join(clusterDir(st.Name), "state.json")
+	if err := os.WriteFile(p+".tmp", b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(p+".tmp", p)
+}
+
+// upOutput is what `evolve up -f -o json` prints. Names are stable.
+type upOutput struct {
+	Cluster    string               `json:"cluster"`
+	RouterURL  string               `json:"router_url"`
+	ControlURL string               `json:"control_url"`
+	TokenFile  string               `json:"control_token_file"`
+	Hosts      []cluster.HostResult `json:"hosts"`
+	Failed     int                  `json:"failed"`
+	DebugLog   string               `json:"debug_log"`
+}
+
+func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
 	f, err := cluster.Load(path)
 	if err != nil {
 		var es cluster.Errors
 		if errors.As(err, &es) {
-			return usageError{cmd: cmd.CommandPath(), err: err}
+			return nil, usageError{cmd: cmd.CommandPath(), err: err}
 		}
-		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("cluster file: %w", err)}
+		return nil, usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("cluster file: %w", err)}
 	}
-	if !dryRun {
-		return fmt.Errorf("%s is valid, but bringing hosts up over SSH is not built yet: 'evolve up -f %s --dry-run' shows the plan", path, path)
+	if f.Spec.Orchestrator.Host != "local" {
+		return nil, usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("spec.orchestrator.host %q: this evolve runs the orchestrator on the operator's machine only (host: local)", f.Spec.Orchestrator.Host)}
 	}
-	plan := f.Plan()
-	out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": plan}
-	return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
-		fmt.Fprintf(w, "%s: cluster %s, %d hosts, valid\n", path, f.Metadata.Name, len(f.Spec.Hosts))
-		for _, h := range plan {
-			fmt.Fprintf(w, "\n%s (%s)\n", h.Host, h.SSH)
-			for i, s := range h.Steps {
-				fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+	return f, nil
+}
+
+// upFromFile brings up the hosts of a cluster file over SSH, with the
+// orchestrator on this machine.
+func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
+	f, err := loadClusterFile(cmd, path)
+	if err != nil {
+		return err
+	}
+	if dryRun {
+		plan := f.Plan()
+		out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": plan}
+		return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+			fmt.Fprintf(w, "%s: cluster %s, %d hosts, valid\n", path, f.Metadata.Name, len(f.Spec.Hosts))
+			for _, h := range plan {
+				fmt.Fprintf(w, "\n%s (%s)\n", h.Host, h.SSH)
+				for i, s := range h.Steps {
+					fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+				}
+			}
+		})
+	}
+	key := func(k string) string { return "up." + k }
+	errw := cmd.ErrOrStderr()
+	dir := clusterDir(f.Metadata.Name)
+	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o700); err != nil {
+		return err
+	}
+	debugPath := filepath.Join(dir, "logs", "up-"+time.Now().Format("20060102-150405")+".log")
+	debug, err := os.OpenFile(debugPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer debug.Close()
+	fmt.Fprintf(errw, "bringing up cluster %s (%d hosts); debug log %s\n", f.Metadata.Name, len(f.Spec.Hosts), debugPath)
+
+	st, err := ensureOrchestrator(cmd, f, path, dir, debug)
+	if err != nil {
+		return err
+	}
+	exe := config.GetString(key("binary"))
+	if exe == "" {
+		if exe, err = os.Executable(); err != nil {
+			return err
+		}
+	}
+	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString(key("known-hosts")), AcceptNewHostKeys: config.GetBool(key("accept-new-host-keys"))}
+	var mu sync.Mutex
+	opt := cluster.UpOptions{
+		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
+			return cluster.DialSSH(ctx, h, sshOpt)
+		},
+		Binary: exe, Log: lockedWriter{&mu, debug},
+		Progress: func(h, phase, detail string) {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(errw, "%-16s %-8s %s\n", h, phase, detail)
+		},
+	}
+	// Engines reach the orchestrator that runs (a re-run keeps the one it
+	// finds, on the ports it has).
+	if u, err := url.Parse(st.NATSURL); err == nil {
+		opt.NATSPort, _ = strconv.Atoi(u.Port())
+	}
+	if a := f.Spec.Orchestrator.Advertise; a != "" {
+		opt.NATS = fmt.Sprintf("nats://%s:%d", a, opt.NATSPort)
+	}
+	ctx := cmd.Context()
+	res := cluster.Up(ctx, f, opt)
+
+	// Wait until every engine that started has registered and serves.
+	var want []string
+	for _, r := range res {
+		if r.Err() == nil {
+			want = append(want, r.Host)
+		}
+	}
+	c := &controlClient{base: st.ControlURL, token: st.ControlToken, http: newHTTPClient(5 * time.Second)}
+	deadline := time.Now().Add(config.GetDuration(key("timeout")))
+	for len(want) > 0 {
+		var nodes []struct{ ID, State string }
+		serving := map[string]bool{}
+		if c.do(ctx, "GET", "/api/v1/nodes", nil, &nodes) == nil {
+			for _, n := range nodes {
+				serving[n.ID] = n.State == "serving"
 			}
 		}
+		left := want[:0:0]
+		for _, h := range want {
+			if !serving[h] {
+				left = append(left, h)
+			}
+		}
+		if len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for i := range res {
+				for _, h := range left {
+					if res[i].Host == h {
+						res[i] = cluster.Failed(res[i], "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", config.GetDuration(key("timeout")), f.Host(h).StateDir()))
+					}
+				}
+			}
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	out := upOutput{Cluster: f.Metadata.Name, RouterURL: st.RouterURL, ControlURL: st.ControlURL,
+		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath}
+	var failed []cluster.HostResult
+	for _, r := range res {
+		fmt.Fprintf(debug, "result %s: %s (phase %s) %s\n", r.Host, r.Action, r.Phase, r.Error)
+		if r.Err() != nil {
+			failed = append(failed, r)
+		}
+	}
+	out.Failed = len(failed)
+	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprintf(w, "cluster %s: router %s, control %s (token in %s)\n\n", out.Cluster, out.RouterURL, out.ControlURL, out.TokenFile)
+		fmt.Fprintln(w, "HOST\tRESULT\tBINARY\tARCH\tGPUS")
+		for _, r := range res {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\n", r.Host, r.Action, r.Upload, r.Facts.Arch, r.Facts.GPUs)
+		}
+	}); err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		var b strings.Builder
+		fmt.Fprintf(&b, "failed on %d host", len(failed))
+		if len(failed) > 1 {
+			b.WriteString("s")
+		}
+		b.WriteString(":")
+		for _, r := range failed {
+			fmt.Fprintf(&b, "\n  %s: %s: %s", r.Host, r.Phase, r.Error)
+		}
+		fmt.Fprintf(&b, "\n(debug log: %s)", debugPath)
+		if len(failed) < len(res) {
+			return exitCodeError{code: 3, err: errors.New(b.String())}
+		}
+		return errors.New(b.String())
+	}
+	return nil
+}
+
+// ensureOrchestrator starts the cluster's orchestrator on this machine
+// unless it runs already (a re-run converges).
+func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, error) {
+	if st, err := readClusterState(f.Metadata.Name); err == nil && alive(st.Orchestrator) {
+		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
+		return st, nil
+	}
+	tok := make([]byte, 24)
+	if _, err := rand.Read(tok); err != nil {
+		return nil, err
+	}
+	st := &fileClusterState{Name: f.Metadata.Name, File: path, ControlToken: hex.EncodeToString(tok), Started: time.Now()}
+	if abs, err := filepath.Abs(path); err == nil {
+		st.File = abs
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	o := f.Spec.Orchestrator
+	ready := filepath.Join(dir, "orchestrator.ready")
+	os.Remove(ready)
+	logPath := filepath.Join(dir, "logs", "orchestrator.log")
+	p, err := startChild(exe, logPath, true, "orchestrator",
+		"--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort), "--control-addr", fmt.Sprintf("127.0.0.1:%d", o.ControlPort),
+		"--token", st.ControlToken, "--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
+		"--ready-file", ready, "--log-format", "json")
+	if err != nil {
+		return nil, err
+	}
+	st.Orchestrator = p.Process.Pid
+	deadline := time.Now().Add(30 * time.Second)
+	var info readyInfo
+	for {
+		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &info) == nil {
+			break
+		}
+		if !alive(p.Process.Pid) || time.Now().After(deadline) {
+			return nil, fmt.Errorf("the orchestrator did not start:\n%s", tail(logPath, 10))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	// Listening on every interface, they report the wildcard address; say
+	// one that clients can use.
+	host := o.Advertise
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	for _, u := range []*string{&info.RouterURL, &info.NATSURL} {
+		*u = strings.NewReplacer("[::]", host, "0.0.0.0", host).Replace(*u)
+	}
+	st.RouterURL, st.ControlURL, st.NATSURL = info.RouterURL, info.ControlURL, info.NATSURL
+	fmt.Fprintf(cmd.ErrOrStderr(), "orchestrator started on this machine: router %s (log %s)\n", st.RouterURL, logPath)
+	return st, writeClusterState(st)
+}
+
+// downFromFile stops the engines of a cluster file's hosts and removes
+// what up installed, then stops the orchestrator up started here.
+func downFromFile(cmd *cobra.Command, path string, yes bool) error {
+	f, err := loadClusterFile(cmd, path)
+	if err != nil {
+		return err
+	}
+	errw := cmd.ErrOrStderr()
+	if !yes {
+		if fi, err := os.Stdin.Stat(); err != nil || fi.Mode()&os.ModeCharDevice == 0 {
+			return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("stopping cluster %s on %d hosts needs --yes when not asked on a terminal", f.Metadata.Name, len(f.Spec.Hosts))}
+		}
+		fmt.Fprintf(errw, "stop cluster %s: the engines on %d hosts and the orchestrator, and remove what evolve installed? [y/N] ", f.Metadata.Name, len(f.Spec.Hosts))
+		var answer string
+		fmt.Fscanln(os.Stdin, &answer)
+		if answer != "y" && answer != "Y" && answer != "yes" {
+			return errors.New("cancelled")
+		}
+	}
+	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString("down.known-hosts")}
+	var mu sync.Mutex
+	res := cluster.Down(cmd.Context(), f, cluster.UpOptions{
+		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
+			return cluster.DialSSH(ctx, h, sshOpt)
+		},
+		Progress: func(h, phase, detail string) {
+			mu.Lock()
+			defer mu.Unlock()
+			fmt.Fprintf(errw, "%-16s %-8s %s\n", h, phase, detail)
+		},
 	})
+	if st, err := readClusterState(f.Metadata.Name); err == nil {
+		stopPIDs(errw, []int{st.Orchestrator}, nil, 15*time.Second)
+		os.Remove(filepath.Join(clusterDir(f.Metadata.Name), "state.json"))
+		os.RemoveAll(filepath.Join(clusterDir(f.Metadata.Name), "nats"))
+	}
+	var failed []string
+	for _, r := range res {
+		if r.Err() != nil {
+			failed = append(failed, fmt.Sprintf("  %s: %s: %s", r.Host, r.Phase, r.Error))
+		}
+	}
+	if err := output(cmd, map[string]any{"cluster": f.Metadata.Name, "hosts": res, "failed": len(failed)}, func(w *tabwriter.Writer, _ bool) {
+		for _, r := range res {
+			fmt.Fprintf(w, "%s\t%s\n", r.Host, r.Action)
+		}
+	}); err != nil {
+		return err
+	}
+	if len(failed) > 0 {
+		return exitCodeError{code: 3, err: fmt.Errorf("failed on %d hosts:\n%s", len(failed), strings.Join(failed, "\n"))}
+	}
+	return nil
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

@@ -20,7 +20,6 @@ func TestUpDryRunValidatesTheClusterFile(t *testing.T) {
 kind: Cluster
 metadata: {name: lab}
 spec:
-  orchestrator: {host: gpu-01}
   defaults: {user: ubuntu, engine: {profile: gb300-kimi-k2}}
   hosts:
     - {name: gpu-01, address: 10.0.0.11, role: prefill}
@@ -35,10 +34,10 @@ spec:
 			Steps []string `json:"steps"`
 		} `json:"hosts"`
 	}
-	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || !res.Valid || len(res.Hosts) != 2 {
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || !res.Valid || len(res.Hosts) != 3 {
 		t.Fatalf("dry run: exit %d\n%s", code, out)
 	}
-	if res.Hosts[1].SSH != "ubuntu@10.0.0.12:22 via ubuntu@jump.lab:22" || !strings.Contains(strings.Join(res.Hosts[0].Steps, "\n"), "start the orchestrator") {
+	if res.Hosts[1].SSH != "ubuntu@10.0.0.12:22 via ubuntu@jump.lab:22" || res.Hosts[2].Host != "local" || !strings.Contains(strings.Join(res.Hosts[2].Steps, "\n"), "start the orchestrator") {
 		t.Fatalf("plan %+v", res.Hosts)
 	}
 	// A bad file: exit 2, every problem with its line.
@@ -54,6 +53,18 @@ spec:
 		if code != 2 || !strings.Contains(out, want) {
 			t.Fatalf("bad file: exit %d, want %q in\n%s", code, want, out)
 		}
+	}
+	// The orchestrator runs on the operator's machine in this version.
+	write(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: lab}
+spec:
+  orchestrator: {host: gpu-01}
+  hosts:
+    - {name: gpu-01, address: 10.0.0.11, user: u, engine: {profile: tiny}}
+`)
+	if out, code := runBinOut(t, nil, "up", "-f", path, "--dry-run"); code != 2 || !strings.Contains(out, "operator's machine only") {
+		t.Fatalf("orchestrator on a host: exit %d\n%s", code, out)
 	}
 	if out, code := runBinOut(t, nil, "up", "-f", filepath.Join(dir, "missing.yaml"), "--dry-run"); code != 2 || !strings.Contains(out, "no such file") {
 		t.Fatalf("missing file: exit %d %s", code, out)

@@ -1,4 +1,6 @@
-package cluster
+// Package sshtest runs real OpenSSH servers on loopback ports for tests of
+// the SSH bootstrap: each stands for a host with its own host key.
+package sshtest
 
 import (
 	"crypto/ed25519"
@@ -17,17 +19,17 @@ import (
 	"golang.org/x/crypto/ssh/knownhosts"
 )
 
-// sshd is a real OpenSSH server on a loopback port, standing for a host:
+// Server is a real OpenSSH server on a loopback port, standing for a host:
 // its own host key, its own directory, key authentication only.
-type sshd struct {
-	port    int
-	dir     string
-	hostKey ssh.PublicKey
+type Server struct {
+	Port    int
+	Dir     string
+	HostKey ssh.PublicKey
 }
 
-// newKey writes an ed25519 private key in OpenSSH format and returns its
+// NewKey writes an ed25519 private key in OpenSSH format and returns its
 // public half.
-func newKey(t *testing.T, path string) ssh.PublicKey {
+func NewKey(t *testing.T, path string) ssh.PublicKey {
 	t.Helper()
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
@@ -44,10 +46,10 @@ func newKey(t *testing.T, path string) ssh.PublicKey {
 	return p
 }
 
-// startSSHD starts sshd accepting clientKey; it is stopped at the test's
+// Start starts sshd accepting clientKey; it is stopped at the test's
 // end. Tests that need it skip where OpenSSH's server is not installed
 // (.ci/run installs it).
-func startSSHD(t *testing.T, clientKey ssh.PublicKey) *sshd {
+func Start(t *testing.T, clientKey ssh.PublicKey) *Server {
 	t.Helper()
 	bin := "/usr/sbin/sshd"
 	if _, err := os.Stat(bin); err != nil {
@@ -58,7 +60,7 @@ func startSSHD(t *testing.T, clientKey ssh.PublicKey) *sshd {
 	}
 	os.MkdirAll("/run/sshd", 0o755) // its privilege separation directory
 	dir := t.TempDir()
-	s := &sshd{dir: dir, hostKey: newKey(t, filepath.Join(dir, "host_key"))}
+	s := &Server{Dir: dir, HostKey: NewKey(t, filepath.Join(dir, "host_key"))}
 	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), ssh.MarshalAuthorizedKey(clientKey), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -66,7 +68,7 @@ func startSSHD(t *testing.T, clientKey ssh.PublicKey) *sshd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.port = l.Addr().(*net.TCPAddr).Port
+	s.Port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	cfg := fmt.Sprintf(`Port %d
 ListenAddress 127.0.0.1
@@ -82,7 +84,7 @@ StrictModes no
 AllowTcpForwarding yes
 Subsystem sftp internal-sftp
 LogLevel ERROR
-`, s.port, dir, dir, dir)
+`, s.Port, dir, dir, dir)
 	if err := os.WriteFile(filepath.Join(dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +96,7 @@ LogLevel ERROR
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.port))
+		c, err := net.Dial("tcp", "127.0.0.1:"+strconv.Itoa(s.Port))
 		if err == nil {
 			c.Close()
 			return s
@@ -106,7 +108,7 @@ LogLevel ERROR
 	}
 }
 
-// knownHostsLine is the known_hosts line for s.
-func (s *sshd) knownHostsLine() string {
-	return knownhosts.Line([]string{knownhosts.Normalize("127.0.0.1:" + strconv.Itoa(s.port))}, s.hostKey)
+// KnownHostsLine is the known_hosts line for s.
+func (s *Server) KnownHostsLine() string {
+	return knownhosts.Line([]string{knownhosts.Normalize("127.0.0.1:" + strconv.Itoa(s.Port))}, s.HostKey)
 }

@@ -1,0 +1,161 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/evolvellm/evolve/cluster/sshtest"
+)
+
+// evolve up -f against real OpenSSH servers standing for hosts (each its
+// own host key and directory): engines are installed and started over
+// SSH, register with the orchestrator started here, and serve requests
+// through the router; a re-run changes nothing; an unreachable host is a
+// partial success (exit 3) that names its phase and cause; down removes
+// everything.
+func TestUpOverSSH(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id_ed25519")
+	pub := sshtest.NewKey(t, key)
+	h1, h2 := sshtest.Start(t, pub), sshtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"), 0o600)
+	free := func() int {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().(*net.TCPAddr).Port
+	}
+	dead := free() // nothing listens there
+	file := filepath.Join(dir, "cluster.yaml")
+	ports := []int{free(), free(), free(), free(), free(), free()}
+	writeFile := func(extra string) {
+		y := fmt.Sprintf(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: lab}
+spec:
+  orchestrator: {routerPort: %d, controlPort: %d, natsPort: %d, advertise: 127.0.0.1}
+  defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
+  hosts:
+    - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
+    - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
+%s`, ports[0], ports[1], ports[2], key, h1.Port, dir, ports[3], h2.Port, dir, ports[4], extra)
+		if err := os.WriteFile(file, []byte(y), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	writeFile("")
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
+
+	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	var res upResult
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 2 {
+		t.Fatalf("up -f: exit %d\n%s", code, out)
+	}
+	for _, h := range res.Hosts {
+		if h.Action != "started" || h.Upload != "uploaded" || h.Facts.OS != "linux" {
+			t.Fatalf("host %+v", h)
+		}
+	}
+	// The cluster serves through its router.
+	status, _, body := post(t, res.RouterURL+"/v1/completions", `{"prompt": "hello hosts", "max_tokens": 4}`)
+	if status != 200 {
+		t.Fatalf("request through the router: %d %v", status, body)
+	}
+	// The token file is private.
+	if fi, err := os.Stat(res.TokenFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("token file %s: %v %v", res.TokenFile, fi, err)
+	}
+
+	// Re-running converges: nothing uploaded, nothing restarted.
+	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Hosts[0].Action != "unchanged" || res.Hosts[1].Upload != "unchanged" {
+		t.Fatalf("re-run: exit %d\n%s", code, out)
+	}
+
+	// A third host that does not answer: partial success.
+	writeFile(fmt.Sprintf("    - {name: gpu-03, address: 127.0.0.1, port: %d, dir: %s/h3, engine: {port: %d}}\n", dead, dir, ports[5]))
+	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh)
+	if code != 3 || !strings.Contains(out, "failed on 1 host:") || !strings.Contains(out, "gpu-03: connect:") || !strings.Contains(out, "debug log") {
+		t.Fatalf("unreachable host: exit %d\n%s", code, out)
+	}
+
+	// Down stops and removes what up installed.
+	out, code = runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh)
+	if code != 3 || !strings.Contains(out, "gpu-01") { // gpu-03 still cannot be reached
+		t.Fatalf("down: exit %d\n%s", code, out)
+	}
+	for _, h := range []string{"h1", "h2"} {
+		if _, err := os.Stat(filepath.Join(dir, h, "bin", "evolve")); err == nil {
+			t.Fatalf("%s: the binary is still installed", h)
+		}
+	}
+	if resp, err := http.Post(res.RouterURL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "x"}`)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the router still answers after down: %d", resp.StatusCode)
+	}
+}
+
+// A host whose key is not known is refused before anything is uploaded.
+func TestUpRefusesAnUnknownHostKey(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id_ed25519")
+	h := sshtest.Start(t, sshtest.NewKey(t, key))
+	file := filepath.Join(dir, "cluster.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: strict}
+spec:
+  orchestrator: {routerPort: %d, controlPort: %d, natsPort: %d}
+  hosts:
+    - {name: gpu-01, address: 127.0.0.1, port: %d, user: root, keyPath: %s, dir: %s/h1, engine: {profile: tiny}}
+`, port(t), port(t), port(t), h.Port, key, dir)), 0o600)
+	t.Cleanup(func() {
+		runBinOut(t, []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state")}, "down", "-f", file, "--yes", "--known-hosts", filepath.Join(dir, "known_hosts"))
+	})
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", filepath.Join(dir, "known_hosts"))
+	if code == 0 || !strings.Contains(out, "host key") || !strings.Contains(out, "--accept-new-host-keys") {
+		t.Fatalf("unknown host key: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "h1", "bin", "evolve")); err == nil {
+		t.Fatal("a binary was uploaded to a host whose key was not checked")
+	}
+}
+
+type upResult struct {
+	RouterURL string `json:"router_url"`
+	TokenFile string `json:"control_token_file"`
+	Hosts     []struct {
+		Host   string `json:"host"`
+		Action string `json:"action"`
+		Upload string `json:"upload"`
+		Facts  struct {
+			OS string `json:"os"`
+		} `json:"facts"`
+	} `json:"hosts"`
+}
+
+// lastJSON is the JSON object at the end of out (progress lines come first).
+func lastJSON(out string) string {
+	if i := strings.Index(out, "\n{"); i >= 0 {
+		return out[i+1:]
+	}
+	return out
+}
+
+func port(t *testing.T) int {
+	_, p, _ := net.SplitHostPort(freePort(t))
+	n, _ := strconv.Atoi(p)
+	return n
+}
