@@ -147,3 +147,62 @@ func TestAgentEndsSession(t *testing.T) {
 		t.Fatalf("identity from metadata: %d %+v", status, list)
 	}
 }
+
+// A branch's context survives its node switching role: the node's GPU KV
+// goes to its host pool, and the branch's next turn, prefilled on a node
+// that never saw it, fetches it from that host pool instead of
+// recomputing it.
+func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	router := tc.o.RouterURL()
+	p := words("context", 600) // about 75 blocks
+	turn(t, router, "s", "main", "", false, p)
+	chain := chainOfPrompt(t, p)
+	// Which decode node decoded it, and which never saw it.
+	var holder, other string
+	eventually(t, "the decode node's copy is known", func() bool {
+		holder, other = "", ""
+		for _, id := range []string{"e1", "e2"} {
+			if tc.gpuPrefix(id, chain) == len(chain) {
+				holder = id
+			} else {
+				other = id
+			}
+		}
+		return holder != "" && other != "" && tc.gpuPrefix("e0", chain) == len(chain)
+	})
+	// e0, the prefill node that holds the context, becomes a decode node
+	// (its GPU KV goes to its host pool); the node that never saw the
+	// context becomes the prefill node.
+	for _, sw := range []struct{ id, role string }{{"e0", "decode"}, {other, "prefill"}} {
+		if _, err := tc.o.SetRole(sw.id, sw.role, true, "test"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "both switches end", func() bool {
+		a, _ := tc.o.NodeStatus("e0")
+		b, _ := tc.o.NodeStatus(other)
+		return a.Role == "decode" && a.State == StateServing && b.Role == "prefill" && b.State == StateServing
+	})
+	eventually(t, "e0's host pool holds the branch's blocks after its switch", func() bool {
+		for _, r := range tc.o.Branches("s")[0].Residency {
+			if r.Node == "e0" {
+				return r.Host == len(chain)
+			}
+		}
+		return false
+	})
+	// The next turn: the new prefill node fetches the context from a
+	// peer's host pool while the request waits, and computes only the
+	// new tokens.
+	before := tc.o.KV().RemoteHostTokens
+	out := turn(t, router, "s", "main", "", false, p+words("more", 400))
+	ev, _ := out["evolve"].(map[string]any)
+	computed, _ := ev["computed_tokens"].(float64)
+	if got := tc.o.KV().RemoteHostTokens - before; got < int64(len(chain)*16)/2 {
+		t.Fatalf("fetched %d tokens from peers for a %d-block context (evolve: %v)", got, len(chain), ev)
+	}
+	if computed == 0 || computed > 1200 {
+		t.Fatalf("the turn computed %v tokens; the context should have come from the host pool (evolve: %v)", computed, ev)
+	}
+}
