@@ -113,3 +113,40 @@ func TestTopOnceAndNoTerminal(t *testing.T) {
 		t.Fatalf("top --once: %d\n%s", code, out)
 	}
 }
+
+// NO_COLOR turns colour off; without it, roles are coloured (and named).
+func TestTopHonoursNoColor(t *testing.T) {
+	if _, err := exec.LookPath("tmux"); err != nil {
+		t.Skip("tmux is not installed (.ci/run installs it)")
+	}
+	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
+	colours := func(extra string) int {
+		session := "evolve-top-colour-" + strings.ReplaceAll(extra, "=", "")
+		cmd := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "30",
+			"env TERM=xterm-256color "+extra+" "+strings.Join(c.env, " ")+" "+evolveBin+" top")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("tmux: %v %s", err, out)
+		}
+		defer exec.Command("tmux", "kill-session", "-t", session).Run()
+		var screen string
+		for i := 0; i < 50 && !strings.Contains(screen, "engine-1"); i++ {
+			time.Sleep(100 * time.Millisecond)
+			out, _ := exec.Command("tmux", "capture-pane", "-e", "-p", "-t", session).Output()
+			screen = string(out)
+		}
+		n := 0
+		for _, code := range []string{"\x1b[35m", "\x1b[36m", "\x1b[38;5;5m", "\x1b[38;5;6m"} {
+			n += strings.Count(screen, code)
+		}
+		if !strings.Contains(screen, "P prefill") {
+			t.Fatalf("no table:\n%s", screen)
+		}
+		return n
+	}
+	if n := colours("NO_COLOR=1"); n != 0 {
+		t.Fatalf("%d colour codes with NO_COLOR", n)
+	}
+	if n := colours("EVOLVE_TEST=1"); n == 0 {
+		t.Fatal("no colour without NO_COLOR: the check above proves nothing")
+	}
+}

@@ -1,0 +1,111 @@
+package tui
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	tea "github.com/charmbracelet/bubbletea"
+	"github.com/charmbracelet/x/exp/golden"
+	"github.com/charmbracelet/x/exp/teatest"
+)
+
+func init() { time.Local = time.UTC } // golden times are written in UTC
+
+// goldenSource is a cluster frozen in time: three nodes mid-switch, a
+// planner with a decision, two agent sessions, a KV summary.
+type goldenSource struct{ fakeSource }
+
+func (*goldenSource) Cluster(context.Context) (Cluster, error) {
+	return Cluster{Model: "moonshotai/Kimi-K2-Instruct", Policy: "evolve"}, nil
+}
+
+func (*goldenSource) Planner(context.Context) (Planner, error) {
+	p := Planner{State: "waiting", Reason: "2:1 -> 1:2 recommended for 40s; acts after 60s", Enabled: true,
+		Prefill: 2, Decode: 1, Recommend: 1, HeldSec: 40, ActsInSec: 20, GainSec: 310, CostSec: 12,
+		Current: Pred{Prefill: 2, Decode: 1, TTFT: 0.21, ITL: 0.0194, E2E: 8.1},
+		Best:    Pred{Prefill: 1, Decode: 2, TTFT: 0.25, ITL: 0.0185, E2E: 7.6},
+		Short:   Demand{HorizonSec: 30, Requests: 4.2, PrefillTok: 21000, OutputTok: 9100},
+		Long:    Demand{HorizonSec: 600, Requests: 3.1}}
+	p.PrefillFit.Ready, p.PrefillFit.Samples, p.PrefillFit.RelErr = true, 812, 0.004
+	p.DecodeFit.Ready, p.DecodeFit.Samples, p.DecodeFit.RelErr = true, 40211, 0.001
+	p.PrefillFit.Coefs = append(p.PrefillFit.Coefs, struct {
+		Name   string  `json:"name"`
+		Value  float64 `json:"value"`
+		StdErr float64 `json:"stderr"`
+	}{"per_token_us", 6.5, 0.01})
+	p.DecodeFit.Coefs = append(p.DecodeFit.Coefs, struct {
+		Name   string  `json:"name"`
+		Value  float64 `json:"value"`
+		StdErr float64 `json:"stderr"`
+	}{"per_seq_us", 7.3, 0.002})
+	p.Decisions = append(p.Decisions, struct {
+		Time   time.Time `json:"time"`
+		Action string    `json:"action"`
+		Reason string    `json:"reason"`
+		Moves  []struct {
+			Node string `json:"node"`
+			To   string `json:"to"`
+		} `json:"moves"`
+	}{Time: t0.Add(-5 * time.Minute), Action: "move", Reason: "3:0 -> 2:1: objective 9.2s -> 8.1s",
+		Moves: []struct {
+			Node string `json:"node"`
+			To   string `json:"to"`
+		}{{"e2", "decode"}}})
+	return p, nil
+}
+
+func (*goldenSource) Branches(context.Context) ([]Branch, error) {
+	return []Branch{
+		{Session: "agent-1", Branch: "main", State: "waiting", Blocks: 812, Turns: 14, LastUsed: t0.Add(-3 * time.Second),
+			Residency: []Residency{{"e0", 812, 0}, {"e1", 790, 22}}},
+		{Session: "agent-1", Branch: "explore", Parent: "main", State: "active", Blocks: 340, Turns: 3,
+			Residency: []Residency{{"e1", 340, 0}}},
+		{Session: "agent-2", Branch: "main.c1", Parent: "main", State: "active", Blocks: 130, Turns: 1},
+		{Session: "agent-2", Branch: "main", State: "ended", Blocks: 0, Turns: 40},
+	}, nil
+}
+
+func (*goldenSource) KV(context.Context) (KV, error) {
+	k := KV{PromptTokens: 1000, GPUHitRate: 0.86, HostHitRate: 0.04, LiveBranches: 3}
+	return k, nil
+}
+
+// runGolden drives the monitor as a program at 100x30 without colour,
+// types keys, and compares the screen it ends on with a golden file
+// (go test ./tui -update rewrites them).
+func runGolden(t *testing.T, keys string, wait string) {
+	f := &goldenSource{fakeSource{watch: make(chan WatchEvent, 16)}}
+	m := New(f, Options{Now: func() time.Time { return t0 }, Poll: time.Hour})
+	tm := teatest.NewTestModel(t, m, teatest.WithInitialTermSize(100, 30))
+	n := threeNodes()
+	n[1].State = "switching"
+	n[1].Switch = &struct {
+		To    string `json:"to"`
+		Phase string `json:"phase"`
+	}{To: "prefill", Phase: "offloading"}
+	f.watch <- WatchEvent{Type: "snapshot", Generation: 7, Nodes: n}
+	teatest.WaitFor(t, tm.Output(), func(b []byte) bool { return bytes.Contains(b, []byte("e2")) },
+		teatest.WithDuration(5*time.Second))
+	for _, k := range strings.Split(keys, " ") {
+		if k != "" {
+			tm.Send(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(k)})
+		}
+	}
+	if wait != "" {
+		teatest.WaitFor(t, tm.Output(), func(b []byte) bool { return bytes.Contains(b, []byte(wait)) },
+			teatest.WithDuration(5*time.Second))
+	}
+	if err := tm.Quit(); err != nil {
+		t.Fatal(err)
+	}
+	fm := tm.FinalModel(t, teatest.WithFinalTimeout(5*time.Second)).(*Model)
+	golden.RequireEqual(t, []byte(fm.View()))
+}
+
+func TestGoldenNodes(t *testing.T)    { runGolden(t, "j", "") }
+func TestGoldenPlanner(t *testing.T)  { runGolden(t, "2", "decisions") }
+func TestGoldenBranches(t *testing.T) { runGolden(t, "3", "agent-2") }
+func TestGoldenEvents(t *testing.T)   { runGolden(t, "4", "events, newest first") }
