@@ -127,6 +127,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString(key("known-hosts")), AcceptNewHostKeys: config.GetBool(key("accept-new-host-keys"))}
 	var mu sync.Mutex
+	prog := newHostProgress(errw, f)
 	opt := cluster.UpOptions{
 		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
 			return cluster.DialSSH(ctx, h, sshOpt)
@@ -135,7 +136,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		Progress: func(h, phase, detail string) {
 			mu.Lock()
 			defer mu.Unlock()
-			fmt.Fprintf(errw, "%-16s %-8s %s\n", h, phase, detail)
+			prog.update(h, phase, detail)
 		},
 	}
 	// Engines reach the orchestrator that runs (a re-run keeps the one it
@@ -346,4 +347,47 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.w.Write(p)
+}
+
+// hostProgress shows each host's phase: on a terminal one live line per
+// host, redrawn in place; otherwise a plain line per change.
+type hostProgress struct {
+	w     io.Writer
+	tty   bool
+	hosts []string
+	lines map[string]string
+	drawn bool
+}
+
+func newHostProgress(w io.Writer, f *cluster.File) *hostProgress {
+	p := &hostProgress{w: w, lines: map[string]string{}}
+	if file, ok := w.(*os.File); ok {
+		if fi, err := file.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb" {
+			p.tty = true
+		}
+	}
+	for _, h := range f.Spec.Hosts {
+		p.hosts = append(p.hosts, h.Name)
+		p.lines[h.Name] = "waiting"
+	}
+	return p
+}
+
+func (p *hostProgress) update(host, phase, detail string) {
+	line := phase
+	if detail != "" {
+		line += " " + detail
+	}
+	if !p.tty {
+		fmt.Fprintf(p.w, "%-16s %s\n", host, line)
+		return
+	}
+	p.lines[host] = line
+	if p.drawn {
+		fmt.Fprintf(p.w, "\x1b[%dA", len(p.hosts)) // back to the first host's line
+	}
+	for _, h := range p.hosts {
+		fmt.Fprintf(p.w, "\x1b[2K%-16s %s\n", h, p.lines[h])
+	}
+	p.drawn = true
 }

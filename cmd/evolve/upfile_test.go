@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"github.com/evolvellm/evolve/cluster"
 	"os"
 	"path/filepath"
 	"strings"
@@ -68,5 +69,27 @@ spec:
 	}
 	if out, code := runBinOut(t, nil, "up", "-f", filepath.Join(dir, "missing.yaml"), "--dry-run"); code != 2 || !strings.Contains(out, "no such file") {
 		t.Fatalf("missing file: exit %d %s", code, out)
+	}
+}
+
+// On a terminal each host keeps one line, redrawn in place; elsewhere a
+// plain line per change.
+func TestHostProgressLines(t *testing.T) {
+	f := &cluster.File{}
+	f.Spec.Hosts = []cluster.Host{{Name: "gpu-01"}, {Name: "gpu-02"}}
+	var b strings.Builder
+	p := newHostProgress(&b, f)
+	p.update("gpu-02", "upload", "")
+	if b.String() != "gpu-02           upload\n" {
+		t.Fatalf("plain: %q", b.String())
+	}
+	b.Reset()
+	p.tty = true
+	p.update("gpu-01", "connect", "u@h:22")
+	p.update("gpu-02", "start", "started")
+	want := "\x1b[2Kgpu-01           connect u@h:22\n\x1b[2Kgpu-02           waiting\n" +
+		"\x1b[2A\x1b[2Kgpu-01           connect u@h:22\n\x1b[2Kgpu-02           start started\n"
+	if b.String() != want {
+		t.Fatalf("terminal:\n%q\nwant\n%q", b.String(), want)
 	}
 }
