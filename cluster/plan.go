@@ -18,7 +18,10 @@ func (f *File) Plan() []HostPlan {
 	var out []HostPlan
 	o := f.Spec.Orchestrator
 	for _, h := range f.Spec.Hosts {
-		ssh := fmt.Sprintf("%s@%s:%d", h.User, h.Address, h.Port)
+		ssh := fmt.Sprintf("%s:%d", h.Address, h.Port)
+		if h.User != "" {
+			ssh = h.User + "@" + ssh
+		}
 		if h.Bastion != nil {
 			ssh += fmt.Sprintf(" via %s@%s:%d", or(h.Bastion.User, h.User), h.Bastion.Address, h.Bastion.Port)
 		}

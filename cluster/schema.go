@@ -61,7 +61,7 @@ type Orchestrator struct {
 type Host struct {
 	Name    string   `yaml:"name"`
 	Address string   `yaml:"address"`
-	User    string   `yaml:"user"`
+	User    string   `yaml:"user"` // default: ~/.ssh/config's, else the local user
 	Port    int      `yaml:"port"`
 	KeyPath string   `yaml:"keyPath"`
 	Bastion *Bastion `yaml:"bastion"`
@@ -328,9 +328,6 @@ func (f *File) validate() Errors {
 		names[h.Name] = i
 		if h.Address == "" {
 			bad(p+".address", "is missing: the host's SSH address")
-		}
-		if h.User == "" {
-			bad(p+".user", "is missing (set it here or in spec.defaults)")
 		}
 		port(p+".port", h.Port)
 		if h.Bastion != nil {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kevinburke/ssh_config"
 	"github.com/pkg/sftp"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
@@ -39,6 +40,71 @@ type SSHOptions struct {
 	// its key (trust on first use); a changed key always fails.
 	AcceptNewHostKeys bool
 	Timeout           time.Duration // dial timeout; default 10 s
+	// SSHConfig is OpenSSH's client config (default ~/.ssh/config; "none"
+	// ignores it): a host's address may be an alias there, whose HostName,
+	// User, Port, IdentityFile and ProxyJump fill what the cluster file
+	// leaves unset.
+	SSHConfig string
+}
+
+// resolve applies the SSH client config to h.
+func resolve(h Host, path string) (Host, error) {
+	if path == "none" {
+		return h, nil
+	}
+	if path == "" {
+		home, _ := os.UserHomeDir()
+		path = filepath.Join(home, ".ssh", "config")
+	}
+	f, err := os.Open(expandHome(path))
+	if errors.Is(err, os.ErrNotExist) {
+		return withLocalUser(h), nil
+	}
+	if err != nil {
+		return h, err
+	}
+	defer f.Close()
+	cfg, err := ssh_config.Decode(f)
+	if err != nil {
+		return h, fmt.Errorf("%s: %w", path, err)
+	}
+	alias := h.Address
+	get := func(key string) string { v, _ := cfg.Get(alias, key); return v }
+	if v := get("HostName"); v != "" {
+		h.Address = strings.ReplaceAll(v, "%h", alias)
+	}
+	if h.User == "" {
+		h.User = get("User")
+	}
+	if v := get("Port"); v != "" && h.Port == 22 {
+		h.Port, _ = strconv.Atoi(v)
+	}
+	if v := get("IdentityFile"); v != "" && h.KeyPath == "" {
+		h.KeyPath = v
+	}
+	if v := get("ProxyJump"); v != "" && v != "none" && h.Bastion == nil {
+		b := &Bastion{Port: 22}
+		hostPort := v
+		if u, rest, ok := strings.Cut(v, "@"); ok {
+			b.User, hostPort = u, rest
+		}
+		if host, port, err := net.SplitHostPort(hostPort); err == nil {
+			b.Address = host
+			b.Port, _ = strconv.Atoi(port)
+		} else {
+			b.Address = hostPort
+		}
+		h.Bastion = b
+	}
+	return withLocalUser(h), nil
+}
+
+// withLocalUser defaults the SSH user to the local one, as ssh does.
+func withLocalUser(h Host) Host {
+	if h.User == "" {
+		h.User = os.Getenv("USER")
+	}
+	return h
 }
 
 // HostKeyError is a host key that does not match the one known.
@@ -61,6 +127,10 @@ func (e *HostKeyError) Error() string {
 func DialSSH(ctx context.Context, h Host, opt SSHOptions) (Conn, error) {
 	if opt.Timeout <= 0 {
 		opt.Timeout = 10 * time.Second
+	}
+	h, err := resolve(h, opt.SSHConfig)
+	if err != nil {
+		return nil, err
 	}
 	kh := opt.KnownHosts
 	if kh == "" {

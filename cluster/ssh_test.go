@@ -97,3 +97,28 @@ func TestSSHThroughABastion(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// A host's address may be an alias of ~/.ssh/config: its HostName, Port,
+// User and IdentityFile are used where the cluster file is silent.
+func TestSSHHonoursTheClientConfig(t *testing.T) {
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "id_ed25519")
+	s := sshtest.Start(t, sshtest.NewKey(t, keyPath))
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(s.KnownHostsLine()+"\n"), 0o600)
+	cfg := filepath.Join(dir, "config")
+	os.WriteFile(cfg, []byte("Host lab-1\n  HostName 127.0.0.1\n  Port "+strconv.Itoa(s.Port)+"\n  User root\n  IdentityFile "+keyPath+"\n"), 0o600)
+	t.Setenv("SSH_AUTH_SOCK", "")
+	c, err := DialSSH(context.Background(), Host{Name: "h", Address: "lab-1", Port: 22}, SSHOptions{KnownHosts: kh, SSHConfig: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if out, err := c.Run(context.Background(), "whoami"); err != nil || strings.TrimSpace(out) != "root" {
+		t.Fatalf("%q %v", out, err)
+	}
+	// Without the config the alias means nothing.
+	if _, err := DialSSH(context.Background(), Host{Name: "h", Address: "lab-1", Port: 22, User: "root", KeyPath: keyPath}, SSHOptions{KnownHosts: kh, SSHConfig: "none", Timeout: 2e9}); err == nil {
+		t.Fatal("dialed an alias with the config off")
+	}
+}

@@ -125,7 +125,8 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 			return err
 		}
 	}
-	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString(key("known-hosts")), AcceptNewHostKeys: config.GetBool(key("accept-new-host-keys"))}
+	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString(key("known-hosts")), AcceptNewHostKeys: config.GetBool(key("accept-new-host-keys")),
+		SSHConfig: config.GetString(key("ssh-config"))}
 	var mu sync.Mutex
 	prog := newHostProgress(errw, f)
 	opt := cluster.UpOptions{
@@ -302,7 +303,7 @@ func downFromFile(cmd *cobra.Command, path string, yes bool) error {
 			return errors.New("cancelled")
 		}
 	}
-	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString("down.known-hosts")}
+	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString("down.known-hosts"), SSHConfig: config.GetString("down.ssh-config")}
 	var mu sync.Mutex
 	res := cluster.Down(cmd.Context(), f, cluster.UpOptions{
 		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
