@@ -41,6 +41,7 @@ type HostResult struct {
 	Facts  Facts  `json:"facts"`
 	Error  string `json:"error,omitempty"`
 	err    error
+	status *HostStatus // Status's answer
 }
 
 // Err is the host's failure, or nil.
@@ -305,4 +306,46 @@ func downHost(ctx context.Context, h Host, opt UpOptions) HostResult {
 	}
 	r.Phase, r.Action = PhaseStart, "stopped"
 	return r
+}
+
+// HostStatus is what a host says of the engine evolve installed there.
+type HostStatus struct {
+	Host       string `json:"host"`
+	Installed  bool   `json:"installed"`
+	Running    bool   `json:"running"`
+	ConfigHash string `json:"config_hash,omitempty"`
+	Version    string `json:"version,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+// Status reads, on every host, what Up left there: whether the engine's
+// supervisor runs, its config hash and the installed binary's version.
+func Status(ctx context.Context, f *File, opt UpOptions) []HostStatus {
+	res := forEachHost(ctx, f, func(ctx context.Context, h Host) HostResult {
+		r := HostResult{Host: h.Name}
+		c, err := opt.Dial(ctx, h)
+		if err != nil {
+			return fail(r, PhaseConnect, err)
+		}
+		defer c.Close()
+		dir := h.StateDir()
+		st := HostStatus{Host: h.Name, Running: isRunning(ctx, c, dir)}
+		if out, err := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", dir)); err == nil {
+			st.ConfigHash = strings.TrimSpace(out)
+		}
+		if out, err := c.Run(ctx, fmt.Sprintf("%s/bin/evolve version 2>/dev/null", dir)); err == nil {
+			st.Installed, st.Version = true, strings.TrimSpace(out)
+		}
+		r.status = &st
+		return r
+	})
+	out := make([]HostStatus, len(res))
+	for i, r := range res {
+		if r.status != nil {
+			out[i] = *r.status
+		} else {
+			out[i] = HostStatus{Host: r.Host, Error: r.Error}
+		}
+	}
+	return out
 }

@@ -26,6 +26,9 @@ func newStatusCmd() *cobra.Command {
   evolve status -o json | jq .router_url`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file := config.GetString("status.file"); file != "" {
+				return statusFromFile(cmd, file)
+			}
 			c := newControlClient(cmd)
 			var out statusOutput
 			ctx := cmd.Context()
@@ -48,6 +51,8 @@ func newStatusCmd() *cobra.Command {
 		},
 	}
 	addClientFlags(cmd)
+	cmd.Flags().StringP("file", "f", "", "a cluster brought up with evolve up -f: its orchestrator and what each host runs (over SSH)")
+	cmd.Flags().String("known-hosts", "", "with -f: known_hosts file (default ~/.ssh/known_hosts)")
 	addOutputFlag(cmd, "table, json or yaml")
 	return cmd
 }

@@ -392,3 +392,61 @@ func (p *hostProgress) update(host, phase, detail string) {
 	}
 	p.drawn = true
 }
+
+// statusOfFile is what `evolve status -f -o json` prints. Names are stable.
+type statusOfFile struct {
+	Cluster      string               `json:"cluster"`
+	Orchestrator string               `json:"orchestrator"` // running, stopped, or unknown here
+	RouterURL    string               `json:"router_url,omitempty"`
+	ControlURL   string               `json:"control_url,omitempty"`
+	Hosts        []cluster.HostStatus `json:"hosts"`
+}
+
+// statusFromFile reports a cluster of a file: its orchestrator (when it
+// runs on this machine) and, over SSH, what each host runs.
+func statusFromFile(cmd *cobra.Command, path string) error {
+	f, err := loadClusterFile(cmd, path)
+	if err != nil {
+		return err
+	}
+	out := statusOfFile{Cluster: f.Metadata.Name, Orchestrator: "unknown here"}
+	if st, err := readClusterState(f.Metadata.Name); err == nil {
+		out.Orchestrator, out.RouterURL, out.ControlURL = "stopped", st.RouterURL, st.ControlURL
+		if alive(st.Orchestrator) {
+			out.Orchestrator = "running"
+		}
+	}
+	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString("status.known-hosts")}
+	out.Hosts = cluster.Status(cmd.Context(), f, cluster.UpOptions{
+		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
+			return cluster.DialSSH(ctx, h, sshOpt)
+		}})
+	failed := 0
+	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprintf(w, "cluster %s: orchestrator %s %s\n\n", out.Cluster, out.Orchestrator, out.RouterURL)
+		fmt.Fprintln(w, "HOST\tENGINE\tVERSION\tCONFIG")
+		for _, h := range out.Hosts {
+			state := "not installed"
+			switch {
+			case h.Error != "":
+				state = "unreachable: " + h.Error
+			case h.Running:
+				state = "running"
+			case h.Installed:
+				state = "stopped"
+			}
+			fmt.Fprintf(w, "%s\t%s\t%s\t%.12s\n", h.Host, state, h.Version, h.ConfigHash)
+		}
+	}); err != nil {
+		return err
+	}
+	for _, h := range out.Hosts {
+		if h.Error != "" {
+			failed++
+		}
+	}
+	if failed > 0 {
+		return exitCodeError{code: 3, err: fmt.Errorf("%d hosts could not be reached", failed)}
+	}
+	return nil
+}

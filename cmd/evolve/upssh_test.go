@@ -77,6 +77,21 @@ spec:
 		t.Fatalf("token file %s: %v %v", res.TokenFile, fi, err)
 	}
 
+	// evolve status -f reads what each host runs, over SSH.
+	out, code = runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
+	var st struct {
+		Orchestrator string `json:"orchestrator"`
+		Hosts        []struct {
+			Host    string `json:"host"`
+			Running bool   `json:"running"`
+			Version string `json:"version"`
+		} `json:"hosts"`
+	}
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &st) != nil || st.Orchestrator != "running" || len(st.Hosts) != 2 ||
+		!st.Hosts[0].Running || !strings.HasPrefix(st.Hosts[1].Version, "evolve ") {
+		t.Fatalf("status -f: exit %d\n%s", code, out)
+	}
+
 	// Re-running converges: nothing uploaded, nothing restarted.
 	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
 	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Hosts[0].Action != "unchanged" || res.Hosts[1].Upload != "unchanged" {
