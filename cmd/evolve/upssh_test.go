@@ -15,7 +15,7 @@ import (
 )
 
 // evolve up -f against real OpenSSH servers standing for hosts (each its
-// own host key and directory): engines are installed and started over
+// own host key and directory; one reached through a bastion): engines are installed and started over
 // SSH, register with the orchestrator started here, and serve requests
 // through the router; a re-run changes nothing; an unreachable host is a
 // partial success (exit 3) that names its phase and cause; down removes
@@ -24,9 +24,9 @@ func TestUpOverSSH(t *testing.T) {
 	dir := t.TempDir()
 	key := filepath.Join(dir, "id_ed25519")
 	pub := sshtest.NewKey(t, key)
-	h1, h2 := sshtest.Start(t, pub), sshtest.Start(t, pub)
+	h1, h2, h3, jump := sshtest.Start(t, pub), sshtest.Start(t, pub), sshtest.Start(t, pub), sshtest.Start(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"), 0o600)
+	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"+h3.KnownHostsLine()+"\n"+jump.KnownHostsLine()+"\n"), 0o600)
 	free := func() int {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -37,7 +37,7 @@ func TestUpOverSSH(t *testing.T) {
 	}
 	dead := free() // nothing listens there
 	file := filepath.Join(dir, "cluster.yaml")
-	ports := []int{free(), free(), free(), free(), free(), free()}
+	ports := []int{free(), free(), free(), free(), free(), free(), free()}
 	writeFile := func(extra string) {
 		y := fmt.Sprintf(`apiVersion: evolve/v1
 kind: Cluster
@@ -48,7 +48,8 @@ spec:
   hosts:
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
-%s`, ports[0], ports[1], ports[2], key, h1.Port, dir, ports[3], h2.Port, dir, ports[4], extra)
+    - {name: gpu-03, address: 127.0.0.1, port: %d, dir: %s/h3, engine: {port: %d}, bastion: {address: 127.0.0.1, port: %d}}
+%s`, ports[0], ports[1], ports[2], key, h1.Port, dir, ports[3], h2.Port, dir, ports[4], h3.Port, dir, ports[6], jump.Port, extra)
 		if err := os.WriteFile(file, []byte(y), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -59,7 +60,7 @@ spec:
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
 	var res upResult
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 2 {
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 3 {
 		t.Fatalf("up -f: exit %d\n%s", code, out)
 	}
 	for _, h := range res.Hosts {
@@ -87,7 +88,7 @@ spec:
 			Version string `json:"version"`
 		} `json:"hosts"`
 	}
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &st) != nil || st.Orchestrator != "running" || len(st.Hosts) != 2 ||
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &st) != nil || st.Orchestrator != "running" || len(st.Hosts) != 3 ||
 		!st.Hosts[0].Running || !strings.HasPrefix(st.Hosts[1].Version, "evolve ") {
 		t.Fatalf("status -f: exit %d\n%s", code, out)
 	}
@@ -98,19 +99,19 @@ spec:
 		t.Fatalf("re-run: exit %d\n%s", code, out)
 	}
 
-	// A third host that does not answer: partial success.
-	writeFile(fmt.Sprintf("    - {name: gpu-03, address: 127.0.0.1, port: %d, dir: %s/h3, engine: {port: %d}}\n", dead, dir, ports[5]))
+	// A fourth host that does not answer: partial success.
+	writeFile(fmt.Sprintf("    - {name: gpu-04, address: 127.0.0.1, port: %d, dir: %s/h4, engine: {port: %d}}\n", dead, dir, ports[5]))
 	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh)
-	if code != 3 || !strings.Contains(out, "failed on 1 host:") || !strings.Contains(out, "gpu-03: connect:") || !strings.Contains(out, "debug log") {
+	if code != 3 || !strings.Contains(out, "failed on 1 host:") || !strings.Contains(out, "gpu-04: connect:") || !strings.Contains(out, "debug log") {
 		t.Fatalf("unreachable host: exit %d\n%s", code, out)
 	}
 
 	// Down stops and removes what up installed.
 	out, code = runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh)
-	if code != 3 || !strings.Contains(out, "gpu-01") { // gpu-03 still cannot be reached
+	if code != 3 || !strings.Contains(out, "gpu-01") { // gpu-04 still cannot be reached
 		t.Fatalf("down: exit %d\n%s", code, out)
 	}
-	for _, h := range []string{"h1", "h2"} {
+	for _, h := range []string{"h1", "h2", "h3"} {
 		if _, err := os.Stat(filepath.Join(dir, h, "bin", "evolve")); err == nil {
 			t.Fatalf("%s: the binary is still installed", h)
 		}
