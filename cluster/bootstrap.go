@@ -59,6 +59,9 @@ type UpOptions struct {
 	// file's natsPort when 0).
 	NATS     string
 	NATSPort int
+	// NATSToken is the event plane's token; it goes into the engine's
+	// environment in a script only the host's user can read.
+	NATSToken string
 	// Progress is told each host's phases as they start (may be nil).
 	Progress func(host, phase, detail string)
 	Log      io.Writer // debug log (may be nil)
@@ -184,7 +187,7 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		}
 		nats = fmt.Sprintf("nats://%s:%d", addr, port)
 	}
-	script := engineScript(h, dir, nats)
+	script := engineScript(h, dir, nats, opt.NATSToken)
 	hash := sha256.Sum256([]byte(binSum + "\n" + script))
 	cfgHash := hex.EncodeToString(hash[:])
 	old, _ := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", dir))
@@ -194,7 +197,7 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		opt.progress(h.Name, PhaseStart, "unchanged")
 		return r
 	}
-	write := fmt.Sprintf("mkdir -p %[1]s && cat > %[1]s/run.sh.new <<'EVOLVE_EOF'\n%[2]sEVOLVE_EOF\nchmod 755 %[1]s/run.sh.new && mv %[1]s/run.sh.new %[1]s/run.sh", dir, script)
+	write := fmt.Sprintf("mkdir -p %[1]s && cat > %[1]s/run.sh.new <<'EVOLVE_EOF'\n%[2]sEVOLVE_EOF\nchmod 700 %[1]s/run.sh.new && mv %[1]s/run.sh.new %[1]s/run.sh", dir, script)
 	if _, err := c.Run(ctx, write); err != nil {
 		return fail(r, PhaseConfig, err)
 	}
@@ -220,8 +223,11 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 
 // engineScript is the supervisor: it runs the engine, and again a second
 // after it exits, until it is stopped.
-func engineScript(h Host, dir, nats string) string {
-	args := []string{"engine", "--nats", nats, "--id", h.Name,
+func engineScript(h Host, dir, nats, token string) string {
+	if token != "" {
+		nats = strings.Replace(nats, "nats://", "nats://"+token+"@", 1)
+	}
+	args := []string{"engine", "--id", h.Name,
 		"--listen", "0.0.0.0:" + strconv.Itoa(h.Engine.Port),
 		"--advertise", fmt.Sprintf("http://%s:%d", h.Address, h.Engine.Port),
 		"--profile", h.Engine.Profile, "--log-format", "json"}
@@ -239,6 +245,9 @@ func engineScript(h Host, dir, nats string) string {
 	for _, k := range keys {
 		fmt.Fprintf(&b, "export %s=%s\n", k, shellQuote(h.Engine.Env[k]))
 	}
+	// The event plane's URL (with its token) in the environment, not on
+	// the command line.
+	fmt.Fprintf(&b, "export EVOLVE_ENGINE_NATS=%s\n", shellQuote(nats))
 	fmt.Fprintf(&b, "trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT\n")
 	fmt.Fprintf(&b, "while true; do\n  %s/bin/evolve", dir)
 	for _, a := range args {

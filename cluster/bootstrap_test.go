@@ -80,7 +80,7 @@ func testFile(t *testing.T, hosts ...string) *File {
 // sleeps like an engine.
 func fakeBinary(t *testing.T, dir, tag string) string {
 	p := filepath.Join(dir, "evolve-"+tag)
-	os.WriteFile(p, []byte("#!/bin/sh\n# "+tag+"\necho \"$@\" > \"$(dirname \"$0\")/../args\"\nexec sleep 300\n"), 0o755)
+	os.WriteFile(p, []byte("#!/bin/sh\n# "+tag+"\necho \"$@ NATS=$EVOLVE_ENGINE_NATS\" > \"$(dirname \"$0\")/../args\"\nexec sleep 300\n"), 0o755)
 	return p
 }
 
@@ -91,7 +91,7 @@ func TestUpConvergesAndDownRemoves(t *testing.T) {
 	f := testFile(t, "a", "b", "c")
 	var progress []string
 	var pmu sync.Mutex
-	opt := UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222",
+	opt := UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222", NATSToken: "s3cret",
 		Progress: func(h, phase, d string) { pmu.Lock(); progress = append(progress, h+" "+phase); pmu.Unlock() }}
 	ctx := context.Background()
 	t.Cleanup(func() { Down(ctx, f, opt) })
@@ -106,10 +106,18 @@ func TestUpConvergesAndDownRemoves(t *testing.T) {
 	}
 	// The engine runs with the file's settings.
 	args := waitFile(t, filepath.Join(dir, "a/.local/state/evolve/engine/args"))
-	for _, want := range []string{"engine --nats nats://10.0.0.1:4222 --id a", "--listen 0.0.0.0:8100", "--profile tiny"} {
+	for _, want := range []string{"engine --id a", "--listen 0.0.0.0:8100", "--profile tiny", "NATS=nats://s3cret@10.0.0.1:4222"} {
 		if !strings.Contains(args, want) {
 			t.Fatalf("engine args %q lack %q", args, want)
 		}
+	}
+	// The event plane's token is in the environment, from a script only
+	// the host's user can read, not on the command line.
+	if strings.Contains(strings.Split(args, " NATS=")[0], "s3cret") {
+		t.Fatalf("the token is on the command line: %q", args)
+	}
+	if fi, err := os.Stat(filepath.Join(dir, "a/.local/state/evolve/engine/run.sh")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("run.sh: %v %v", fi, err)
 	}
 	// Re-running changes nothing.
 	hosts.log = nil

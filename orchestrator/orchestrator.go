@@ -27,8 +27,11 @@ type Config struct {
 	ControlToken string
 	// NATSURL joins an existing NATS server; empty embeds one listening on
 	// NATSListen with JetStream data under DataDir.
-	NATSURL          string
-	NATSListen       string // default 127.0.0.1:4222
+	NATSURL    string
+	NATSListen string // default 127.0.0.1:4222
+	// NATSToken, when set, is required of every client of the embedded
+	// NATS server (engines put it in their URL: nats://TOKEN@host:port).
+	NATSToken        string
 	DataDir          string
 	Policy           string        // evolve, dynamo, round-robin
 	MissedHeartbeats int           // default 3
@@ -219,7 +222,7 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 			port = -1 // any free port
 		}
 		ns, err := server.NewServer(&server.Options{Host: host, Port: port, JetStream: true, StoreDir: o.cfg.DataDir,
-			NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator"})
+			NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator", Authorization: o.cfg.NATSToken})
 		if err != nil {
 			return fmt.Errorf("embedded NATS: %w", err)
 		}
@@ -231,9 +234,13 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		o.ns = ns
 		url = ns.ClientURL()
 	}
-	nc, err := nats.Connect(url, nats.Name("evolve-orchestrator"), nats.MaxReconnects(-1),
+	opts := []nats.Option{nats.Name("evolve-orchestrator"), nats.MaxReconnects(-1)}
+	if o.cfg.NATSToken != "" && o.cfg.NATSURL == "" {
+		opts = append(opts, nats.Token(o.cfg.NATSToken))
+	}
+	nc, err := nats.Connect(url, append(opts,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(*nats.Conn) { o.log.Info("NATS reconnected") }))
+		nats.ReconnectHandler(func(*nats.Conn) { o.log.Info("NATS reconnected") }))...)
 	if err != nil {
 		o.stopNATS()
 		return fmt.Errorf("connect to NATS at %s: %w", url, err)

@@ -56,6 +56,7 @@ Most users start it through 'evolve up'.`,
 	f.String("token", "", "bearer token the control API requires (required when --control-addr is not loopback)")
 	f.String("nats", "", "URL of an existing NATS server (empty: embed one)")
 	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port)")
+	f.String("nats-token", "", "token every client of the embedded NATS server must present (engines: --nats nats://TOKEN@host:port; or env EVOLVE_ORCHESTRATOR_NATS_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
@@ -90,7 +91,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	}
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
-		NATSURL: get("nats"), NATSListen: get("nats-listen"), DataDir: dataDir, Policy: get("policy"),
+		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), DataDir: dataDir, Policy: get("policy"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"),

@@ -350,11 +350,18 @@ func split(c *controlClient) string {
 // their own process group, so that a Ctrl-C reaches only `evolve up`, which
 // stops them in order; detached ones get their own session.
 func startChild(exe, log string, detach bool, args ...string) (*exec.Cmd, error) {
+	return startChildEnv(exe, log, detach, nil, args...)
+}
+
+// startChildEnv is startChild with extra environment (secrets go there,
+// not on command lines that ps shows).
+func startChildEnv(exe, log string, detach bool, env []string, args ...string) (*exec.Cmd, error) {
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return nil, err
 	}
 	c := exec.Command(exe, args...)
+	c.Env = append(os.Environ(), env...)
 	c.Stdout, c.Stderr = f, f
 	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: !detach, Setsid: detach}
 	if err := c.Start(); err != nil {

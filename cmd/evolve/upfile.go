@@ -32,6 +32,7 @@ type fileClusterState struct {
 	ControlURL   string    `json:"control_url"`
 	NATSURL      string    `json:"nats_url"`
 	ControlToken string    `json:"control_token"`
+	NATSToken    string    `json:"nats_token"` // engines present it to the event plane
 	Started      time.Time `json:"started"`
 }
 
@@ -133,7 +134,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
 			return cluster.DialSSH(ctx, h, sshOpt)
 		},
-		Binary: exe, Log: lockedWriter{&mu, debug},
+		Binary: exe, NATSToken: st.NATSToken, Log: lockedWriter{&mu, debug},
 		Progress: func(h, phase, detail string) {
 			mu.Lock()
 			defer mu.Unlock()
@@ -235,11 +236,12 @@ func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, d
 		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
 		return st, nil
 	}
-	tok := make([]byte, 24)
-	if _, err := rand.Read(tok); err != nil {
-		return nil, err
+	secret := func() string {
+		b := make([]byte, 24)
+		rand.Read(b)
+		return hex.EncodeToString(b)
 	}
-	st := &fileClusterState{Name: f.Metadata.Name, File: path, ControlToken: hex.EncodeToString(tok), Started: time.Now()}
+	st := &fileClusterState{Name: f.Metadata.Name, File: path, ControlToken: secret(), NATSToken: secret(), Started: time.Now()}
 	if abs, err := filepath.Abs(path); err == nil {
 		st.File = abs
 	}
@@ -251,9 +253,10 @@ func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, d
 	ready := filepath.Join(dir, "orchestrator.ready")
 	os.Remove(ready)
 	logPath := filepath.Join(dir, "logs", "orchestrator.log")
-	p, err := startChild(exe, logPath, true, "orchestrator",
-		"--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort), "--control-addr", fmt.Sprintf("127.0.0.1:%d", o.ControlPort),
-		"--token", st.ControlToken, "--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
+	p, err := startChildEnv(exe, logPath, true,
+		[]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken},
+		"orchestrator", "--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort), "--control-addr", fmt.Sprintf("127.0.0.1:%d", o.ControlPort),
+		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
 		"--ready-file", ready, "--log-format", "json")
 	if err != nil {
 		return nil, err
