@@ -150,6 +150,13 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 	case h.GPUs > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < h.GPUs:
 		return fail(r, PhaseFacts, fmt.Errorf("the file says %d GPUs, nvidia-smi sees %d", h.GPUs, r.Facts.GPUs))
 	}
+	// The engine's port must be free, unless our engine holds it.
+	if !isRunning(ctx, c, dir) {
+		out, _ := c.Run(ctx, fmt.Sprintf(`command -v ss >/dev/null 2>&1 && ss -ltnH "sport = :%d" | grep -q . && echo used; true`, h.Engine.Port))
+		if strings.TrimSpace(out) == "used" {
+			return fail(r, PhaseFacts, fmt.Errorf("port %d is in use on the host: pick another engine.port", h.Engine.Port))
+		}
+	}
 
 	// Upload, unless the host has this binary already.
 	opt.progress(h.Name, PhaseUpload, "")

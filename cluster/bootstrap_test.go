@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -159,6 +160,30 @@ func TestUpConvergesAndDownRemoves(t *testing.T) {
 	defer pmu.Unlock()
 	if len(progress) == 0 || !strings.Contains(strings.Join(progress, "\n"), "a upload") {
 		t.Fatalf("progress: %v", progress)
+	}
+}
+
+// A port taken by something else on the host fails the host at facts,
+// before anything is installed.
+func TestUpRefusesABusyPort(t *testing.T) {
+	if _, err := exec.LookPath("ss"); err != nil {
+		t.Skip("no ss here")
+	}
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	dir := t.TempDir()
+	hosts := &fakeHosts{homes: map[string]string{"a": filepath.Join(dir, "a")}}
+	f := testFile(t, "a")
+	f.Spec.Hosts[0].Engine.Port = l.Addr().(*net.TCPAddr).Port
+	res := Up(context.Background(), f, UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://x:1"})
+	if res[0].Action != "failed" || res[0].Phase != PhaseFacts || !strings.Contains(res[0].Error, "in use") {
+		t.Fatalf("busy port: %+v", res[0])
+	}
+	if _, err := os.Stat(filepath.Join(dir, "a/.local/state/evolve/engine/bin/evolve")); err == nil {
+		t.Fatal("installed on a host whose port is taken")
 	}
 }
 
