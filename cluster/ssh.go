@@ -139,21 +139,17 @@ func DialSSH(ctx context.Context, h Host, opt SSHOptions) (Conn, error) {
 	}
 	hostAddr := net.JoinHostPort(h.Address, strconv.Itoa(h.Port))
 	var base *ssh.Client
+	// dial opens an SSH client to addr: directly, or through the bastion
+	// once there is one.
 	dial := func(addr string, cfg *ssh.ClientConfig) (*ssh.Client, error) {
+		var c net.Conn
+		var err error
 		if base == nil {
 			d := net.Dialer{Timeout: opt.Timeout}
-			c, err := d.DialContext(ctx, "tcp", addr)
-			if err != nil {
-				return nil, err
-			}
-			sc, chans, reqs, err := ssh.NewClientConn(c, addr, cfg)
-			if err != nil {
-				c.Close()
-				return nil, err
-			}
-			return ssh.NewClient(sc, chans, reqs), nil
+			c, err = d.DialContext(ctx, "tcp", addr)
+		} else {
+			c, err = base.DialContext(ctx, "tcp", addr)
 		}
-		c, err := base.DialContext(ctx, "tcp", addr)
 		if err != nil {
 			return nil, err
 		}
