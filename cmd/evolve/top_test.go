@@ -115,13 +115,15 @@ func TestTopOnceAndNoTerminal(t *testing.T) {
 }
 
 // NO_COLOR turns colour off; without it, roles are coloured (and named).
+// CI=true in the environment turns it off too (termenv), so the colour
+// case forces it.
 func TestTopHonoursNoColor(t *testing.T) {
 	if _, err := exec.LookPath("tmux"); err != nil {
 		t.Skip("tmux is not installed (.ci/run installs it)")
 	}
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
 	colours := func(extra string) int {
-		session := "evolve-top-colour-" + strings.ReplaceAll(extra, "=", "")
+		session := "evolve-top-colour-" + strings.NewReplacer("=", "", " ", "-", "_", "").Replace(extra)
 		cmd := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "30",
 			"env TERM=xterm-256color "+extra+" "+strings.Join(c.env, " ")+" "+evolveBin+" top")
 		if out, err := cmd.CombinedOutput(); err != nil {
@@ -143,10 +145,12 @@ func TestTopHonoursNoColor(t *testing.T) {
 		}
 		return n
 	}
-	if n := colours("NO_COLOR=1"); n != 0 {
+	// CLICOLOR_FORCE turns colour on whatever the environment (CI turns
+	// it off); NO_COLOR must win even so.
+	if n := colours("NO_COLOR=1 CLICOLOR_FORCE=1"); n != 0 {
 		t.Fatalf("%d colour codes with NO_COLOR", n)
 	}
-	if n := colours("EVOLVE_TEST=1"); n == 0 {
+	if n := colours("CLICOLOR_FORCE=1"); n == 0 {
 		t.Fatal("no colour without NO_COLOR: the check above proves nothing")
 	}
 }
