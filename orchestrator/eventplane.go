@@ -189,6 +189,7 @@ func (o *Orchestrator) markDown(id, why string) {
 func (o *Orchestrator) watchHeartbeats(ctx context.Context) {
 	t := time.NewTicker(protocol.HeartbeatInterval / 4)
 	defer t.Stop()
+	var lastExpire time.Time // idle branches are ended every few seconds
 	for {
 		select {
 		case <-ctx.Done():
@@ -207,7 +208,10 @@ func (o *Orchestrator) watchHeartbeats(ctx context.Context) {
 		for _, id := range late {
 			o.markDown(id, fmt.Sprintf("no heartbeat for %v", limit))
 		}
-		o.expireBranches(time.Now())
+		if now := time.Now(); now.Sub(lastExpire) >= 5*time.Second {
+			lastExpire = now
+			o.expireBranches(now)
+		}
 	}
 }
 
