@@ -123,6 +123,11 @@ func (e *HostKeyError) Error() string {
 		e.Host, e.Got, e.KnownHosts, e.Want, e.WantAt, strings.Split(e.Host, ":")[0], e.KnownHosts)
 }
 
+// SSHDialer dials hosts with opt, for UpOptions.Dial.
+func SSHDialer(opt SSHOptions) func(context.Context, Host) (Conn, error) {
+	return func(ctx context.Context, h Host) (Conn, error) { return DialSSH(ctx, h, opt) }
+}
+
 // DialSSH connects to a host, through its bastion if it has one.
 func DialSSH(ctx context.Context, h Host, opt SSHOptions) (Conn, error) {
 	if opt.Timeout <= 0 {

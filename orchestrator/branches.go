@@ -84,12 +84,9 @@ func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
 	if len(changes) == 0 {
 		return nil
 	}
-	names := map[kv.NodeID]string{}
-	for id, n := range o.c.nodes {
-		if n.state != StateDown && n.state != StateRejected {
-			names[n.dir] = id
-		}
-	}
+	// Holders are engines with live replicas: a node that went down left
+	// the directory, a rejected one never fed it. The directory names its
+	// nodes by engine id.
 	out := map[string][]protocol.Hint{}
 	var holders []kv.Replica
 	// Deepest first: an engine moves a re-prioritised block to the
@@ -110,7 +107,8 @@ func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
 		}
 		seen := kv.NodeID(0xffff)
 		for _, rep := range holders {
-			if id, ok := names[rep.Node()]; ok && rep.Node() != seen {
+			if rep.Node() != seen { // a node's GPU and host copies: one hint
+				id := o.c.dir.NodeName(rep.Node())
 				out[id] = append(out[id], protocol.Hint{Hash: h, Priority: prio})
 				seen = rep.Node()
 			}
@@ -181,10 +179,6 @@ type BranchStatus struct {
 func (o *Orchestrator) Branches(session string) []BranchStatus {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
-	names := map[kv.NodeID]string{}
-	for id, n := range o.c.nodes {
-		names[n.dir] = id
-	}
 	out := []BranchStatus{}
 	var holders []kv.Replica
 	for _, b := range o.c.branches.List(session) {
@@ -192,7 +186,7 @@ func (o *Orchestrator) Branches(session string) []BranchStatus {
 		for _, h := range b.Chain {
 			holders = o.c.dir.Holders(h, holders[:0])
 			for _, rep := range holders {
-				id := names[rep.Node()]
+				id := o.c.dir.NodeName(rep.Node())
 				if res[id] == nil {
 					res[id] = &Residency{Node: id}
 				}

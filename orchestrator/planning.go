@@ -142,7 +142,7 @@ func (o *Orchestrator) planStep(now time.Time) {
 		}
 		role := n.role
 		if n.sw != nil {
-			role = roleOf(n.sw.To)
+			role, _ = parseRole(n.sw.To)
 		}
 		name := planner.Decode
 		if role == routing.Prefill {
@@ -192,11 +192,15 @@ func (o *Orchestrator) PlannerStatus() (planner.Status, bool) {
 	return o.plan.p.Status(), true
 }
 
-func roleOf(s string) routing.Role {
-	if s == "prefill" {
-		return routing.Prefill
+// parseRole reads a role name: prefill or decode.
+func parseRole(s string) (routing.Role, bool) {
+	switch s {
+	case "prefill":
+		return routing.Prefill, true
+	case "decode":
+		return routing.Decode, true
 	}
-	return routing.Decode
+	return routing.Decode, false
 }
 
 // countUsage reads the output tokens from a whole answer's usage.

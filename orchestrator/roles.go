@@ -27,13 +27,8 @@ func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (NodeSt
 // setRole is SetRole; the planner's moves are not stored (it re-derives
 // the split; an engine re-registering reports the role it has).
 func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store bool) (NodeStatus, error) {
-	var to routing.Role
-	switch role {
-	case "prefill":
-		to = routing.Prefill
-	case "decode":
-		to = routing.Decode
-	default:
+	to, ok := parseRole(role)
+	if !ok {
 		return NodeStatus{}, fmt.Errorf("role %q: want prefill or decode", role)
 	}
 	o.c.mu.Lock()

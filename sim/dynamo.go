@@ -63,19 +63,29 @@ func (r *run) plan() {
 		case up:
 			r.addWorker(role)
 		case down && len(pool) > 1:
-			// Remove the least loaded worker of the pool.
-			best, bestLoad := -1, 0
-			for _, i := range pool {
-				st := r.engines[i].stats
-				if l := st.Running + st.Waiting; best < 0 || l < bestLoad {
-					best, bestLoad = i, l
-				}
-			}
-			e := r.engines[best]
-			e.state = engRemoving
-			r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: best})
+			r.removeWorker(pool[r.leastLoaded(pool)])
 		}
 	}
+}
+
+// leastLoaded is the position in pool of the engine with the fewest
+// requests running and waiting (the first among equals).
+func (r *run) leastLoaded(pool []int) int {
+	best, bestLoad := -1, 0
+	for k, i := range pool {
+		st := r.engines[i].stats
+		if l := st.Running + st.Waiting; best < 0 || l < bestLoad {
+			best, bestLoad = k, l
+		}
+	}
+	return best
+}
+
+// removeWorker stops routing to engine i; after the grace period its
+// requests abort and are sent again (remove).
+func (r *run) removeWorker(i int) {
+	r.engines[i].state = engRemoving
+	r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: i})
 }
 
 // addWorker starts a cold worker of role in a free slot of the budget.

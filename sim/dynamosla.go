@@ -129,16 +129,8 @@ func (r *run) shrink(role routing.Role, want int) {
 		}
 	}
 	for ; have > want && len(active) > 1; have-- {
-		best, bestLoad := -1, 0
-		for k, i := range active {
-			st := r.engines[i].stats
-			if l := st.Running + st.Waiting; best < 0 || l < bestLoad {
-				best, bestLoad = k, l
-			}
-		}
-		i := active[best]
-		active = append(active[:best], active[best+1:]...)
-		r.engines[i].state = engRemoving
-		r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: i})
+		k := r.leastLoaded(active)
+		r.removeWorker(active[k])
+		active = append(active[:k], active[k+1:]...)
 	}
 }

@@ -31,29 +31,10 @@ func (*goldenSource) Planner(context.Context) (Planner, error) {
 		Long:    Demand{HorizonSec: 600, Requests: 3.1}}
 	p.PrefillFit.Ready, p.PrefillFit.Samples, p.PrefillFit.RelErr = true, 812, 0.004
 	p.DecodeFit.Ready, p.DecodeFit.Samples, p.DecodeFit.RelErr = true, 40211, 0.001
-	p.PrefillFit.Coefs = append(p.PrefillFit.Coefs, struct {
-		Name   string  `json:"name"`
-		Value  float64 `json:"value"`
-		StdErr float64 `json:"stderr"`
-	}{"per_token_us", 6.5, 0.01})
-	p.DecodeFit.Coefs = append(p.DecodeFit.Coefs, struct {
-		Name   string  `json:"name"`
-		Value  float64 `json:"value"`
-		StdErr float64 `json:"stderr"`
-	}{"per_seq_us", 7.3, 0.002})
-	p.Decisions = append(p.Decisions, struct {
-		Time   time.Time `json:"time"`
-		Action string    `json:"action"`
-		Reason string    `json:"reason"`
-		Moves  []struct {
-			Node string `json:"node"`
-			To   string `json:"to"`
-		} `json:"moves"`
-	}{Time: t0.Add(-5 * time.Minute), Action: "move", Reason: "3:0 -> 2:1: objective 9.2s -> 8.1s",
-		Moves: []struct {
-			Node string `json:"node"`
-			To   string `json:"to"`
-		}{{"e2", "decode"}}})
+	p.PrefillFit.Coefs = []Coef{{"per_token_us", 6.5, 0.01}}
+	p.DecodeFit.Coefs = []Coef{{"per_seq_us", 7.3, 0.002}}
+	p.Decisions = []Decision{{Time: t0.Add(-5 * time.Minute), Action: "move", Reason: "3:0 -> 2:1: objective 9.2s -> 8.1s",
+		Moves: []Move{{"e2", "decode"}}}}
 	return p, nil
 }
 
@@ -82,10 +63,7 @@ func runGolden(t *testing.T, keys string, wait string) {
 	tm := teatest.NewTestModel(t, m, teatest.WithInitialTermSize(100, 30))
 	n := threeNodes()
 	n[1].State = "switching"
-	n[1].Switch = &struct {
-		To    string `json:"to"`
-		Phase string `json:"phase"`
-	}{To: "prefill", Phase: "offloading"}
+	n[1].Switch = &Switch{To: "prefill", Phase: "offloading"}
 	f.watch <- WatchEvent{Type: "snapshot", Generation: 7, Nodes: n}
 	teatest.WaitFor(t, tm.Output(), func(b []byte) bool { return bytes.Contains(b, []byte("e2")) },
 		teatest.WithDuration(5*time.Second))

@@ -104,10 +104,7 @@ func TestNodesViewShowsTheCluster(t *testing.T) {
 	// A node event updates the row; a switch shows its phase.
 	n := threeNodes()[1]
 	n.State = "switching"
-	n.Switch = &struct {
-		To    string `json:"to"`
-		Phase string `json:"phase"`
-	}{To: "prefill", Phase: "draining"}
+	n.Switch = &Switch{To: "prefill", Phase: "draining"}
 	m.Update(watchBatch{{Type: "node", Generation: 4, Node: &n}})
 	if v := m.View(); !strings.Contains(v, "to prefill, draining") {
 		t.Fatalf("switch not shown:\n%s", v)

@@ -22,29 +22,35 @@ import (
 
 // Node is a node as the control API reports it.
 type Node struct {
-	ID          string  `json:"id"`
-	Role        string  `json:"role"`
-	Mode        string  `json:"mode"`
-	State       string  `json:"state"`
-	Address     string  `json:"address"`
-	Waiting     int     `json:"waiting"`
-	Running     int     `json:"running"`
-	InFlight    int     `json:"in_flight"`
-	GPUKVUsage  float64 `json:"gpu_kv_usage"`
-	HostKVUsage float64 `json:"host_kv_usage"`
-	GPUBlocks   int     `json:"gpu_blocks_cached"`
-	HostBlocks  int     `json:"host_blocks_cached"`
-	Switch      *struct {
-		To    string `json:"to"`
-		Phase string `json:"phase"`
-	} `json:"switch,omitempty"`
-	Reason  string `json:"reason,omitempty"`
-	History []struct {
-		Time   time.Time `json:"time"`
-		From   string    `json:"from"`
-		To     string    `json:"to"`
-		Reason string    `json:"reason"`
-	} `json:"history,omitempty"`
+	ID          string       `json:"id"`
+	Role        string       `json:"role"`
+	Mode        string       `json:"mode"`
+	State       string       `json:"state"`
+	Address     string       `json:"address"`
+	Waiting     int          `json:"waiting"`
+	Running     int          `json:"running"`
+	InFlight    int          `json:"in_flight"`
+	GPUKVUsage  float64      `json:"gpu_kv_usage"`
+	HostKVUsage float64      `json:"host_kv_usage"`
+	GPUBlocks   int          `json:"gpu_blocks_cached"`
+	HostBlocks  int          `json:"host_blocks_cached"`
+	Switch      *Switch      `json:"switch,omitempty"`
+	Reason      string       `json:"reason,omitempty"`
+	History     []RoleChange `json:"history,omitempty"`
+}
+
+// Switch is a role switch in progress.
+type Switch struct {
+	To    string `json:"to"`
+	Phase string `json:"phase"`
+}
+
+// RoleChange is one entry of a node's role history.
+type RoleChange struct {
+	Time   time.Time `json:"time"`
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	Reason string    `json:"reason"`
 }
 
 // WatchEvent is one message of the watch stream.
@@ -64,31 +70,37 @@ type Cluster struct {
 
 // Planner is the part of the planner's status the monitor shows.
 type Planner struct {
-	State      string  `json:"state"`
-	Reason     string  `json:"reason"`
-	Enabled    bool    `json:"enabled"`
-	PrefillFit Fit     `json:"prefill_cost"`
-	DecodeFit  Fit     `json:"decode_cost"`
-	Short      Demand  `json:"demand_short"`
-	Long       Demand  `json:"demand_long"`
-	Prefill    int     `json:"prefill"`
-	Decode     int     `json:"decode"`
-	Recommend  int     `json:"recommended_prefill"`
-	Current    Pred    `json:"current"`
-	Best       Pred    `json:"best"`
-	GainSec    float64 `json:"gain_s"`
-	CostSec    float64 `json:"cost_s"`
-	HeldSec    float64 `json:"held_s"`
-	ActsInSec  float64 `json:"acts_in_s"`
-	Decisions  []struct {
-		Time   time.Time `json:"time"`
-		Action string    `json:"action"`
-		Reason string    `json:"reason"`
-		Moves  []struct {
-			Node string `json:"node"`
-			To   string `json:"to"`
-		} `json:"moves"`
-	} `json:"decisions"`
+	State      string     `json:"state"`
+	Reason     string     `json:"reason"`
+	Enabled    bool       `json:"enabled"`
+	PrefillFit Fit        `json:"prefill_cost"`
+	DecodeFit  Fit        `json:"decode_cost"`
+	Short      Demand     `json:"demand_short"`
+	Long       Demand     `json:"demand_long"`
+	Prefill    int        `json:"prefill"`
+	Decode     int        `json:"decode"`
+	Recommend  int        `json:"recommended_prefill"`
+	Current    Pred       `json:"current"`
+	Best       Pred       `json:"best"`
+	GainSec    float64    `json:"gain_s"`
+	CostSec    float64    `json:"cost_s"`
+	HeldSec    float64    `json:"held_s"`
+	ActsInSec  float64    `json:"acts_in_s"`
+	Decisions  []Decision `json:"decisions"`
+}
+
+// Decision is one of the planner's decisions.
+type Decision struct {
+	Time   time.Time `json:"time"`
+	Action string    `json:"action"`
+	Reason string    `json:"reason"`
+	Moves  []Move    `json:"moves"`
+}
+
+// Move is one node moved by the planner.
+type Move struct {
+	Node string `json:"node"`
+	To   string `json:"to"`
 }
 
 // Fit is a learned cost model.
@@ -97,11 +109,14 @@ type Fit struct {
 	Samples int     `json:"samples"`
 	RelErr  float64 `json:"relative_error"`
 	Note    string  `json:"note"`
-	Coefs   []struct {
-		Name   string  `json:"name"`
-		Value  float64 `json:"value"`
-		StdErr float64 `json:"stderr"`
-	} `json:"coefficients"`
+	Coefs   []Coef  `json:"coefficients"`
+}
+
+// Coef is a learned coefficient with its standard error.
+type Coef struct {
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	StdErr float64 `json:"stderr"`
 }
 
 // Demand is the planner's demand over one horizon.

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -126,21 +125,9 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 			return err
 		}
 	}
-	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString(key("known-hosts")), AcceptNewHostKeys: config.GetBool(key("accept-new-host-keys")),
-		SSHConfig: config.GetString(key("ssh-config"))}
-	var mu sync.Mutex
 	prog := newHostProgress(errw, f)
-	opt := cluster.UpOptions{
-		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
-			return cluster.DialSSH(ctx, h, sshOpt)
-		},
-		Binary: exe, NATSToken: st.NATSToken, Log: lockedWriter{&mu, debug},
-		Progress: func(h, phase, detail string) {
-			mu.Lock()
-			defer mu.Unlock()
-			prog.update(h, phase, detail)
-		},
-	}
+	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Binary: exe, NATSToken: st.NATSToken,
+		Log: lockedWriter{&prog.mu, debug}, Progress: prog.update}
 	// Engines reach the orchestrator that runs (a re-run keeps the one it
 	// finds, on the ports it has).
 	if u, err := url.Parse(st.NATSURL); err == nil {
@@ -306,18 +293,8 @@ func downFromFile(cmd *cobra.Command, path string, yes bool) error {
 			return errors.New("cancelled")
 		}
 	}
-	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString("down.known-hosts"), SSHConfig: config.GetString("down.ssh-config")}
-	var mu sync.Mutex
-	res := cluster.Down(cmd.Context(), f, cluster.UpOptions{
-		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
-			return cluster.DialSSH(ctx, h, sshOpt)
-		},
-		Progress: func(h, phase, detail string) {
-			mu.Lock()
-			defer mu.Unlock()
-			fmt.Fprintf(errw, "%-16s %-8s %s\n", h, phase, detail)
-		},
-	})
+	res := cluster.Down(cmd.Context(), f, cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("down")),
+		Progress: newHostProgress(errw, f).update})
 	if st, err := readClusterState(f.Metadata.Name); err == nil {
 		stopPIDs(errw, []int{st.Orchestrator}, nil, 15*time.Second)
 		os.Remove(filepath.Join(clusterDir(f.Metadata.Name), "state.json"))
@@ -353,9 +330,17 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// sshOptions reads the SSH flags of a command (those it lacks are unset).
+func sshOptions(cmd string) cluster.SSHOptions {
+	return cluster.SSHOptions{KnownHosts: config.GetString(cmd + ".known-hosts"),
+		AcceptNewHostKeys: config.GetBool(cmd + ".accept-new-host-keys"), SSHConfig: config.GetString(cmd + ".ssh-config")}
+}
+
 // hostProgress shows each host's phase: on a terminal one live line per
-// host, redrawn in place; otherwise a plain line per change.
+// host, redrawn in place; otherwise a plain line per change. Hosts report
+// at once; mu orders them (and the debug log written beside).
 type hostProgress struct {
+	mu    sync.Mutex
 	w     io.Writer
 	tty   bool
 	hosts []string
@@ -378,6 +363,8 @@ func newHostProgress(w io.Writer, f *cluster.File) *hostProgress {
 }
 
 func (p *hostProgress) update(host, phase, detail string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	line := phase
 	if detail != "" {
 		line += " " + detail
@@ -419,11 +406,7 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 			out.Orchestrator = "running"
 		}
 	}
-	sshOpt := cluster.SSHOptions{KnownHosts: config.GetString("status.known-hosts")}
-	out.Hosts = cluster.Status(cmd.Context(), f, cluster.UpOptions{
-		Dial: func(ctx context.Context, h cluster.Host) (cluster.Conn, error) {
-			return cluster.DialSSH(ctx, h, sshOpt)
-		}})
+	out.Hosts = cluster.Status(cmd.Context(), f, cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("status"))})
 	failed := 0
 	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "cluster %s: orchestrator %s %s\n\n", out.Cluster, out.Orchestrator, out.RouterURL)
