@@ -30,13 +30,19 @@ type dirEntry struct {
 	rs   replicaSet
 }
 
-// replicaSet holds up to inlineReplicas copies inline; more live in
-// Directory.extraSlab.
+// replicaSet holds up to inlineReplicas copies inline. A block with more
+// copies keeps all of them in Directory.extraSlab, and the inline space
+// holds that slab's index instead, so no lookup is needed to find them.
 type replicaSet struct {
 	reps [inlineReplicas]Replica
-	n    uint8
-	more bool // Directory.extraSlab holds further replicas of this block
+	n    uint8 // copies inline; inlineReplicas when more is set
+	more bool  // the copies live in Directory.extraSlab[slab()]
 }
+
+// slab is the extraSlab index of a set whose copies live there.
+func (s *replicaSet) slab() int32 { return int32(s.reps[0]) | int32(s.reps[1])<<16 }
+
+func (s *replicaSet) setSlab(i int32) { s.reps[0], s.reps[1] = Replica(i), Replica(i>>16) }
 
 const inlineReplicas = 3
 
@@ -62,13 +68,13 @@ var ErrGap = errors.New("KV event sequence gap")
 type Directory struct {
 	t         Table[int32] // hash -> arena position
 	arena     []dirEntry
-	free      []int32      // free arena positions
-	extraIdx  Table[int32] // hash -> extraSlab index, for blocks with more than inline copies
-	extraSlab [][]Replica
+	free      []int32     // free arena positions
+	extraSlab [][]Replica // the copies of blocks with more than inline ones
 	extraFree []int32
 	nodes     []nodeState
 	names     map[string]NodeID
 	replicas  int
+	last      int32 // arena position last located or added
 
 	sink         BlockHash // keeps Match's prefetching reads alive
 	indexLookups uint64    // Match's index lookups (the rest were sequential), for benchmarks
@@ -118,11 +124,29 @@ func (d *Directory) Blocks() int { return d.t.Len() }
 
 // entry returns the arena entry of h, or nil.
 func (d *Directory) entry(h BlockHash) *replicaSet {
-	pos, ok := d.t.Get(h)
+	pos, ok := d.locate(h)
 	if !ok {
 		return nil
 	}
 	return &d.arena[pos].rs
+}
+
+// locate returns h's arena position. A node's events come in chain order
+// (a chain stored parent first, evicted deepest first) and a chain lies
+// contiguous, so the entries beside the last one located are tried before
+// the index.
+func (d *Directory) locate(h BlockHash) (int32, bool) {
+	for _, p := range [...]int32{d.last + 1, d.last - 1, d.last} {
+		if p >= 0 && int(p) < len(d.arena) && d.arena[p].hash == h && d.arena[p].rs.n > 0 {
+			d.last = p
+			return p, true
+		}
+	}
+	p, ok := d.t.Get(h)
+	if ok {
+		d.last = p
+	}
+	return p, ok
 }
 
 // place finds an arena position for a new block whose parent is parent:
@@ -130,7 +154,7 @@ func (d *Directory) entry(h BlockHash) *replicaSet {
 // much larger than what it holds, else a freed position.
 func (d *Directory) place(parent BlockHash) int32 {
 	if parent != 0 {
-		if pp, ok := d.t.Get(parent); ok {
+		if pp, ok := d.locate(parent); ok {
 			if next := int(pp) + 1; next < len(d.arena) && d.arena[next].rs.n == 0 && d.takeFree(int32(next)) {
 				return int32(next)
 			}
@@ -218,35 +242,37 @@ func (d *Directory) Apply(n NodeID, e Event) error {
 	return nil
 }
 
-// extras returns the side replicas of h (nil if none).
-func (d *Directory) extras(h BlockHash) []Replica {
-	i, ok := d.extraIdx.Get(h)
-	if !ok {
-		return nil
+// copies returns every copy of a block (valid until the next change).
+func (d *Directory) copies(s *replicaSet) []Replica {
+	if s.more {
+		return d.extraSlab[s.slab()]
 	}
-	return d.extraSlab[i]
+	return s.reps[:s.n]
 }
 
-func (d *Directory) setExtras(h BlockHash, ex []Replica) {
-	i, ok := d.extraIdx.Get(h)
-	switch {
-	case ok && len(ex) == 0:
-		d.extraIdx.Delete(h)
-		d.extraSlab[i] = d.extraSlab[i][:0]
-		d.extraFree = append(d.extraFree, i)
-	case ok:
-		d.extraSlab[i] = ex
-	case len(ex) > 0:
-		if n := len(d.extraFree); n > 0 {
-			i = d.extraFree[n-1]
-			d.extraFree = d.extraFree[:n-1]
-			d.extraSlab[i] = ex
-		} else {
-			i = int32(len(d.extraSlab))
-			d.extraSlab = append(d.extraSlab, ex)
-		}
-		d.extraIdx.Put(h, i)
+// toSlab moves a full inline set and one more copy to a slab.
+func (d *Directory) toSlab(s *replicaSet, r Replica) {
+	var i int32
+	if n := len(d.extraFree); n > 0 {
+		i = d.extraFree[n-1]
+		d.extraFree = d.extraFree[:n-1]
+	} else {
+		i = int32(len(d.extraSlab))
+		d.extraSlab = append(d.extraSlab, nil)
 	}
+	d.extraSlab[i] = append(append(d.extraSlab[i][:0], s.reps[:s.n]...), r)
+	s.setSlab(i)
+	s.more = true
+}
+
+// fromSlab moves a slab's copies back inline once they fit.
+func (d *Directory) fromSlab(s *replicaSet) {
+	i := s.slab()
+	ex := d.extraSlab[i]
+	s.more = false
+	s.n = uint8(copy(s.reps[:], ex))
+	d.extraSlab[i] = ex[:0]
+	d.extraFree = append(d.extraFree, i)
 }
 
 func (d *Directory) count(r Replica, delta int) {
@@ -265,33 +291,46 @@ func (d *Directory) add(h, parent BlockHash, r Replica) {
 		pos := d.place(parent)
 		d.arena[pos] = dirEntry{hash: h}
 		d.t.Put(h, pos)
+		d.last = pos
 		s = &d.arena[pos].rs
 	}
-	for _, x := range s.reps[:s.n] {
+	for _, x := range d.copies(s) {
 		if x == r {
 			return
 		}
 	}
-	if int(s.n) < inlineReplicas {
+	d.count(r, 1)
+	switch {
+	case s.more:
+		d.extraSlab[s.slab()] = append(d.extraSlab[s.slab()], r)
+	case int(s.n) < inlineReplicas:
 		s.reps[s.n] = r
 		s.n++
-		d.count(r, 1)
-		return
+	default:
+		d.toSlab(s, r)
 	}
-	ex := d.extras(h)
-	for _, x := range ex {
-		if x == r {
-			return
-		}
-	}
-	s.more = true
-	d.setExtras(h, append(ex, r))
-	d.count(r, 1)
 }
 
 func (d *Directory) remove(h BlockHash, r Replica) {
-	s := d.entry(h)
-	if s == nil {
+	pos, ok := d.locate(h)
+	if !ok {
+		return
+	}
+	s := &d.arena[pos].rs
+	if s.more {
+		i := s.slab()
+		ex := d.extraSlab[i]
+		for k, x := range ex {
+			if x == r {
+				d.count(r, -1)
+				ex[k] = ex[len(ex)-1]
+				d.extraSlab[i] = ex[:len(ex)-1]
+				if len(ex)-1 <= inlineReplicas {
+					d.fromSlab(s)
+				}
+				return
+			}
+		}
 		return
 	}
 	for i := 0; i < int(s.n); i++ {
@@ -299,35 +338,14 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 			continue
 		}
 		d.count(r, -1)
-		// Refill the hole from the side map, or close it up.
-		if ex := d.extras(h); s.more && len(ex) > 0 {
-			s.reps[i] = ex[len(ex)-1]
-			d.setExtras(h, ex[:len(ex)-1])
-			s.more = len(ex) > 1
-			return
-		}
 		s.n--
 		s.reps[i] = s.reps[s.n]
 		if s.n == 0 {
-			pos, _ := d.t.Get(h)
 			d.t.Delete(h)
 			d.arena[pos] = dirEntry{}
 			d.free = append(d.free, pos)
 		}
 		return
-	}
-	if !s.more {
-		return
-	}
-	ex := d.extras(h)
-	for i, x := range ex {
-		if x == r {
-			d.count(r, -1)
-			ex[i] = ex[len(ex)-1]
-			d.setExtras(h, ex[:len(ex)-1])
-			s.more = len(ex) > 1
-			return
-		}
 	}
 }
 
@@ -338,11 +356,7 @@ func (d *Directory) Holders(h BlockHash, out []Replica) []Replica {
 	if s == nil {
 		return out
 	}
-	out = append(out, s.reps[:s.n]...)
-	if s.more {
-		out = append(out, d.extras(h)...)
-	}
-	return out
+	return append(out, d.copies(s)...)
 }
 
 // DropNode removes every copy node n holds (the node went down, or is
@@ -366,16 +380,9 @@ func (d *Directory) clearNode(n NodeID) {
 			continue
 		}
 		drop = drop[:0]
-		for _, r := range s.reps[:s.n] {
+		for _, r := range d.copies(s) {
 			if r.Node() == n {
 				drop = append(drop, r)
-			}
-		}
-		if s.more {
-			for _, r := range d.extras(h) {
-				if r.Node() == n {
-					drop = append(drop, r)
-				}
 			}
 		}
 		if len(drop) > 0 {
@@ -435,7 +442,6 @@ func (m *Match) For(n NodeID) NodeMatch {
 func (d *Directory) Match(chain []BlockHash, m *Match) {
 	m.Nodes, m.Sources, m.Cluster = m.Nodes[:0], m.Sources[:0], 0
 	d.touched = d.touched[:0]
-	var extra []Replica
 	pos, touched := int32(-1), 0
 	cluster, curFrom, haveCur := 0, 0, false
 	var cur Replica
@@ -462,12 +468,7 @@ func (d *Directory) Match(chain []BlockHash, m *Match) {
 			}
 			pos = p
 		}
-		s := &d.arena[pos].rs
-		reps := s.reps[:s.n]
-		if s.more {
-			extra = append(append(extra[:0], reps...), d.extras(h)...)
-			reps = extra
-		}
+		reps := d.copies(&d.arena[pos].rs)
 		src, keep := reps[0], false
 		for _, r := range reps {
 			n := r.Node()

@@ -233,6 +233,17 @@ func TestDirectoryMatchesNaiveModel(t *testing.T) {
 		if f.d.Replicas() != total || f.d.Blocks() != len(nv) {
 			t.Fatalf("step %d: %d replicas %d blocks, naive %d %d", step, f.d.Replicas(), f.d.Blocks(), total, len(nv))
 		}
+		for h, set := range nv {
+			got := f.d.Holders(h, nil)
+			if len(got) != len(set) {
+				t.Fatalf("step %d: block %x has holders %v, naive %v", step, h, got, set)
+			}
+			for _, rep := range got {
+				if !set[rep] {
+					t.Fatalf("step %d: block %x has holders %v, naive %v", step, h, got, set)
+				}
+			}
+		}
 		for _, ch := range chains {
 			f.d.Match(ch, &m)
 			want, cluster := nv.match(ch, nodes)

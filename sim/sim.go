@@ -243,6 +243,11 @@ type laneState struct {
 // for the prefix the two prompts share.
 func (ls *laneState) chain(tokens []uint32, bs int) []kv.BlockHash {
 	n := 0
+	if k := len(ls.lastTokens); k > 0 && len(tokens) >= k && &tokens[0] == &ls.lastTokens[0] {
+		// The same array: a lane never modifies a prompt it returned
+		// (workload.Call.Tokens), so the last prompt is this one's prefix.
+		n = k
+	}
 	for n < len(tokens) && n < len(ls.lastTokens) && tokens[n] == ls.lastTokens[n] {
 		n++
 	}
@@ -612,7 +617,8 @@ func (r *run) step(i int) {
 	end := out.Start.Add(d)
 	for _, ev := range out.Events {
 		r.dir.Apply(e.dir, ev)
-		if ev.Kind == kv.BlockStored {
+		// A host copy is always of a block some GPU stored before.
+		if ev.Kind == kv.BlockStored && ev.Tier == kv.TierGPU {
 			r.ever.Put(ev.Hash, 1)
 		}
 	}

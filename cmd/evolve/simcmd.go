@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -101,6 +102,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (split and latency per minute) as an SVG file")
 	f.Bool("profile-self", false, "report how fast each simulation ran (wall time, modelled time, passes per second) on stderr, and in -o json under profile_self")
+	f.String("cpuprofile", "", "write a Go CPU profile of the simulation to this file (for `go tool pprof`)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -160,6 +162,17 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	errw := cmd.ErrOrStderr()
+	if path := config.GetString(k("cpuprofile")); path != "" {
+		pf, err := os.Create(path)
+		if err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pf.Close()
+		if err := pprof.StartCPUProfile(pf); err != nil {
+			return fmt.Errorf("--cpuprofile: %w", err)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	start := time.Now()
 	var speeds []selfProfile
 	began := map[string]time.Time{}

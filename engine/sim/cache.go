@@ -51,7 +51,7 @@ func (m *Model) evictGPU(id BlockID) {
 	v := m.blocks.Get(id)
 	m.gpuByHash.Delete(v.Hash)
 	m.emitBlock(kv.BlockRemoved, v)
-	if m.storeHost(v.Hash, v.Parent, v.Depth) {
+	if m.storeHost(v.Hash, v.Parent, v.Depth, v.Priority) {
 		m.out.Stats.OffloadBlocks++
 		m.counters.OffloadedBlocks++
 	}
@@ -61,7 +61,7 @@ func (m *Model) evictGPU(id BlockID) {
 
 // storeHost puts a copy of a block in the host tier, evicting the host's
 // victim when full. It reports whether a new copy was made.
-func (m *Model) storeHost(h, parent kv.BlockHash, depth int32) bool {
+func (m *Model) storeHost(h, parent kv.BlockHash, depth int32, prio int8) bool {
 	if id, ok := m.hostByHash.Get(h); ok {
 		m.touchHost(BlockID(id))
 		return false
@@ -78,15 +78,12 @@ func (m *Model) storeHost(h, parent kv.BlockHash, depth int32) bool {
 		v := m.blocks.Get(vid)
 		m.hostByHash.Delete(v.Hash)
 		m.emitBlock(kv.BlockRemoved, v)
-		if !m.gpuByHash.Has(v.Hash) {
-			delete(m.hints, v.Hash)
-		}
 		m.blocks.release(vid)
 	}
 	id := m.blocks.alloc()
 	b := m.blocks.Get(id)
 	b.Hash, b.Parent, b.Depth, b.Hashed, b.Tier = h, parent, depth, true, kv.TierHost
-	b.Priority = m.hints[h]
+	b.Priority = prio
 	b.LastUse = m.pass
 	m.hostByHash.Put(h, int32(id))
 	m.hostPolicy.Add(id)
@@ -118,9 +115,13 @@ func (m *Model) commitBlock(id BlockID, h, parent kv.BlockHash, depth int) {
 	}
 	b := m.blocks.Get(id)
 	b.Hash, b.Parent, b.Depth, b.Hashed = h, parent, int32(depth), true
-	b.Priority = m.hints[h]
+	if hid, ok := m.hostByHash.Get(h); ok {
+		b.Priority = m.blocks.Get(BlockID(hid)).Priority
+	} else {
+		b.Priority = m.arrivingHint(h)
+	}
 	m.emitBlock(kv.BlockStored, b)
-	if m.cfg.WriteThrough && m.storeHost(h, parent, int32(depth)) {
+	if m.cfg.WriteThrough && m.storeHost(h, parent, int32(depth), b.Priority) {
 		m.counters.OffloadedBlocks++
 	}
 }
@@ -162,7 +163,7 @@ func (m *Model) completeFetches(now time.Time) {
 			if i > 0 {
 				parent = f.chain[i-1]
 			}
-			if !m.gpuByHash.Has(f.chain[i]) && m.storeHost(f.chain[i], parent, int32(i)) {
+			if !m.gpuByHash.Has(f.chain[i]) && m.storeHost(f.chain[i], parent, int32(i), m.arrivingHint(f.chain[i])) {
 				m.counters.FetchedBlocks++
 			}
 		}
@@ -172,4 +173,19 @@ func (m *Model) completeFetches(now time.Time) {
 		copy(m.fetches, m.fetches[k:])
 		m.fetches = m.fetches[:len(m.fetches)-k]
 	}
+}
+
+// arrivingHint is the eviction hint a block gets as its first copy on this
+// engine arrives: one given while the engine held no copy of it. From then
+// on the copies carry the hint from tier to tier, and it is forgotten when
+// the last copy leaves.
+func (m *Model) arrivingHint(h kv.BlockHash) int8 {
+	if m.hints.Len() == 0 {
+		return 0
+	}
+	p, ok := m.hints.Get(h)
+	if ok {
+		m.hints.Delete(h)
+	}
+	return p
 }

@@ -237,7 +237,9 @@ type Model struct {
 	gpuPolicy  EvictionPolicy
 	hostByHash *kv.Index // hash -> BlockID of the host copy
 	hostPolicy EvictionPolicy
-	hints      map[kv.BlockHash]int8
+	hints      *kv.Table[int8] // hints for blocks not held yet (see arrivingHint)
+	hitScratch []BlockID       // admit's GPU hits
+	sink       kv.BlockHash    // keeps admit's prefetching reads alive
 
 	pass      int64
 	busyUntil time.Time
@@ -284,7 +286,7 @@ func NewModel(p *Profile, c Config) *Model {
 		byID:       map[string]*seq{},
 		gpuByHash:  kv.NewIndex(min(c.GPUBlocks, 1<<22)),
 		hostByHash: &kv.Index{},
-		hints:      map[kv.BlockHash]int8{},
+		hints:      kv.NewTable[int8](0),
 	}
 	m.gpuPolicy = c.NewPolicy(&m.blocks)
 	m.hostPolicy = c.NewPolicy(&m.blocks)
@@ -506,7 +508,7 @@ func (m *Model) OffloadGPU(now time.Time) (int, time.Duration) {
 	})
 	for _, id := range ids { // storeHost may change the host index, not the GPU one
 		b := m.blocks.Get(id)
-		if m.storeHost(b.Hash, b.Parent, b.Depth) {
+		if m.storeHost(b.Hash, b.Parent, b.Depth, b.Priority) {
 			n++
 		}
 	}
@@ -526,20 +528,24 @@ type Hint struct {
 	Priority int8
 }
 
-// SetHints applies eviction hints to the block copies in both tiers, now and
-// when they are stored later.
+// SetHints applies eviction hints to the block copies in both tiers. A
+// hint for a block the engine holds no copy of waits for the block's
+// arrival; the copies carry their hint between tiers.
 func (m *Model) SetHints(hints []Hint) {
 	for _, h := range hints {
-		if h.Priority == 0 {
-			delete(m.hints, h.Hash)
-		} else {
-			m.hints[h.Hash] = h.Priority
+		gid, onGPU := m.gpuByHash.Get(h.Hash)
+		if onGPU {
+			m.reprioritize(BlockID(gid), m.gpuPolicy, h.Priority)
 		}
-		if id, ok := m.gpuByHash.Get(h.Hash); ok {
-			m.reprioritize(BlockID(id), m.gpuPolicy, h.Priority)
+		hid, onHost := m.hostByHash.Get(h.Hash)
+		if onHost {
+			m.reprioritize(BlockID(hid), m.hostPolicy, h.Priority)
 		}
-		if id, ok := m.hostByHash.Get(h.Hash); ok {
-			m.reprioritize(BlockID(id), m.hostPolicy, h.Priority)
+		switch {
+		case !onGPU && !onHost && h.Priority != 0:
+			m.hints.Put(h.Hash, h.Priority)
+		case m.hints.Len() > 0:
+			m.hints.Delete(h.Hash)
 		}
 	}
 }

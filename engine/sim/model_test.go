@@ -619,3 +619,42 @@ func TestMigrateHandsADecodeToAPeer(t *testing.T) {
 		t.Fatalf("counters %+v", a.Counters())
 	}
 }
+
+// A hint given before a block arrives applies when it does, and the copies
+// carry it between tiers: offloaded to host and loaded back, a hinted-down
+// context still goes first, though it is the most recently used.
+func TestEvictionHintsWaitForBlocksAndFollowThem(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{GPUBlocks: 64, HostBlocks: 200})
+	a, x := prompt(496, 95), prompt(496, 96) // 31 blocks each
+	ca, cx := kv.ChainHashes(a, 16), kv.ChainHashes(x, 16)
+	var hints []Hint
+	for _, h := range cx {
+		hints = append(hints, Hint{h, -5})
+	}
+	m.SetHints(hints) // x is nowhere yet
+	submit(t, m, t0, Request{ID: "a", Tokens: a, MaxTokens: 1})
+	now := run(t, m, t0, 100).end
+	submit(t, m, now, Request{ID: "x", Tokens: x, MaxTokens: 1})
+	now = run(t, m, now, 100).end
+	c := prompt(496, 97)
+	submit(t, m, now, Request{ID: "c", Tokens: c, MaxTokens: 1})
+	now = run(t, m, now, 100).end
+	if g, _ := m.Lookup(ca); g != 31 {
+		t.Fatalf("older unhinted a lost GPU blocks (%d of 31 left): x's hint did not wait for x", g)
+	}
+	if g, l := m.Lookup(cx); g == 31 || l != 31 {
+		t.Fatalf("x: %d on GPU, %d local; want evicted from GPU into host", g, l)
+	}
+	// Load x back from host (most recently used now), then press the GPU.
+	submit(t, m, now, Request{ID: "x2", Tokens: x, MaxTokens: 1})
+	now = run(t, m, now, 100).end
+	submit(t, m, now, Request{ID: "d", Tokens: prompt(496, 98), MaxTokens: 1})
+	run(t, m, now, 100)
+	if g, _ := m.Lookup(cx); g == 31 {
+		t.Fatal("x reloaded from host lost its hint: it kept every GPU block")
+	}
+	if g, _ := m.Lookup(kv.ChainHashes(c, 16)); g != 31 {
+		t.Fatalf("c, older than x's reload, lost GPU blocks (%d of 31 left) while hinted-down x was there", g)
+	}
+}

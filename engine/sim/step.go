@@ -126,10 +126,21 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 // its first chunk and returns that chunk's size; false if KV does not fit.
 func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bool) {
 	maxHit := (s.ntok() - 1) / m.bs // always compute at least the last token
-	g := 0
-	for g < maxHit && g < len(s.chain) && m.onGPU(s.chain[g]) {
-		g++
+	// The GPU hit, remembering each block's copy; blocks hit on GPU stop
+	// being evictable once taken: count them out of the room left.
+	hits, evictableHits := m.hitScratch[:0], 0
+	for g := 0; g < maxHit && g < len(s.chain); g++ {
+		id, ok := m.gpuByHash.Get(s.chain[g])
+		if !ok {
+			break
+		}
+		hits = append(hits, BlockID(id))
+		if m.blocks.Get(BlockID(id)).ref == 0 {
+			evictableHits++
+		}
 	}
+	m.hitScratch = hits
+	g := len(hits)
 	t := g
 	host, xfer := 0, 0
 	for t < maxHit && t < len(s.chain) {
@@ -147,21 +158,13 @@ func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bo
 matched:
 	n := min(s.ntok()-t*m.bs, budget)
 	need := (t*m.bs+n+m.bs-1)/m.bs - g
-	// Blocks hit on GPU stop being evictable once taken: count them out.
-	evictableHits := 0
-	for i := 0; i < g; i++ {
-		if id, _ := m.gpuByHash.Get(s.chain[i]); m.blocks.Get(BlockID(id)).ref == 0 {
-			evictableHits++
-		}
-	}
 	if m.gpuAvailable()-evictableHits < need {
 		return 0, false
 	}
-	for i := 0; i < g; i++ {
-		id, _ := m.gpuByHash.Get(s.chain[i])
-		m.acquireCached(BlockID(id))
-		s.blocks = append(s.blocks, BlockID(id))
+	for _, id := range hits {
+		m.acquireCached(id)
 	}
+	s.blocks = append(s.blocks, hits...)
 	for i := g; i < t; i++ {
 		h := s.chain[i]
 		if hid, ok := m.hostByHash.Get(h); ok {
