@@ -74,7 +74,7 @@ type Directory struct {
 	nodes     []nodeState
 	names     map[string]NodeID
 	replicas  int
-	last      int32 // arena position last located or added
+	lastQuery int32 // arena position last located by a query (see locate)
 
 	sink         BlockHash // keeps Match's prefetching reads alive
 	indexLookups uint64    // Match's index lookups (the rest were sequential), for benchmarks
@@ -90,6 +90,9 @@ type nodeState struct {
 	resync     bool // a gap was seen: ignore events until AllBlocksCleared
 	gpu, host  int  // replicas held
 	everEvents bool
+	// Arena positions last located by this node's events, per tier, for
+	// stores and for removals (see locate).
+	cursors [2][2]int32
 }
 
 // NewDirectory returns an empty directory.
@@ -124,27 +127,28 @@ func (d *Directory) Blocks() int { return d.t.Len() }
 
 // entry returns the arena entry of h, or nil.
 func (d *Directory) entry(h BlockHash) *replicaSet {
-	pos, ok := d.locate(h)
+	pos, ok := d.locate(h, &d.lastQuery)
 	if !ok {
 		return nil
 	}
 	return &d.arena[pos].rs
 }
 
-// locate returns h's arena position. A node's events come in chain order
-// (a chain stored parent first, evicted deepest first) and a chain lies
-// contiguous, so the entries beside the last one located are tried before
-// the index.
-func (d *Directory) locate(h BlockHash) (int32, bool) {
-	for _, p := range [...]int32{d.last + 1, d.last - 1, d.last} {
+// locate returns h's arena position. Events of one kind and tier come in
+// chain order (a chain stored parent first, evicted deepest first) and a
+// chain lies contiguous, so the entries beside the last one that cursor
+// located are tried before the index.
+func (d *Directory) locate(h BlockHash, cursor *int32) (int32, bool) {
+	last := *cursor
+	for _, p := range [...]int32{last + 1, last - 1, last} {
 		if p >= 0 && int(p) < len(d.arena) && d.arena[p].hash == h && d.arena[p].rs.n > 0 {
-			d.last = p
+			*cursor = p
 			return p, true
 		}
 	}
 	p, ok := d.t.Get(h)
 	if ok {
-		d.last = p
+		*cursor = p
 	}
 	return p, ok
 }
@@ -152,9 +156,9 @@ func (d *Directory) locate(h BlockHash) (int32, bool) {
 // place finds an arena position for a new block whose parent is parent:
 // right after the parent when free, else at the end while the arena is not
 // much larger than what it holds, else a freed position.
-func (d *Directory) place(parent BlockHash) int32 {
+func (d *Directory) place(parent BlockHash, cursor *int32) int32 {
 	if parent != 0 {
-		if pp, ok := d.locate(parent); ok {
+		if pp, ok := d.locate(parent, cursor); ok {
 			if next := int(pp) + 1; next < len(d.arena) && d.arena[next].rs.n == 0 && d.takeFree(int32(next)) {
 				return int32(next)
 			}
@@ -286,12 +290,15 @@ func (d *Directory) count(r Replica, delta int) {
 }
 
 func (d *Directory) add(h, parent BlockHash, r Replica) {
-	s := d.entry(h)
-	if s == nil {
-		pos := d.place(parent)
+	cursor := &d.nodes[r.Node()].cursors[r.Tier()][0]
+	var s *replicaSet
+	if pos, ok := d.locate(h, cursor); ok {
+		s = &d.arena[pos].rs
+	} else {
+		pos := d.place(parent, cursor)
 		d.arena[pos] = dirEntry{hash: h}
 		d.t.Put(h, pos)
-		d.last = pos
+		*cursor = pos
 		s = &d.arena[pos].rs
 	}
 	for _, x := range d.copies(s) {
@@ -312,7 +319,7 @@ func (d *Directory) add(h, parent BlockHash, r Replica) {
 }
 
 func (d *Directory) remove(h BlockHash, r Replica) {
-	pos, ok := d.locate(h)
+	pos, ok := d.locate(h, &d.nodes[r.Node()].cursors[r.Tier()][1])
 	if !ok {
 		return
 	}
