@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Compare runs every named policy on the scenario, side by side. A name
@@ -70,7 +71,11 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	next := 0
-	for w := 0; w < min(runtime.GOMAXPROCS(0), len(jobs)); w++ {
+	workers := runtime.GOMAXPROCS(0)
+	if hooks != nil && hooks.Watch != nil {
+		workers = len(jobs) // watched runs are paced: all at once
+	}
+	for w := 0; w < min(workers, len(jobs)); w++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -86,7 +91,11 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 					hooks.Start(j.pol.Name)
 				}
 				mu.Unlock()
-				j.res, j.err = Run(sc, j.pol)
+				if hooks != nil && hooks.Watch != nil {
+					j.res, j.err = RunWatched(sc, j.pol, hooks.Watch, hooks.WatchEvery)
+				} else {
+					j.res, j.err = Run(sc, j.pol)
+				}
 				if hooks != nil && hooks.Done != nil && j.err == nil {
 					mu.Lock()
 					hooks.Done(j.pol.Name, j.res)
@@ -129,10 +138,15 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 }
 
 // Hooks let a caller follow a comparison: Start is called before each
-// simulation (a sweep runs several), Done after it, one at a time.
+// simulation (a sweep runs several), Done after it, one at a time. Watch,
+// when set, gets every simulation's state every WatchEvery of modelled
+// time (see RunWatched), from each simulation's goroutine; all of them
+// then run at once.
 type Hooks struct {
-	Start func(policy string)
-	Done  func(policy string, res Result)
+	Start      func(policy string)
+	Done       func(policy string, res Result)
+	Watch      func(*State)
+	WatchEvery time.Duration
 }
 
 // better reports whether a beats b on the primary metric: mean end-to-end

@@ -84,6 +84,7 @@ func (r *run) leastLoaded(pool []int) int {
 // removeWorker stops routing to engine i; after the grace period its
 // requests abort and are sent again (remove).
 func (r *run) removeWorker(i int) {
+	r.noteRole(i, roleName(r.engines[i].role), "down", "planner removed the worker: grace, then abort")
 	r.engines[i].state = engRemoving
 	r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: i})
 }
@@ -94,6 +95,7 @@ func (r *run) addWorker(role routing.Role) {
 		if e.state != engOff {
 			continue
 		}
+		r.noteRole(i, "down", roleName(role), "planner added a worker: cold start")
 		e.role, e.state = role, engStarting
 		e.model = enginesim.NewModel(r.sc.Profile, enginesim.Config{WriteThrough: r.pol.WriteThrough})
 		e.stats = enginesim.PassStats{}

@@ -75,6 +75,10 @@ func (r *run) planStep() {
 		if m.To == planner.Prefill {
 			e.switchTo = routing.Prefill
 		}
+		e.switchWhy = "planner"
+		if ds := r.planner.Status().Decisions; len(ds) > 0 {
+			e.switchWhy = "planner: " + ds[len(ds)-1].Reason
+		}
 		if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
 			r.res.RoleSwitches++
 		}
@@ -102,6 +106,7 @@ func (r *run) switchStep(i int) {
 		role = enginesim.RolePrefill
 	}
 	e.model.SetRole(role)
+	r.noteRole(i, roleName(e.role), roleName(e.switchTo), e.switchWhy)
 	e.role, e.switching = e.switchTo, false
 	r.kick(i) // publishes the offload's KV events
 }

@@ -154,6 +154,7 @@ const (
 	evPlanStep        // evolve's planner steps
 	evSwitch          // a switching node is checked
 	evSLA             // Dynamo's SLA planner's 180-second tick
+	evWatch           // a watcher gets the cluster's state
 )
 
 type event struct {
@@ -197,6 +198,8 @@ type engine struct {
 	switching      bool
 	switchTo       routing.Role
 	pendingDecodes int
+	switchWhy      string
+	history        []RoleChange // for watchers
 }
 
 // Engine states under a planner that adds and removes workers.
@@ -294,6 +297,10 @@ type run struct {
 	// planNodes is reused by every planner step.
 	planNodes []planner.NodeInfo
 
+	// A watcher of the run (see watch.go), or nil.
+	watcher    func(*State)
+	watchEvery time.Duration
+
 	e2e, ttft []float64
 	res       Result
 	scoreFrom time.Time
@@ -304,7 +311,13 @@ type run struct {
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // Run simulates one fixed-split policy on a scenario.
-func Run(sc Scenario, pol Policy) (Result, error) {
+func Run(sc Scenario, pol Policy) (Result, error) { return RunWatched(sc, pol, nil, 0) }
+
+// RunWatched is Run with a watcher: watch, when not nil, gets the cluster's
+// state every `every` of modelled time (DefaultWatchEvery when 0), in the
+// simulation's goroutine; it may block to pace the run. The result is the
+// same as Run's.
+func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration) (Result, error) {
 	if sc.Engines < 2 || (sc.Agents < 1 && len(sc.Trace) == 0) || sc.Duration <= 0 || sc.Profile == nil {
 		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, agents or a trace, and a duration")
 	}
@@ -394,6 +407,13 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 	}
 	r.res.Timeline = []Window{{}}
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
+	if watch != nil {
+		r.watcher, r.watchEvery = watch, every
+		if every <= 0 {
+			r.watchEvery = DefaultWatchEvery
+		}
+		r.push(&event{at: r.now, kind: evWatch})
+	}
 	end := r.scoreTo
 	for len(r.q) > 0 {
 		ev := heap.Pop(&r.q).(*event)
@@ -427,6 +447,8 @@ func Run(sc Scenario, pol Policy) (Result, error) {
 			r.switchStep(ev.eng)
 		case evSLA:
 			r.slaPlan()
+		case evWatch:
+			r.watch()
 		}
 	}
 	return r.finish(), nil

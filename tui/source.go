@@ -66,6 +66,26 @@ type Cluster struct {
 	RouterURL string `json:"router_url"`
 	Policy    string `json:"policy"`
 	Model     string `json:"model"`
+	// Simulation is set when the cluster is a simulation (evolve sim
+	// --live): its modelled clock and recent latencies.
+	Simulation *Simulation `json:"simulation,omitempty"`
+}
+
+// Simulation is a simulated cluster's progress.
+type Simulation struct {
+	ModelledTime time.Time `json:"modelled_time"`
+	ElapsedSec   float64   `json:"elapsed_s"`
+	TotalSec     float64   `json:"total_s"`
+	Pace         float64   `json:"pace"`
+	Done         bool      `json:"done"`
+	Requests     int       `json:"requests_completed"`
+	Sessions     int       `json:"sessions_completed"`
+	LastMinute   struct {
+		Requests int     `json:"requests"`
+		TTFTP50  float64 `json:"ttft_p50_s"`
+		TTFTP95  float64 `json:"ttft_p95_s"`
+		E2EP50   float64 `json:"e2e_p50_s"`
+	} `json:"last_minute"`
 }
 
 // Planner is the part of the planner's status the monitor shows.

@@ -99,7 +99,22 @@ func (m *Model) header() string {
 	if name == "" {
 		name = "evolve"
 	}
-	line := fmt.Sprintf("%s  %s  %s  %s", stTitle.Render("evolve top"), name, stDim.Render(m.src.Addr()), conn)
+	addr := stDim.Render(m.src.Addr())
+	if sim := m.cluster.Simulation; sim != nil {
+		// A simulation: its policy and modelled clock come first, the
+		// address last (the first to go on a narrow screen).
+		clock := fmt.Sprintf("modelled %s of %s", fmtDur(sim.ElapsedSec), fmtDur(sim.TotalSec))
+		if sim.Done {
+			clock += ", done"
+		} else if sim.Pace > 0 {
+			clock += fmt.Sprintf(", %gx", sim.Pace)
+		}
+		name, conn, addr = "simulated "+m.cluster.Policy+"  "+clock, conn+"  "+addr, ""
+	}
+	line := fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, conn)
+	if addr != "" {
+		line = fmt.Sprintf("%s  %s  %s  %s", stTitle.Render("evolve top"), name, addr, conn)
+	}
 	if m.opt.ReadOnly {
 		line += "  [read-only]"
 	}
@@ -145,6 +160,13 @@ func (m *Model) summary() string {
 	if m.kv != nil && m.kv.PromptTokens > 0 {
 		s += fmt.Sprintf("  |  KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100)
 	}
+	if sim := m.cluster.Simulation; sim != nil {
+		// Measured, not predicted: the simulation's last full minute.
+		s += fmt.Sprintf("\nmodelled %s: %d requests done", fmtDur(sim.ElapsedSec), sim.Requests)
+		if lm := sim.LastMinute; lm.Requests > 0 {
+			s += fmt.Sprintf("  |  last minute: %d req, TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs", lm.Requests, lm.TTFTP50, lm.TTFTP95, lm.E2EP50)
+		}
+	}
 	return s
 }
 
@@ -174,9 +196,13 @@ func (m *Model) viewNodes() string {
 		if sel != nil && n.ID == sel.ID {
 			mark = "› " // the selection is shown by more than reverse video
 		}
-		line := fmt.Sprintf("%s%-12s %s %-7s %-22s %6d %6d %6.0f%% %6.0f%% %4.0f%%  %s", mark,
+		refText := "    -" // not reported (a simulation does not compute it)
+		if r, ok := ref[n.ID]; ok {
+			refText = fmt.Sprintf("%4.0f%%", r*100)
+		}
+		line := fmt.Sprintf("%s%-12s %s %-7s %-22s %6d %6d %6.0f%% %6.0f%% %s  %s", mark,
 			truncate(n.ID, 12), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, truncate(state, 22), n.Waiting, n.Running,
-			n.GPUKVUsage*100, n.HostKVUsage*100, ref[n.ID]*100, sparkline(m.load[n.ID], 12))
+			n.GPUKVUsage*100, n.HostKVUsage*100, refText, sparkline(m.load[n.ID], 12))
 		if n.State == "down" {
 			line = stBad.Render(line)
 		}
@@ -410,4 +436,17 @@ func stripANSI(s string) string {
 		}
 	}
 	return b.String()
+}
+
+// fmtDur shows seconds as 1h02m03s, 4m05s or 6s.
+func fmtDur(sec float64) string {
+	t := int(sec)
+	switch h, mi, se := t/3600, t/60%60, t%60; {
+	case h > 0:
+		return fmt.Sprintf("%dh%02dm%02ds", h, mi, se)
+	case mi > 0:
+		return fmt.Sprintf("%dm%02ds", mi, se)
+	default:
+		return fmt.Sprintf("%ds", se)
+	}
 }

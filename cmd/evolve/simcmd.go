@@ -12,6 +12,7 @@ import (
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/sim"
+	"github.com/evolvellm/evolve/sim/live"
 	"github.com/spf13/cobra"
 )
 
@@ -84,6 +85,8 @@ Policies (comma-separated):
 One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 ` + "  " + strings.Join(presetNames(), ", ") + `.`,
 		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve
+  evolve sim --preset claude-code-126x36 --policies dynamo,evolve --live 127.0.0.1:7070
+    (then: evolve top --readonly --server http://127.0.0.1:7070/evolve --beside http://127.0.0.1:7070/dynamo)
   evolve sim --gpus 16 --workload math --agents 40 --duration 20m --warmup 5m -o json`,
 		Args: noArgs,
 		RunE: runSim,
@@ -102,6 +105,8 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (split and latency per minute) as an SVG file")
 	f.Bool("profile-self", false, "report how fast each simulation ran (wall time, modelled time, passes per second) on stderr, and in -o json under profile_self")
+	f.String("live", "", "serve the simulations through the control API at this address (host:port) while they run, so that evolve top --server http://ADDR/POLICY watches them; named policies only (no :best, no oracle)")
+	f.Float64("pace", 10, "with --live: modelled seconds per wall second (0: as fast as they run)")
 	f.String("cpuprofile", "", "write a Go CPU profile of the simulation to this file (for `go tool pprof`)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
@@ -162,6 +167,24 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	errw := cmd.ErrOrStderr()
+	var srv *live.Server
+	if addr := config.GetString(k("live")); addr != "" {
+		for _, n := range names {
+			if strings.HasSuffix(n, ":best") || n == "oracle" {
+				return usage(fmt.Errorf("--live watches named policies, and %s runs a sweep of simulations: name its split (static:3:6)", n))
+			}
+		}
+		pace := config.GetFloat64(k("pace"))
+		if pace < 0 {
+			return usage(fmt.Errorf("--pace %g: want modelled seconds per wall second, 0 for as fast as possible", pace))
+		}
+		var stop func()
+		var err error
+		if srv, stop, err = serveLive(errw, addr, names, prof.Model, pace); err != nil {
+			return err
+		}
+		defer stop()
+	}
 	if path := config.GetString(k("cpuprofile")); path != "" {
 		pf, err := os.Create(path)
 		if err != nil {
@@ -176,19 +199,29 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	start := time.Now()
 	var speeds []selfProfile
 	began := map[string]time.Time{}
-	results, err := sim.Compare(sc, names, &sim.Hooks{
+	hooks := &sim.Hooks{
 		Start: func(p string) {
 			began[p] = time.Now()
 			fmt.Fprintf(errw, "simulating %s (%s elapsed)\n", p, time.Since(start).Round(time.Second))
 		},
 		Done: func(p string, r sim.Result) {
+			if srv != nil {
+				srv.Done(p)
+			}
 			wall := time.Since(began[p]).Seconds()
 			speeds = append(speeds, selfProfile{Policy: p, WallSec: wall, ModelledSec: r.VirtualSec,
 				XRealtime: r.VirtualSec / wall, EnginePasses: r.EnginePasses, PassesPerSec: float64(r.EnginePasses) / wall})
 		},
-	})
+	}
+	if srv != nil {
+		hooks.Watch = srv.Watch
+	}
+	results, err := sim.Compare(sc, names, hooks)
 	if err != nil {
 		return usage(err)
+	}
+	if srv != nil {
+		defer holdLive(cmd.Context(), errw)
 	}
 	for _, file := range []struct {
 		flag  string

@@ -35,16 +35,22 @@ errors). p / d switch the selected node to prefill / decode and pin it, a
 hands it back to the planner, each after a confirmation; --readonly refuses
 them. Z pauses the screen, / filters, s sorts, ? helps, q quits.
 
-It needs a terminal of at least 80x24; for scripts, --once prints one
-snapshot (-o json for the data).`,
+It also watches simulations: evolve sim --live serves each simulated
+policy's cluster at its own address, and --beside shows a second one next
+to the first, keys moving both.
+
+It needs a terminal of at least 80x24 (163x24 side by side); for scripts,
+--once prints one snapshot (-o json for the data).`,
 		Example: `  evolve top
   evolve top --server http://10.0.0.5:8001 --token $TOKEN --readonly
-  evolve top --once -o json | jq '.nodes[] | {id, role, state}'`,
+  evolve top --once -o json | jq '.nodes[] | {id, role, state}'
+  evolve top --readonly --server http://127.0.0.1:7070/evolve --beside http://127.0.0.1:7070/dynamo`,
 		Args: noArgs,
 		RunE: runTop,
 	}
 	cmd.Flags().Bool("readonly", false, "watch only: refuse to switch nodes")
 	cmd.Flags().Bool("once", false, "print one snapshot and exit (no terminal needed)")
+	cmd.Flags().String("beside", "", "show a second control API beside the first (for two policies of evolve sim --live); read-only, needs a terminal 163 columns wide")
 	addClientFlags(cmd)
 	addOutputFlag(cmd, "with --once: table or json")
 	return cmd
@@ -67,7 +73,14 @@ func runTop(cmd *cobra.Command, _ []string) error {
 	if _, err := src.Cluster(ctx); err != nil {
 		return fmt.Errorf("no orchestrator at %s: %w (start one with 'evolve up', or pass --server)", c.base, err)
 	}
-	m := tui.New(src, tui.Options{ReadOnly: readonly})
+	var m tea.Model = tui.New(src, tui.Options{ReadOnly: readonly})
+	if beside, _ := cmd.Flags().GetString("beside"); beside != "" {
+		other := tui.NewHTTPSource(beside, c.token)
+		if _, err := other.Cluster(ctx); err != nil {
+			return fmt.Errorf("--beside: nothing answers at %s: %w", beside, err)
+		}
+		m = tui.NewSplit(tui.New(src, tui.Options{ReadOnly: true}), tui.New(other, tui.Options{ReadOnly: true}))
+	}
 	_, err := tea.NewProgram(m, tea.WithAltScreen()).Run()
 	return err
 }

@@ -1,0 +1,468 @@
+// Package live serves running simulations through evolve's control API, so
+// that evolve top watches a paper-scale simulated cluster move as it would
+// watch a live one. Each policy's cluster lives under its own path:
+// http://ADDR/<policy>/api/v1/... (cluster, nodes, the watch stream,
+// planner, branches, kv); http://ADDR/ lists them. The simulations are
+// read-only: a request to switch a node is refused.
+//
+// The server is the simulations' watcher (sim.Hooks.Watch): each state a
+// simulation reports updates its policy's feed, and the call sleeps as
+// long as it takes to hold the pace (modelled seconds per wall second).
+package live
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/sim"
+)
+
+// Server serves the feeds of a comparison's simulations.
+type Server struct {
+	// Pace is how many modelled seconds pass per wall second; 0 runs as
+	// fast as the simulations go.
+	Pace float64
+	// Model names the served model in the cluster summary.
+	Model string
+	// Now and Sleep are the wall clock (tests replace them).
+	Now   func() time.Time
+	Sleep func(time.Duration)
+
+	mu    sync.Mutex
+	feeds map[string]*feed
+	names []string
+}
+
+// feed is one simulation's latest state as the control API shows it.
+type feed struct {
+	started  time.Time // wall time of the first state
+	gen      uint64
+	nodes    map[string]nodeJSON
+	order    []string
+	subs     map[chan watchEvent]struct{}
+	cluster  clusterJSON
+	planner  *planner.Status
+	kv       kvJSON
+	branches []branchJSON
+	wantBr   time.Time // wall time branches were last asked for
+	brAt     time.Time // wall time they were last computed
+	done     bool
+}
+
+// New returns a server for the named policies' simulations.
+func New(policies []string, model string, pace float64) *Server {
+	s := &Server{Pace: pace, Model: model, Now: time.Now, Sleep: time.Sleep, feeds: map[string]*feed{}}
+	for _, p := range policies {
+		if s.feeds[p] != nil {
+			continue
+		}
+		s.names = append(s.names, p)
+		s.feeds[p] = &feed{nodes: map[string]nodeJSON{}, subs: map[chan watchEvent]struct{}{}, branches: []branchJSON{},
+			cluster: clusterJSON{Policy: p, Model: model, ByRole: map[string]int{}, ByState: map[string]int{}}}
+	}
+	return s
+}
+
+// Path is where a policy's control API is served, relative to the server.
+func Path(policy string) string { return "/" + url.PathEscape(policy) }
+
+// JSON shapes of the control API (see the orchestrator's control.go; evolve
+// top reads these names).
+type (
+	nodeJSON struct {
+		ID          string       `json:"id"`
+		Role        string       `json:"role"`
+		Mode        string       `json:"mode"`
+		State       string       `json:"state"`
+		Address     string       `json:"address"`
+		Model       string       `json:"model"`
+		Waiting     int          `json:"waiting"`
+		Running     int          `json:"running"`
+		InFlight    int          `json:"in_flight"`
+		GPUKVUsage  float64      `json:"gpu_kv_usage"`
+		HostKVUsage float64      `json:"host_kv_usage"`
+		GPUBlocks   int          `json:"gpu_blocks_cached"`
+		HostBlocks  int          `json:"host_blocks_cached"`
+		Switch      *switchJSON  `json:"switch,omitempty"`
+		Reason      string       `json:"reason,omitempty"` // why a node is down or draining
+		History     []changeJSON `json:"history,omitempty"`
+	}
+	switchJSON struct {
+		To    string `json:"to"`
+		Phase string `json:"phase"`
+	}
+	changeJSON struct {
+		Time   time.Time `json:"time"`
+		From   string    `json:"from"`
+		To     string    `json:"to"`
+		Reason string    `json:"reason"`
+	}
+	watchEvent struct {
+		Type       string     `json:"type"`
+		Generation uint64     `json:"generation"`
+		Nodes      []nodeJSON `json:"nodes,omitempty"`
+		Node       *nodeJSON  `json:"node,omitempty"`
+	}
+	clusterJSON struct {
+		RouterURL  string         `json:"router_url"`
+		Policy     string         `json:"policy"`
+		Model      string         `json:"model"`
+		NodeCount  int            `json:"node_count"`
+		ByRole     map[string]int `json:"by_role"`
+		ByState    map[string]int `json:"by_state"`
+		Generation uint64         `json:"generation"`
+		Simulation simJSON        `json:"simulation"`
+	}
+	simJSON struct {
+		ModelledTime time.Time  `json:"modelled_time"`
+		ElapsedSec   float64    `json:"elapsed_s"`
+		TotalSec     float64    `json:"total_s"`
+		Pace         float64    `json:"pace"`
+		Done         bool       `json:"done"`
+		Requests     int        `json:"requests_completed"`
+		Sessions     int        `json:"sessions_completed"`
+		LastMinute   minuteJSON `json:"last_minute"`
+	}
+	minuteJSON struct {
+		Requests     int     `json:"requests"`
+		TTFTP50      float64 `json:"ttft_p50_s"`
+		TTFTP95      float64 `json:"ttft_p95_s"`
+		E2EP50       float64 `json:"e2e_p50_s"`
+		E2EP95       float64 `json:"e2e_p95_s"`
+		OutputTokSec float64 `json:"output_tokens_per_s"`
+	}
+	kvJSON struct {
+		PromptTokens int64   `json:"prompt_tokens"`
+		GPUHitRate   float64 `json:"gpu_hit_rate"`
+		HostHitRate  float64 `json:"host_hit_rate"`
+		LostReuse    int64   `json:"lost_kv_reuse_tokens"`
+		LiveBranches int     `json:"live_branches"`
+	}
+	branchJSON struct {
+		Session   string          `json:"session"`
+		Branch    string          `json:"branch"`
+		Parent    string          `json:"parent,omitempty"`
+		State     string          `json:"state"`
+		Blocks    int             `json:"blocks"`
+		Turns     int             `json:"turns"`
+		LastUsed  time.Time       `json:"last_used"`
+		Residency []residencyJSON `json:"residency"`
+	}
+	residencyJSON struct {
+		Node string `json:"node"`
+		GPU  int    `json:"gpu_blocks"`
+		Host int    `json:"host_blocks"`
+	}
+)
+
+// Branches are computed (a walk over every branch's blocks) only while
+// someone asks for them: for branchesFresh after a request, at most every
+// branchesEvery of wall time.
+const (
+	branchesFresh = 10 * time.Second
+	branchesEvery = 2 * time.Second
+)
+
+// Watch takes a simulation's state (it is sim.Hooks.Watch) and holds the
+// pace.
+func (s *Server) Watch(st *sim.State) {
+	s.mu.Lock()
+	f := s.feeds[st.Policy]
+	if f == nil {
+		s.mu.Unlock()
+		return
+	}
+	now := s.Now()
+	if f.started.IsZero() {
+		f.started = now.Add(-s.wallFor(st.Elapsed))
+	}
+	s.update(f, st)
+	if !f.wantBr.IsZero() && now.Sub(f.wantBr) < branchesFresh && (now.Sub(f.brAt) >= branchesEvery || st.Final) {
+		f.branches, f.brAt = branchesOf(st.Branches()), now
+	}
+	wait := f.started.Add(s.wallFor(st.Elapsed)).Sub(now)
+	s.mu.Unlock()
+	if wait > 0 {
+		s.Sleep(wait)
+	}
+}
+
+// wallFor is the wall time a stretch of modelled time takes at the pace.
+func (s *Server) wallFor(d time.Duration) time.Duration {
+	if s.Pace <= 0 {
+		return 0
+	}
+	return time.Duration(float64(d) / s.Pace)
+}
+
+// Done marks a policy's simulation finished: its last state stays served.
+func (s *Server) Done(policy string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if f := s.feeds[policy]; f != nil {
+		f.done, f.cluster.Simulation.Done = true, true
+	}
+}
+
+func (s *Server) update(f *feed, st *sim.State) {
+	c := &f.cluster
+	c.NodeCount = len(st.Nodes)
+	c.ByRole, c.ByState = map[string]int{}, map[string]int{}
+	c.Simulation = simJSON{ModelledTime: st.Now, ElapsedSec: st.Elapsed.Seconds(), TotalSec: st.Total.Seconds(), Pace: s.Pace,
+		Requests: st.Requests, Sessions: st.Sessions, LastMinute: minuteJSON{Requests: st.LastMinute.Requests,
+			TTFTP50: st.LastMinute.TTFTP50, TTFTP95: st.LastMinute.TTFTP95, E2EP50: st.LastMinute.E2EP50,
+			E2EP95: st.LastMinute.E2EP95, OutputTokSec: st.LastMinute.OutputTokensPerSec}}
+	mode := "static"
+	if st.Auto {
+		mode = "auto"
+	}
+	for _, n := range st.Nodes {
+		c.ByState[n.State]++
+		if n.State == "serving" {
+			c.ByRole[n.Role]++
+		}
+		j := nodeJSON{ID: n.ID, Role: n.Role, Mode: mode, State: n.State, Address: "simulated", Model: s.Model,
+			Waiting: n.Waiting, Running: n.Running, InFlight: n.Waiting + n.Running,
+			GPUKVUsage: ratio(n.GPUUsed, n.GPUCapacity), HostKVUsage: ratio(n.HostBlocks, n.HostCapacity),
+			GPUBlocks: n.GPUBlocks, HostBlocks: n.HostBlocks}
+		if n.SwitchTo != "" {
+			j.Switch = &switchJSON{To: n.SwitchTo, Phase: "draining"}
+		}
+		for _, h := range n.History {
+			j.History = append(j.History, changeJSON{Time: h.At, From: h.From, To: h.To, Reason: h.Reason})
+		}
+		if k := len(n.History); k > 0 && (n.State == "down" || n.State == "draining") {
+			j.Reason = n.History[k-1].Reason
+		}
+		old, seen := f.nodes[n.ID]
+		if !seen {
+			f.order = append(f.order, n.ID)
+		}
+		if seen && equalNodes(old, j) {
+			continue
+		}
+		f.nodes[n.ID] = j
+		f.gen++
+		ev := watchEvent{Type: "node", Generation: f.gen, Node: &j}
+		for ch := range f.subs {
+			select {
+			case ch <- ev:
+			default: // too slow: dropped, it resyncs on reconnect
+				delete(f.subs, ch)
+				close(ch)
+			}
+		}
+	}
+	c.Generation = f.gen
+	f.planner = st.Planner
+	f.kv = kvJSON{PromptTokens: st.PromptTokens, LostReuse: st.LostReuse, LiveBranches: st.LiveBranches,
+		GPUHitRate: ratio64(st.GPUHitTokens, st.PromptTokens), HostHitRate: ratio64(st.HostHit, st.PromptTokens)}
+}
+
+func equalNodes(a, b nodeJSON) bool {
+	ja, _ := json.Marshal(a)
+	jb, _ := json.Marshal(b)
+	return string(ja) == string(jb)
+}
+
+func ratio(a, b int) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func ratio64(a, b int64) float64 {
+	if b <= 0 {
+		return 0
+	}
+	return float64(a) / float64(b)
+}
+
+func branchesOf(bs []sim.BranchState) []branchJSON {
+	out := make([]branchJSON, 0, len(bs))
+	for _, b := range bs {
+		j := branchJSON{Session: b.Session, Branch: b.Branch, Parent: b.Parent, State: b.State, Blocks: b.Blocks,
+			Turns: b.Turns, LastUsed: b.LastUsed, Residency: []residencyJSON{}}
+		for _, r := range b.Residency {
+			j.Residency = append(j.Residency, residencyJSON{Node: r.Node, GPU: r.GPU, Host: r.Host})
+		}
+		out = append(out, j)
+	}
+	return out
+}
+
+// Handler serves the control API of every policy's simulation.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		type entry struct {
+			Policy string `json:"policy"`
+			Path   string `json:"path"`
+			Done   bool   `json:"done"`
+		}
+		s.mu.Lock()
+		out := []entry{}
+		for _, n := range s.names {
+			out = append(out, entry{Policy: n, Path: Path(n), Done: s.feeds[n].done})
+		}
+		s.mu.Unlock()
+		writeJSON(w, 200, map[string]any{"simulations": out})
+	})
+	route := func(pattern string, h func(http.ResponseWriter, *http.Request, *feed)) {
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			f := s.feeds[r.PathValue("policy")]
+			if f == nil {
+				apiError(w, 404, "no simulation of policy %q here (GET / lists them)", r.PathValue("policy"))
+				return
+			}
+			h(w, r, f)
+		})
+	}
+	route("GET /{policy}/api/v1/cluster", func(w http.ResponseWriter, _ *http.Request, f *feed) {
+		s.mu.Lock()
+		c := f.cluster
+		s.mu.Unlock()
+		writeJSON(w, 200, c)
+	})
+	route("GET /{policy}/api/v1/nodes", func(w http.ResponseWriter, _ *http.Request, f *feed) {
+		s.mu.Lock()
+		nodes := f.list()
+		s.mu.Unlock()
+		writeJSON(w, 200, nodes)
+	})
+	route("GET /{policy}/api/v1/nodes/{id}", func(w http.ResponseWriter, r *http.Request, f *feed) {
+		s.mu.Lock()
+		n, ok := f.nodes[r.PathValue("id")]
+		s.mu.Unlock()
+		if !ok {
+			apiError(w, 404, "no node %q", r.PathValue("id"))
+			return
+		}
+		writeJSON(w, 200, n)
+	})
+	readOnly := func(w http.ResponseWriter, _ *http.Request, _ *feed) {
+		apiError(w, 403, "a simulation is read-only: its policy decides the roles (watch with evolve top --readonly)")
+	}
+	route("POST /{policy}/api/v1/nodes/{id}/role", readOnly)
+	route("DELETE /{policy}/api/v1/nodes/{id}/pin", readOnly)
+	route("GET /{policy}/api/v1/planner", func(w http.ResponseWriter, _ *http.Request, f *feed) {
+		s.mu.Lock()
+		p := f.planner
+		s.mu.Unlock()
+		if p == nil {
+			apiError(w, 404, "policy %s has no evolve planner", f.cluster.Policy)
+			return
+		}
+		writeJSON(w, 200, p)
+	})
+	route("GET /{policy}/api/v1/branches", func(w http.ResponseWriter, r *http.Request, f *feed) {
+		s.mu.Lock()
+		f.wantBr = s.Now()
+		out := []branchJSON{}
+		for _, b := range f.branches {
+			if sess := r.URL.Query().Get("session"); sess == "" || b.Session == sess {
+				out = append(out, b)
+			}
+		}
+		s.mu.Unlock()
+		writeJSON(w, 200, out)
+	})
+	route("GET /{policy}/api/v1/kv", func(w http.ResponseWriter, _ *http.Request, f *feed) {
+		s.mu.Lock()
+		k := f.kv
+		s.mu.Unlock()
+		writeJSON(w, 200, k)
+	})
+	route("GET /{policy}/api/v1/watch", s.serveWatch)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		apiError(w, 404, "no route %s %s (GET / lists the simulations)", r.Method, r.URL.Path)
+	})
+	return mux
+}
+
+// list is the feed's nodes in the order they first appeared.
+func (f *feed) list() []nodeJSON {
+	out := make([]nodeJSON, 0, len(f.order))
+	for _, id := range f.order {
+		out = append(out, f.nodes[id])
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// serveWatch streams server-sent events as the orchestrator does: a
+// snapshot, then a node event per change, with generation numbers.
+func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, f *feed) {
+	flusher, ok := w.(http.Flusher)
+	if !ok {
+		apiError(w, 500, "streaming unsupported")
+		return
+	}
+	ch := make(chan watchEvent, 1024)
+	s.mu.Lock()
+	snap := watchEvent{Type: "snapshot", Generation: f.gen, Nodes: f.list()}
+	f.subs[ch] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		if _, ok := f.subs[ch]; ok {
+			delete(f.subs, ch)
+			close(ch)
+		}
+		s.mu.Unlock()
+	}()
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.Header().Set("Cache-Control", "no-cache")
+	w.WriteHeader(200)
+	send := func(ev watchEvent) error {
+		b, _ := json.Marshal(ev)
+		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
+			return err
+		}
+		flusher.Flush()
+		return nil
+	}
+	if send(snap) != nil {
+		return
+	}
+	ping := time.NewTicker(5 * time.Second)
+	defer ping.Stop()
+	for {
+		select {
+		case <-r.Context().Done():
+			return
+		case ev, ok := <-ch:
+			if !ok {
+				fmt.Fprint(w, "event: dropped\ndata: {\"reason\":\"too slow\"}\n\n")
+				flusher.Flush()
+				return
+			}
+			if send(ev) != nil {
+				return
+			}
+		case <-ping.C:
+			if _, err := io.WriteString(w, ": ping\n\n"); err != nil {
+				return
+			}
+			flusher.Flush()
+		}
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func apiError(w http.ResponseWriter, status int, format string, args ...any) {
+	writeJSON(w, status, map[string]any{"error": map[string]any{"message": fmt.Sprintf(format, args...), "status": status}})
+}

@@ -1,0 +1,102 @@
+package sim
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+	"time"
+
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+)
+
+// A watched run reports the cluster every tick and gives the same figures,
+// byte for byte, as an unwatched one.
+func TestWatchingChangesNothing(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	pol, _ := ParsePolicy("static:1:2", 3)
+	plain, err := Run(sc, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var states []*State
+	withBlocks := 0
+	watched, err := RunWatched(sc, pol, func(s *State) {
+		states = append(states, s)
+		for _, b := range s.Branches() {
+			for _, r := range b.Residency {
+				if r.GPU > 0 {
+					withBlocks++
+				}
+			}
+		}
+	}, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ja, _ := json.Marshal(plain)
+	jb, _ := json.Marshal(watched)
+	var ta, tb bytes.Buffer
+	WriteTimeline(&ta, []Result{plain})
+	WriteTimeline(&tb, []Result{watched})
+	if string(ja) != string(jb) || ta.String() != tb.String() {
+		t.Fatalf("watching changed the run:\n%s\n%s", ja, jb)
+	}
+	if want := int((sc.Warmup+sc.Duration)/(10*time.Second)) + 1; len(states) < want-1 || len(states) > want {
+		t.Fatalf("%d states over %v at 10 s, want %d", len(states), sc.Warmup+sc.Duration, want)
+	}
+	last := states[len(states)-1]
+	if !last.Final || states[len(states)-2].Final {
+		t.Fatal("only the last state is marked final")
+	}
+	if last.Elapsed <= states[0].Elapsed || last.Requests == 0 || last.PromptTokens == 0 || last.LastMinute.Requests == 0 {
+		t.Fatalf("last state: %+v", last)
+	}
+	roles := map[string]int{}
+	for _, n := range last.Nodes {
+		roles[n.Role]++
+		if n.State != "serving" || n.GPUCapacity == 0 {
+			t.Fatalf("node %+v", n)
+		}
+	}
+	if roles["prefill"] != 1 || roles["decode"] != 2 {
+		t.Fatalf("roles %v, want 1 prefill and 2 decode", roles)
+	}
+	if withBlocks == 0 || last.LiveBranches == 0 {
+		t.Fatalf("no branch ever had blocks on a GPU (%d live branches at the end)", last.LiveBranches)
+	}
+}
+
+// Dynamo's planner removing workers shows in the watched nodes: their
+// state and their history.
+func TestWatchShowsRoleChanges(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := Scenario{Profile: p, Engines: 6, Workload: "computer-use", Agents: 4, Warmup: time.Minute, Duration: 10 * time.Minute, Seed: 3}
+	var last *State
+	states := map[string]bool{}
+	res, err := Compare(sc, []string{"dynamo"}, &Hooks{Watch: func(s *State) {
+		last = s
+		for _, n := range s.Nodes {
+			states[n.State] = true
+		}
+	}, WatchEvery: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res[0].RoleSwitches < 2 || !states["draining"] || !states["down"] {
+		t.Fatalf("%d switches; states seen %v", res[0].RoleSwitches, states)
+	}
+	changes := 0
+	for _, n := range last.Nodes {
+		for _, h := range n.History {
+			if h.To == "down" && h.Reason != "" && !h.At.IsZero() {
+				changes++
+			}
+		}
+	}
+	if changes == 0 {
+		t.Fatalf("no node's history records its removal: %+v", last.Nodes)
+	}
+}
