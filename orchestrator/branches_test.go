@@ -206,3 +206,21 @@ func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
 		t.Fatalf("the turn computed %v tokens; the context should have come from the host pool (evolve: %v)", computed, ev)
 	}
 }
+
+// Live branches whose contexts outgrow the GPU: the evictions of their
+// blocks are counted per node and tier, and reported in the KV summary.
+func TestReferencedEvictionsAreCounted(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleDecode) // one tiny engine: 512 GPU blocks of 16 tokens
+	router := tc.o.RouterURL()
+	for i, w := range []string{"echo", "foxtrot", "golf", "hotel", "india"} {
+		turn(t, router, fmt.Sprintf("s%d", i), "main", "", false, words(w, 1000)) // about 125 blocks each
+	}
+	eventually(t, "referenced evictions counted", func() bool {
+		n := tc.o.KV().Nodes[0]
+		return n.RefEvictedGPU > 0
+	})
+	n := tc.o.KV().Nodes[0]
+	if n.RefLost > n.RefEvictedGPU+n.RefEvictedHost {
+		t.Fatalf("more lost than evicted: %+v", n)
+	}
+}

@@ -87,6 +87,10 @@ type node struct {
 	history  []RoleChange
 	resyncAt time.Time // when a resync was last asked for
 	reason   string
+	// Copies of blocks a live branch referenced that the node evicted,
+	// per tier, and of those the last copy anywhere (context lost).
+	refEvicted [2]int64
+	refLost    int64
 }
 
 // cluster is the shared state, guarded by mu.

@@ -145,6 +145,7 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 	}
 	n.lastSeen = time.Now() // events flowing are a sign of life too
 	err := o.c.dir.ApplyBatch(n.dir, b.Events)
+	o.noteReferencedEvictionsLocked(n, b.Events)
 	hints := o.noteStoredLocked(b.Events)
 	ask := false
 	if errors.Is(err, kv.ErrGap) || (o.c.dir.NeedsResync(n.dir) && time.Since(n.resyncAt) > 5*time.Second) {

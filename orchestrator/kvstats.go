@@ -35,6 +35,12 @@ type KVNode struct {
 	GPUReferenced   int     `json:"gpu_referenced_blocks"` // of those, referenced by a live branch
 	HostReferenced  int     `json:"host_referenced_blocks"`
 	ReferencedShare float64 `json:"referenced_share"` // of its cached copies
+	// Copies of blocks a live branch referenced that the node evicted
+	// since it joined, per tier, and of those the ones that were the last
+	// copy in the cluster (that context must be recomputed).
+	RefEvictedGPU  int64 `json:"referenced_evicted_gpu_blocks"`
+	RefEvictedHost int64 `json:"referenced_evicted_host_blocks"`
+	RefLost        int64 `json:"referenced_lost_blocks"`
 }
 
 // KVStatus is the cluster's KV summary. JSON names are stable.
@@ -74,7 +80,8 @@ func (o *Orchestrator) KV() KVStatus {
 		}
 		g, h := o.c.dir.NodeReplicas(n.dir)
 		kn := &KVNode{ID: id, Role: n.role.String(), State: n.state, GPUCapacity: n.reg.GPUBlocks, GPUUsage: n.hb.GPUKVUsage,
-			HostCapacity: n.reg.HostBlocks, HostUsage: n.hb.HostKVUsage, GPUCached: g, HostCached: h}
+			HostCapacity: n.reg.HostBlocks, HostUsage: n.hb.HostKVUsage, GPUCached: g, HostCached: h,
+			RefEvictedGPU: n.refEvicted[kv.TierGPU], RefEvictedHost: n.refEvicted[kv.TierHost], RefLost: n.refLost}
 		byDir[n.dir] = kn
 	}
 	var holders []kv.Replica
@@ -167,4 +174,20 @@ func (o *Orchestrator) lostReuseLocked(chain []kv.BlockHash, from, bs int) int64
 		}
 	}
 	return n
+}
+
+// noteReferencedEvictionsLocked counts, after a node's events are applied,
+// the copies of referenced blocks it evicted, and those that were the
+// last copy anywhere. Call with mu held.
+func (o *Orchestrator) noteReferencedEvictionsLocked(n *node, events []kv.Event) {
+	var holders []kv.Replica
+	for _, e := range events {
+		if e.Kind != kv.BlockRemoved || o.c.branches.Refs(e.Hash) == 0 {
+			continue
+		}
+		n.refEvicted[e.Tier&1]++
+		if holders = o.c.dir.Holders(e.Hash, holders[:0]); len(holders) == 0 {
+			n.refLost++
+		}
+	}
 }

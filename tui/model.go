@@ -84,7 +84,7 @@ type Model struct {
 // Event is one line of the events view.
 type Event struct {
 	Time time.Time
-	Kind string // switch, up, down, planner, error, branch
+	Kind string // switch, up, down, planner, evict, error, branch
 	Text string
 }
 
@@ -360,7 +360,37 @@ func (m *Model) applyPoll(p polled) {
 		m.branches = p.branches
 	}
 	if p.kv != nil {
+		m.noteEvictions(p.kv)
 		m.kv = p.kv
+	}
+}
+
+// noteEvictions adds an event for each node that evicted copies of blocks
+// live agent branches reference since the last poll.
+func (m *Model) noteEvictions(k *KV) {
+	if m.kv == nil {
+		return // the first poll: counters since the nodes joined
+	}
+	prev := map[string]KVNode{}
+	for _, n := range m.kv.Nodes {
+		prev[n.ID] = n
+	}
+	for _, n := range k.Nodes {
+		p, ok := prev[n.ID]
+		if !ok {
+			continue
+		}
+		gpu, host, lost := n.RefEvictedGPU-p.RefEvictedGPU, n.RefEvictedHost-p.RefEvictedHost, n.RefLost-p.RefLost
+		if gpu <= 0 && host <= 0 {
+			continue
+		}
+		text := fmt.Sprintf("%s evicted referenced blocks: %d from GPU, %d from host", n.ID, gpu, host)
+		if lost > 0 {
+			text += fmt.Sprintf("; %d were the last copy (to recompute)", lost)
+		} else {
+			text += "; every one still has a copy"
+		}
+		m.event("evict", text)
 	}
 }
 

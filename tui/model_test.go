@@ -266,3 +266,27 @@ func BenchmarkRender256Nodes(b *testing.B) {
 		_ = m.View()
 	}
 }
+
+// Evictions of referenced blocks between two polls show in the events
+// view, with whether any was the last copy.
+func TestReferencedEvictionsAreEvents(t *testing.T) {
+	m, _ := newTest(t, false)
+	kv := func(gpu, host, lost int64) *KV {
+		return &KV{Nodes: []KVNode{{ID: "e1", RefEvictedGPU: gpu, RefEvictedHost: host, RefLost: lost}, {ID: "e2"}}}
+	}
+	m.applyPoll(polled{kv: kv(40, 0, 0)}) // counters since the node joined: no event
+	m.applyPoll(polled{kv: kv(40, 0, 0)})
+	if len(m.events) != 0 {
+		t.Fatalf("events without new evictions: %+v", m.events)
+	}
+	m.applyPoll(polled{kv: kv(52, 0, 0)})
+	m.applyPoll(polled{kv: kv(52, 3, 3)})
+	if len(m.events) != 2 || m.events[0].Kind != "evict" || !strings.Contains(m.events[0].Text, "3 were the last copy") ||
+		!strings.Contains(m.events[1].Text, "12 from GPU") || !strings.Contains(m.events[1].Text, "still has a copy") {
+		t.Fatalf("events %+v", m.events)
+	}
+	press(m, "4")
+	if v := m.View(); !strings.Contains(v, "e1 evicted referenced blocks") {
+		t.Fatalf("events view:\n%s", v)
+	}
+}

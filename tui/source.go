@@ -178,15 +178,23 @@ type Residency struct {
 
 // KV is the cluster's KV summary.
 type KV struct {
-	PromptTokens int64   `json:"prompt_tokens"`
-	GPUHitRate   float64 `json:"gpu_hit_rate"`
-	HostHitRate  float64 `json:"host_hit_rate"`
-	LostReuse    int64   `json:"lost_kv_reuse_tokens"`
-	LiveBranches int     `json:"live_branches"`
-	Nodes        []struct {
-		ID              string  `json:"id"`
-		ReferencedShare float64 `json:"referenced_share"`
-	} `json:"nodes"`
+	PromptTokens int64    `json:"prompt_tokens"`
+	GPUHitRate   float64  `json:"gpu_hit_rate"`
+	HostHitRate  float64  `json:"host_hit_rate"`
+	LostReuse    int64    `json:"lost_kv_reuse_tokens"`
+	LiveBranches int      `json:"live_branches"`
+	Nodes        []KVNode `json:"nodes"`
+}
+
+// KVNode is one node's KV as the monitor shows it.
+type KVNode struct {
+	ID              string  `json:"id"`
+	ReferencedShare float64 `json:"referenced_share"`
+	// Copies of referenced blocks evicted (counters since the node
+	// joined), and those that were the last copy in the cluster.
+	RefEvictedGPU  int64 `json:"referenced_evicted_gpu_blocks"`
+	RefEvictedHost int64 `json:"referenced_evicted_host_blocks"`
+	RefLost        int64 `json:"referenced_lost_blocks"`
 }
 
 // Source is where the monitor's data comes from and where its actions go.

@@ -31,7 +31,7 @@ Views (keys 1-4): nodes (roles, modes, states, queues, KV use, referenced
 share, load), planner (learned costs, demand, current and recommended split,
 decisions), branches (the agent session tree and where each branch's KV
 lives; f follows one), events (switches, nodes up and down, planner moves,
-errors). p / d switch the selected node to prefill / decode and pin it, a
+evictions of blocks live agent branches reference, errors). p / d switch the selected node to prefill / decode and pin it, a
 hands it back to the planner, each after a confirmation; --readonly refuses
 them. Z pauses the screen, / filters, s sorts, ? helps, q quits.
 
