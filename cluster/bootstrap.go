@@ -51,9 +51,15 @@ func (r HostResult) Err() error { return r.err }
 type UpOptions struct {
 	Dial func(ctx context.Context, h Host) (Conn, error)
 	// Binary is the evolve binary to install (the running one by default),
-	// built for BinaryArch (runtime.GOARCH by default).
+	// built for linux/BinaryArch (runtime.GOARCH by default). A binary for
+	// another OS has BinaryArch "os/arch" (darwin/arm64): it fits no host.
 	Binary     string
 	BinaryArch string
+	// Build, when set, returns an evolve binary for linux/arch, for hosts
+	// whose architecture is not BinaryArch (a cross-compile); without it
+	// such hosts fail with how to build one. It may be called for several
+	// hosts at once.
+	Build func(ctx context.Context, arch string) (string, error)
 	// NATS is the orchestrator's event plane as the hosts reach it; "" uses
 	// nats://<the address each host sees this machine at>:NATSPort (the
 	// file's natsPort when 0).
@@ -143,8 +149,8 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 	switch {
 	case r.Facts.OS != "linux":
 		return fail(r, PhaseFacts, fmt.Errorf("the host runs %s; evolve engines run on linux", r.Facts.OS))
-	case r.Facts.Arch != want:
-		return fail(r, PhaseFacts, fmt.Errorf("the host is linux/%s and the binary is linux/%s: build one with GOOS=linux GOARCH=%s go build ./cmd/evolve and pass it with --binary", r.Facts.Arch, want, r.Facts.Arch))
+	case r.Facts.Arch != want && opt.Build == nil:
+		return fail(r, PhaseFacts, fmt.Errorf("the host is linux/%s and the binary is %s: build one with GOOS=linux GOARCH=%s go build ./cmd/evolve and pass it with --binary", r.Facts.Arch, platform(want), r.Facts.Arch))
 	case h.Engine.Backend != "sim":
 		return fail(r, PhaseFacts, fmt.Errorf("engine backend %s: this evolve build runs the sim backend only", h.Engine.Backend))
 	case h.GPUs > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < h.GPUs:
@@ -158,9 +164,17 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		}
 	}
 
-	// Upload, unless the host has this binary already.
+	// Upload, unless the host has this binary already; one built for the
+	// host's architecture when it is not the binary's.
+	path := opt.Binary
+	if r.Facts.Arch != want {
+		opt.progress(h.Name, PhaseUpload, "cross-compiling evolve for linux/"+r.Facts.Arch)
+		if path, err = opt.Build(ctx, r.Facts.Arch); err != nil {
+			return fail(r, PhaseUpload, fmt.Errorf("the host is linux/%s and the binary %s; cross-compiling: %w", r.Facts.Arch, platform(want), err))
+		}
+	}
 	opt.progress(h.Name, PhaseUpload, "")
-	bin, err := os.ReadFile(opt.Binary)
+	bin, err := os.ReadFile(path)
 	if err != nil {
 		return fail(r, PhaseUpload, fmt.Errorf("read the binary: %w", err))
 	}
@@ -226,6 +240,14 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 	r.Phase = PhaseStart
 	opt.progress(h.Name, PhaseStart, r.Action)
 	return r
+}
+
+// platform names a binary's platform from UpOptions.BinaryArch.
+func platform(arch string) string {
+	if strings.Contains(arch, "/") {
+		return arch
+	}
+	return "linux/" + arch
 }
 
 // engineScript is the supervisor: it runs the engine, and again a second

@@ -122,7 +122,7 @@ field and line of every problem, and prints what would be done per host.`,
 	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
 	f.String("ssh-config", "", "with -f: OpenSSH client config for host aliases (default ~/.ssh/config; none ignores it)")
 	f.Bool("accept-new-host-keys", false, "with -f: trust hosts seen for the first time and record their keys (a changed key always fails)")
-	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one; another for hosts of another architecture)")
+	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one); hosts of another architecture get one cross-compiled from the evolve source checkout evolve up runs in, with the Go toolchain")
 	addPlannerFlags(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd

@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -126,8 +127,22 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		}
 	}
 	prog := newHostProgress(errw, f)
-	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Binary: exe, NATSToken: st.NATSToken,
-		Log: lockedWriter{&prog.mu, debug}, Progress: prog.update}
+	log := lockedWriter{&prog.mu, debug}
+	// Hosts of another architecture get evolve cross-compiled from the
+	// source checkout this runs in, when there is one.
+	arch := cluster.BinaryArch(exe)
+	if arch == "" {
+		arch = runtime.GOOS + "/" + runtime.GOARCH
+		if runtime.GOOS == "linux" {
+			arch = "unknown" // not an ELF binary we can place
+		}
+	}
+	builder := &cluster.SourceBuilder{Out: filepath.Join(dir, "bin"), Log: log}
+	if cwd, err := os.Getwd(); err == nil {
+		builder.Dir, _ = cluster.FindSource(cwd)
+	}
+	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Binary: exe, BinaryArch: arch, Build: builder.Build,
+		NATSToken: st.NATSToken, Log: log, Progress: prog.update}
 	// Engines reach the orchestrator that runs (a re-run keeps the one it
 	// finds, on the ports it has).
 	if u, err := url.Parse(st.NATSURL); err == nil {
