@@ -303,9 +303,19 @@ func stopCommand(dir string) string {
 	return fmt.Sprintf(`p=$(cat %[1]s/supervisor.pid 2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then kill $p; for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; kill -9 $p 2>/dev/null; fi; e=$(cat %[1]s/engine.pid 2>/dev/null); [ -n "$e" ] && kill -9 $e 2>/dev/null; rm -f %[1]s/supervisor.pid %[1]s/engine.pid; true`, dir)
 }
 
-// facts asks the host what it is.
+// facts asks the host what it is, and makes sure the state folder exists
+// and belongs to the user: a system folder (/var/lib/evolve) is created
+// with sudo -n, never with a password.
 func facts(ctx context.Context, c Conn, dir string) (Facts, error) {
-	out, err := c.Run(ctx, fmt.Sprintf(`uname -s; uname -m; (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -c GPU) || echo 0; mkdir -p %s && df -Pk %s | tail -1 | awk '{print $4}'`, dir, dir))
+	if _, err := c.Run(ctx, fmt.Sprintf("mkdir -p %[1]s 2>/dev/null && [ -w %[1]s ]", dir)); err != nil {
+		if _, err := c.Run(ctx, "sudo -n true"); err != nil {
+			return Facts{}, fmt.Errorf("cannot create %s as this user, and sudo -n true fails (no sudo, or it asks for a password; evolve never sends one): give the user passwordless sudo, or set spec.hosts[].dir to a folder it owns", dir)
+		}
+		if _, err := c.Run(ctx, fmt.Sprintf("sudo -n mkdir -p %[1]s && sudo -n chown \"$(id -u):$(id -g)\" %[1]s && sudo -n chmod 700 %[1]s", dir)); err != nil {
+			return Facts{}, fmt.Errorf("create %s with sudo: %w", dir, err)
+		}
+	}
+	out, err := c.Run(ctx, fmt.Sprintf(`uname -s; uname -m; (command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -c GPU) || echo 0; df -Pk %s | tail -1 | awk '{print $4}'`, dir))
 	if err != nil {
 		return Facts{}, err
 	}
@@ -339,7 +349,9 @@ func downHost(ctx context.Context, h Host, opt UpOptions) HostResult {
 	defer c.Close()
 	dir := h.StateDir()
 	opt.progress(h.Name, PhaseStart, "stopping")
-	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/config.hash %[1]s/engine.log && rmdir %[1]s 2>/dev/null; true", dir)); err != nil {
+	// The folder itself goes when empty; a system one (made with sudo)
+	// needs sudo to go.
+	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/config.hash %[1]s/engine.log && { rmdir %[1]s 2>/dev/null || sudo -n rmdir %[1]s 2>/dev/null; }; true", dir)); err != nil {
 		return fail(r, PhaseStart, err)
 	}
 	r.Phase, r.Action = PhaseStart, "stopped"

@@ -200,3 +200,26 @@ func waitFile(t *testing.T, path string) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// A state folder the user cannot create needs passwordless sudo: without
+// it the host fails at facts saying so, and nothing is installed.
+func TestUpNeedsSudoForASystemFolder(t *testing.T) {
+	dir := t.TempDir()
+	hosts := &fakeHosts{homes: map[string]string{"a": filepath.Join(dir, "a")}}
+	f := testFile(t, "a")
+	f.Spec.Hosts[0].Dir = "/proc/evolve-cannot-be-here" // not even root makes this
+	// A sudo that asks for a password: -n makes it fail.
+	bin := filepath.Join(dir, "path")
+	os.MkdirAll(bin, 0o755)
+	os.WriteFile(filepath.Join(bin, "sudo"), []byte("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n"), 0o755)
+	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
+	res := Up(context.Background(), f, UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://x:1"})
+	if res[0].Phase != PhaseFacts || !strings.Contains(res[0].Error, "sudo -n true fails") || !strings.Contains(res[0].Error, "spec.hosts[].dir") {
+		t.Fatalf("unwritable dir: %+v", res[0])
+	}
+	for _, cmd := range hosts.log {
+		if strings.Contains(cmd, "sudo -n mkdir") {
+			t.Fatalf("went on after sudo -n true failed: %s", cmd)
+		}
+	}
+}

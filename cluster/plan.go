@@ -46,8 +46,8 @@ func (f *File) Plan() []HostPlan {
 		}
 		steps := []string{
 			"connect over SSH, checking the host key against ~/.ssh/known_hosts",
-			"facts: OS, architecture, GPUs (nvidia-smi), free disk, free port " + fmt.Sprint(h.Engine.Port),
-			"upload the evolve binary for the host's architecture (skipped when its checksum matches)",
+			fmt.Sprintf("facts: state folder %s (made with sudo -n if the user cannot), OS, architecture, GPUs (nvidia-smi), free disk, free port %d", h.StateDir(), h.Engine.Port),
+			"upload the evolve binary for the host's architecture, cross-compiled when it is not this one's (skipped when its checksum matches)",
 			fmt.Sprintf("write the engine's config (%s; role %s) and its service", engine, role),
 			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
 		}
