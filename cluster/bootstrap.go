@@ -68,6 +68,9 @@ type UpOptions struct {
 	// NATSToken is the event plane's token; it goes into the engine's
 	// environment in a script only the host's user can read.
 	NATSToken string
+	// Resolve gives a host's address as the other machines reach it (its
+	// ~/.ssh/config alias resolved); nil keeps the file's.
+	Resolve func(Host) Host
 	// Progress is told each host's phases as they start (may be nil).
 	Progress func(host, phase, detail string)
 	Log      io.Writer // debug log (may be nil)
@@ -110,6 +113,13 @@ func forEachHost(ctx context.Context, f *File, do func(context.Context, Host) Ho
 	return out
 }
 
+func (o *UpOptions) resolve(h Host) Host {
+	if o.Resolve != nil {
+		return o.Resolve(h)
+	}
+	return h
+}
+
 func (o *UpOptions) progress(h, phase, detail string) {
 	if o.Progress != nil {
 		o.Progress(h, phase, detail)
@@ -142,15 +152,10 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 	if r.Facts, err = facts(ctx, c, dir); err != nil {
 		return fail(r, PhaseFacts, err)
 	}
-	want := opt.BinaryArch
-	if want == "" {
-		want = runtime.GOARCH
+	if err := opt.fits(r.Facts); err != nil {
+		return fail(r, PhaseFacts, err)
 	}
 	switch {
-	case r.Facts.OS != "linux":
-		return fail(r, PhaseFacts, fmt.Errorf("the host runs %s; evolve engines run on linux", r.Facts.OS))
-	case r.Facts.Arch != want && opt.Build == nil:
-		return fail(r, PhaseFacts, fmt.Errorf("the host is linux/%s and the binary is %s: build one with GOOS=linux GOARCH=%s go build ./cmd/evolve and pass it with --binary", r.Facts.Arch, platform(want), r.Facts.Arch))
 	case h.Engine.Backend != "sim":
 		return fail(r, PhaseFacts, fmt.Errorf("engine backend %s: this evolve build runs the sim backend only", h.Engine.Backend))
 	case h.GPUs > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < h.GPUs:
@@ -164,34 +169,12 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		}
 	}
 
-	// Upload, unless the host has this binary already; one built for the
-	// host's architecture when it is not the binary's.
-	path := opt.Binary
-	if r.Facts.Arch != want {
-		opt.progress(h.Name, PhaseUpload, "cross-compiling evolve for linux/"+r.Facts.Arch)
-		if path, err = opt.Build(ctx, r.Facts.Arch); err != nil {
-			return fail(r, PhaseUpload, fmt.Errorf("the host is linux/%s and the binary %s; cross-compiling: %w", r.Facts.Arch, platform(want), err))
-		}
-	}
 	opt.progress(h.Name, PhaseUpload, "")
-	bin, err := os.ReadFile(path)
+	binSum, uploaded, err := installBinary(ctx, c, h, r.Facts.Arch, opt)
 	if err != nil {
-		return fail(r, PhaseUpload, fmt.Errorf("read the binary: %w", err))
+		return fail(r, PhaseUpload, err)
 	}
-	sum := sha256.Sum256(bin)
-	binSum := hex.EncodeToString(sum[:])
-	remote, _ := c.Run(ctx, fmt.Sprintf("sha256sum %s/bin/evolve 2>/dev/null | cut -d' ' -f1", dir))
-	r.Upload = "unchanged"
-	if strings.TrimSpace(remote) != binSum {
-		home, err := c.Run(ctx, "printf %s "+dir)
-		if err != nil {
-			return fail(r, PhaseUpload, err)
-		}
-		if err := c.Upload(ctx, bytes.NewReader(bin), strings.TrimSpace(home)+"/bin/evolve", 0o755); err != nil {
-			return fail(r, PhaseUpload, err)
-		}
-		r.Upload = "uploaded"
-	}
+	r.Upload = uploaded
 
 	// The engine's service: a supervisor script that restarts it, its
 	// environment, and a hash of both with the binary's.
@@ -208,38 +191,34 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		}
 		nats = fmt.Sprintf("nats://%s:%d", addr, port)
 	}
-	script := engineScript(h, dir, nats, opt.NATSToken)
-	hash := sha256.Sum256([]byte(binSum + "\n" + script))
-	cfgHash := hex.EncodeToString(hash[:])
-	old, _ := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", dir))
-	running := isRunning(ctx, c, dir)
-	if strings.TrimSpace(old) == cfgHash && running {
-		r.Phase, r.Action = PhaseStart, "unchanged"
-		opt.progress(h.Name, PhaseStart, "unchanged")
-		return r
+	script := engineScript(h, opt.resolve(h).Address, dir, nats, opt.NATSToken)
+	action, phase, err := ensureService(ctx, c, dir, "engine", script, binSum, func(phase string) { opt.progress(h.Name, phase, "") })
+	if err != nil {
+		return fail(r, phase, err)
 	}
-	write := fmt.Sprintf("mkdir -p %[1]s && cat > %[1]s/run.sh.new <<'EVOLVE_EOF'\n%[2]sEVOLVE_EOF\nchmod 700 %[1]s/run.sh.new && mv %[1]s/run.sh.new %[1]s/run.sh", dir, script)
-	if _, err := c.Run(ctx, write); err != nil {
-		return fail(r, PhaseConfig, err)
-	}
-
-	opt.progress(h.Name, PhaseStart, "")
-	r.Action = "started"
-	if running {
-		r.Action = "restarted"
-		if _, err := c.Run(ctx, stopCommand(dir)); err != nil {
-			return fail(r, PhaseStart, fmt.Errorf("stop the old engine: %w", err))
-		}
-	}
-	// Only the supervisor goes to the background, its descriptors off the
-	// SSH session, so that the session ends at once.
-	start := fmt.Sprintf("cd %[1]s && { nohup setsid ./run.sh >> %[1]s/engine.log 2>&1 < /dev/null & echo $! > %[1]s/supervisor.pid; } && echo %[2]s > %[1]s/config.hash", dir, cfgHash)
-	if _, err := c.Run(ctx, start); err != nil {
-		return fail(r, PhaseStart, err)
-	}
-	r.Phase = PhaseStart
-	opt.progress(h.Name, PhaseStart, r.Action)
+	r.Phase, r.Action = PhaseStart, action
+	opt.progress(h.Name, PhaseStart, action)
 	return r
+}
+
+func (o *UpOptions) binaryArch() string {
+	if o.BinaryArch == "" {
+		return runtime.GOARCH
+	}
+	return o.BinaryArch
+}
+
+// fits checks that evolve can run on a host with these facts: linux, and
+// the binary's architecture or a way to build one.
+func (o *UpOptions) fits(f Facts) error {
+	want := o.binaryArch()
+	switch {
+	case f.OS != "linux":
+		return fmt.Errorf("the host runs %s; evolve runs on linux", f.OS)
+	case f.Arch != want && o.Build == nil:
+		return fmt.Errorf("the host is linux/%s and the binary is %s: build one with GOOS=linux GOARCH=%s go build ./cmd/evolve and pass it with --binary", f.Arch, platform(want), f.Arch)
+	}
+	return nil
 }
 
 // platform names a binary's platform from UpOptions.BinaryArch.
@@ -250,39 +229,119 @@ func platform(arch string) string {
 	return "linux/" + arch
 }
 
-// engineScript is the supervisor: it runs the engine, and again a second
-// after it exits, until it is stopped.
-func engineScript(h Host, dir, nats, token string) string {
+// installBinary puts evolve on the host as <state dir>/bin/evolve, unless
+// it is there already (same checksum), cross-compiled when the host's
+// architecture is not the binary's. It returns the binary's checksum and
+// whether it was uploaded or unchanged.
+func installBinary(ctx context.Context, c Conn, h Host, arch string, opt UpOptions) (string, string, error) {
+	want := opt.binaryArch()
+	path := opt.Binary
+	if arch != want {
+		opt.progress(h.Name, PhaseUpload, "cross-compiling evolve for linux/"+arch)
+		var err error
+		if path, err = opt.Build(ctx, arch); err != nil {
+			return "", "", fmt.Errorf("the host is linux/%s and the binary %s; cross-compiling: %w", arch, platform(want), err)
+		}
+	}
+	bin, err := os.ReadFile(path)
+	if err != nil {
+		return "", "", fmt.Errorf("read the binary: %w", err)
+	}
+	sum := sha256.Sum256(bin)
+	binSum := hex.EncodeToString(sum[:])
+	dir := h.StateDir()
+	remote, _ := c.Run(ctx, fmt.Sprintf("sha256sum %s/bin/evolve 2>/dev/null | cut -d' ' -f1", dir))
+	if strings.TrimSpace(remote) == binSum {
+		return binSum, "unchanged", nil
+	}
+	home, err := c.Run(ctx, "printf %s "+dir)
+	if err != nil {
+		return "", "", err
+	}
+	if err := c.Upload(ctx, bytes.NewReader(bin), strings.TrimSpace(home)+"/bin/evolve", 0o755); err != nil {
+		return "", "", err
+	}
+	return binSum, "uploaded", nil
+}
+
+// ensureService runs script as a supervised service in svc (a folder of
+// the host): written 0700, started, or restarted when it or the binary
+// changed, left alone otherwise. name is the service's (engine,
+// orchestrator): its log is svc/<name>.log. It returns started,
+// restarted or unchanged, or the phase that failed.
+func ensureService(ctx context.Context, c Conn, svc, name, script, binSum string, phase func(string)) (action, failedPhase string, err error) {
+	hash := sha256.Sum256([]byte(binSum + "\n" + script))
+	cfgHash := hex.EncodeToString(hash[:])
+	old, _ := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", svc))
+	running := isRunning(ctx, c, svc)
+	if strings.TrimSpace(old) == cfgHash && running {
+		return "unchanged", "", nil
+	}
+	phase(PhaseConfig)
+	write := fmt.Sprintf("mkdir -p %[1]s && cat > %[1]s/run.sh.new <<'EVOLVE_EOF'\n%[2]sEVOLVE_EOF\nchmod 700 %[1]s/run.sh.new && mv %[1]s/run.sh.new %[1]s/run.sh", svc, script)
+	if _, err := c.Run(ctx, write); err != nil {
+		return "failed", PhaseConfig, err
+	}
+	phase(PhaseStart)
+	action = "started"
+	if running {
+		action = "restarted"
+		if _, err := c.Run(ctx, stopCommand(svc)); err != nil {
+			return "failed", PhaseStart, fmt.Errorf("stop the old %s: %w", name, err)
+		}
+	}
+	// Only the supervisor goes to the background, its descriptors off the
+	// SSH session, so that the session ends at once.
+	start := fmt.Sprintf("cd %[1]s && { nohup setsid ./run.sh >> %[1]s/%[3]s.log 2>&1 < /dev/null & echo $! > %[1]s/supervisor.pid; } && echo %[2]s > %[1]s/config.hash", svc, cfgHash, name)
+	if _, err := c.Run(ctx, start); err != nil {
+		return "failed", PhaseStart, err
+	}
+	return action, "", nil
+}
+
+// engineScript is the engine's supervisor script. addr is the host's
+// address as the orchestrator reaches it (its SSH config alias resolved).
+func engineScript(h Host, addr, dir, nats, token string) string {
 	if token != "" {
 		nats = strings.Replace(nats, "nats://", "nats://"+token+"@", 1)
 	}
 	args := []string{"engine", "--id", h.Name,
 		"--listen", "0.0.0.0:" + strconv.Itoa(h.Engine.Port),
-		"--advertise", fmt.Sprintf("http://%s:%d", h.Address, h.Engine.Port),
+		"--advertise", fmt.Sprintf("http://%s:%d", addr, h.Engine.Port),
 		"--profile", h.Engine.Profile, "--log-format", "json"}
 	if h.Role != "" {
 		args = append(args, "--role", h.Role)
 	}
 	args = append(args, h.Engine.Args...)
+	env := map[string]string{}
+	for k, v := range h.Engine.Env {
+		env[k] = v
+	}
+	// The event plane's URL (with its token) in the environment, not on
+	// the command line.
+	env["EVOLVE_ENGINE_NATS"] = nats
+	return superviseScript("the engine of host "+h.Name, dir+"/bin/evolve", dir, env, args)
+}
+
+// superviseScript is a supervisor: it runs the binary with args and env,
+// and again a second after it exits, until it is stopped.
+func superviseScript(what, bin, dir string, env map[string]string, args []string) string {
 	var b strings.Builder
-	b.WriteString("#!/bin/sh\n# Written by evolve up: the engine of host " + h.Name + ", restarted when it exits.\n")
-	keys := make([]string, 0, len(h.Engine.Env))
-	for k := range h.Engine.Env {
+	b.WriteString("#!/bin/sh\n# Written by evolve up: " + what + ", restarted when it exits.\n")
+	keys := make([]string, 0, len(env))
+	for k := range env {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		fmt.Fprintf(&b, "export %s=%s\n", k, shellQuote(h.Engine.Env[k]))
+		fmt.Fprintf(&b, "export %s=%s\n", k, shellQuote(env[k]))
 	}
-	// The event plane's URL (with its token) in the environment, not on
-	// the command line.
-	fmt.Fprintf(&b, "export EVOLVE_ENGINE_NATS=%s\n", shellQuote(nats))
 	fmt.Fprintf(&b, "trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT\n")
-	fmt.Fprintf(&b, "while true; do\n  %s/bin/evolve", dir)
+	fmt.Fprintf(&b, "while true; do\n  %s", bin)
 	for _, a := range args {
 		b.WriteString(" " + shellQuote(a))
 	}
-	fmt.Fprintf(&b, " &\n  child=$!\n  echo $child > %s/engine.pid\n  wait $child\n  sleep 1\ndone\n", dir)
+	fmt.Fprintf(&b, " &\n  child=$!\n  echo $child > %s/child.pid\n  wait $child\n  sleep 1\ndone\n", dir)
 	return b.String()
 }
 
@@ -298,9 +357,11 @@ func isRunning(ctx context.Context, c Conn, dir string) bool {
 	return err == nil && strings.TrimSpace(out) == "yes"
 }
 
-// stopCommand stops the supervisor (which stops the engine: it drains).
+// stopCommand stops the supervisor (which stops its child: an engine
+// drains), then the child if it outlived it. engine.pid is where earlier
+// versions kept the child's pid.
 func stopCommand(dir string) string {
-	return fmt.Sprintf(`p=$(cat %[1]s/supervisor.pid 2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then kill $p; for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; kill -9 $p 2>/dev/null; fi; e=$(cat %[1]s/engine.pid 2>/dev/null); [ -n "$e" ] && kill -9 $e 2>/dev/null; rm -f %[1]s/supervisor.pid %[1]s/engine.pid; true`, dir)
+	return fmt.Sprintf(`p=$(cat %[1]s/supervisor.pid 2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then kill $p; for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; kill -9 $p 2>/dev/null; fi; for f in child.pid engine.pid; do e=$(cat %[1]s/$f 2>/dev/null); [ -n "$e" ] && kill -9 $e 2>/dev/null; done; rm -f %[1]s/supervisor.pid %[1]s/child.pid %[1]s/engine.pid; true`, dir)
 }
 
 // facts asks the host what it is, and makes sure the state folder exists

@@ -123,6 +123,17 @@ func (e *HostKeyError) Error() string {
 		e.Host, e.Got, e.KnownHosts, e.Want, e.WantAt, strings.Split(e.Host, ":")[0], e.KnownHosts)
 }
 
+// Resolver returns the address resolution of connections made with opt: a
+// host's address as ~/.ssh/config names it (for UpOptions.Resolve).
+func Resolver(opt SSHOptions) func(Host) Host {
+	return func(h Host) Host {
+		if r, err := resolve(h, opt.SSHConfig); err == nil {
+			return r
+		}
+		return h
+	}
+}
+
 // SSHDialer dials hosts with opt, for UpOptions.Dial.
 func SSHDialer(opt SSHOptions) func(context.Context, Host) (Conn, error) {
 	return func(ctx context.Context, h Host) (Conn, error) { return DialSSH(ctx, h, opt) }

@@ -27,7 +27,8 @@ import (
 type fileClusterState struct {
 	Name         string    `json:"name"`
 	File         string    `json:"file"`
-	Orchestrator int       `json:"orchestrator_pid"`
+	Orchestrator int       `json:"orchestrator_pid"`            // on this machine
+	OrchHost     string    `json:"orchestrator_host,omitempty"` // or on this host of the cluster
 	RouterURL    string    `json:"router_url"`
 	ControlURL   string    `json:"control_url"`
 	NATSURL      string    `json:"nats_url"`
@@ -58,13 +59,19 @@ func writeClusterState(st *fileClusterState) error {
 
 // upOutput is what `evolve up -f -o json` prints. Names are stable.
 type upOutput struct {
-	Cluster    string               `json:"cluster"`
-	RouterURL  string               `json:"router_url"`
-	ControlURL string               `json:"control_url"`
-	TokenFile  string               `json:"control_token_file"`
-	Hosts      []cluster.HostResult `json:"hosts"`
-	Failed     int                  `json:"failed"`
-	DebugLog   string               `json:"debug_log"`
+	Cluster    string `json:"cluster"`
+	RouterURL  string `json:"router_url"`
+	ControlURL string `json:"control_url"`
+	TokenFile  string `json:"control_token_file"`
+	// Orchestrator: where it runs (local or a host's name) and what up did
+	// to it (started, restarted, unchanged).
+	Orchestrator struct {
+		Host   string `json:"host"`
+		Action string `json:"action"`
+	} `json:"orchestrator"`
+	Hosts    []cluster.HostResult `json:"hosts"`
+	Failed   int                  `json:"failed"`
+	DebugLog string               `json:"debug_log"`
 }
 
 func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
@@ -75,9 +82,6 @@ func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
 			return nil, usageError{cmd: cmd.CommandPath(), err: err}
 		}
 		return nil, usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("cluster file: %w", err)}
-	}
-	if f.Spec.Orchestrator.Host != "local" {
-		return nil, usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("spec.orchestrator.host %q: this evolve runs the orchestrator on the operator's machine only (host: local)", f.Spec.Orchestrator.Host)}
 	}
 	return f, nil
 }
@@ -116,10 +120,6 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	defer debug.Close()
 	fmt.Fprintf(errw, "bringing up cluster %s (%d hosts); debug log %s\n", f.Metadata.Name, len(f.Spec.Hosts), debugPath)
 
-	st, err := ensureOrchestrator(cmd, f, path, dir, debug)
-	if err != nil {
-		return err
-	}
 	exe := config.GetString(key("binary"))
 	if exe == "" {
 		if exe, err = os.Executable(); err != nil {
@@ -141,17 +141,29 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	if cwd, err := os.Getwd(); err == nil {
 		builder.Dir, _ = cluster.FindSource(cwd)
 	}
-	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Binary: exe, BinaryArch: arch, Build: builder.Build,
-		NATSToken: st.NATSToken, Log: log, Progress: prog.update}
-	// Engines reach the orchestrator that runs (a re-run keeps the one it
-	// finds, on the ports it has).
-	if u, err := url.Parse(st.NATSURL); err == nil {
-		opt.NATSPort, _ = strconv.Atoi(u.Port())
-	}
-	if a := f.Spec.Orchestrator.Advertise; a != "" {
-		opt.NATS = fmt.Sprintf("nats://%s:%d", a, opt.NATSPort)
-	}
+	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
+		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update}
 	ctx := cmd.Context()
+	var st *fileClusterState
+	var orchAction string
+	if f.Spec.Orchestrator.Host == "local" {
+		if st, orchAction, err = ensureOrchestrator(cmd, f, path, dir, debug); err != nil {
+			return err
+		}
+		// Engines reach the orchestrator that runs (a re-run keeps the one
+		// it finds, on the ports it has).
+		if u, err := url.Parse(st.NATSURL); err == nil {
+			opt.NATSPort, _ = strconv.Atoi(u.Port())
+		}
+		if a := f.Spec.Orchestrator.Advertise; a != "" {
+			opt.NATS = fmt.Sprintf("nats://%s:%d", a, opt.NATSPort)
+		}
+	} else if st, orchAction, err = ensureHostOrchestrator(cmd, f, path, opt); err != nil {
+		return err
+	} else {
+		opt.NATS = st.NATSURL
+	}
+	opt.NATSToken = st.NATSToken
 	res := cluster.Up(ctx, f, opt)
 
 	// Wait until every engine that started has registered and serves.
@@ -195,6 +207,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 
 	out := upOutput{Cluster: f.Metadata.Name, RouterURL: st.RouterURL, ControlURL: st.ControlURL,
 		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath}
+	out.Orchestrator.Host, out.Orchestrator.Action = f.Spec.Orchestrator.Host, orchAction
 	var failed []cluster.HostResult
 	for _, r := range res {
 		fmt.Fprintf(debug, "result %s: %s (phase %s) %s\n", r.Host, r.Action, r.Phase, r.Error)
@@ -231,25 +244,49 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	return nil
 }
 
+// newSecret is a fresh token.
+func newSecret() string {
+	b := make([]byte, 24)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// ensureHostOrchestrator runs the cluster's orchestrator on the host the
+// file names, with the tokens this machine keeps for the cluster (made on
+// the first run), so that a re-run finds it unchanged.
+func ensureHostOrchestrator(cmd *cobra.Command, f *cluster.File, path string, opt cluster.UpOptions) (*fileClusterState, string, error) {
+	st, err := readClusterState(f.Metadata.Name)
+	if err != nil || st.ControlToken == "" || st.NATSToken == "" {
+		st = &fileClusterState{Name: f.Metadata.Name, ControlToken: newSecret(), NATSToken: newSecret(), Started: time.Now()}
+	}
+	st.File, st.Orchestrator, st.OrchHost = path, 0, f.Spec.Orchestrator.Host
+	if abs, err := filepath.Abs(path); err == nil {
+		st.File = abs
+	}
+	opt.NATSToken = st.NATSToken
+	res := cluster.UpOrchestrator(cmd.Context(), f, opt, st.ControlToken)
+	if err := res.Err(); err != nil {
+		return nil, "", fmt.Errorf("the orchestrator on host %s failed at %s: %w", res.Host, res.Phase, err)
+	}
+	st.RouterURL, st.ControlURL, st.NATSURL = res.RouterURL, res.ControlURL, res.NATSURL
+	fmt.Fprintf(cmd.ErrOrStderr(), "orchestrator %s on host %s: router %s\n", res.Action, res.Host, st.RouterURL)
+	return st, res.Action, writeClusterState(st)
+}
+
 // ensureOrchestrator starts the cluster's orchestrator on this machine
 // unless it runs already (a re-run converges).
-func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, error) {
+func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, string, error) {
 	if st, err := readClusterState(f.Metadata.Name); err == nil && alive(st.Orchestrator) {
 		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
-		return st, nil
+		return st, "unchanged", nil
 	}
-	secret := func() string {
-		b := make([]byte, 24)
-		rand.Read(b)
-		return hex.EncodeToString(b)
-	}
-	st := &fileClusterState{Name: f.Metadata.Name, File: path, ControlToken: secret(), NATSToken: secret(), Started: time.Now()}
+	st := &fileClusterState{Name: f.Metadata.Name, File: path, ControlToken: newSecret(), NATSToken: newSecret(), Started: time.Now()}
 	if abs, err := filepath.Abs(path); err == nil {
 		st.File = abs
 	}
 	exe, err := os.Executable()
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	o := f.Spec.Orchestrator
 	ready := filepath.Join(dir, "orchestrator.ready")
@@ -261,7 +298,7 @@ func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, d
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
 		"--ready-file", ready, "--log-format", "json")
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	st.Orchestrator = p.Process.Pid
 	deadline := time.Now().Add(30 * time.Second)
@@ -271,7 +308,7 @@ func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, d
 			break
 		}
 		if !alive(p.Process.Pid) || time.Now().After(deadline) {
-			return nil, fmt.Errorf("the orchestrator did not start:\n%s", tail(logPath, 10))
+			return nil, "", fmt.Errorf("the orchestrator did not start:\n%s", tail(logPath, 10))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -286,7 +323,7 @@ func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, d
 	}
 	st.RouterURL, st.ControlURL, st.NATSURL = info.RouterURL, info.ControlURL, info.NATSURL
 	fmt.Fprintf(cmd.ErrOrStderr(), "orchestrator started on this machine: router %s (log %s)\n", st.RouterURL, logPath)
-	return st, writeClusterState(st)
+	return st, "started", writeClusterState(st)
 }
 
 // downFromFile stops the engines of a cluster file's hosts and removes
@@ -308,12 +345,24 @@ func downFromFile(cmd *cobra.Command, path string, yes bool) error {
 			return errors.New("cancelled")
 		}
 	}
-	res := cluster.Down(cmd.Context(), f, cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("down")),
-		Progress: newHostProgress(errw, f).update})
+	dopt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("down")), Progress: newHostProgress(errw, f).update}
+	res := cluster.Down(cmd.Context(), f, dopt)
+	orch := "stopped"
+	if f.Spec.Orchestrator.Host != "local" {
+		// Last: engines deregister from it as they stop.
+		if r := cluster.DownOrchestrator(cmd.Context(), f, dopt); r.Err() != nil {
+			orch = "failed"
+			res = append(res, cluster.Failed(cluster.HostResult{Host: r.Host + " (orchestrator)"}, r.Phase, r.Err()))
+		}
+	}
 	if st, err := readClusterState(f.Metadata.Name); err == nil {
-		stopPIDs(errw, []int{st.Orchestrator}, nil, 15*time.Second)
-		os.Remove(filepath.Join(clusterDir(f.Metadata.Name), "state.json"))
-		os.RemoveAll(filepath.Join(clusterDir(f.Metadata.Name), "nats"))
+		if st.Orchestrator > 0 {
+			stopPIDs(errw, []int{st.Orchestrator}, nil, 15*time.Second)
+		}
+		if orch == "stopped" {
+			os.Remove(filepath.Join(clusterDir(f.Metadata.Name), "state.json"))
+			os.RemoveAll(filepath.Join(clusterDir(f.Metadata.Name), "nats"))
+		}
 	}
 	var failed []string
 	for _, r := range res {
@@ -415,13 +464,25 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 		return err
 	}
 	out := statusOfFile{Cluster: f.Metadata.Name, Orchestrator: "unknown here"}
+	sopt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("status"))}
 	if st, err := readClusterState(f.Metadata.Name); err == nil {
 		out.Orchestrator, out.RouterURL, out.ControlURL = "stopped", st.RouterURL, st.ControlURL
 		if alive(st.Orchestrator) {
 			out.Orchestrator = "running"
 		}
 	}
-	out.Hosts = cluster.Status(cmd.Context(), f, cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("status"))})
+	if o := f.Spec.Orchestrator.Host; o != "local" {
+		// It says itself, over SSH, from any machine with the file.
+		switch running, err := cluster.OrchestratorRunning(cmd.Context(), f, sopt); {
+		case err != nil:
+			out.Orchestrator = "unreachable on host " + o + ": " + err.Error()
+		case running:
+			out.Orchestrator = "running on host " + o
+		default:
+			out.Orchestrator = "stopped on host " + o
+		}
+	}
+	out.Hosts = cluster.Status(cmd.Context(), f, sopt)
 	failed := 0
 	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "cluster %s: orchestrator %s %s\n\n", out.Cluster, out.Orchestrator, out.RouterURL)

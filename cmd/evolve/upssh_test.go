@@ -150,7 +150,11 @@ spec:
 }
 
 type upResult struct {
-	RouterURL string `json:"router_url"`
+	RouterURL    string `json:"router_url"`
+	Orchestrator struct {
+		Host   string `json:"host"`
+		Action string `json:"action"`
+	} `json:"orchestrator"`
 	TokenFile string `json:"control_token_file"`
 	Hosts     []struct {
 		Host   string `json:"host"`

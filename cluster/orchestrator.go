@@ -1,0 +1,158 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// OrchestratorResult is what happened to the orchestrator evolve up runs
+// on one of the cluster's hosts (spec.orchestrator.host), and how to
+// reach it.
+type OrchestratorResult struct {
+	Host       string `json:"host"`
+	Phase      string `json:"phase"`
+	Action     string `json:"action"` // started, restarted, unchanged, stopped, failed
+	RouterURL  string `json:"router_url,omitempty"`
+	ControlURL string `json:"control_url,omitempty"`
+	NATSURL    string `json:"nats_url,omitempty"` // as the hosts reach it
+	Error      string `json:"error,omitempty"`
+	err        error
+}
+
+// Err is the failure, or nil.
+func (r OrchestratorResult) Err() error { return r.err }
+
+// OrchestratorDir is where a host keeps the orchestrator's files: its
+// service script, log, NATS data and ready file.
+func (h Host) OrchestratorDir() string { return h.StateDir() + "/orchestrator" }
+
+// orchestratorReady is how long a started orchestrator has to say it serves.
+const orchestratorReady = 30 * time.Second
+
+// UpOrchestrator runs the orchestrator on the file's orchestrator host as
+// a supervised service, with the control token and the event plane's
+// token (opt.NATSToken) in its environment, listening on the file's
+// ports; re-runs leave it alone unless its config or binary changed. The
+// URLs it returns use the host's address as the other machines reach it
+// (spec.orchestrator.advertise when set).
+func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken string) OrchestratorResult {
+	o := f.Spec.Orchestrator
+	h := f.Host(o.Host)
+	r := OrchestratorResult{Host: h.Name}
+	fail := func(phase string, err error) OrchestratorResult {
+		r.Phase, r.Action, r.err, r.Error = phase, "failed", err, err.Error()
+		return r
+	}
+	opt.progress(h.Name, PhaseConnect, "orchestrator")
+	c, err := opt.Dial(ctx, h)
+	if err != nil {
+		return fail(PhaseConnect, err)
+	}
+	defer c.Close()
+	opt.progress(h.Name, PhaseFacts, "orchestrator")
+	fs, err := facts(ctx, c, h.StateDir())
+	if err != nil {
+		return fail(PhaseFacts, err)
+	}
+	if err := opt.fits(fs); err != nil {
+		return fail(PhaseFacts, err)
+	}
+	opt.progress(h.Name, PhaseUpload, "orchestrator")
+	binSum, _, err := installBinary(ctx, c, h, fs.Arch, opt)
+	if err != nil {
+		return fail(PhaseUpload, err)
+	}
+	dir := h.OrchestratorDir()
+	home, err := c.Run(ctx, "printf %s "+dir)
+	if err != nil {
+		return fail(PhaseConfig, err)
+	}
+	dir = strings.TrimSpace(home)
+	args := []string{"orchestrator",
+		"--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort),
+		"--control-addr", fmt.Sprintf("0.0.0.0:%d", o.ControlPort),
+		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort),
+		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
+	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
+	script := superviseScript("the orchestrator of cluster "+f.Metadata.Name, h.StateDir()+"/bin/evolve", dir, env, args)
+	// A restart must not read the last run's ready file.
+	stale := func(phase string) {
+		if phase == PhaseStart {
+			c.Run(ctx, fmt.Sprintf("rm -f %s/ready.json", dir))
+		}
+		opt.progress(h.Name, phase, "orchestrator")
+	}
+	action, phase, err := ensureService(ctx, c, dir, "orchestrator", script, binSum, stale)
+	if err != nil {
+		return fail(phase, err)
+	}
+	r.Phase, r.Action = PhaseStart, action
+
+	// Wait for it to serve, as its ready file says.
+	deadline := time.Now().Add(orchestratorReady)
+	var ready struct {
+		RouterURL  string `json:"router_url"`
+		ControlURL string `json:"control_url"`
+		NATSURL    string `json:"nats_url"`
+	}
+	for {
+		out, err := c.Run(ctx, fmt.Sprintf("cat %s/ready.json 2>/dev/null", dir))
+		if err == nil && json.Unmarshal([]byte(out), &ready) == nil && ready.RouterURL != "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			log, _ := c.Run(ctx, fmt.Sprintf("tail -n 5 %s/orchestrator.log 2>/dev/null", dir))
+			return fail(PhaseStart, fmt.Errorf("the orchestrator did not start within %v; the end of %s/orchestrator.log:\n%s", orchestratorReady, dir, strings.TrimSpace(log)))
+		}
+		select {
+		case <-ctx.Done():
+			return fail(PhaseStart, ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	addr := o.Advertise
+	if addr == "" {
+		addr = opt.resolve(h).Address
+	}
+	repl := strings.NewReplacer("[::]", addr, "0.0.0.0", addr)
+	r.RouterURL, r.ControlURL, r.NATSURL = repl.Replace(ready.RouterURL), repl.Replace(ready.ControlURL), repl.Replace(ready.NATSURL)
+	opt.progress(h.Name, PhaseStart, "orchestrator "+action)
+	return r
+}
+
+// DownOrchestrator stops the orchestrator evolve up runs on a host and
+// removes its files (its NATS data too).
+func DownOrchestrator(ctx context.Context, f *File, opt UpOptions) OrchestratorResult {
+	h := f.Host(f.Spec.Orchestrator.Host)
+	r := OrchestratorResult{Host: h.Name}
+	c, err := opt.Dial(ctx, h)
+	if err != nil {
+		r.Phase, r.Action, r.err, r.Error = PhaseConnect, "failed", err, err.Error()
+		return r
+	}
+	defer c.Close()
+	opt.progress(h.Name, PhaseStart, "stopping the orchestrator")
+	dir := h.OrchestratorDir()
+	// The state folder goes too once empty (the engine's down empties it).
+	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %s && { rmdir %s 2>/dev/null || sudo -n rmdir %s 2>/dev/null; }; true", dir, h.StateDir(), h.StateDir())); err != nil {
+		r.Phase, r.Action, r.err, r.Error = PhaseStart, "failed", err, err.Error()
+		return r
+	}
+	r.Phase, r.Action = PhaseStart, "stopped"
+	return r
+}
+
+// OrchestratorRunning reports whether the orchestrator evolve up started
+// on a host runs.
+func OrchestratorRunning(ctx context.Context, f *File, opt UpOptions) (bool, error) {
+	h := f.Host(f.Spec.Orchestrator.Host)
+	c, err := opt.Dial(ctx, h)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	return isRunning(ctx, c, h.OrchestratorDir()), nil
+}

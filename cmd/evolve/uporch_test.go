@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/evolvellm/evolve/cluster/sshtest"
+)
+
+// spec.orchestrator.host names a host of the cluster: evolve up runs the
+// orchestrator there as a supervised service, the engines join its event
+// plane, requests go through its router; a re-run leaves it alone; status
+// reads it over SSH; down stops it and removes its files.
+func TestUpRunsTheOrchestratorOnAHost(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id_ed25519")
+	pub := sshtest.NewKey(t, key)
+	h1, h2 := sshtest.Start(t, pub), sshtest.Start(t, pub)
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"), 0o600)
+	file := filepath.Join(dir, "cluster.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: remote-orch}
+spec:
+  orchestrator: {host: gpu-01, routerPort: %d, controlPort: %d, natsPort: %d}
+  defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
+  hosts:
+    - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
+    - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
+`, port(t), port(t), port(t), key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
+
+	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	var res upResult
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 2 || res.Orchestrator.Host != "gpu-01" || res.Orchestrator.Action != "started" {
+		t.Fatalf("up -f: exit %d\n%s", code, out)
+	}
+	// The orchestrator's files live on the host; its script is private.
+	if fi, err := os.Stat(filepath.Join(dir, "h1", "orchestrator", "run.sh")); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("the orchestrator's service script on gpu-01: %v %v", fi, err)
+	}
+	status, _, body := post(t, res.RouterURL+"/v1/completions", `{"prompt": "hello from afar", "max_tokens": 4}`)
+	if status != 200 {
+		t.Fatalf("request through the host's router: %d %v", status, body)
+	}
+	// The control API is on the host, behind the cluster's token.
+	var st fileClusterState
+	b, _ := os.ReadFile(res.TokenFile)
+	json.Unmarshal(b, &st)
+	if st.OrchHost != "gpu-01" || st.Orchestrator != 0 || st.ControlToken == "" {
+		t.Fatalf("local state %+v", st)
+	}
+	out, code = runBinOut(t, env, "nodes", "--server", st.ControlURL, "--token", st.ControlToken, "-o", "json")
+	if code != 0 || !strings.Contains(out, "gpu-02") {
+		t.Fatalf("nodes through the host's control API: exit %d\n%s", code, out)
+	}
+	if _, code = runBinOut(t, env, "nodes", "--server", st.ControlURL, "-o", "json"); code == 0 {
+		t.Fatal("the host's control API answered without the token")
+	}
+
+	// A re-run leaves everything alone.
+	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Hosts[0].Action != "unchanged" ||
+		res.Orchestrator.Action != "unchanged" {
+		t.Fatalf("re-run: exit %d\n%s", code, out)
+	}
+	out, code = runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
+	if code != 0 || !strings.Contains(out, `"orchestrator": "running on host gpu-01"`) {
+		t.Fatalf("status -f: exit %d\n%s", code, out)
+	}
+
+	out, code = runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh)
+	if code != 0 {
+		t.Fatalf("down: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "h1")); err == nil {
+		entries, _ := os.ReadDir(filepath.Join(dir, "h1"))
+		t.Fatalf("gpu-01 keeps %v after down", entries)
+	}
+	if resp, err := http.Post(res.RouterURL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "x"}`)); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the host's router still answers after down: %d", resp.StatusCode)
+	}
+}
