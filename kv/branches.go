@@ -239,11 +239,6 @@ func (b *Branches) Refs(h BlockHash) int {
 // Referenced is the number of blocks some live branch references.
 func (b *Branches) Referenced() int { return b.refs.Len() }
 
-// RangeReferenced calls f for every block some live branch references.
-func (b *Branches) RangeReferenced(f func(h BlockHash)) {
-	b.refs.Range(func(h BlockHash, _ int32) bool { f(h); return true })
-}
-
 // Live is the number of live branches.
 func (b *Branches) Live() int { return b.live }
 

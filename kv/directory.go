@@ -34,10 +34,18 @@ type dirEntry struct {
 // copies keeps all of them in Directory.extraSlab, and the inline space
 // holds that slab's index instead, so no lookup is needed to find them.
 type replicaSet struct {
-	reps [inlineReplicas]Replica
-	n    uint8 // copies inline; inlineReplicas when more is set
-	more bool  // the copies live in Directory.extraSlab[slab()]
+	reps  [inlineReplicas]Replica
+	n     uint8 // copies inline; inlineReplicas when the copies are in the slab
+	flags uint8
 }
+
+const (
+	flagMore       = 1 << iota // the copies live in Directory.extraSlab[slab()]
+	flagReferenced             // a live agent branch references the block (see SetReferenced)
+)
+
+func (s *replicaSet) more() bool       { return s.flags&flagMore != 0 }
+func (s *replicaSet) referenced() bool { return s.flags&flagReferenced != 0 }
 
 // slab is the extraSlab index of a set whose copies live there.
 func (s *replicaSet) slab() int32 { return int32(s.reps[0]) | int32(s.reps[1])<<16 }
@@ -75,6 +83,7 @@ type Directory struct {
 	names     map[string]NodeID
 	replicas  int
 	lastQuery int32 // arena position last located by a query (see locate)
+	refSource func(BlockHash) bool
 
 	sink         BlockHash // keeps Match's prefetching reads alive
 	indexLookups uint64    // Match's index lookups (the rest were sequential), for benchmarks
@@ -87,8 +96,9 @@ type Directory struct {
 type nodeState struct {
 	name       string
 	lastSeq    uint64
-	resync     bool // a gap was seen: ignore events until AllBlocksCleared
-	gpu, host  int  // replicas held
+	resync     bool   // a gap was seen: ignore events until AllBlocksCleared
+	copies     [2]int // replicas held, per tier
+	referenced [2]int // of those, of blocks marked referenced
 	everEvents bool
 	// Arena positions last located by this node's events, per tier, for
 	// stores and for removals (see locate).
@@ -188,7 +198,7 @@ func (d *Directory) takeFree(pos int32) bool {
 
 // NodeReplicas returns how many copies node n holds in each tier.
 func (d *Directory) NodeReplicas(n NodeID) (gpu, host int) {
-	return d.nodes[n].gpu, d.nodes[n].host
+	return d.nodes[n].copies[TierGPU], d.nodes[n].copies[TierHost]
 }
 
 // NeedsResync reports whether node n's events had a gap and the directory
@@ -248,7 +258,7 @@ func (d *Directory) Apply(n NodeID, e Event) error {
 
 // copies returns every copy of a block (valid until the next change).
 func (d *Directory) copies(s *replicaSet) []Replica {
-	if s.more {
+	if s.more() {
 		return d.extraSlab[s.slab()]
 	}
 	return s.reps[:s.n]
@@ -266,27 +276,63 @@ func (d *Directory) toSlab(s *replicaSet, r Replica) {
 	}
 	d.extraSlab[i] = append(append(d.extraSlab[i][:0], s.reps[:s.n]...), r)
 	s.setSlab(i)
-	s.more = true
+	s.flags |= flagMore
 }
 
 // fromSlab moves a slab's copies back inline once they fit.
 func (d *Directory) fromSlab(s *replicaSet) {
 	i := s.slab()
 	ex := d.extraSlab[i]
-	s.more = false
+	s.flags &^= flagMore
 	s.n = uint8(copy(s.reps[:], ex))
 	d.extraSlab[i] = ex[:0]
 	d.extraFree = append(d.extraFree, i)
 }
 
-func (d *Directory) count(r Replica, delta int) {
+func (d *Directory) count(s *replicaSet, r Replica, delta int) {
 	st := &d.nodes[r.Node()]
-	if r.Tier() == TierGPU {
-		st.gpu += delta
-	} else {
-		st.host += delta
+	st.copies[r.Tier()&1] += delta
+	if s.referenced() {
+		st.referenced[r.Tier()&1] += delta
 	}
 	d.replicas += delta
+}
+
+// SetReferencedSource gives the directory the predicate of references:
+// whether a live agent branch references a block. A block entering the
+// directory is marked by it; after that, SetReferenced keeps the mark.
+func (d *Directory) SetReferencedSource(referenced func(BlockHash) bool) { d.refSource = referenced }
+
+// SetReferenced marks block h referenced or not (call it for the blocks
+// whose references crossed zero: kv.Branches.Changes), so that each
+// node's count of referenced copies (NodeReferenced) stays current at a
+// cost proportional to the changes, not to what is referenced.
+func (d *Directory) SetReferenced(h BlockHash, on bool) {
+	pos, ok := d.locate(h, &d.lastQuery)
+	if !ok {
+		return // not stored anywhere yet: marked when it is
+	}
+	s := &d.arena[pos].rs
+	if s.referenced() == on {
+		return
+	}
+	delta := 1
+	if on {
+		s.flags |= flagReferenced
+	} else {
+		s.flags &^= flagReferenced
+		delta = -1
+	}
+	for _, r := range d.copies(s) {
+		d.nodes[r.Node()].referenced[r.Tier()&1] += delta
+	}
+}
+
+// NodeReferenced returns how many of node n's copies, per tier, are of
+// blocks marked referenced.
+func (d *Directory) NodeReferenced(n NodeID) (gpu, host int) {
+	st := &d.nodes[n]
+	return st.referenced[TierGPU], st.referenced[TierHost]
 }
 
 func (d *Directory) add(h, parent BlockHash, r Replica) {
@@ -300,15 +346,18 @@ func (d *Directory) add(h, parent BlockHash, r Replica) {
 		d.t.Put(h, pos)
 		*cursor = pos
 		s = &d.arena[pos].rs
+		if d.refSource != nil && d.refSource(h) {
+			s.flags |= flagReferenced
+		}
 	}
 	for _, x := range d.copies(s) {
 		if x == r {
 			return
 		}
 	}
-	d.count(r, 1)
+	d.count(s, r, 1)
 	switch {
-	case s.more:
+	case s.more():
 		d.extraSlab[s.slab()] = append(d.extraSlab[s.slab()], r)
 	case int(s.n) < inlineReplicas:
 		s.reps[s.n] = r
@@ -324,12 +373,12 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 		return
 	}
 	s := &d.arena[pos].rs
-	if s.more {
+	if s.more() {
 		i := s.slab()
 		ex := d.extraSlab[i]
 		for k, x := range ex {
 			if x == r {
-				d.count(r, -1)
+				d.count(s, r, -1)
 				ex[k] = ex[len(ex)-1]
 				d.extraSlab[i] = ex[:len(ex)-1]
 				if len(ex)-1 <= inlineReplicas {
@@ -344,7 +393,7 @@ func (d *Directory) remove(h BlockHash, r Replica) {
 		if s.reps[i] != r {
 			continue
 		}
-		d.count(r, -1)
+		d.count(s, r, -1)
 		s.n--
 		s.reps[i] = s.reps[s.n]
 		if s.n == 0 {
@@ -376,7 +425,7 @@ func (d *Directory) DropNode(n NodeID) int {
 
 func (d *Directory) clearNode(n NodeID) {
 	st := &d.nodes[n]
-	if st.gpu == 0 && st.host == 0 {
+	if st.copies == [2]int{} {
 		return
 	}
 	var gone []BlockHash

@@ -175,6 +175,8 @@ func TestDirectoryMatchesNaiveModel(t *testing.T) {
 		chains[i] = ChainHashes(seqTokens(16*40, uint32(1000*i)), 16)
 	}
 	nv := naive{}
+	refd := map[BlockHash]bool{} // what live branches reference, as the test has it
+	f.d.SetReferencedSource(func(h BlockHash) bool { return refd[h] })
 	var m Match
 	crowded := 0 // checks that saw blocks with more copies than fit inline
 	defer func() {
@@ -191,6 +193,12 @@ func TestDirectoryMatchesNaiveModel(t *testing.T) {
 		hs := ch[:k+1]
 		if r.IntN(5) == 0 {
 			hs = ch[k : k+1]
+		}
+		if r.IntN(4) == 0 {
+			// A reference crosses zero on a random block, stored or not.
+			h := ch[r.IntN(len(ch))]
+			refd[h] = !refd[h]
+			f.d.SetReferenced(h, refd[h])
 		}
 		switch op := r.IntN(20); {
 		case op < 11:
@@ -232,6 +240,19 @@ func TestDirectoryMatchesNaiveModel(t *testing.T) {
 		}
 		if f.d.Replicas() != total || f.d.Blocks() != len(nv) {
 			t.Fatalf("step %d: %d replicas %d blocks, naive %d %d", step, f.d.Replicas(), f.d.Blocks(), total, len(nv))
+		}
+		var wantRef [nodes][2]int
+		for h, set := range nv {
+			if refd[h] {
+				for rep := range set {
+					wantRef[rep.Node()][rep.Tier()]++
+				}
+			}
+		}
+		for n := 0; n < nodes; n++ {
+			if g, hst := f.d.NodeReferenced(NodeID(n)); g != wantRef[n][TierGPU] || hst != wantRef[n][TierHost] {
+				t.Fatalf("step %d: node %d holds %d/%d referenced copies (GPU/host), naive %v", step, n, g, hst, wantRef[n])
+			}
 		}
 		for h, set := range nv {
 			got := f.d.Holders(h, nil)

@@ -97,6 +97,7 @@ func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
 		if o.c.branches.Refs(h) > 0 {
 			prio = hintReferenced
 		}
+		o.c.dir.SetReferenced(h, prio == hintReferenced)
 		holders = o.c.dir.Holders(h, holders[:0])
 		if len(holders) == 0 && prio != hintReferenced {
 			// Its store events have not arrived yet: hint it when they do.

@@ -110,8 +110,12 @@ type cluster struct {
 }
 
 func newCluster() *cluster {
-	return &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{},
+	c := &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{},
 		branches: kv.NewBranches(BranchTTL), ever: kv.NewIndex(1 << 16), pendingHints: kv.NewTable[int8](1 << 10)}
+	// The directory counts each node's referenced copies as they change
+	// (hintsLocked marks the blocks whose references crossed zero).
+	c.dir.SetReferencedSource(func(h kv.BlockHash) bool { return c.branches.Refs(h) > 0 })
+	return c
 }
 
 // status is a snapshot of the node that shares no memory with it: the

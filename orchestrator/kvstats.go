@@ -79,24 +79,13 @@ func (o *Orchestrator) KV() KVStatus {
 			st.KVBytesPerToken = n.reg.KVBytesPerToken
 		}
 		g, h := o.c.dir.NodeReplicas(n.dir)
+		rg, rh := o.c.dir.NodeReferenced(n.dir)
 		kn := &KVNode{ID: id, Role: n.role.String(), State: n.state, GPUCapacity: n.reg.GPUBlocks, GPUUsage: n.hb.GPUKVUsage,
 			HostCapacity: n.reg.HostBlocks, HostUsage: n.hb.HostKVUsage, GPUCached: g, HostCached: h,
+			GPUReferenced: rg, HostReferenced: rh,
 			RefEvictedGPU: n.refEvicted[kv.TierGPU], RefEvictedHost: n.refEvicted[kv.TierHost], RefLost: n.refLost}
 		byDir[n.dir] = kn
 	}
-	var holders []kv.Replica
-	o.c.branches.RangeReferenced(func(h kv.BlockHash) {
-		holders = o.c.dir.Holders(h, holders[:0])
-		for _, r := range holders {
-			if kn := byDir[r.Node()]; kn != nil {
-				if r.Tier() == kv.TierGPU {
-					kn.GPUReferenced++
-				} else {
-					kn.HostReferenced++
-				}
-			}
-		}
-	})
 	for _, kn := range byDir {
 		if c := kn.GPUCached + kn.HostCached; c > 0 {
 			kn.ReferencedShare = float64(kn.GPUReferenced+kn.HostReferenced) / float64(c)
@@ -118,22 +107,14 @@ func (o *Orchestrator) KV() KVStatus {
 
 // referencedShareLocked is, per node, the share of its GPU copies that
 // live agent branches reference: the planner moves the node that loses
-// least. Call with mu held.
+// least. The directory keeps the counts current, so this is O(nodes).
+// Call with mu held.
 func (o *Orchestrator) referencedShareLocked() map[kv.NodeID]float64 {
-	refs := map[kv.NodeID]int{}
-	var holders []kv.Replica
-	o.c.branches.RangeReferenced(func(h kv.BlockHash) {
-		holders = o.c.dir.Holders(h, holders[:0])
-		for _, r := range holders {
-			if r.Tier() == kv.TierGPU {
-				refs[r.Node()]++
-			}
-		}
-	})
-	out := make(map[kv.NodeID]float64, len(refs))
-	for n, c := range refs {
-		if g, _ := o.c.dir.NodeReplicas(n); g > 0 {
-			out[n] = float64(c) / float64(g)
+	out := make(map[kv.NodeID]float64, len(o.c.nodes))
+	for _, n := range o.c.nodes {
+		if g, _ := o.c.dir.NodeReplicas(n.dir); g > 0 {
+			rg, _ := o.c.dir.NodeReferenced(n.dir)
+			out[n.dir] = float64(rg) / float64(g)
 		}
 	}
 	return out

@@ -58,7 +58,8 @@ func (r *run) planStep() {
 		}
 		nodes = append(nodes, planner.NodeInfo{ID: e.id, Role: roleName(role), Auto: true,
 			Serving: e.state == engActive && !e.switching, Switching: e.switching,
-			Waiting: e.stats.Waiting, Running: e.stats.Running, GPUBlocksUsed: e.stats.GPUBlocksUsed})
+			Waiting: e.stats.Waiting, Running: e.stats.Running, GPUBlocksUsed: e.stats.GPUBlocksUsed,
+			ReferencedShare: r.referencedShare(e.dir)})
 	}
 	r.planNodes = nodes
 	// The router prices recomputation with the learned cost.

@@ -63,6 +63,7 @@ func (r *run) pushHints() {
 		if r.branches.Refs(h) > 0 {
 			prio = hintReferenced
 		}
+		r.dir.SetReferenced(h, prio == hintReferenced)
 		r.holders = r.dir.Holders(h, r.holders[:0])
 		for _, rep := range r.holders {
 			i := int(rep.Node())
@@ -85,4 +86,15 @@ func (r *run) flushHints() {
 			r.hintBuf[i] = hs[:0]
 		}
 	}
+}
+
+// referencedShare is the share of node n's GPU copies that live branches
+// reference, as the orchestrator gives the planner (0 without branches).
+func (r *run) referencedShare(n kv.NodeID) float64 {
+	g, _ := r.dir.NodeReplicas(n)
+	if g == 0 || r.branches == nil {
+		return 0
+	}
+	rg, _ := r.dir.NodeReferenced(n)
+	return float64(rg) / float64(g)
 }

@@ -366,6 +366,7 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 		if pol.Router != "dynamo" {
 			r.branches = kv.NewBranches(BranchTTL)
 			r.hintBuf = make([][]enginesim.Hint, len(r.engines))
+			r.dir.SetReferencedSource(func(h kv.BlockHash) bool { return r.branches.Refs(h) > 0 })
 		}
 	case "lru":
 	default:

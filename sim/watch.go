@@ -36,6 +36,7 @@ type State struct {
 	PromptTokens, GPUHitTokens, HostHit int64
 	LostReuse                           int64
 	LiveBranches                        int
+	TracksBranches                      bool        // the policy tracks agent branches (evolve's KV management)
 	LastMinute                          MinuteStats // the last full minute
 	run                                 *run
 }
@@ -61,7 +62,10 @@ type NodeState struct {
 	// or not) and the capacity; host blocks resident and the capacity.
 	GPUUsed, GPUBlocks, GPUCapacity int
 	HostBlocks, HostCapacity        int
-	History                         []RoleChange // oldest first
+	// ReferencedShare is the share of its GPU copies live agent branches
+	// reference (0 without branch tracking).
+	ReferencedShare float64
+	History         []RoleChange // oldest first
 }
 
 // RoleChange is a node's change of role or state, in modelled time.
@@ -130,7 +134,7 @@ func (r *run) state() *State {
 	for _, e := range r.engines {
 		n := NodeState{ID: e.id, Role: roleName(e.role), State: "serving", Waiting: e.stats.Waiting, Running: e.stats.Running,
 			GPUUsed: e.stats.GPUBlocksUsed, GPUBlocks: e.stats.GPUBlocksCached, GPUCapacity: e.model.Config().GPUBlocks,
-			HostBlocks: e.stats.HostBlocksUsed, HostCapacity: e.model.Config().HostBlocks,
+			HostBlocks: e.stats.HostBlocksUsed, HostCapacity: e.model.Config().HostBlocks, ReferencedShare: r.referencedShare(e.dir),
 			History: append([]RoleChange(nil), e.history...)}
 		switch {
 		case e.switching:
@@ -167,7 +171,7 @@ func (r *run) state() *State {
 			OutputTokensPerSec: float64(w.OutputTokens) / 60, PrefillNodes: w.Prefill, Decode: w.Decode}
 	}
 	if r.branches != nil {
-		s.LiveBranches = r.branches.Live()
+		s.LiveBranches, s.TracksBranches = r.branches.Live(), true
 	}
 	return s
 }

@@ -139,11 +139,16 @@ type (
 		OutputTokSec float64 `json:"output_tokens_per_s"`
 	}
 	kvJSON struct {
-		PromptTokens int64   `json:"prompt_tokens"`
-		GPUHitRate   float64 `json:"gpu_hit_rate"`
-		HostHitRate  float64 `json:"host_hit_rate"`
-		LostReuse    int64   `json:"lost_kv_reuse_tokens"`
-		LiveBranches int     `json:"live_branches"`
+		PromptTokens int64        `json:"prompt_tokens"`
+		GPUHitRate   float64      `json:"gpu_hit_rate"`
+		HostHitRate  float64      `json:"host_hit_rate"`
+		LostReuse    int64        `json:"lost_kv_reuse_tokens"`
+		LiveBranches int          `json:"live_branches"`
+		Nodes        []kvNodeJSON `json:"nodes,omitempty"`
+	}
+	kvNodeJSON struct {
+		ID              string  `json:"id"`
+		ReferencedShare float64 `json:"referenced_share"`
 	}
 	branchJSON struct {
 		Session   string          `json:"session"`
@@ -264,6 +269,11 @@ func (s *Server) update(f *feed, st *sim.State) {
 	f.planner = st.Planner
 	f.kv = kvJSON{PromptTokens: st.PromptTokens, LostReuse: st.LostReuse, LiveBranches: st.LiveBranches,
 		GPUHitRate: ratio64(st.GPUHitTokens, st.PromptTokens), HostHitRate: ratio64(st.HostHit, st.PromptTokens)}
+	if st.TracksBranches {
+		for _, n := range st.Nodes {
+			f.kv.Nodes = append(f.kv.Nodes, kvNodeJSON{ID: n.ID, ReferencedShare: n.ReferencedShare})
+		}
+	}
 }
 
 func equalNodes(a, b nodeJSON) bool {

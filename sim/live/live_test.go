@@ -133,9 +133,20 @@ func TestServesSimulationsAsTheyRun(t *testing.T) {
 	var kv struct {
 		PromptTokens int64   `json:"prompt_tokens"`
 		GPUHitRate   float64 `json:"gpu_hit_rate"`
+		Nodes        []struct {
+			ID    string
+			Share float64 `json:"referenced_share"`
+		}
 	}
-	if getJSON(t, hs.URL+"/evolve/api/v1/kv", &kv); kv.PromptTokens == 0 || kv.GPUHitRate <= 0 {
+	if getJSON(t, hs.URL+"/evolve/api/v1/kv", &kv); kv.PromptTokens == 0 || kv.GPUHitRate <= 0 || len(kv.Nodes) != 3 {
 		t.Fatalf("kv %+v", kv)
+	}
+	shared := 0.0
+	for _, n := range kv.Nodes {
+		shared = max(shared, n.Share)
+	}
+	if shared <= 0 || shared > 1 {
+		t.Fatalf("referenced shares %+v: want some in (0, 1]", kv.Nodes)
 	}
 	r, _ := http.Post(hs.URL+"/evolve/api/v1/nodes/e0/role", "application/json", strings.NewReader(`{"role":"decode","pin":true}`))
 	if r.StatusCode != 403 {
