@@ -239,7 +239,6 @@ type Model struct {
 	hostPolicy EvictionPolicy
 	hints      *kv.Table[int8] // hints for blocks not held yet (see arrivingHint)
 	hitScratch []BlockID       // admit's GPU hits
-	sink       kv.BlockHash    // keeps admit's prefetching reads alive
 
 	pass      int64
 	busyUntil time.Time
