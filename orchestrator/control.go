@@ -27,6 +27,7 @@ type ClusterStatus struct {
 	KVReplicas int            `json:"kv_replicas"`
 	Generation uint64         `json:"generation"`
 	StartedAt  time.Time      `json:"started_at"`
+	Recent     Recent         `json:"recent"` // requests over the last minute
 }
 
 // controlHandler serves the control API (see the package comment of cmd
@@ -105,11 +106,13 @@ func apiError(w http.ResponseWriter, status int, format string, args ...any) {
 
 // Status summarises the cluster.
 func (o *Orchestrator) Status() ClusterStatus {
+	recent := o.recent.recent(time.Now()) // sorts: not under the cluster's lock
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
-		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started}
+		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
+		Recent: recent}
 	for _, n := range o.c.nodes {
 		st.ByState[n.state]++
 		if n.state == StateServing {

@@ -187,6 +187,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			o.planFinish(len(p.Tokens), a.outTokens)
 			o.met.requests.WithLabelValues(o.policy.Name(), "ok").Inc()
 			o.met.e2e.Observe(time.Since(arrival).Seconds())
+			o.recent.addE2E(time.Now(), time.Since(arrival).Seconds())
 			return
 		}
 		lastErr = err
@@ -408,6 +409,7 @@ func (a *attempt) firstToken() {
 	}
 	a.ttftSeen = true
 	a.o.met.ttft.Observe(time.Since(a.arrival).Seconds())
+	a.o.recent.addTTFT(time.Now(), time.Since(a.arrival).Seconds())
 }
 
 func (a *attempt) post(url string, body map[string]any) (*http.Response, error) {

@@ -57,6 +57,7 @@ type Orchestrator struct {
 	policyMu sync.Mutex
 	policy   routing.Policy
 	http     *http.Client
+	recent   latencyWindow // the last minute of requests, for the control API
 	met      *metrics
 	plan     *planning // nil when the planner is off
 	kvc      kvCounters

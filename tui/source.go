@@ -66,9 +66,22 @@ type Cluster struct {
 	RouterURL string `json:"router_url"`
 	Policy    string `json:"policy"`
 	Model     string `json:"model"`
+	// Recent: requests measured over the last minute.
+	Recent *Recent `json:"recent,omitempty"`
 	// Simulation is set when the cluster is a simulation (evolve sim
-	// --live): its modelled clock and recent latencies.
+	// --live): its modelled clock.
 	Simulation *Simulation `json:"simulation,omitempty"`
+}
+
+// Recent is what requests measured over the last window.
+type Recent struct {
+	WindowSec   float64 `json:"window_s"`
+	Requests    int     `json:"requests"`
+	RequestsSec float64 `json:"requests_per_s"`
+	TTFTP50     float64 `json:"ttft_p50_s"`
+	TTFTP95     float64 `json:"ttft_p95_s"`
+	E2EP50      float64 `json:"e2e_p50_s"`
+	E2EP95      float64 `json:"e2e_p95_s"`
 }
 
 // Simulation is a simulated cluster's progress.
@@ -80,12 +93,6 @@ type Simulation struct {
 	Done         bool      `json:"done"`
 	Requests     int       `json:"requests_completed"`
 	Sessions     int       `json:"sessions_completed"`
-	LastMinute   struct {
-		Requests int     `json:"requests"`
-		TTFTP50  float64 `json:"ttft_p50_s"`
-		TTFTP95  float64 `json:"ttft_p95_s"`
-		E2EP50   float64 `json:"e2e_p50_s"`
-	} `json:"last_minute"`
 }
 
 // Planner is the part of the planner's status the monitor shows.

@@ -16,11 +16,9 @@ type simSource struct{ goldenSource }
 
 func (*simSource) Addr() string { return "http://127.0.0.1:7070/dynamo" }
 func (*simSource) Cluster(context.Context) (Cluster, error) {
-	c := Cluster{Model: "moonshotai/Kimi-K2-Instruct", Policy: "dynamo",
-		Simulation: &Simulation{ElapsedSec: 2538, TotalSec: 5400, Pace: 10, Requests: 9120}}
-	c.Simulation.LastMinute.Requests, c.Simulation.LastMinute.TTFTP50 = 310, 2.27
-	c.Simulation.LastMinute.TTFTP95, c.Simulation.LastMinute.E2EP50 = 5.8, 11.5
-	return c, nil
+	return Cluster{Model: "moonshotai/Kimi-K2-Instruct", Policy: "dynamo",
+		Simulation: &Simulation{ElapsedSec: 2538, TotalSec: 5400, Pace: 10, Requests: 9120},
+		Recent:     &Recent{WindowSec: 60, Requests: 310, RequestsSec: 5.2, TTFTP50: 2.27, TTFTP95: 5.8, E2EP50: 11.5}}, nil
 }
 func (*simSource) Planner(context.Context) (Planner, error) {
 	return Planner{}, errorString("GET /api/v1/planner: policy dynamo has no evolve planner")
@@ -43,7 +41,7 @@ func TestSplitShowsTwoClusters(t *testing.T) {
 	n[0].ID, n[1].ID = "sim-a", "sim-b"
 	right.watch <- WatchEvent{Type: "snapshot", Generation: 3, Nodes: n}
 	teatest.WaitFor(t, tm.Output(), func(s []byte) bool {
-		return bytes.Contains(s, []byte("sim-b")) && bytes.Contains(s, []byte("e2")) && bytes.Contains(s, []byte("last minute"))
+		return bytes.Contains(s, []byte("sim-b")) && bytes.Contains(s, []byte("e2")) && bytes.Contains(s, []byte("last 1m00s"))
 	}, teatest.WithDuration(5*time.Second))
 	if err := tm.Quit(); err != nil {
 		t.Fatal(err)

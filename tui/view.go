@@ -160,12 +160,18 @@ func (m *Model) summary() string {
 	if m.kv != nil && m.kv.PromptTokens > 0 {
 		s += fmt.Sprintf("  |  KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100)
 	}
+	// Measured, not predicted: the last minute's requests (a simulation's
+	// last full modelled minute).
+	var measured []string
 	if sim := m.cluster.Simulation; sim != nil {
-		// Measured, not predicted: the simulation's last full minute.
-		s += fmt.Sprintf("\nmodelled %s: %d requests done", fmtDur(sim.ElapsedSec), sim.Requests)
-		if lm := sim.LastMinute; lm.Requests > 0 {
-			s += fmt.Sprintf("  |  last minute: %d req, TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs", lm.Requests, lm.TTFTP50, lm.TTFTP95, lm.E2EP50)
-		}
+		measured = append(measured, fmt.Sprintf("modelled %s: %d requests done", fmtDur(sim.ElapsedSec), sim.Requests))
+	}
+	if r := m.cluster.Recent; r != nil && r.Requests > 0 {
+		measured = append(measured, fmt.Sprintf("last %s: %d req (%.1f/s), TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs",
+			fmtDur(r.WindowSec), r.Requests, r.RequestsSec, r.TTFTP50, r.TTFTP95, r.E2EP50))
+	}
+	if len(measured) > 0 {
+		s += "\n" + strings.Join(measured, "  |  ")
 	}
 	return s
 }

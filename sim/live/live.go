@@ -118,25 +118,29 @@ type (
 		ByRole     map[string]int `json:"by_role"`
 		ByState    map[string]int `json:"by_state"`
 		Generation uint64         `json:"generation"`
+		Recent     recentJSON     `json:"recent"`
 		Simulation simJSON        `json:"simulation"`
 	}
-	simJSON struct {
-		ModelledTime time.Time  `json:"modelled_time"`
-		ElapsedSec   float64    `json:"elapsed_s"`
-		TotalSec     float64    `json:"total_s"`
-		Pace         float64    `json:"pace"`
-		Done         bool       `json:"done"`
-		Requests     int        `json:"requests_completed"`
-		Sessions     int        `json:"sessions_completed"`
-		LastMinute   minuteJSON `json:"last_minute"`
+	// recentJSON is the orchestrator's Recent: here, the last full
+	// modelled minute.
+	recentJSON struct {
+		WindowSec   float64 `json:"window_s"`
+		Requests    int     `json:"requests"`
+		RequestsSec float64 `json:"requests_per_s"`
+		TTFTP50     float64 `json:"ttft_p50_s"`
+		TTFTP95     float64 `json:"ttft_p95_s"`
+		E2EP50      float64 `json:"e2e_p50_s"`
+		E2EP95      float64 `json:"e2e_p95_s"`
 	}
-	minuteJSON struct {
-		Requests     int     `json:"requests"`
-		TTFTP50      float64 `json:"ttft_p50_s"`
-		TTFTP95      float64 `json:"ttft_p95_s"`
-		E2EP50       float64 `json:"e2e_p50_s"`
-		E2EP95       float64 `json:"e2e_p95_s"`
-		OutputTokSec float64 `json:"output_tokens_per_s"`
+	simJSON struct {
+		ModelledTime time.Time `json:"modelled_time"`
+		ElapsedSec   float64   `json:"elapsed_s"`
+		TotalSec     float64   `json:"total_s"`
+		Pace         float64   `json:"pace"`
+		Done         bool      `json:"done"`
+		Requests     int       `json:"requests_completed"`
+		Sessions     int       `json:"sessions_completed"`
+		OutputTokSec float64   `json:"last_minute_output_tokens_per_s"`
 	}
 	kvJSON struct {
 		PromptTokens int64        `json:"prompt_tokens"`
@@ -220,10 +224,11 @@ func (s *Server) update(f *feed, st *sim.State) {
 	c := &f.cluster
 	c.NodeCount = len(st.Nodes)
 	c.ByRole, c.ByState = map[string]int{}, map[string]int{}
+	lm := st.LastMinute
 	c.Simulation = simJSON{ModelledTime: st.Now, ElapsedSec: st.Elapsed.Seconds(), TotalSec: st.Total.Seconds(), Pace: s.Pace,
-		Requests: st.Requests, Sessions: st.Sessions, LastMinute: minuteJSON{Requests: st.LastMinute.Requests,
-			TTFTP50: st.LastMinute.TTFTP50, TTFTP95: st.LastMinute.TTFTP95, E2EP50: st.LastMinute.E2EP50,
-			E2EP95: st.LastMinute.E2EP95, OutputTokSec: st.LastMinute.OutputTokensPerSec}}
+		Requests: st.Requests, Sessions: st.Sessions, OutputTokSec: lm.OutputTokensPerSec}
+	c.Recent = recentJSON{WindowSec: 60, Requests: lm.Requests, RequestsSec: float64(lm.Requests) / 60,
+		TTFTP50: lm.TTFTP50, TTFTP95: lm.TTFTP95, E2EP50: lm.E2EP50, E2EP95: lm.E2EP95}
 	mode := "static"
 	if st.Auto {
 		mode = "auto"
