@@ -111,6 +111,12 @@ func TestCompactedTailIsEvictedFirst(t *testing.T) {
 	if st.LiveBranches != 4 || st.ReferencedBlocks == 0 || st.Nodes[0].GPUReferenced == 0 {
 		t.Fatalf("kv summary: %+v", st)
 	}
+	// One node: the pool is its tiers.
+	n, p := st.Nodes[0], st.Pool
+	if p.GPUCapacity != n.GPUCapacity || p.GPUCached != n.GPUCached || p.GPUReferenced != n.GPUReferenced ||
+		p.GPUFree != n.GPUCapacity-n.GPUCached || p.HostCapacity != n.HostCapacity {
+		t.Fatalf("pool %+v, node %+v", p, n)
+	}
 }
 
 // An agent ends its session: its branches end, the router says so, and a

@@ -43,6 +43,20 @@ type KVNode struct {
 	RefLost        int64 `json:"referenced_lost_blocks"`
 }
 
+// KVPool is the cluster-wide KV capacity and what fills it, per tier, in
+// blocks: capacity, copies cached (in use or not), copies of referenced
+// blocks, and free room (capacity not cached).
+type KVPool struct {
+	GPUCapacity    int `json:"gpu_capacity_blocks"`
+	GPUCached      int `json:"gpu_cached_blocks"`
+	GPUReferenced  int `json:"gpu_referenced_blocks"`
+	GPUFree        int `json:"gpu_free_blocks"`
+	HostCapacity   int `json:"host_capacity_blocks"`
+	HostCached     int `json:"host_cached_blocks"`
+	HostReferenced int `json:"host_referenced_blocks"`
+	HostFree       int `json:"host_free_blocks"`
+}
+
 // KVStatus is the cluster's KV summary. JSON names are stable.
 type KVStatus struct {
 	BlockSize        int      `json:"block_size"`
@@ -52,6 +66,9 @@ type KVStatus struct {
 	ReferencedBlocks int      `json:"referenced_blocks"`
 	LiveBranches     int      `json:"live_branches"`
 	Nodes            []KVNode `json:"nodes"`
+	// Pool is the cluster's KV as one pool: every serving node's tiers
+	// added up.
+	Pool KVPool `json:"pool"`
 	// Prompt tokens by where their KV came from when routed, and the
 	// shares of all prompt tokens.
 	PromptTokens     int64   `json:"prompt_tokens"`
@@ -91,6 +108,17 @@ func (o *Orchestrator) KV() KVStatus {
 			kn.ReferencedShare = float64(kn.GPUReferenced+kn.HostReferenced) / float64(c)
 		}
 		st.Nodes = append(st.Nodes, *kn)
+		if kn.State == StateServing {
+			p := &st.Pool
+			p.GPUCapacity += kn.GPUCapacity
+			p.GPUCached += kn.GPUCached
+			p.GPUReferenced += kn.GPUReferenced
+			p.GPUFree += max(0, kn.GPUCapacity-kn.GPUCached)
+			p.HostCapacity += kn.HostCapacity
+			p.HostCached += kn.HostCached
+			p.HostReferenced += kn.HostReferenced
+			p.HostFree += max(0, kn.HostCapacity-kn.HostCached)
+		}
 	}
 	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
 	k := &o.kvc

@@ -89,7 +89,7 @@ func TestBranchesAndKVCommands(t *testing.T) {
 	if st.LiveBranches != 3 || st.Referenced == 0 || st.PromptTokens == 0 || st.GPUHitRate <= 0 || len(st.Nodes) != 2 {
 		t.Fatalf("kv: %s", out)
 	}
-	if out, _ = runBinOut(t, c.env, "kv"); !strings.Contains(out, "lost KV reuse") || !strings.Contains(out, "GPU hit") {
+	if out, _ = runBinOut(t, c.env, "kv"); !strings.Contains(out, "lost KV reuse") || !strings.Contains(out, "GPU hit") || !strings.Contains(out, "blocks free, host") {
 		t.Fatalf("kv table:\n%s", out)
 	}
 

@@ -109,7 +109,11 @@ between nodes.`,
 					fmt.Fprintf(w, "%s\t%s\t%s\t%.0f%% of %d\t%d\t%d\t%.0f%% of %d\t%d\t%d\n", n.ID, n.Role, n.State,
 						n.GPUUsage*100, n.GPUCapacity, n.GPUCached, n.GPUReferenced, n.HostUsage*100, n.HostCapacity, n.HostCached, n.HostReferenced)
 				}
+				p := st.Pool
+				fmt.Fprintf(w, "cluster (serving)\t\t\t%d\t%d\t%d\t%d\t%d\t%d\n", p.GPUCapacity, p.GPUCached, p.GPUReferenced, p.HostCapacity, p.HostCached, p.HostReferenced)
 				fmt.Fprintln(w)
+				fmt.Fprintf(w, "pool\tGPU %d of %d blocks free, host %d of %d free; %d GPU and %d host copies referenced\n",
+					p.GPUFree, p.GPUCapacity, p.HostFree, p.HostCapacity, p.GPUReferenced, p.HostReferenced)
 				fmt.Fprintf(w, "directory\t%d blocks, %d copies; %d blocks referenced by %d live branches\n", st.Blocks, st.Replicas, st.ReferencedBlocks, st.LiveBranches)
 				fmt.Fprintf(w, "prompt tokens\t%d: %.1f%% GPU hit, %.1f%% host hit (%d own host, %d fetched), %d recomputed\n",
 					st.PromptTokens, st.GPUHitRate*100, st.HostHitRate*100, st.LocalHostTokens, st.RemoteHostTokens, st.RecomputedTokens)
