@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/openaiapi"
 )
 
@@ -144,11 +145,6 @@ func (o *Orchestrator) NodeStatus(id string) (NodeStatus, bool) {
 // every change, each with a generation number; a comment every few seconds
 // keeps idle connections alive. A client too slow to keep up is dropped.
 func (o *Orchestrator) serveWatch(w http.ResponseWriter, r *http.Request) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		apiError(w, 500, "streaming unsupported")
-		return
-	}
 	ch := make(chan watchEvent, 256)
 	o.c.mu.Lock()
 	snap := watchEvent{Type: "snapshot", Generation: o.c.gen, Nodes: o.c.statuses()}
@@ -162,40 +158,5 @@ func (o *Orchestrator) serveWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		o.c.mu.Unlock()
 	}()
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(200)
-	send := func(ev watchEvent) error {
-		b, _ := json.Marshal(ev)
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return err
-		}
-		flusher.Flush()
-		return nil
-	}
-	if send(snap) != nil {
-		return
-	}
-	ping := time.NewTicker(5 * time.Second)
-	defer ping.Stop()
-	for {
-		select {
-		case <-r.Context().Done():
-			return
-		case ev, ok := <-ch:
-			if !ok {
-				fmt.Fprint(w, "event: dropped\ndata: {\"reason\":\"too slow\"}\n\n")
-				flusher.Flush()
-				return
-			}
-			if send(ev) != nil {
-				return
-			}
-		case <-ping.C:
-			if _, err := io.WriteString(w, ": ping\n\n"); err != nil {
-				return
-			}
-			flusher.Flush()
-		}
-	}
+	controlapi.Stream(w, r, snap, ch)
 }

@@ -2,6 +2,8 @@ package orchestrator
 
 import (
 	"math"
+
+	"github.com/evolvellm/evolve/controlapi"
 	"sort"
 	"sync"
 	"time"
@@ -16,15 +18,7 @@ const maxRecent = 1 << 17
 // Recent is what requests measured at the router over the last window:
 // the control API's answer to "how is it going now", where Prometheus
 // histograms answer "since the start".
-type Recent struct {
-	WindowSec   float64 `json:"window_s"`
-	Requests    int     `json:"requests"` // completed in the window
-	RequestsSec float64 `json:"requests_per_s"`
-	TTFTP50     float64 `json:"ttft_p50_s"`
-	TTFTP95     float64 `json:"ttft_p95_s"`
-	E2EP50      float64 `json:"e2e_p50_s"`
-	E2EP95      float64 `json:"e2e_p95_s"`
-}
+type Recent = controlapi.Recent
 
 // latencyWindow keeps the TTFT and end-to-end latency of recent requests.
 // Safe for concurrent use.

@@ -74,15 +74,7 @@ type Cluster struct {
 }
 
 // Recent is what requests measured over the last window.
-type Recent struct {
-	WindowSec   float64 `json:"window_s"`
-	Requests    int     `json:"requests"`
-	RequestsSec float64 `json:"requests_per_s"`
-	TTFTP50     float64 `json:"ttft_p50_s"`
-	TTFTP95     float64 `json:"ttft_p95_s"`
-	E2EP50      float64 `json:"e2e_p50_s"`
-	E2EP95      float64 `json:"e2e_p95_s"`
-}
+type Recent = controlapi.Recent
 
 // Simulation is a simulated cluster's progress.
 type Simulation struct {

@@ -13,13 +13,13 @@ package live
 import (
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/sim"
 )
@@ -111,26 +111,15 @@ type (
 		Node       *nodeJSON  `json:"node,omitempty"`
 	}
 	clusterJSON struct {
-		RouterURL  string         `json:"router_url"`
-		Policy     string         `json:"policy"`
-		Model      string         `json:"model"`
-		NodeCount  int            `json:"node_count"`
-		ByRole     map[string]int `json:"by_role"`
-		ByState    map[string]int `json:"by_state"`
-		Generation uint64         `json:"generation"`
-		Recent     recentJSON     `json:"recent"`
-		Simulation simJSON        `json:"simulation"`
-	}
-	// recentJSON is the orchestrator's Recent: here, the last full
-	// modelled minute.
-	recentJSON struct {
-		WindowSec   float64 `json:"window_s"`
-		Requests    int     `json:"requests"`
-		RequestsSec float64 `json:"requests_per_s"`
-		TTFTP50     float64 `json:"ttft_p50_s"`
-		TTFTP95     float64 `json:"ttft_p95_s"`
-		E2EP50      float64 `json:"e2e_p50_s"`
-		E2EP95      float64 `json:"e2e_p95_s"`
+		RouterURL  string            `json:"router_url"`
+		Policy     string            `json:"policy"`
+		Model      string            `json:"model"`
+		NodeCount  int               `json:"node_count"`
+		ByRole     map[string]int    `json:"by_role"`
+		ByState    map[string]int    `json:"by_state"`
+		Generation uint64            `json:"generation"`
+		Recent     controlapi.Recent `json:"recent"`
+		Simulation simJSON           `json:"simulation"`
 	}
 	simJSON struct {
 		ModelledTime time.Time `json:"modelled_time"`
@@ -227,7 +216,7 @@ func (s *Server) update(f *feed, st *sim.State) {
 	lm := st.LastMinute
 	c.Simulation = simJSON{ModelledTime: st.Now, ElapsedSec: st.Elapsed.Seconds(), TotalSec: st.Total.Seconds(), Pace: s.Pace,
 		Requests: st.Requests, Sessions: st.Sessions, OutputTokSec: lm.OutputTokensPerSec}
-	c.Recent = recentJSON{WindowSec: 60, Requests: lm.Requests, RequestsSec: float64(lm.Requests) / 60,
+	c.Recent = controlapi.Recent{WindowSec: 60, Requests: lm.Requests, RequestsSec: float64(lm.Requests) / 60,
 		TTFTP50: lm.TTFTP50, TTFTP95: lm.TTFTP95, E2EP50: lm.E2EP50, E2EP95: lm.E2EP95}
 	mode := "static"
 	if st.Auto {
@@ -416,11 +405,6 @@ func (f *feed) list() []nodeJSON {
 // serveWatch streams server-sent events as the orchestrator does: a
 // snapshot, then a node event per change, with generation numbers.
 func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, f *feed) {
-	flusher, ok := w.(http.Flusher)
-	if !ok {
-		apiError(w, 500, "streaming unsupported")
-		return
-	}
 	ch := make(chan watchEvent, 1024)
 	s.mu.Lock()
 	snap := watchEvent{Type: "snapshot", Generation: f.gen, Nodes: f.list()}
@@ -434,42 +418,7 @@ func (s *Server) serveWatch(w http.ResponseWriter, r *http.Request, f *feed) {
 		}
 		s.mu.Unlock()
 	}()
-	w.Header().Set("Content-Type", "text/event-stream")
-	w.Header().Set("Cache-Control", "no-cache")
-	w.WriteHeader(200)
-	send := func(ev watchEvent) error {
-		b, _ := json.Marshal(ev)
-		if _, err := fmt.Fprintf(w, "data: %s\n\n", b); err != nil {
-			return err
-		}
-		flusher.Flush()
-		return nil
-	}
-	if send(snap) != nil {
-		return
-	}
-	ping := time.NewTicker(5 * time.Second)
-	defer ping.Stop()
-	for {
-		select {
-		case <-r.Context().Done():
-			return
-		case ev, ok := <-ch:
-			if !ok {
-				fmt.Fprint(w, "event: dropped\ndata: {\"reason\":\"too slow\"}\n\n")
-				flusher.Flush()
-				return
-			}
-			if send(ev) != nil {
-				return
-			}
-		case <-ping.C:
-			if _, err := io.WriteString(w, ": ping\n\n"); err != nil {
-				return
-			}
-			flusher.Flush()
-		}
-	}
+	controlapi.Stream(w, r, snap, ch)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
