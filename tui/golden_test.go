@@ -41,9 +41,9 @@ func (*goldenSource) Planner(context.Context) (Planner, error) {
 func (*goldenSource) Branches(context.Context) ([]Branch, error) {
 	return []Branch{
 		{Session: "agent-1", Branch: "main", State: "waiting", Blocks: 812, Turns: 14, LastUsed: t0.Add(-3 * time.Second),
-			Residency: []Residency{{"e0", 812, 0}, {"e1", 790, 22}}},
+			Residency: []Residency{{Node: "e0", GPU: 812, Host: 0}, {Node: "e1", GPU: 790, Host: 22}}},
 		{Session: "agent-1", Branch: "explore", Parent: "main", State: "active", Blocks: 340, Turns: 3,
-			Residency: []Residency{{"e1", 340, 0}}},
+			Residency: []Residency{{Node: "e1", GPU: 340, Host: 0}}},
 		{Session: "agent-2", Branch: "main.c1", Parent: "main", State: "active", Blocks: 130, Turns: 1},
 		{Session: "agent-2", Branch: "main", State: "ended", Blocks: 0, Turns: 40},
 	}, nil

@@ -204,7 +204,7 @@ func TestGenerationGapResyncs(t *testing.T) {
 // its blocks moving between nodes show as events.
 func TestFollowABranchAcrossARoleChange(t *testing.T) {
 	m, _ := newTest(t, false)
-	res := func(node string, gpu, host int) []Residency { return []Residency{{node, gpu, host}} }
+	res := func(node string, gpu, host int) []Residency { return []Residency{{Node: node, GPU: gpu, Host: host}} }
 	m.Update(polled{branches: []Branch{
 		{Session: "a", Branch: "main", State: "waiting", Blocks: 10, Residency: res("e1", 10, 0)},
 		{Session: "b", Branch: "main", State: "active", Blocks: 5, Residency: res("e2", 5, 0)},

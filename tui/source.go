@@ -20,72 +20,20 @@ import (
 	"github.com/evolvellm/evolve/controlapi"
 )
 
-// Node is a node as the control API reports it.
-type Node struct {
-	ID          string       `json:"id"`
-	Role        string       `json:"role"`
-	Mode        string       `json:"mode"`
-	State       string       `json:"state"`
-	Address     string       `json:"address"`
-	Waiting     int          `json:"waiting"`
-	Running     int          `json:"running"`
-	InFlight    int          `json:"in_flight"`
-	GPUKVUsage  float64      `json:"gpu_kv_usage"`
-	HostKVUsage float64      `json:"host_kv_usage"`
-	GPUBlocks   int          `json:"gpu_blocks_cached"`
-	HostBlocks  int          `json:"host_blocks_cached"`
-	Switch      *Switch      `json:"switch,omitempty"`
-	Reason      string       `json:"reason,omitempty"`
-	History     []RoleChange `json:"history,omitempty"`
-}
-
-// Switch is a role switch in progress.
-type Switch struct {
-	To    string `json:"to"`
-	Phase string `json:"phase"`
-}
-
-// RoleChange is one entry of a node's role history.
-type RoleChange struct {
-	Time   time.Time `json:"time"`
-	From   string    `json:"from"`
-	To     string    `json:"to"`
-	Reason string    `json:"reason"`
-}
-
-// WatchEvent is one message of the watch stream.
-type WatchEvent struct {
-	Type       string `json:"type"` // snapshot, node
-	Generation uint64 `json:"generation"`
-	Nodes      []Node `json:"nodes,omitempty"`
-	Node       *Node  `json:"node,omitempty"`
-}
-
-// Cluster is the control API's cluster summary.
-type Cluster struct {
-	RouterURL string `json:"router_url"`
-	Policy    string `json:"policy"`
-	Model     string `json:"model"`
-	// Recent: requests measured over the last minute.
-	Recent *Recent `json:"recent,omitempty"`
-	// Simulation is set when the cluster is a simulation (evolve sim
-	// --live): its modelled clock.
-	Simulation *Simulation `json:"simulation,omitempty"`
-}
-
-// Recent is what requests measured over the last window.
-type Recent = controlapi.Recent
-
-// Simulation is a simulated cluster's progress.
-type Simulation struct {
-	ModelledTime time.Time `json:"modelled_time"`
-	ElapsedSec   float64   `json:"elapsed_s"`
-	TotalSec     float64   `json:"total_s"`
-	Pace         float64   `json:"pace"`
-	Done         bool      `json:"done"`
-	Requests     int       `json:"requests_completed"`
-	Sessions     int       `json:"sessions_completed"`
-}
+// The control API's JSON, shared with its servers (see controlapi).
+type (
+	Node       = controlapi.Node
+	Switch     = controlapi.Switch
+	RoleChange = controlapi.RoleChange
+	WatchEvent = controlapi.WatchEvent
+	Cluster    = controlapi.Cluster
+	Simulation = controlapi.Simulation
+	Recent     = controlapi.Recent
+	Branch     = controlapi.Branch
+	Residency  = controlapi.Residency
+	KV         = controlapi.KV
+	KVNode     = controlapi.KVNode
+)
 
 // Planner is the part of the planner's status the monitor shows.
 type Planner struct {
@@ -154,46 +102,6 @@ type Pred struct {
 	ITL       float64 `json:"itl_s"`
 	E2E       float64 `json:"e2e_s"`
 	Saturated bool    `json:"saturated"`
-}
-
-// Branch is an agent branch with where its blocks live.
-type Branch struct {
-	Session   string      `json:"session"`
-	Branch    string      `json:"branch"`
-	Parent    string      `json:"parent"`
-	State     string      `json:"state"`
-	Blocks    int         `json:"blocks"`
-	Turns     int         `json:"turns"`
-	LastUsed  time.Time   `json:"last_used"`
-	Residency []Residency `json:"residency"`
-}
-
-// Residency is how many of a branch's blocks a node holds per tier.
-type Residency struct {
-	Node string `json:"node"`
-	GPU  int    `json:"gpu_blocks"`
-	Host int    `json:"host_blocks"`
-}
-
-// KV is the cluster's KV summary.
-type KV struct {
-	PromptTokens int64    `json:"prompt_tokens"`
-	GPUHitRate   float64  `json:"gpu_hit_rate"`
-	HostHitRate  float64  `json:"host_hit_rate"`
-	LostReuse    int64    `json:"lost_kv_reuse_tokens"`
-	LiveBranches int      `json:"live_branches"`
-	Nodes        []KVNode `json:"nodes"`
-}
-
-// KVNode is one node's KV as the monitor shows it.
-type KVNode struct {
-	ID              string  `json:"id"`
-	ReferencedShare float64 `json:"referenced_share"`
-	// Copies of referenced blocks evicted (counters since the node
-	// joined), and those that were the last copy in the cluster.
-	RefEvictedGPU  int64 `json:"referenced_evicted_gpu_blocks"`
-	RefEvictedHost int64 `json:"referenced_evicted_host_blocks"`
-	RefLost        int64 `json:"referenced_lost_blocks"`
 }
 
 // Source is where the monitor's data comes from and where its actions go.

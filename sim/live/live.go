@@ -47,9 +47,9 @@ type feed struct {
 	nodes    map[string]nodeJSON
 	order    []string
 	subs     map[chan watchEvent]struct{}
-	cluster  clusterJSON
+	cluster  controlapi.Cluster
 	planner  *planner.Status
-	kv       kvJSON
+	kv       controlapi.KV
 	branches []branchJSON
 	wantBr   time.Time // wall time branches were last asked for
 	brAt     time.Time // wall time they were last computed
@@ -65,7 +65,7 @@ func New(policies []string, model string, pace float64) *Server {
 		}
 		s.names = append(s.names, p)
 		s.feeds[p] = &feed{nodes: map[string]nodeJSON{}, subs: map[chan watchEvent]struct{}{}, branches: []branchJSON{},
-			cluster: clusterJSON{Policy: p, Model: model, ByRole: map[string]int{}, ByState: map[string]int{}}}
+			cluster: controlapi.Cluster{Policy: p, Model: model, Simulation: &controlapi.Simulation{}, Recent: &controlapi.Recent{}}}
 	}
 	return s
 }
@@ -73,91 +73,11 @@ func New(policies []string, model string, pace float64) *Server {
 // Path is where a policy's control API is served, relative to the server.
 func Path(policy string) string { return "/" + url.PathEscape(policy) }
 
-// JSON shapes of the control API (see the orchestrator's control.go; evolve
-// top reads these names).
+// The control API's JSON (controlapi: what evolve top reads).
 type (
-	nodeJSON struct {
-		ID          string       `json:"id"`
-		Role        string       `json:"role"`
-		Mode        string       `json:"mode"`
-		State       string       `json:"state"`
-		Address     string       `json:"address"`
-		Model       string       `json:"model"`
-		Waiting     int          `json:"waiting"`
-		Running     int          `json:"running"`
-		InFlight    int          `json:"in_flight"`
-		GPUKVUsage  float64      `json:"gpu_kv_usage"`
-		HostKVUsage float64      `json:"host_kv_usage"`
-		GPUBlocks   int          `json:"gpu_blocks_cached"`
-		HostBlocks  int          `json:"host_blocks_cached"`
-		Switch      *switchJSON  `json:"switch,omitempty"`
-		Reason      string       `json:"reason,omitempty"` // why a node is down or draining
-		History     []changeJSON `json:"history,omitempty"`
-	}
-	switchJSON struct {
-		To    string `json:"to"`
-		Phase string `json:"phase"`
-	}
-	changeJSON struct {
-		Time   time.Time `json:"time"`
-		From   string    `json:"from"`
-		To     string    `json:"to"`
-		Reason string    `json:"reason"`
-	}
-	watchEvent struct {
-		Type       string     `json:"type"`
-		Generation uint64     `json:"generation"`
-		Nodes      []nodeJSON `json:"nodes,omitempty"`
-		Node       *nodeJSON  `json:"node,omitempty"`
-	}
-	clusterJSON struct {
-		RouterURL  string            `json:"router_url"`
-		Policy     string            `json:"policy"`
-		Model      string            `json:"model"`
-		NodeCount  int               `json:"node_count"`
-		ByRole     map[string]int    `json:"by_role"`
-		ByState    map[string]int    `json:"by_state"`
-		Generation uint64            `json:"generation"`
-		Recent     controlapi.Recent `json:"recent"`
-		Simulation simJSON           `json:"simulation"`
-	}
-	simJSON struct {
-		ModelledTime time.Time `json:"modelled_time"`
-		ElapsedSec   float64   `json:"elapsed_s"`
-		TotalSec     float64   `json:"total_s"`
-		Pace         float64   `json:"pace"`
-		Done         bool      `json:"done"`
-		Requests     int       `json:"requests_completed"`
-		Sessions     int       `json:"sessions_completed"`
-		OutputTokSec float64   `json:"last_minute_output_tokens_per_s"`
-	}
-	kvJSON struct {
-		PromptTokens int64        `json:"prompt_tokens"`
-		GPUHitRate   float64      `json:"gpu_hit_rate"`
-		HostHitRate  float64      `json:"host_hit_rate"`
-		LostReuse    int64        `json:"lost_kv_reuse_tokens"`
-		LiveBranches int          `json:"live_branches"`
-		Nodes        []kvNodeJSON `json:"nodes,omitempty"`
-	}
-	kvNodeJSON struct {
-		ID              string  `json:"id"`
-		ReferencedShare float64 `json:"referenced_share"`
-	}
-	branchJSON struct {
-		Session   string          `json:"session"`
-		Branch    string          `json:"branch"`
-		Parent    string          `json:"parent,omitempty"`
-		State     string          `json:"state"`
-		Blocks    int             `json:"blocks"`
-		Turns     int             `json:"turns"`
-		LastUsed  time.Time       `json:"last_used"`
-		Residency []residencyJSON `json:"residency"`
-	}
-	residencyJSON struct {
-		Node string `json:"node"`
-		GPU  int    `json:"gpu_blocks"`
-		Host int    `json:"host_blocks"`
-	}
+	nodeJSON   = controlapi.Node
+	watchEvent = controlapi.WatchEvent
+	branchJSON = controlapi.Branch
 )
 
 // Branches are computed (a walk over every branch's blocks) only while
@@ -205,7 +125,10 @@ func (s *Server) Done(policy string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if f := s.feeds[policy]; f != nil {
-		f.done, f.cluster.Simulation.Done = true, true
+		// A copy: handlers marshal the last one outside the lock.
+		done := *f.cluster.Simulation
+		done.Done = true
+		f.done, f.cluster.Simulation = true, &done
 	}
 }
 
@@ -214,9 +137,9 @@ func (s *Server) update(f *feed, st *sim.State) {
 	c.NodeCount = len(st.Nodes)
 	c.ByRole, c.ByState = map[string]int{}, map[string]int{}
 	lm := st.LastMinute
-	c.Simulation = simJSON{ModelledTime: st.Now, ElapsedSec: st.Elapsed.Seconds(), TotalSec: st.Total.Seconds(), Pace: s.Pace,
+	c.Simulation = &controlapi.Simulation{ModelledTime: st.Now, ElapsedSec: st.Elapsed.Seconds(), TotalSec: st.Total.Seconds(), Pace: s.Pace,
 		Requests: st.Requests, Sessions: st.Sessions, OutputTokSec: lm.OutputTokensPerSec}
-	c.Recent = controlapi.Recent{WindowSec: 60, Requests: lm.Requests, RequestsSec: float64(lm.Requests) / 60,
+	c.Recent = &controlapi.Recent{WindowSec: 60, Requests: lm.Requests, RequestsSec: float64(lm.Requests) / 60,
 		TTFTP50: lm.TTFTP50, TTFTP95: lm.TTFTP95, E2EP50: lm.E2EP50, E2EP95: lm.E2EP95}
 	mode := "static"
 	if st.Auto {
@@ -232,10 +155,10 @@ func (s *Server) update(f *feed, st *sim.State) {
 			GPUKVUsage: ratio(n.GPUUsed, n.GPUCapacity), HostKVUsage: ratio(n.HostBlocks, n.HostCapacity),
 			GPUBlocks: n.GPUBlocks, HostBlocks: n.HostBlocks}
 		if n.SwitchTo != "" {
-			j.Switch = &switchJSON{To: n.SwitchTo, Phase: "draining"}
+			j.Switch = &controlapi.Switch{To: n.SwitchTo, Phase: "draining"}
 		}
 		for _, h := range n.History {
-			j.History = append(j.History, changeJSON{Time: h.At, From: h.From, To: h.To, Reason: h.Reason})
+			j.History = append(j.History, controlapi.RoleChange{Time: h.At, From: h.From, To: h.To, Reason: h.Reason})
 		}
 		if k := len(n.History); k > 0 && (n.State == "down" || n.State == "draining") {
 			j.Reason = n.History[k-1].Reason
@@ -261,11 +184,11 @@ func (s *Server) update(f *feed, st *sim.State) {
 	}
 	c.Generation = f.gen
 	f.planner = st.Planner
-	f.kv = kvJSON{PromptTokens: st.PromptTokens, LostReuse: st.LostReuse, LiveBranches: st.LiveBranches,
+	f.kv = controlapi.KV{PromptTokens: st.PromptTokens, LostReuse: st.LostReuse, LiveBranches: st.LiveBranches,
 		GPUHitRate: ratio64(st.GPUHitTokens, st.PromptTokens), HostHitRate: ratio64(st.HostHit, st.PromptTokens)}
 	if st.TracksBranches {
 		for _, n := range st.Nodes {
-			f.kv.Nodes = append(f.kv.Nodes, kvNodeJSON{ID: n.ID, ReferencedShare: n.ReferencedShare})
+			f.kv.Nodes = append(f.kv.Nodes, controlapi.KVNode{ID: n.ID, ReferencedShare: n.ReferencedShare})
 		}
 	}
 }
@@ -294,9 +217,9 @@ func branchesOf(bs []sim.BranchState) []branchJSON {
 	out := make([]branchJSON, 0, len(bs))
 	for _, b := range bs {
 		j := branchJSON{Session: b.Session, Branch: b.Branch, Parent: b.Parent, State: b.State, Blocks: b.Blocks,
-			Turns: b.Turns, LastUsed: b.LastUsed, Residency: []residencyJSON{}}
+			Turns: b.Turns, LastUsed: b.LastUsed, Residency: []controlapi.Residency{}}
 		for _, r := range b.Residency {
-			j.Residency = append(j.Residency, residencyJSON{Node: r.Node, GPU: r.GPU, Host: r.Host})
+			j.Residency = append(j.Residency, controlapi.Residency{Node: r.Node, GPU: r.GPU, Host: r.Host})
 		}
 		out = append(out, j)
 	}

@@ -1,0 +1,118 @@
+package controlapi
+
+import "time"
+
+// The control API's JSON, as its clients read it and as evolve sim --live
+// writes it (the orchestrator's own types carry more fields under the
+// same names).
+
+// Node is a node as the control API reports it.
+type Node struct {
+	ID          string       `json:"id"`
+	Role        string       `json:"role"`
+	Mode        string       `json:"mode"`
+	State       string       `json:"state"`
+	Address     string       `json:"address"`
+	Model       string       `json:"model,omitempty"`
+	Waiting     int          `json:"waiting"`
+	Running     int          `json:"running"`
+	InFlight    int          `json:"in_flight"`
+	GPUKVUsage  float64      `json:"gpu_kv_usage"`
+	HostKVUsage float64      `json:"host_kv_usage"`
+	GPUBlocks   int          `json:"gpu_blocks_cached"`
+	HostBlocks  int          `json:"host_blocks_cached"`
+	Switch      *Switch      `json:"switch,omitempty"`
+	Reason      string       `json:"reason,omitempty"`
+	History     []RoleChange `json:"history,omitempty"`
+}
+
+// Switch is a role switch in progress.
+type Switch struct {
+	To    string `json:"to"`
+	Phase string `json:"phase"`
+}
+
+// RoleChange is one entry of a node's role history.
+type RoleChange struct {
+	Time   time.Time `json:"time"`
+	From   string    `json:"from"`
+	To     string    `json:"to"`
+	Reason string    `json:"reason"`
+}
+
+// WatchEvent is one message of the watch stream.
+type WatchEvent struct {
+	Type       string `json:"type"` // snapshot, node
+	Generation uint64 `json:"generation"`
+	Nodes      []Node `json:"nodes,omitempty"`
+	Node       *Node  `json:"node,omitempty"`
+}
+
+// Cluster is the control API's cluster summary.
+type Cluster struct {
+	RouterURL string `json:"router_url"`
+	Policy    string `json:"policy"`
+	Model     string `json:"model"`
+	// Recent: requests measured over the last minute.
+	Recent *Recent `json:"recent,omitempty"`
+	// Counts, as the orchestrator reports them.
+	NodeCount  int            `json:"node_count,omitempty"`
+	ByRole     map[string]int `json:"by_role,omitempty"`
+	ByState    map[string]int `json:"by_state,omitempty"`
+	Generation uint64         `json:"generation,omitempty"`
+	// Simulation is set when the cluster is a simulation (evolve sim
+	// --live): its modelled clock.
+	Simulation *Simulation `json:"simulation,omitempty"`
+}
+
+// Simulation is a simulated cluster's progress.
+type Simulation struct {
+	ModelledTime time.Time `json:"modelled_time"`
+	ElapsedSec   float64   `json:"elapsed_s"`
+	TotalSec     float64   `json:"total_s"`
+	Pace         float64   `json:"pace"`
+	Done         bool      `json:"done"`
+	Requests     int       `json:"requests_completed"`
+	Sessions     int       `json:"sessions_completed"`
+	OutputTokSec float64   `json:"last_minute_output_tokens_per_s"`
+}
+
+// Branch is an agent branch with where its blocks live.
+type Branch struct {
+	Session   string      `json:"session"`
+	Branch    string      `json:"branch"`
+	Parent    string      `json:"parent"`
+	State     string      `json:"state"`
+	Blocks    int         `json:"blocks"`
+	Turns     int         `json:"turns"`
+	LastUsed  time.Time   `json:"last_used"`
+	Residency []Residency `json:"residency"`
+}
+
+// Residency is how many of a branch's blocks a node holds per tier.
+type Residency struct {
+	Node string `json:"node"`
+	GPU  int    `json:"gpu_blocks"`
+	Host int    `json:"host_blocks"`
+}
+
+// KV is the cluster's KV summary.
+type KV struct {
+	PromptTokens int64    `json:"prompt_tokens"`
+	GPUHitRate   float64  `json:"gpu_hit_rate"`
+	HostHitRate  float64  `json:"host_hit_rate"`
+	LostReuse    int64    `json:"lost_kv_reuse_tokens"`
+	LiveBranches int      `json:"live_branches"`
+	Nodes        []KVNode `json:"nodes,omitempty"` // absent: not reported
+}
+
+// KVNode is one node's KV as the monitor shows it.
+type KVNode struct {
+	ID              string  `json:"id"`
+	ReferencedShare float64 `json:"referenced_share"`
+	// Copies of referenced blocks evicted (counters since the node
+	// joined), and those that were the last copy in the cluster.
+	RefEvictedGPU  int64 `json:"referenced_evicted_gpu_blocks"`
+	RefEvictedHost int64 `json:"referenced_evicted_host_blocks"`
+	RefLost        int64 `json:"referenced_lost_blocks"`
+}
