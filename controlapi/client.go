@@ -1,6 +1,8 @@
-// Package controlapi is a client of the orchestrator's control API, shared
-// by the CLI commands and evolve top: JSON requests with an optional
-// bearer token, and the API's error answers as errors.
+// Package controlapi is the orchestrator's control API as its clients and
+// servers share it: a client (JSON requests with an optional bearer token,
+// the API's error answers as errors) for the CLI commands and evolve top,
+// the JSON shapes evolve top reads, and the watch stream's writer used by
+// the orchestrator and evolve sim --live.
 package controlapi
 
 import (
