@@ -107,7 +107,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Bool("profile-self", false, "report how fast each simulation ran (wall time, modelled time, passes per second) on stderr, and in -o json under profile_self")
 	f.String("live", "", "serve the simulations through the control API at this address (host:port) while they run, so that evolve top --server http://ADDR/POLICY watches them; named policies only (no :best, no oracle)")
 	f.Float64("pace", 10, "with --live: modelled seconds per wall second (0: as fast as they run)")
-	f.String("cpuprofile", "", "write a Go CPU profile of the simulation to this file (for `go tool pprof`)")
+	f.String("cpuprofile", "", "write a Go CPU profile of the simulation to FILE, for go tool pprof")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
