@@ -416,12 +416,16 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 		r.push(&event{at: r.now, kind: evWatch})
 	}
 	end := r.scoreTo
+	simulated := r.now // the last event's time, watchers' aside
 	for len(r.q) > 0 {
 		ev := heap.Pop(&r.q).(*event)
 		if ev.at.After(end) {
 			break
 		}
 		r.now = ev.at
+		if ev.kind != evWatch {
+			simulated = r.now
+		}
 		switch ev.kind {
 		case evStep:
 			r.step(ev.eng)
@@ -452,6 +456,7 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 			r.watch()
 		}
 	}
+	r.now = simulated
 	return r.finish(), nil
 }
 

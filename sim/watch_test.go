@@ -7,12 +7,14 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/workload"
 )
 
 // A watched run reports the cluster every tick and gives the same figures,
 // byte for byte, as an unwatched one.
 func TestWatchingChangesNothing(t *testing.T) {
 	sc := smallScenario(t, "coding")
+	sc.Duration += 1234567 * time.Microsecond // not a whole number of watch ticks or minutes
 	pol, _ := ParsePolicy("static:1:2", 3)
 	plain, err := Run(sc, pol)
 	if err != nil {
@@ -98,5 +100,25 @@ func TestWatchShowsRoleChanges(t *testing.T) {
 	}
 	if changes == 0 {
 		t.Fatalf("no node's history records its removal: %+v", last.Nodes)
+	}
+}
+
+// A run that goes idle before its end: the watcher's ticks go on to the
+// end, and must not stretch the modelled time the run reports.
+func TestWatchingAnIdleRunKeepsItsTime(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	sc.Agents, sc.Warmup, sc.Duration = 0, 0, 2*time.Minute+1234567*time.Microsecond
+	sc.Trace = []workload.TraceRecord{{Timestamp: 0, InputLength: 300, OutputLength: 5, HashIDs: []int64{1}}}
+	pol, _ := ParsePolicy("static:1:2", 3)
+	plain, err := Run(sc, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watched, err := RunWatched(sc, pol, func(*State) {}, 100*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain.Requests != 1 || watched.VirtualSec != plain.VirtualSec {
+		t.Fatalf("modelled %.3f s watched, %.3f s unwatched (%d requests)", watched.VirtualSec, plain.VirtualSec, plain.Requests)
 	}
 }
