@@ -64,10 +64,20 @@ func (r *run) pushHints() {
 			prio = hintReferenced
 		}
 		r.dir.SetReferenced(h, prio == hintReferenced)
+		// One hint per node, naming the tiers that hold a copy there.
 		r.holders = r.dir.Holders(h, r.holders[:0])
-		for _, rep := range r.holders {
+		for k, rep := range r.holders {
 			i := int(rep.Node())
-			r.hintBuf[i] = append(r.hintBuf[i], enginesim.Hint{Hash: h, Priority: prio})
+			if slices.ContainsFunc(r.holders[:k], func(x kv.Replica) bool { return x.Node() == rep.Node() }) {
+				continue // this node's other tier: counted below
+			}
+			var tiers uint8
+			for _, x := range r.holders[k:] {
+				if x.Node() == rep.Node() {
+					tiers |= enginesim.TierBit(x.Tier())
+				}
+			}
+			r.hintBuf[i] = append(r.hintBuf[i], enginesim.Hint{Hash: h, Priority: prio, Tiers: tiers})
 		}
 	}
 	r.flushHints()

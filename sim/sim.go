@@ -644,9 +644,11 @@ func (r *run) step(i int) {
 	d, out := e.model.Step(r.now)
 	end := out.Start.Add(d)
 	for _, ev := range out.Events {
+		blocks := r.dir.Blocks()
 		r.dir.Apply(e.dir, ev)
-		// A host copy is always of a block some GPU stored before.
-		if ev.Kind == kv.BlockStored && ev.Tier == kv.TierGPU {
+		// A block the cluster held already was stored before: only one
+		// new to the directory may be new to ever.
+		if ev.Kind == kv.BlockStored && r.dir.Blocks() > blocks {
 			r.ever.Put(ev.Hash, 1)
 		}
 	}

@@ -108,6 +108,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("live", "", "serve the simulations through the control API at this address (host:port) while they run, so that evolve top --server http://ADDR/POLICY watches them; named policies only (no :best, no oracle)")
 	f.Float64("pace", 10, "with --live: modelled seconds per wall second (0: as fast as they run)")
 	f.String("cpuprofile", "", "write a Go CPU profile of the simulation to FILE, for go tool pprof")
+	f.String("memprofile", "", "write a Go heap profile to FILE when the simulations end, for go tool pprof (-sample_index=alloc_space: where their memory went)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -219,6 +220,12 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	results, err := sim.Compare(sc, names, hooks)
 	if err != nil {
 		return usage(err)
+	}
+	if path := config.GetString(k("memprofile")); path != "" {
+		// Its alloc_space samples say where the simulations' memory went.
+		if err := writeFile(path, func(w io.Writer) error { return pprof.Lookup("heap").WriteTo(w, 0) }); err != nil {
+			return fmt.Errorf("--memprofile: %w", err)
+		}
 	}
 	if srv != nil {
 		defer holdLive(cmd.Context(), errw)

@@ -525,20 +525,31 @@ func (m *Model) OffloadGPU(now time.Time) (int, time.Duration) {
 type Hint struct {
 	Hash     kv.BlockHash
 	Priority int8
+	// Tiers, when not 0, says which tiers hold a copy (bit 1<<kv.Tier),
+	// as the caller's directory knows: the others are not looked up.
+	Tiers uint8
 }
+
+// TierBit is a tier's bit in Hint.Tiers.
+func TierBit(t kv.Tier) uint8 { return 1 << (t & 1) }
 
 // SetHints applies eviction hints to the block copies in both tiers. A
 // hint for a block the engine holds no copy of waits for the block's
 // arrival; the copies carry their hint between tiers.
 func (m *Model) SetHints(hints []Hint) {
 	for _, h := range hints {
-		gid, onGPU := m.gpuByHash.Get(h.Hash)
-		if onGPU {
-			m.reprioritize(BlockID(gid), m.gpuPolicy, h.Priority)
+		var onGPU, onHost bool
+		if h.Tiers == 0 || h.Tiers&TierBit(kv.TierGPU) != 0 {
+			var gid int32
+			if gid, onGPU = m.gpuByHash.Get(h.Hash); onGPU {
+				m.reprioritize(BlockID(gid), m.gpuPolicy, h.Priority)
+			}
 		}
-		hid, onHost := m.hostByHash.Get(h.Hash)
-		if onHost {
-			m.reprioritize(BlockID(hid), m.hostPolicy, h.Priority)
+		if h.Tiers == 0 || h.Tiers&TierBit(kv.TierHost) != 0 {
+			var hid int32
+			if hid, onHost = m.hostByHash.Get(h.Hash); onHost {
+				m.reprioritize(BlockID(hid), m.hostPolicy, h.Priority)
+			}
 		}
 		switch {
 		case !onGPU && !onHost && h.Priority != 0:

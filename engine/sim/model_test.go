@@ -393,7 +393,7 @@ func TestEvictionHintsOrderVictims(t *testing.T) {
 	ca, cb := kv.ChainHashes(a, 16), kv.ChainHashes(b, 16)
 	var hints []Hint
 	for i := range ca {
-		hints = append(hints, Hint{ca[i], 5}, Hint{cb[i], -5})
+		hints = append(hints, Hint{Hash: ca[i], Priority: 5}, Hint{Hash: cb[i], Priority: -5})
 	}
 	m.SetHints(hints)
 	submit(t, m, now, Request{ID: "c", Tokens: prompt(496, 92), MaxTokens: 1})
@@ -630,7 +630,7 @@ func TestEvictionHintsWaitForBlocksAndFollowThem(t *testing.T) {
 	ca, cx := kv.ChainHashes(a, 16), kv.ChainHashes(x, 16)
 	var hints []Hint
 	for _, h := range cx {
-		hints = append(hints, Hint{h, -5})
+		hints = append(hints, Hint{Hash: h, Priority: -5})
 	}
 	m.SetHints(hints) // x is nowhere yet
 	submit(t, m, t0, Request{ID: "a", Tokens: a, MaxTokens: 1})
