@@ -89,3 +89,32 @@ spec:
 		t.Fatalf("the host's router still answers after down: %d", resp.StatusCode)
 	}
 }
+
+// An orchestrator host that cannot be reached fails the bring-up at once,
+// naming the host and the phase: no engine is installed without it.
+func TestUpFailsWhenTheOrchestratorHostIsDown(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id_ed25519")
+	h := sshtest.Start(t, sshtest.NewKey(t, key))
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(h.KnownHostsLine()+"\n"), 0o600)
+	file := filepath.Join(dir, "cluster.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: headless}
+spec:
+  orchestrator: {host: brain, routerPort: %d, controlPort: %d, natsPort: %d}
+  defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
+  hosts:
+    - {name: brain, address: 127.0.0.1, port: %d, dir: %s/brain}
+    - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, engine: {port: %d}}
+`, port(t), port(t), port(t), key, port(t), dir, h.Port, dir, port(t))), 0o600)
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh)
+	if code == 0 || !strings.Contains(out, "the orchestrator on host brain failed at connect") {
+		t.Fatalf("up with the orchestrator's host down: exit %d\n%s", code, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "h1", "bin", "evolve")); err == nil {
+		t.Fatal("an engine was installed though the orchestrator could not start")
+	}
+}
