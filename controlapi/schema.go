@@ -8,22 +8,23 @@ import "time"
 
 // Node is a node as the control API reports it.
 type Node struct {
-	ID          string       `json:"id"`
-	Role        string       `json:"role"`
-	Mode        string       `json:"mode"`
-	State       string       `json:"state"`
-	Address     string       `json:"address"`
-	Model       string       `json:"model,omitempty"`
-	Waiting     int          `json:"waiting"`
-	Running     int          `json:"running"`
-	InFlight    int          `json:"in_flight"`
-	GPUKVUsage  float64      `json:"gpu_kv_usage"`
-	HostKVUsage float64      `json:"host_kv_usage"`
-	GPUBlocks   int          `json:"gpu_blocks_cached"`
-	HostBlocks  int          `json:"host_blocks_cached"`
-	Switch      *Switch      `json:"switch,omitempty"`
-	Reason      string       `json:"reason,omitempty"`
-	History     []RoleChange `json:"history,omitempty"`
+	ID           string       `json:"id"`
+	Role         string       `json:"role"`
+	Mode         string       `json:"mode"`
+	State        string       `json:"state"`
+	Address      string       `json:"address"`
+	Model        string       `json:"model,omitempty"`
+	Waiting      int          `json:"waiting"`
+	Running      int          `json:"running"`
+	InFlight     int          `json:"in_flight"`
+	TokensPerSec float64      `json:"tokens_per_s"` // processed, per second of model time
+	GPUKVUsage   float64      `json:"gpu_kv_usage"`
+	HostKVUsage  float64      `json:"host_kv_usage"`
+	GPUBlocks    int          `json:"gpu_blocks_cached"`
+	HostBlocks   int          `json:"host_blocks_cached"`
+	Switch       *Switch      `json:"switch,omitempty"`
+	Reason       string       `json:"reason,omitempty"`
+	History      []RoleChange `json:"history,omitempty"`
 }
 
 // Switch is a role switch in progress.

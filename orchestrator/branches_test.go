@@ -229,6 +229,8 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 	if n.RefLost > n.RefEvictedGPU+n.RefEvictedHost {
 		t.Fatalf("more lost than evicted: %+v", n)
 	}
+	// The node's tokens per second come from its pass records.
+	eventually(t, "tokens per second", func() bool { return tc.o.Nodes()[0].TokensPerSec > 0 })
 	// The control API's last minute counts those requests, measured.
 	if r := tc.o.Status().Recent; r.Requests != 5 || r.TTFTP50 <= 0 || r.E2EP50 < r.TTFTP50 || r.WindowSec != 60 {
 		t.Fatalf("recent: %+v", r)

@@ -53,24 +53,27 @@ type Switch struct {
 // NodeStatus is a node as the control API reports it. Field names are
 // stable: scripts depend on them.
 type NodeStatus struct {
-	ID          string       `json:"id"`
-	Role        string       `json:"role"`
-	Mode        string       `json:"mode"`
-	State       string       `json:"state"`
-	Address     string       `json:"address"`
-	Model       string       `json:"model"`
-	Profile     string       `json:"profile,omitempty"`
-	Waiting     int          `json:"waiting"`
-	Running     int          `json:"running"`
-	InFlight    int          `json:"in_flight"` // requests the router has sent it and not seen finish
-	GPUKVUsage  float64      `json:"gpu_kv_usage"`
-	HostKVUsage float64      `json:"host_kv_usage"`
-	GPUBlocks   int          `json:"gpu_blocks_cached"` // copies the directory knows on its GPU
-	HostBlocks  int          `json:"host_blocks_cached"`
-	LastSeen    time.Time    `json:"last_seen"`
-	Switch      *Switch      `json:"switch,omitempty"`
-	Reason      string       `json:"reason,omitempty"` // why a node is rejected or down
-	History     []RoleChange `json:"history,omitempty"`
+	ID          string  `json:"id"`
+	Role        string  `json:"role"`
+	Mode        string  `json:"mode"`
+	State       string  `json:"state"`
+	Address     string  `json:"address"`
+	Model       string  `json:"model"`
+	Profile     string  `json:"profile,omitempty"`
+	Waiting     int     `json:"waiting"`
+	Running     int     `json:"running"`
+	InFlight    int     `json:"in_flight"` // requests the router has sent it and not seen finish
+	GPUKVUsage  float64 `json:"gpu_kv_usage"`
+	HostKVUsage float64 `json:"host_kv_usage"`
+	// TokensPerSec: tokens the node processed (prompt tokens computed and
+	// tokens generated) per second of model time over the last 10 s.
+	TokensPerSec float64      `json:"tokens_per_s"`
+	GPUBlocks    int          `json:"gpu_blocks_cached"` // copies the directory knows on its GPU
+	HostBlocks   int          `json:"host_blocks_cached"`
+	LastSeen     time.Time    `json:"last_seen"`
+	Switch       *Switch      `json:"switch,omitempty"`
+	Reason       string       `json:"reason,omitempty"` // why a node is rejected or down
+	History      []RoleChange `json:"history,omitempty"`
 }
 
 // node is the orchestrator's record of one engine.
@@ -91,6 +94,43 @@ type node struct {
 	// per tier, and of those the last copy anywhere (context lost).
 	refEvicted [2]int64
 	refLost    int64
+	// Tokens processed, as the engine's pass records arrive (wall time).
+	tokens []tokenSample
+}
+
+type tokenSample struct {
+	at time.Time
+	n  int
+}
+
+// tokenWindow is how far back a node's tokens per second look.
+const tokenWindow = 10 * time.Second
+
+// noteTokens records n tokens processed at now and forgets old samples.
+func (n *node) noteTokens(now time.Time, tokens int) {
+	n.tokens = append(n.tokens, tokenSample{now, tokens})
+	k := 0
+	for k < len(n.tokens) && now.Sub(n.tokens[k].at) > tokenWindow {
+		k++
+	}
+	n.tokens = append(n.tokens[:0], n.tokens[k:]...)
+}
+
+// tokensPerSec is the node's tokens per second of model time over the
+// last window (a simulated engine at speedup x does x times the work per
+// wall second).
+func (n *node) tokensPerSec(now time.Time) float64 {
+	sum := 0
+	for _, s := range n.tokens {
+		if now.Sub(s.at) <= tokenWindow {
+			sum += s.n
+		}
+	}
+	speedup := n.reg.Speedup
+	if speedup <= 0 {
+		speedup = 1
+	}
+	return float64(sum) / tokenWindow.Seconds() / speedup
 }
 
 // cluster is the shared state, guarded by mu.
@@ -130,7 +170,7 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 	return NodeStatus{
 		ID: id, Role: n.role.String(), Mode: n.mode, State: n.state, Address: n.reg.URL, Model: n.reg.Model,
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
-		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h,
+		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
 		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
 	}
 }

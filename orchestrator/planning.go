@@ -65,20 +65,27 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 // Modelled durations of simulated engines are divided by their speedup:
 // the planner works in wall time, as its demand does.
 func (o *Orchestrator) onStats(m *nats.Msg) {
-	if o.plan == nil {
-		return
-	}
 	var b protocol.StatsBatch
 	if json.Unmarshal(m.Data, &b) != nil {
 		return
 	}
+	now := time.Now()
+	tokens := 0
+	for _, ps := range b.Passes {
+		tokens += ps.PrefillTokens + ps.DecodeSeqs
+	}
 	o.c.mu.Lock()
 	speedup := 1.0
-	if n := o.c.nodes[b.Engine]; n != nil && n.reg.Speedup > 0 {
-		speedup = n.reg.Speedup
+	if n := o.c.nodes[b.Engine]; n != nil {
+		n.noteTokens(now, tokens)
+		if n.reg.Speedup > 0 {
+			speedup = n.reg.Speedup
+		}
 	}
 	o.c.mu.Unlock()
-	now := time.Now()
+	if o.plan == nil {
+		return
+	}
 	o.plan.mu.Lock()
 	defer o.plan.mu.Unlock()
 	for _, ps := range b.Passes {

@@ -200,6 +200,10 @@ type engine struct {
 	pendingDecodes int
 	switchWhy      string
 	history        []RoleChange // for watchers
+	tokens         uint64       // processed (prompt tokens computed, tokens generated)
+	// Where the last watcher's look left tokens, for its tokens per second.
+	watchTokens uint64
+	watchAt     time.Time
 }
 
 // Engine states under a planner that adds and removes workers.
@@ -653,6 +657,7 @@ func (r *run) step(i int) {
 		}
 	}
 	e.stats = out.Stats
+	e.tokens += uint64(out.Stats.PrefillTokens + out.Stats.DecodeSeqs)
 	if !out.Idle {
 		r.observePass(d, &out.Stats)
 		for _, f := range out.Finished {

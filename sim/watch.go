@@ -12,8 +12,8 @@ import (
 // Watching a run: with Hooks.Watch set, a simulation reports its cluster's
 // state every Hooks.WatchEvery of modelled time, as the control API would
 // report a live cluster, so that evolve top can follow a paper-scale run.
-// Watching adds no state and changes no result: the same seed gives the
-// same figures, watched or not.
+// Watching changes nothing the run computes: the same seed gives the same
+// figures, watched or not.
 
 // DefaultWatchEvery is how often a watched run reports, in modelled time.
 const DefaultWatchEvery = time.Second
@@ -65,7 +65,10 @@ type NodeState struct {
 	// ReferencedShare is the share of its GPU copies live agent branches
 	// reference (0 without branch tracking).
 	ReferencedShare float64
-	History         []RoleChange // oldest first
+	// TokensPerSec: tokens processed per modelled second since the last
+	// state (prompt tokens computed and tokens generated).
+	TokensPerSec float64
+	History      []RoleChange // oldest first
 }
 
 // RoleChange is a node's change of role or state, in modelled time.
@@ -136,6 +139,10 @@ func (r *run) state() *State {
 			GPUUsed: e.stats.GPUBlocksUsed, GPUBlocks: e.stats.GPUBlocksCached, GPUCapacity: e.model.Config().GPUBlocks,
 			HostBlocks: e.stats.HostBlocksUsed, HostCapacity: e.model.Config().HostBlocks, ReferencedShare: r.referencedShare(e.dir),
 			History: append([]RoleChange(nil), e.history...)}
+		if dt := r.now.Sub(e.watchAt).Seconds(); dt > 0 && !e.watchAt.IsZero() {
+			n.TokensPerSec = float64(e.tokens-e.watchTokens) / dt
+		}
+		e.watchTokens, e.watchAt = e.tokens, r.now
 		switch {
 		case e.switching:
 			n.State, n.SwitchTo = "switching", roleName(e.switchTo)

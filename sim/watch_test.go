@@ -54,11 +54,16 @@ func TestWatchingChangesNothing(t *testing.T) {
 		t.Fatalf("last state: %+v", last)
 	}
 	roles := map[string]int{}
+	busy := 0.0
 	for _, n := range last.Nodes {
 		roles[n.Role]++
+		busy = max(busy, n.TokensPerSec)
 		if n.State != "serving" || n.GPUCapacity == 0 {
 			t.Fatalf("node %+v", n)
 		}
+	}
+	if busy <= 0 {
+		t.Fatalf("no node processed a token in the last tick: %+v", last.Nodes)
 	}
 	if roles["prefill"] != 1 || roles["decode"] != 2 {
 		t.Fatalf("roles %v, want 1 prefill and 2 decode", roles)

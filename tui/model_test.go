@@ -86,8 +86,8 @@ func press(m *Model, keys ...string) tea.Cmd {
 
 func threeNodes() []Node {
 	return []Node{
-		{ID: "e0", Role: "prefill", Mode: "auto", State: "serving", Waiting: 2, Running: 1, GPUKVUsage: 0.5},
-		{ID: "e1", Role: "decode", Mode: "auto", State: "serving", Running: 12, GPUKVUsage: 0.8},
+		{ID: "e0", Role: "prefill", Mode: "auto", State: "serving", Waiting: 2, Running: 1, TokensPerSec: 41250, GPUKVUsage: 0.5},
+		{ID: "e1", Role: "decode", Mode: "auto", State: "serving", Running: 12, TokensPerSec: 610, GPUKVUsage: 0.8},
 		{ID: "e2", Role: "decode", Mode: "pinned", State: "serving", Running: 3},
 	}
 }

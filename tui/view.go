@@ -185,7 +185,7 @@ func (m *Model) viewNodes() string {
 			ref[n.ID] = n.ReferencedShare
 		}
 	}
-	fmt.Fprintf(&b, "  %-12s %-10s %-7s %-22s %6s %6s %7s %7s %5s  %s\n", "NODE", "ROLE", "MODE", "STATE", "QUEUE", "RUN", "GPU-KV", "HOST-KV", "REF", "LOAD")
+	fmt.Fprintf(&b, "  %-12s %-10s %-7s %-22s %6s %6s %6s %7s %7s %5s  %s\n", "NODE", "ROLE", "MODE", "STATE", "QUEUE", "RUN", "TOK/S", "GPU-KV", "HOST-KV", "REF", "LOAD")
 	nodes := m.sortedNodes()
 	sel := m.selected()
 	for _, n := range nodes {
@@ -206,9 +206,9 @@ func (m *Model) viewNodes() string {
 		if r, ok := ref[n.ID]; ok {
 			refText = fmt.Sprintf("%4.0f%%", r*100)
 		}
-		line := fmt.Sprintf("%s%-12s %s %-7s %-22s %6d %6d %6.0f%% %6.0f%% %s  %s", mark,
+		line := fmt.Sprintf("%s%-12s %s %-7s %-22s %6d %6d %6s %6.0f%% %6.0f%% %s  %s", mark,
 			truncate(n.ID, 12), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, truncate(state, 22), n.Waiting, n.Running,
-			n.GPUKVUsage*100, n.HostKVUsage*100, refText, sparkline(m.load[n.ID], 12))
+			rate(n.TokensPerSec), n.GPUKVUsage*100, n.HostKVUsage*100, refText, sparkline(m.load[n.ID], 12))
 		if n.State == "down" {
 			line = stBad.Render(line)
 		}
@@ -454,5 +454,17 @@ func fmtDur(sec float64) string {
 		return fmt.Sprintf("%dm%02ds", mi, se)
 	default:
 		return fmt.Sprintf("%ds", se)
+	}
+}
+
+// rate shows a per-second figure in at most six characters: 950, 12.3k, 1.2M.
+func rate(v float64) string {
+	switch {
+	case v < 1000:
+		return fmt.Sprintf("%.0f", v)
+	case v < 1e6:
+		return fmt.Sprintf("%.1fk", v/1e3)
+	default:
+		return fmt.Sprintf("%.1fM", v/1e6)
 	}
 }
