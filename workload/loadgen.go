@@ -57,7 +57,11 @@ type Result struct {
 	HostHitTokens     int64   `json:"host_hit_tokens"`
 	TransferredTokens int64   `json:"transferred_tokens"`
 	ComputedTokens    int64   `json:"computed_tokens"`
-	LastError         string  `json:"last_error,omitempty"`
+	// Sessions that ended because their next prompt outgrew the model's
+	// context (max_model_len), as agents give up a session then.
+	OverContext int    `json:"sessions_over_context"`
+	MaxContext  int    `json:"max_model_len,omitempty"`
+	LastError   string `json:"last_error,omitempty"`
 }
 
 // Snapshot is the progress of a run so far.
@@ -113,7 +117,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	c.maxContext = maxLen
+	c.maxContext, c.res.MaxContext = maxLen, maxLen
 	ctx, cancel := withLimit(ctx, cfg.Duration)
 	defer cancel()
 	start := time.Now()
@@ -291,6 +295,9 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 				if c.maxContext > 0 && len(call.Tokens)+call.MaxTokens > c.maxContext {
 					// The context outgrew the model: the agent gives up the session.
 					if len(call.Tokens) >= c.maxContext {
+						c.mu.Lock()
+						c.res.OverContext++
+						c.mu.Unlock()
 						return
 					}
 					call.MaxTokens = c.maxContext - len(call.Tokens)

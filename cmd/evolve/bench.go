@@ -100,6 +100,10 @@ that think and tool times shrink to match).`,
 			if res.Requests == 0 && res.Errors > 0 {
 				return fmt.Errorf("every request failed; last error: %s", res.LastError)
 			}
+			if res.Requests == 0 && res.OverContext > 0 {
+				return fmt.Errorf("no request was sent: %d sessions ended because their prompts exceed the model's context (max_model_len %d); "+
+					"run the cluster with a longer-context profile (evolve up --profile gb300-kimi-k2) or another --workload", res.OverContext, res.MaxContext)
+			}
 			return nil
 		},
 	}
@@ -126,6 +130,9 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 	return output(cmd, res, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "workload\t%s, %d agents, %.0f s\n", res.Workload, res.Agents, res.DurationSec)
 		fmt.Fprintf(w, "requests\t%d completed, %d errors; %d sessions completed\n", res.Requests, res.Errors, res.Sessions)
+		if res.OverContext > 0 {
+			fmt.Fprintf(w, "\t%d sessions ended early: their prompts outgrew the model's context (max_model_len %d)\n", res.OverContext, res.MaxContext)
+		}
 		fmt.Fprintln(w, "\tmean\tp50\tp95\tp99")
 		for _, r := range []struct {
 			name string

@@ -405,3 +405,14 @@ func TestBenchRecordsAndReplaysTraces(t *testing.T) {
 		t.Fatalf("missing trace: %d %s", code, out)
 	}
 }
+
+// Coding agents against a model whose context cannot hold their prompts:
+// no request can be sent, and bench says why instead of reporting an
+// empty success.
+func TestBenchSaysWhenPromptsOutgrowTheContext(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--speedup", "50") // the tiny profile: 2K-token context
+	out, code := runBinOut(t, c.env, "bench", "--workload", "coding", "--agents", "2", "--duration", "2s", "--speedup", "50")
+	if code != 1 || !strings.Contains(out, "no request was sent") || !strings.Contains(out, "max_model_len") || !strings.Contains(out, "--profile") {
+		t.Fatalf("bench with prompts past the context: exit %d\n%s", code, out)
+	}
+}
