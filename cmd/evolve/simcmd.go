@@ -5,7 +5,9 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"runtime/debug"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -168,6 +170,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	errw := cmd.ErrOrStderr()
+	limitMemory()
 	var srv *live.Server
 	if addr := config.GetString(k("live")); addr != "" {
 		for _, n := range names {
@@ -290,6 +293,28 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("decodes handed over", func(r sim.Result) string { return fmt.Sprint(r.HandedOver) })
 		row("preemptions", func(r sim.Result) string { return fmt.Sprint(r.Preemptions) })
 	})
+}
+
+// limitMemory keeps the simulations' heap under 3/4 of the machine's memory
+// unless GOMEMLIMIT says otherwise: a paper-scale run holds every block
+// copy of its engines, and the garbage collector's default slack (twice
+// the live heap) would take a 256-GPU run past what a workstation has.
+func limitMemory() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return
+	}
+	b, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			if kb, err := strconv.ParseInt(f[1], 10, 64); err == nil && kb > 0 {
+				debug.SetMemoryLimit(kb * 1024 / 4 * 3)
+			}
+			return
+		}
+	}
 }
 
 // writeFile creates path and writes it with write, reporting a failure to
