@@ -102,11 +102,17 @@ func (s *Server) Watch(st *sim.State) {
 		f.started = now.Add(-s.wallFor(st.Elapsed))
 	}
 	s.update(f, st)
-	if !f.wantBr.IsZero() && now.Sub(f.wantBr) < branchesFresh && (now.Sub(f.brAt) >= branchesEvery || st.Final) {
-		f.branches, f.brAt = branchesOf(st.Branches()), now
-	}
+	want := !f.wantBr.IsZero() && now.Sub(f.wantBr) < branchesFresh && (now.Sub(f.brAt) >= branchesEvery || st.Final)
 	wait := f.started.Add(s.wallFor(st.Elapsed)).Sub(now)
 	s.mu.Unlock()
+	if want {
+		// A walk over every branch's blocks: not under the lock, which
+		// the handlers and the other simulations share.
+		br := branchesOf(st.Branches())
+		s.mu.Lock()
+		f.branches, f.brAt = br, now
+		s.mu.Unlock()
+	}
 	if wait > 0 {
 		s.Sleep(wait)
 	}
