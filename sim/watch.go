@@ -43,11 +43,11 @@ type State struct {
 
 // MinuteStats are the latencies of the requests of one minute.
 type MinuteStats struct {
-	Requests             int
-	TTFTP50, TTFTP95     float64
-	E2EP50, E2EP95       float64
-	OutputTokensPerSec   float64
-	PrefillNodes, Decode int
+	Requests                  int
+	TTFTP50, TTFTP95          float64
+	E2EP50, E2EP95            float64
+	OutputTokensPerSec        float64
+	PrefillNodes, DecodeNodes int // serving at the minute's end
 }
 
 // NodeState is one simulated engine.
@@ -175,7 +175,7 @@ func (r *run) state() *State {
 		e2e := workload.Summarize(append([]float64(nil), w.e2e...))
 		ttft := workload.Summarize(append([]float64(nil), w.ttft...))
 		s.LastMinute = MinuteStats{Requests: w.Requests, TTFTP50: ttft.P50, TTFTP95: ttft.P95, E2EP50: e2e.P50, E2EP95: e2e.P95,
-			OutputTokensPerSec: float64(w.OutputTokens) / 60, PrefillNodes: w.Prefill, Decode: w.Decode}
+			OutputTokensPerSec: float64(w.OutputTokens) / 60, PrefillNodes: w.Prefill, DecodeNodes: w.Decode}
 	}
 	if r.branches != nil {
 		s.LiveBranches, s.TracksBranches = r.branches.Live(), true
