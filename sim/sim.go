@@ -289,7 +289,7 @@ type run struct {
 	rng     *rand.Rand
 	reqs    map[string]*request
 	nextReq int
-	ever    *kv.Index // blocks ever computed anywhere
+	ever    *kv.Set // blocks ever computed anywhere
 	planner *planner.Planner
 	sla     slaWindow
 	slaWant [2]int // SLA planner's prefill and decode targets
@@ -346,7 +346,7 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 	}
 	r := &run{sc: sc, pol: pol, now: epoch, start: epoch, dir: kv.NewDirectory(), router: router, model: m,
 		rng: rand.New(rand.NewPCG(sc.Seed, 0x5eed)), reqs: map[string]*request{}, byID: map[string]int{},
-		ever: kv.NewIndex(1 << 16), scoreFrom: epoch.Add(sc.Warmup), scoreTo: epoch.Add(sc.Warmup + sc.Duration)}
+		ever: &kv.Set{}, scoreFrom: epoch.Add(sc.Warmup), scoreTo: epoch.Add(sc.Warmup + sc.Duration)}
 	p := sc.Profile
 	blockBytes := float64(p.BlockSize * p.KVBytesPerToken)
 	for i := 0; i < sc.Engines; i++ {
@@ -653,7 +653,7 @@ func (r *run) step(i int) {
 		// A block the cluster held already was stored before: only one
 		// new to the directory may be new to ever.
 		if ev.Kind == kv.BlockStored && r.dir.Blocks() > blocks {
-			r.ever.Put(ev.Hash, 1)
+			r.ever.Add(ev.Hash)
 		}
 	}
 	e.stats = out.Stats
