@@ -1,10 +1,13 @@
 package controlapi
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -67,4 +70,43 @@ func Stream[T any](w http.ResponseWriter, r *http.Request, first T, events <-cha
 			flusher.Flush()
 		}
 	}
+}
+
+// Watch reads a watch stream (the server-sent events Stream writes) at
+// path into out until ctx ends or the stream breaks; io.EOF when the
+// server closed it.
+func (c *Client) Watch(ctx context.Context, path string, out chan<- WatchEvent) error {
+	req, err := c.NewRequest(ctx, "GET", path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := (&http.Client{}).Do(req) // no timeout: the stream is long-lived
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return fmt.Errorf("watch: %s", resp.Status)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev WatchEvent
+		if json.Unmarshal([]byte(line), &ev) != nil || ev.Type == "" {
+			continue
+		}
+		select {
+		case out <- ev:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return err
+	}
+	return io.EOF
 }

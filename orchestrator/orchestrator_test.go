@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/nats-io/nats.go"
@@ -139,28 +139,13 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	eventually(t, "directory holds the prompt", func() bool { return tc.o.Status().KVReplicas > 0 })
 
 	// Watch the control stream while switching a node under load.
-	resp, err := http.Get(tc.o.ControlURL() + "/api/v1/watch")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	events := make(chan map[string]any, 1024)
-	go func() {
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				var ev map[string]any
-				if json.Unmarshal([]byte(line), &ev) == nil {
-					events <- ev
-				}
-			}
-		}
-		close(events)
-	}()
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	defer stopWatch()
+	events := make(chan controlapi.WatchEvent, 1024)
+	go (&controlapi.Client{Base: tc.o.ControlURL()}).Watch(watchCtx, "/api/v1/watch", events)
 	first := <-events
-	if first["type"] != "snapshot" || len(first["nodes"].([]any)) != 3 {
-		t.Fatalf("watch did not start with a snapshot: %v", first)
+	if first.Type != "snapshot" || len(first.Nodes) != 3 {
+		t.Fatalf("watch did not start with a snapshot: %+v", first)
 	}
 
 	var wg sync.WaitGroup
@@ -196,7 +181,7 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	for !sawSwitching {
 		select {
 		case ev := <-events:
-			if n, ok := ev["node"].(map[string]any); ok && n["id"] == "e1" && n["state"] == StateSwitching {
+			if n := ev.Node; n != nil && n.ID == "e1" && n.State == StateSwitching {
 				sawSwitching = true
 			}
 		case <-timeout:

@@ -8,13 +8,8 @@
 package tui
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
@@ -136,39 +131,7 @@ func (s *HTTPSource) do(ctx context.Context, method, path string, in, out any) e
 
 // Watch reads the server-sent events of /api/v1/watch.
 func (s *HTTPSource) Watch(ctx context.Context, out chan<- WatchEvent) error {
-	req, err := s.NewRequest(ctx, "GET", "/api/v1/watch", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := (&http.Client{}).Do(req) // no timeout: the stream is long-lived
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != 200 {
-		return fmt.Errorf("watch: %s", resp.Status)
-	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		var ev WatchEvent
-		if json.Unmarshal([]byte(line), &ev) != nil || ev.Type == "" {
-			continue
-		}
-		select {
-		case out <- ev:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return err
-	}
-	return io.EOF
+	return s.Client.Watch(ctx, "/api/v1/watch", out)
 }
 
 // Cluster fetches the cluster summary.

@@ -1,7 +1,6 @@
 package live
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"net/http"
@@ -10,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/sim"
 )
@@ -70,42 +70,24 @@ func TestServesSimulationsAsTheyRun(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", hs.URL+"/static:1:2/api/v1/watch", nil)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	events := make(chan map[string]any, 10000)
-	go func() {
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			if line, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
-				var ev map[string]any
-				if json.Unmarshal([]byte(line), &ev) == nil {
-					events <- ev
-				}
-			}
-		}
-		close(events)
-	}()
+	events := make(chan controlapi.WatchEvent, 10000)
+	go (&controlapi.Client{Base: hs.URL}).Watch(ctx, "/static:1:2/api/v1/watch", events)
 	snap := <-events
-	if snap["type"] != "snapshot" || len(snap["nodes"].([]any)) != 3 {
-		t.Fatalf("first event %v", snap)
+	if snap.Type != "snapshot" || len(snap.Nodes) != 3 {
+		t.Fatalf("first event %+v", snap)
 	}
 	res, err := sim.Compare(sc, []string{"static:1:2", "evolve"}, &sim.Hooks{Watch: srv.Watch, Done: func(p string, _ sim.Result) { srv.Done(p) }})
 	if err != nil || len(res) != 2 {
 		t.Fatal(err)
 	}
-	gen := snap["generation"].(float64)
+	gen := snap.Generation
 	nodeEvents := 0
 	for nodeEvents < 20 {
 		ev := <-events
-		if ev["type"] != "node" || ev["generation"].(float64) <= gen {
-			t.Fatalf("event after generation %v: %v", gen, ev)
+		if ev.Type != "node" || ev.Generation <= gen {
+			t.Fatalf("event after generation %v: %+v", gen, ev)
 		}
-		gen = ev["generation"].(float64)
+		gen = ev.Generation
 		nodeEvents++
 	}
 
