@@ -415,6 +415,32 @@ func (d *Directory) Holders(h BlockHash, out []Replica) []Replica {
 	return append(out, d.copies(s)...)
 }
 
+// NodeCopies is how many blocks of a chain one node holds per tier.
+type NodeCopies struct {
+	Node      NodeID
+	GPU, Host int
+}
+
+// Residency counts, per node holding any, the blocks of chain it holds on
+// GPU and on host, in node id order.
+func (d *Directory) Residency(chain []BlockHash) []NodeCopies {
+	per := make([][2]int, len(d.nodes))
+	var holders []Replica
+	for _, h := range chain {
+		holders = d.Holders(h, holders[:0])
+		for _, r := range holders {
+			per[r.Node()][r.Tier()&1]++
+		}
+	}
+	var out []NodeCopies
+	for n, c := range per {
+		if c != [2]int{} {
+			out = append(out, NodeCopies{Node: NodeID(n), GPU: c[TierGPU], Host: c[TierHost]})
+		}
+	}
+	return out
+}
+
 // DropNode removes every copy node n holds (the node went down, or is
 // resyncing) and reports how many there were. The node keeps its id.
 func (d *Directory) DropNode(n NodeID) int {

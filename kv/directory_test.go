@@ -266,6 +266,18 @@ func TestDirectoryMatchesNaiveModel(t *testing.T) {
 			}
 		}
 		for _, ch := range chains {
+			var wantRes, gotRes [nodes][2]int
+			for _, h := range ch {
+				for rep := range nv[h] {
+					wantRes[rep.Node()][rep.Tier()]++
+				}
+			}
+			for _, c := range f.d.Residency(ch) {
+				gotRes[c.Node] = [2]int{c.GPU, c.Host}
+			}
+			if gotRes != wantRes {
+				t.Fatalf("step %d: residency %v, naive %v", step, gotRes, wantRes)
+			}
 			f.d.Match(ch, &m)
 			want, cluster := nv.match(ch, nodes)
 			if m.Cluster != cluster || len(m.Nodes) != len(want) {

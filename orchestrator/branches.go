@@ -181,26 +181,10 @@ func (o *Orchestrator) Branches(session string) []BranchStatus {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	out := []BranchStatus{}
-	var holders []kv.Replica
 	for _, b := range o.c.branches.List(session) {
-		res := map[string]*Residency{}
-		for _, h := range b.Chain {
-			holders = o.c.dir.Holders(h, holders[:0])
-			for _, rep := range holders {
-				id := o.c.dir.NodeName(rep.Node())
-				if res[id] == nil {
-					res[id] = &Residency{Node: id}
-				}
-				if rep.Tier() == kv.TierGPU {
-					res[id].GPU++
-				} else {
-					res[id].Host++
-				}
-			}
-		}
 		st := BranchStatus{BranchInfo: b, Residency: []Residency{}}
-		for _, r := range res {
-			st.Residency = append(st.Residency, *r)
+		for _, c := range o.c.dir.Residency(b.Chain) {
+			st.Residency = append(st.Residency, Residency{Node: o.c.dir.NodeName(c.Node), GPU: c.GPU, Host: c.Host})
 		}
 		sort.Slice(st.Residency, func(i, j int) bool { return st.Residency[i].Node < st.Residency[j].Node })
 		out = append(out, st)

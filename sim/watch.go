@@ -104,27 +104,11 @@ func (s *State) Branches() []BranchState {
 	}
 	var out []BranchState
 	for _, b := range r.branches.List("") {
-		per := map[kv.NodeID]*Residency{}
-		for _, h := range b.Chain {
-			r.holders = r.dir.Holders(h, r.holders[:0])
-			for _, rep := range r.holders {
-				x := per[rep.Node()]
-				if x == nil {
-					x = &Residency{Node: r.dir.NodeName(rep.Node())}
-					per[rep.Node()] = x
-				}
-				if rep.Tier() == kv.TierGPU {
-					x.GPU++
-				} else {
-					x.Host++
-				}
-			}
-		}
 		st := BranchState{BranchInfo: b}
-		st.Chain = nil
-		for _, x := range per {
-			st.Residency = append(st.Residency, *x)
+		for _, c := range r.dir.Residency(b.Chain) {
+			st.Residency = append(st.Residency, Residency{Node: r.dir.NodeName(c.Node), GPU: c.GPU, Host: c.Host})
 		}
+		st.Chain = nil
 		sort.Slice(st.Residency, func(i, j int) bool { return st.Residency[i].Node < st.Residency[j].Node })
 		out = append(out, st)
 	}

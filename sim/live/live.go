@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"reflect"
 	"sort"
 	"sync"
 	"time"
@@ -173,7 +174,7 @@ func (s *Server) update(f *feed, st *sim.State) {
 		if !seen {
 			f.order = append(f.order, n.ID)
 		}
-		if seen && equalNodes(old, j) {
+		if seen && reflect.DeepEqual(old, j) {
 			continue
 		}
 		f.nodes[n.ID] = j
@@ -197,12 +198,6 @@ func (s *Server) update(f *feed, st *sim.State) {
 			f.kv.Nodes = append(f.kv.Nodes, controlapi.KVNode{ID: n.ID, ReferencedShare: n.ReferencedShare})
 		}
 	}
-}
-
-func equalNodes(a, b nodeJSON) bool {
-	ja, _ := json.Marshal(a)
-	jb, _ := json.Marshal(b)
-	return string(ja) == string(jb)
 }
 
 func ratio(a, b int) float64 {
