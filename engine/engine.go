@@ -3,10 +3,12 @@
 // kv_transfer_params flow for disaggregated prefill and decode, and the engine
 // protocol (package protocol) over NATS to the orchestrator.
 //
-// The only backend today is "sim": the step model of package engine/sim run
+// Engine is the "sim" backend: the step model of package engine/sim run
 // against the wall clock, sped up by Config.Speedup. Times that the engine
 // reports (latency histograms, usage, pass records) are the model's
 // (virtual) times, so a sped-up engine reports what the hardware would see.
+// The "vllm" backend (package engine/vllm) is another Replica on the same
+// event plane.
 package engine
 
 import (
@@ -101,6 +103,9 @@ func New(cfg Config) (*Engine, error) {
 // SetSink sets where KV events and pass records go (nil: nowhere). Call it
 // before Run.
 func (e *Engine) SetSink(s EventSink) { e.sink = s }
+
+// Logger returns the engine's logger.
+func (e *Engine) Logger() *slog.Logger { return e.log }
 
 // ID returns the engine id.
 func (e *Engine) ID() string { return e.cfg.ID }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"sync"
 	"time"
 
@@ -19,11 +20,24 @@ const flushInterval = 50 * time.Millisecond
 // maxBatch is the most events or pass records in one message.
 const maxBatch = 2048
 
-// NATSAgent connects an engine to the event plane: it registers the engine,
+// Replica is one model replica as the event plane sees it, whatever its
+// backend: an Engine (the simulated GPU) or an adapter over another server
+// (package engine/vllm).
+type Replica interface {
+	ID() string
+	Registration(version string) protocol.Registration
+	Heartbeat() protocol.Heartbeat
+	Control(ctx context.Context, req protocol.ControlRequest) protocol.ControlReply
+	// SetSink sets where KV events and pass records go.
+	SetSink(EventSink)
+	Logger() *slog.Logger
+}
+
+// NATSAgent connects a replica to the event plane: it registers it,
 // publishes heartbeats, KV events and pass records, and answers control
 // requests (see package protocol for subjects and schemas).
 type NATSAgent struct {
-	e       *Engine
+	e       Replica
 	nc      *nats.Conn
 	version string
 
@@ -34,9 +48,9 @@ type NATSAgent struct {
 	subs   []*nats.Subscription
 }
 
-// AttachNATS makes nc the engine's event plane. Call before Engine.Run; then
-// run the agent with Run.
-func AttachNATS(e *Engine, nc *nats.Conn, version string) *NATSAgent {
+// AttachNATS makes nc the replica's event plane. Call before the replica
+// runs; then run the agent with Run.
+func AttachNATS(e Replica, nc *nats.Conn, version string) *NATSAgent {
 	a := &NATSAgent{e: e, nc: nc, version: version, kick: make(chan struct{}, 1)}
 	e.SetSink(a)
 	return a
@@ -99,7 +113,7 @@ func (a *NATSAgent) Start(ctx context.Context) error {
 	a.nc.SetReconnectHandler(func(*nats.Conn) { a.register() })
 	a.register()
 	if err := a.nc.FlushTimeout(5 * time.Second); err != nil {
-		a.e.log.Warn("NATS not reachable yet; the engine will register when it is", "err", err)
+		a.e.Logger().Warn("NATS not reachable yet; the engine will register when it is", "err", err)
 	}
 	return nil
 }
@@ -139,9 +153,13 @@ func (a *NATSAgent) Run(ctx context.Context) error {
 func (a *NATSAgent) respond(m *nats.Msg, rep protocol.ControlReply) {
 	b, _ := json.Marshal(rep)
 	if err := m.Respond(b); err != nil {
-		a.e.log.Warn("control reply not sent", "err", err)
+		a.e.Logger().Warn("control reply not sent", "err", err)
 	}
 }
+
+// Register publishes the replica's registration again, for a replica
+// whose registration changed (a measured cost).
+func (a *NATSAgent) Register() { a.register() }
 
 func (a *NATSAgent) register() {
 	a.publish(protocol.SubjectRegister, a.e.Registration(a.version))
@@ -157,7 +175,7 @@ func (a *NATSAgent) publish(subject string, v any) {
 		err = a.nc.Publish(subject, b)
 	}
 	if err != nil {
-		a.e.log.Warn("publish failed", "subject", subject, "err", err)
+		a.e.Logger().Warn("publish failed", "subject", subject, "err", err)
 	}
 }
 

@@ -110,6 +110,9 @@ func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
 		for _, rep := range holders {
 			if rep.Node() != seen { // a node's GPU and host copies: one hint
 				id := o.c.dir.NodeName(rep.Node())
+				if n := o.c.nodes[id]; n != nil && n.reg.SelfManagedKV {
+					continue // its engine evicts by its own policy
+				}
 				out[id] = append(out[id], protocol.Hint{Hash: h, Priority: prio})
 				seen = rep.Node()
 			}

@@ -80,7 +80,7 @@ func (o *Orchestrator) view(chain []kv.BlockHash, m *kv.Match, exclude map[strin
 			ID: id, Dir: n.dir, Role: n.role, Serving: n.state == StateServing && !exclude[id],
 			Running: n.hb.Running, Waiting: n.hb.Waiting, MaxSeqs: n.reg.MaxNumSeqs,
 			GPUBlocks: n.reg.GPUBlocks, GPUBlocksUse: int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
-			PrefillSecPerToken: n.reg.PrefillUsPerToken * 1e-6,
+			PrefillSecPerToken: n.reg.PrefillUsPerToken * 1e-6, SelfManagedKV: n.reg.SelfManagedKV,
 		}
 		if sec := o.learnedPrefillSec(n.reg.Speedup); sec > 0 {
 			rn.PrefillSecPerToken = sec // learned beats the profile's hint
@@ -147,6 +147,15 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	if p.Req.Model != "" && p.Req.Model != model {
 		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
 			Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)}).Write(w)
+		return
+	}
+	if _, terr := o.engineTokens(r.Context(), p, raw, model); terr != nil {
+		outcome := "bad_request"
+		if terr.Status >= 500 {
+			outcome = "no_engine"
+		}
+		o.met.requests.WithLabelValues(o.policy.Name(), outcome).Inc()
+		terr.Write(w)
 		return
 	}
 	reqID := r.Header.Get("X-Request-Id")

@@ -97,12 +97,20 @@ type Registration struct {
 	Speedup         float64 `json:"speedup"`
 	// Cost hints from the engine's profile, until the planner has learned
 	// better: prefill time per uncached token, and KV copy bandwidths.
-	PrefillUsPerToken float64   `json:"prefill_us_per_token,omitempty"`
-	HostGBps          float64   `json:"host_gbps,omitempty"`
-	NetworkGBps       float64   `json:"network_gbps,omitempty"`
-	MaxNumSeqs        int       `json:"max_num_seqs,omitempty"`
-	Version           string    `json:"version"`
-	StartedAt         time.Time `json:"started_at"`
+	PrefillUsPerToken float64 `json:"prefill_us_per_token,omitempty"`
+	HostGBps          float64 `json:"host_gbps,omitempty"`
+	NetworkGBps       float64 `json:"network_gbps,omitempty"`
+	MaxNumSeqs        int     `json:"max_num_seqs,omitempty"`
+	// Tokenizer says where a router gets the token ids this engine's KV
+	// events are hashed over: "" for evolve's tokenizer package, "engine"
+	// for the engine's own POST /tokenize (vLLM's), since a real model's
+	// vocabulary is not evolve's.
+	Tokenizer string `json:"tokenizer,omitempty"`
+	// SelfManagedKV says the engine manages its own KV tiers: it reports
+	// KV events but takes no offload, fetch or eviction-hint requests.
+	SelfManagedKV bool      `json:"self_managed_kv,omitempty"`
+	Version       string    `json:"version"`
+	StartedAt     time.Time `json:"started_at"`
 	// LastKVSeq is the sequence of the last KV event published, so that a
 	// consumer joining late knows where the stream stands.
 	LastKVSeq uint64 `json:"last_kv_seq"`

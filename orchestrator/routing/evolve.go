@@ -67,7 +67,7 @@ func (e *Evolve) estimate(n *Node, r *Request, bs int, byDir map[kv.NodeID]strin
 	covered := m.Local
 	recomputeBlock := float64(bs) * n.PrefillSecPerToken
 	fetchSec := 0.0
-	if r.Match != nil && n.NetSecPerBlock < recomputeBlock {
+	if r.Match != nil && !n.SelfManagedKV && n.NetSecPerBlock < recomputeBlock {
 		for _, s := range r.Match.Sources {
 			from, to := max(s.From, covered), min(s.To, cluster)
 			if from >= to {
@@ -102,7 +102,9 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 	need := (r.Tokens + r.MaxTokens + bs - 1) / bs
 	byDir := make(map[kv.NodeID]string, len(v.Nodes))
 	for _, n := range v.Nodes { // a draining node still serves its KV; a down one holds none
-		byDir[n.Dir] = n.ID
+		if !n.SelfManagedKV { // a fetch source must serve evolve's lookup and pull
+			byDir[n.Dir] = n.ID
+		}
 	}
 
 	// Decode: least loaded with room; among equals the one holding most

@@ -58,6 +58,10 @@ type Node struct {
 	PrefillSecPerToken float64 // marginal prefill time per uncached token
 	HostSecPerBlock    float64 // loading one block from its own host tier
 	NetSecPerBlock     float64 // pulling one block from a peer
+
+	// SelfManagedKV: the node's engine keeps its own KV tiers (vLLM): it
+	// neither fetches blocks from peers nor serves them to evolve's fetches.
+	SelfManagedKV bool
 }
 
 // View is the cluster as the router sees it at one moment.

@@ -246,6 +246,24 @@ func TestEvolveNoFetchWhenRecomputeIsCheaper(t *testing.T) {
 	}
 }
 
+// vLLM engines keep their own KV: no fetch is planned to one, nor from one.
+func TestEvolveFetchesNeitherToNorFromSelfManagedKV(t *testing.T) {
+	for _, tc := range []struct{ to, from bool }{{true, false}, {false, true}} {
+		c := newCluster(t)
+		c.node("a", Prefill).SelfManagedKV = tc.to
+		c.node("d", Decode)
+		c.node("busy", Decode).Running = 250
+		c.get("busy").SelfManagedKV = tc.from
+		r := c.request("r", 16*300, 9)
+		c.holds("busy", r.Chain, 0, 280, kv.TierHost)
+		c.rematch(r)
+		dec, err := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
+		if err != nil || dec.Prefill != "a" || len(dec.Fetches) != 0 || dec.ComputeTokens != 16*300 {
+			t.Fatalf("self-managed to=%v from=%v: %+v %v", tc.to, tc.from, dec, err)
+		}
+	}
+}
+
 func TestEvolveShortUncachedStaysOnDecodeNode(t *testing.T) {
 	c := newCluster(t)
 	c.node("p", Prefill)
