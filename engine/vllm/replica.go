@@ -1,0 +1,339 @@
+package vllm
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/evolvellm/evolve/engine"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// DefaultPrefillUsPerToken is the router's prefill cost hint for a vLLM
+// engine until its own metrics have measured one.
+const DefaultPrefillUsPerToken = 100
+
+// scrapeEvery is how often vLLM's metrics are read for heartbeats.
+const scrapeEvery = time.Second
+
+// unreachableAfter is how long vLLM may fail to answer before Run gives up:
+// an agent whose engine is gone must not keep announcing it.
+const unreachableAfter = 15 * time.Second
+
+// Config configures a Replica.
+type Config struct {
+	ID  string // engine id (a NATS subject token)
+	URL string // vLLM's base URL as routers reach it, e.g. http://10.0.0.5:8000
+	// LocalURL is where the agent reads vLLM's metrics and models; default URL.
+	LocalURL string
+	Events   string // vLLM's KV event endpoint, e.g. tcp://10.0.0.5:5557
+	Replay   string // its replay endpoint; "" for none
+	Topic    string // KV event topic prefix; "" for all
+	Role     string // initial role: prefill, decode or both (default both)
+	// ServedModelName overrides the model name vLLM reports.
+	ServedModelName string
+	// BlockSize is used when vLLM's metrics do not say (vllm:cache_config_info).
+	BlockSize int
+	GPUs      int
+	// PrefillUsPerToken is the router's prefill cost hint until measured;
+	// 0 for DefaultPrefillUsPerToken.
+	PrefillUsPerToken float64
+	HTTP              *http.Client
+	Logger            *slog.Logger
+	// Changed, if set, is called when the registration changed (a measured
+	// prefill cost moved): the caller publishes it again.
+	Changed func()
+}
+
+// Replica is a vLLM server seen as an evolve engine (engine.Replica): its
+// registration, heartbeats and KV events come from vLLM's own interfaces,
+// and routers send inference straight to vLLM's OpenAI server. vLLM's
+// NixlConnector with kv_role kv_both lets any instance prefill or decode
+// per request, so a role is the router's decision: set_role and drain
+// change what the agent reports, nothing in vLLM. vLLM manages its own KV
+// tiers (SelfManagedKV): offload has nothing to do, fetch and eviction
+// hints are refused. Tokens come from vLLM's POST /tokenize (Tokenizer
+// "engine"), since its KV events are hashed over its vocabulary.
+type Replica struct {
+	cfg   Config
+	log   *slog.Logger
+	start time.Time
+
+	mu        sync.Mutex // guards everything below
+	tr        *Translator
+	sink      engine.EventSink
+	info      ModelInfo
+	load      Load
+	base      Load // the first scrape: sums before the agent started
+	prefillUs float64
+	role      string
+	draining  bool
+	lastOK    time.Time
+	lost      int // batches lost (gaps not replayed)
+}
+
+// New returns a replica for the vLLM server of cfg. Call Probe before
+// publishing its registration, then Run.
+func New(cfg Config) (*Replica, error) {
+	if err := protocol.ValidateEngineID(cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.URL == "" || cfg.Events == "" {
+		return nil, errors.New("vllm: the server's URL and KV event endpoint are both needed")
+	}
+	cfg.Role = cmp.Or(cfg.Role, "both")
+	cfg.LocalURL = cmp.Or(cfg.LocalURL, cfg.URL)
+	switch cfg.Role {
+	case "prefill", "decode", "both":
+	default:
+		return nil, fmt.Errorf("role %q: want prefill, decode or both", cfg.Role)
+	}
+	if cfg.HTTP == nil {
+		cfg.HTTP = &http.Client{Timeout: 10 * time.Second}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.PrefillUsPerToken <= 0 {
+		cfg.PrefillUsPerToken = DefaultPrefillUsPerToken
+	}
+	return &Replica{cfg: cfg, log: cfg.Logger.With("engine", cfg.ID), start: time.Now(), role: cfg.Role,
+		prefillUs: cfg.PrefillUsPerToken}, nil
+}
+
+// Probe waits until vLLM answers /v1/models and /metrics and its block
+// size is known, or ctx ends. progress, if set, hears each failed try.
+func (r *Replica) Probe(ctx context.Context, progress func(err error)) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		err := r.probeOnce(ctx)
+		if err == nil {
+			return nil
+		}
+		if progress != nil {
+			progress(err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("vLLM at %s is not ready: %w", r.cfg.LocalURL, err)
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *Replica) probeOnce(ctx context.Context) error {
+	info, err := Models(ctx, r.cfg.HTTP, r.cfg.LocalURL)
+	if err != nil {
+		return err
+	}
+	l, err := ScrapeMetrics(ctx, r.cfg.HTTP, r.cfg.LocalURL)
+	if err != nil {
+		return err
+	}
+	bs := cmp.Or(l.BlockSize, r.cfg.BlockSize)
+	if bs <= 0 {
+		return errors.New("vLLM does not export vllm:cache_config_info with a block size yet; pass the block size")
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.info, r.load, r.base, r.lastOK = info, l, l, time.Now()
+	if r.tr == nil {
+		r.tr = NewTranslator(bs)
+	}
+	return nil
+}
+
+// SetSink sets where KV events go (engine.Replica). vLLM publishes no
+// per-pass records.
+func (r *Replica) SetSink(s engine.EventSink) {
+	r.mu.Lock()
+	r.sink = s
+	r.mu.Unlock()
+}
+
+// ID returns the engine id.
+func (r *Replica) ID() string { return r.cfg.ID }
+
+// Logger returns the replica's logger.
+func (r *Replica) Logger() *slog.Logger { return r.log }
+
+// Registration describes the vLLM engine for the orchestrator.
+func (r *Replica) Registration(version string) protocol.Registration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var seq uint64
+	if r.tr != nil {
+		seq = r.tr.LastSeq()
+	}
+	return protocol.Registration{
+		ID: r.cfg.ID, URL: r.cfg.URL, Backend: "vllm", Model: cmp.Or(r.cfg.ServedModelName, r.info.ID),
+		GPUs: r.cfg.GPUs, Role: r.role, BlockSize: cmp.Or(r.load.BlockSize, r.cfg.BlockSize),
+		GPUBlocks: r.load.GPUBlocks, HostBlocks: r.load.CPUBlocks, MaxModelLen: r.info.MaxModelLen, Speedup: 1,
+		Version: version, StartedAt: r.start, LastKVSeq: seq, PrefillUsPerToken: r.prefillUs,
+		Tokenizer: "engine", SelfManagedKV: true,
+	}
+}
+
+// Heartbeat reports vLLM's load as last scraped.
+func (r *Replica) Heartbeat() protocol.Heartbeat {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	hb := protocol.Heartbeat{ID: r.cfg.ID, Time: time.Now(), Role: r.role, Draining: r.draining,
+		Waiting: r.load.Waiting, Running: r.load.Running, GPUKVUsage: r.load.GPUKVUsage}
+	if r.tr != nil {
+		hb.LastKVSeq = r.tr.LastSeq()
+		if r.load.CPUBlocks > 0 {
+			_, host := r.tr.Blocks()
+			hb.HostKVUsage = min(1, float64(host)/float64(r.load.CPUBlocks))
+		}
+	}
+	return hb
+}
+
+// Control answers the orchestrator's control requests.
+func (r *Replica) Control(_ context.Context, req protocol.ControlRequest) protocol.ControlReply {
+	err := r.control(req)
+	r.mu.Lock()
+	rep := protocol.ControlReply{Role: r.role, Draining: r.draining, InFlight: r.load.Running + r.load.Waiting}
+	r.mu.Unlock()
+	if err != nil {
+		rep.Error = err.Error()
+	} else {
+		rep.OK = true
+	}
+	return rep
+}
+
+func (r *Replica) control(req protocol.ControlRequest) error {
+	switch req.Op {
+	case protocol.OpStatus:
+		return nil
+	case protocol.OpSetRole:
+		switch req.Role {
+		case "prefill", "decode", "both":
+		default:
+			return fmt.Errorf("role %q: want prefill, decode or both", req.Role)
+		}
+		r.mu.Lock()
+		old := r.role
+		r.role, r.draining = req.Role, false
+		r.mu.Unlock()
+		r.log.Info("role changed", "from", old, "to", req.Role)
+		return nil
+	case protocol.OpDrain, protocol.OpResume:
+		r.mu.Lock()
+		r.draining = req.Op == protocol.OpDrain
+		r.mu.Unlock()
+		return nil
+	case protocol.OpOffload:
+		return nil // vLLM keeps its KV where its connector puts it; the role change needs no move
+	case protocol.OpFetch, protocol.OpHints:
+		return fmt.Errorf("%s: vLLM manages its own KV cache", req.Op)
+	case protocol.OpResync:
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.tr == nil {
+			return errors.New("not probed yet")
+		}
+		r.publishLocked(r.tr.Snapshot(nil))
+		return nil
+	}
+	return fmt.Errorf("unknown control op %q", req.Op)
+}
+
+func (r *Replica) publishLocked(events []kv.Event) {
+	if len(events) > 0 && r.sink != nil {
+		r.sink.KVEvents(events)
+	}
+}
+
+// Run follows vLLM's KV events and metrics until ctx ends. It fails when
+// the event stream breaks or vLLM stops answering for 15 s. Call Probe
+// first.
+func (r *Replica) Run(ctx context.Context) error {
+	r.mu.Lock()
+	probed := r.tr != nil
+	r.mu.Unlock()
+	if !probed {
+		return errors.New("vllm: Run before a successful Probe")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	subErr := make(chan error, 1)
+	sub := &Subscriber{Endpoint: r.cfg.Events, Replay: r.cfg.Replay, Topic: r.cfg.Topic, Log: r.log}
+	go func() { subErr <- sub.Run(ctx, r.handle) }()
+	tick := time.NewTicker(scrapeEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case err := <-subErr:
+			if err != nil {
+				return err
+			}
+			return nil
+		case <-tick.C:
+			if err := r.scrape(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// handle applies one batch of vLLM's events.
+func (r *Replica) handle(b Batch, lost bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []kv.Event
+	if lost {
+		r.lost++
+		out = r.tr.Clear(out)
+	}
+	for _, ev := range b.Events {
+		out = r.tr.Apply(ev, out)
+	}
+	r.publishLocked(out)
+}
+
+// scrape refreshes the load and the measured prefill cost.
+func (r *Replica) scrape(ctx context.Context) error {
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	l, err := ScrapeMetrics(sctx, r.cfg.HTTP, r.cfg.LocalURL)
+	r.mu.Lock()
+	if err != nil {
+		since := time.Since(r.lastOK)
+		r.mu.Unlock()
+		if ctx.Err() != nil {
+			return nil
+		}
+		if since > unreachableAfter {
+			return fmt.Errorf("vLLM at %s has not answered for %s: %w", r.cfg.LocalURL, since.Round(time.Second), err)
+		}
+		r.log.Warn("vLLM metrics unreadable", "err", err)
+		return nil
+	}
+	r.load, r.lastOK = l, time.Now()
+	changed := false
+	if tok := l.PrefillTokens - r.base.PrefillTokens; tok >= 10000 {
+		us := (l.PrefillSeconds - r.base.PrefillSeconds) / tok * 1e6
+		if us > 0 && math.Abs(us-r.prefillUs) > 0.25*r.prefillUs {
+			r.log.Info("prefill cost measured", "us_per_token", fmt.Sprintf("%.1f", us), "was", fmt.Sprintf("%.1f", r.prefillUs))
+			r.prefillUs, changed = us, true
+		}
+	}
+	r.mu.Unlock()
+	if changed && r.cfg.Changed != nil {
+		r.cfg.Changed()
+	}
+	return nil
+}

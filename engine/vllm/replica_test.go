@@ -1,0 +1,272 @@
+package vllm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/vllm"
+	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// sink collects what a replica publishes.
+type sink struct {
+	mu     sync.Mutex
+	events []kv.Event
+}
+
+func (s *sink) KVEvents(evs []kv.Event) {
+	s.mu.Lock()
+	s.events = append(s.events, evs...)
+	s.mu.Unlock()
+}
+
+func (s *sink) Pass(protocol.PassRecord) {}
+
+func (s *sink) snapshot() []kv.Event {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]kv.Event(nil), s.events...)
+}
+
+// resident replays events into a set of GPU blocks, checking sequence.
+func resident(t *testing.T, evs []kv.Event) map[kv.BlockHash]bool {
+	t.Helper()
+	set := map[kv.BlockHash]bool{}
+	for i, e := range evs {
+		if e.Seq != uint64(i+1) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+		switch e.Kind {
+		case kv.BlockStored:
+			set[e.Hash] = true
+		case kv.BlockRemoved:
+			delete(set, e.Hash)
+		case kv.AllCleared:
+			clear(set)
+		}
+	}
+	return set
+}
+
+func post(t *testing.T, url string, body any, out any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: %s", url, resp.Status)
+	}
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// chainOf is the evolve chain of a prompt as the server tokenizes it.
+func chainOf(t *testing.T, srv *vllmtest.Server, prompt string) []kv.BlockHash {
+	var tok struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	post(t, srv.URL+"/tokenize", map[string]any{"prompt": prompt}, &tok)
+	return kv.ChainHashes(tok.Tokens, vllmtest.BlockSize)
+}
+
+func startReplica(t *testing.T, opts vllmtest.Options, replay bool) (*vllmtest.Server, *vllm.Replica, *sink) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	srv, err := vllmtest.Start(ctx, opts, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	cfg := vllm.Config{ID: "gpu-0", URL: srv.URL, Events: srv.Events, Topic: opts.Topic, GPUs: 2}
+	if replay {
+		cfg.Replay = srv.Replay
+	}
+	r, err := vllm.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pctx, pcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer pcancel()
+	if err := r.Probe(pctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	sk := &sink{}
+	r.SetSink(sk)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	// A ZMQ subscriber joins a little after it dials: publish until it hears.
+	warm := " warm-up " + strings.Repeat("word ", 40)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(sk.snapshot()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no KV event reached the replica")
+		}
+		post(t, srv.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprint(time.Now().UnixNano()) + warm, "max_tokens": 1}, nil)
+		time.Sleep(50 * time.Millisecond)
+	}
+	return srv, r, sk
+}
+
+// waitFor polls cond for up to 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestReplicaRegistersAndTranslatesEvents(t *testing.T) {
+	for _, mapEvents := range []bool{false, true} {
+		t.Run(fmt.Sprintf("map=%v", mapEvents), func(t *testing.T) {
+			srv, r, sk := startReplica(t, vllmtest.Options{MapEvents: mapEvents, Topic: "kv@fake"}, true)
+			reg := r.Registration("test")
+			if reg.Backend != "vllm" || reg.Model != "fake/model" || reg.BlockSize != vllmtest.BlockSize || reg.GPUBlocks != 4096 ||
+				reg.MaxModelLen != 32768 || reg.Tokenizer != "engine" || !reg.SelfManagedKV || reg.URL != srv.URL || reg.GPUs != 2 {
+				t.Fatalf("registration %+v", reg)
+			}
+			prompt := "The repository's README explains " + strings.Repeat("the build and the tests, ", 20)
+			post(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 4}, nil)
+			chain := chainOf(t, srv, prompt)
+			if len(chain) < 5 {
+				t.Fatalf("chain of %d blocks", len(chain))
+			}
+			waitFor(t, "the prompt's blocks", func() bool {
+				set := resident(t, sk.snapshot())
+				for _, h := range chain {
+					if !set[h] {
+						return false
+					}
+				}
+				return true
+			})
+			// evolve's own tokenizer gives other ids, hence other hashes.
+			if hb := r.Heartbeat(); hb.LastKVSeq != uint64(len(sk.snapshot())) || hb.Role != "both" {
+				t.Fatalf("heartbeat %+v", hb)
+			}
+		})
+	}
+}
+
+func TestReplicaReplaysLostBatches(t *testing.T) {
+	srv, _, sk := startReplica(t, vllmtest.Options{}, true)
+	a, b := "first prompt "+strings.Repeat("alpha ", 40), "second prompt "+strings.Repeat("beta ", 40)
+	srv.SkipNext(1) // the subscriber never sees a's batch on the live stream
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": a, "max_tokens": 1}, nil)
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1}, nil)
+	want := append(chainOf(t, srv, a), chainOf(t, srv, b)...)
+	waitFor(t, "both prompts' blocks, one of them replayed", func() bool {
+		set := resident(t, sk.snapshot())
+		for _, h := range want {
+			if !set[h] {
+				return false
+			}
+		}
+		return true
+	})
+	for _, e := range sk.snapshot() {
+		if e.Kind == kv.AllCleared {
+			t.Fatal("a replayable gap must not clear the engine's blocks")
+		}
+	}
+}
+
+func TestReplicaStartsOverWithoutReplay(t *testing.T) {
+	srv, _, sk := startReplica(t, vllmtest.Options{}, false)
+	a, b := "lost prompt "+strings.Repeat("gamma ", 40), "next prompt "+strings.Repeat("delta ", 40)
+	srv.SkipNext(1)
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": a, "max_tokens": 1}, nil)
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1}, nil)
+	wantB := chainOf(t, srv, b)
+	waitFor(t, "the next prompt's blocks after a clear", func() bool {
+		evs := sk.snapshot()
+		cleared := false
+		for _, e := range evs {
+			cleared = cleared || e.Kind == kv.AllCleared
+		}
+		set := resident(t, evs)
+		return cleared && set[wantB[0]] && set[wantB[len(wantB)-1]]
+	})
+}
+
+func TestReplicaControl(t *testing.T) {
+	srv, r, sk := startReplica(t, vllmtest.Options{}, true)
+	ctx := context.Background()
+	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpSetRole, Role: "prefill"}); !rep.OK || rep.Role != "prefill" {
+		t.Fatalf("%+v", rep)
+	}
+	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpSetRole, Role: "sideways"}); rep.OK {
+		t.Fatalf("%+v", rep)
+	}
+	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpDrain}); !rep.OK || !rep.Draining || !r.Heartbeat().Draining {
+		t.Fatalf("%+v", rep)
+	}
+	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpOffload}); !rep.OK {
+		t.Fatalf("%+v", rep)
+	}
+	for _, op := range []string{protocol.OpFetch, protocol.OpHints, "explode"} {
+		if rep := r.Control(ctx, protocol.ControlRequest{Op: op}); rep.OK || rep.Error == "" {
+			t.Fatalf("%s: %+v", op, rep)
+		}
+	}
+	prompt := "resync me " + strings.Repeat("epsilon ", 40)
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}, nil)
+	chain := chainOf(t, srv, prompt)
+	waitFor(t, "blocks", func() bool { return resident(t, sk.snapshot())[chain[len(chain)-1]] })
+	before := resident(t, sk.snapshot())
+	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpResync}); !rep.OK {
+		t.Fatalf("%+v", rep)
+	}
+	after := resident(t, sk.snapshot())
+	if len(after) != len(before) || len(after) != srv.Resident() {
+		t.Fatalf("resync: %d blocks before, %d after, server holds %d", len(before), len(after), srv.Resident())
+	}
+}
+
+func TestProbeNamesWhatIsMissing(t *testing.T) {
+	r, err := vllm.New(vllm.Config{ID: "x", URL: "http://127.0.0.1:1", Events: "tcp://127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond)
+	defer cancel()
+	tries := 0
+	err = r.Probe(ctx, func(error) { tries++ })
+	if err == nil || !strings.Contains(err.Error(), "not ready") || tries == 0 {
+		t.Fatalf("err %v after %d tries", err, tries)
+	}
+	if _, err := vllm.New(vllm.Config{ID: "bad id!", URL: "x", Events: "y"}); err == nil {
+		t.Fatal("bad id accepted")
+	}
+	if _, err := vllm.New(vllm.Config{ID: "x", URL: "http://h"}); err == nil {
+		t.Fatal("missing event endpoint accepted")
+	}
+	if err := r.Run(context.Background()); err == nil {
+		t.Fatal("Run before Probe")
+	}
+}

@@ -1,0 +1,202 @@
+package vllm
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+// replayTimeout bounds one replay request.
+const replayTimeout = 3 * time.Second
+
+// Subscriber reads the KV event stream vLLM publishes with
+// --kv-events-config (a ZMQ PUB socket; see ../shared/reference: each
+// message is topic, 8-byte big-endian sequence, msgpack payload). It
+// detects lost messages by their sequence numbers and asks the replay
+// endpoint for them; what cannot be replayed is reported as lost so that
+// the caller starts over from a clean state.
+type Subscriber struct {
+	Endpoint string // where vLLM publishes, e.g. tcp://10.0.0.5:5557
+	Replay   string // its replay endpoint, e.g. tcp://10.0.0.5:5558; "" for none
+	Topic    string // topic prefix to subscribe to; "" for all
+	Log      *slog.Logger
+
+	last int64 // sequence of the last message handled; -1 before the first
+}
+
+// Handler receives batches in sequence order. lost says events were lost
+// just before this batch (a gap nothing could replay, or the publisher
+// restarted): the state built from earlier batches is no longer right.
+type Handler func(b Batch, lost bool)
+
+// Run subscribes and calls handle for every batch until ctx ends. A batch
+// that cannot be decoded counts as lost.
+func (s *Subscriber) Run(ctx context.Context, handle Handler) error {
+	if s.Log == nil {
+		s.Log = slog.Default()
+	}
+	s.last = -1
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithDialerMaxRetries(-1),
+		zmq4.WithAutomaticReconnect(true))
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.Topic); err != nil {
+		return fmt.Errorf("subscribe to %s: %w", s.Endpoint, err)
+	}
+	if err := sub.Dial(s.Endpoint); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("connect to vLLM's KV events at %s: %w", s.Endpoint, err)
+	}
+	lostNext := false
+	for {
+		msg, err := sub.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("receive KV events from %s: %w", s.Endpoint, err)
+		}
+		seqFrame, payload, err := frames(msg.Frames)
+		if err != nil {
+			s.Log.Warn("malformed KV event message", "err", err)
+			lostNext = true
+			continue
+		}
+		seq, err := seqOf(seqFrame)
+		if err != nil {
+			s.Log.Warn("malformed KV event message", "err", err)
+			lostNext = true
+			continue
+		}
+		switch {
+		case s.last >= 0 && seq <= s.last:
+			// The sequence went back: vLLM restarted, with an empty cache.
+			s.Log.Info("vLLM's KV event sequence restarted", "from", s.last, "to", seq)
+			lostNext = true
+		case seq > s.last+1:
+			if !s.replay(ctx, s.last+1, seq, handle, lostNext) {
+				lostNext = true
+			} else {
+				lostNext = false
+			}
+		}
+		s.handle(seq, payload, handle, &lostNext)
+	}
+}
+
+// handle decodes one message and passes it on.
+func (s *Subscriber) handle(seq int64, payload []byte, handle Handler, lost *bool) {
+	s.last = seq
+	b, unknown, err := DecodeBatch(payload)
+	if err != nil {
+		s.Log.Warn("undecodable KV event batch; resynchronising", "seq", seq, "err", err)
+		*lost = true
+		return
+	}
+	if unknown > 0 {
+		s.Log.Debug("KV events of unknown types skipped", "count", unknown)
+	}
+	handle(b, *lost)
+	*lost = false
+}
+
+// frames splits a message into its sequence and payload frames: three
+// frames (topic, sequence, payload) as vLLM sends, or two without topic.
+func frames(fs [][]byte) ([]byte, []byte, error) {
+	switch len(fs) {
+	case 3:
+		return fs[1], fs[2], nil
+	case 2:
+		return fs[0], fs[1], nil
+	}
+	return nil, nil, fmt.Errorf("KV event message has %d frames, want 3", len(fs))
+}
+
+// replay asks the replay endpoint for messages from..until-1 and handles
+// them in order. It reports whether all of them came.
+func (s *Subscriber) replay(ctx context.Context, from, until int64, handle Handler, lost bool) bool {
+	if s.Replay == "" {
+		s.Log.Warn("KV events lost and no replay endpoint; resynchronising", "from", from, "until", until)
+		return false
+	}
+	got, err := s.fetchReplay(ctx, from, until)
+	if err != nil || len(got) == 0 || got[0].seq != from {
+		s.Log.Warn("KV events lost and not replayed; resynchronising", "from", from, "until", until, "err", err)
+		return false
+	}
+	for i, m := range got {
+		if i > 0 && m.seq != got[i-1].seq+1 {
+			s.Log.Warn("replay has a gap; resynchronising", "at", got[i-1].seq+1)
+			return false
+		}
+	}
+	if got[len(got)-1].seq != until-1 {
+		s.Log.Warn("replay ended early; resynchronising", "last", got[len(got)-1].seq, "want", until-1)
+		return false
+	}
+	for _, m := range got {
+		s.handle(m.seq, m.payload, handle, &lost)
+	}
+	return !lost
+}
+
+type replayed struct {
+	seq     int64
+	payload []byte
+}
+
+// fetchReplay sends vLLM's replay request (an 8-byte start sequence) from a
+// DEALER socket and reads [seq, payload] replies until the end marker (-1)
+// or until.
+func (s *Subscriber) fetchReplay(ctx context.Context, from, until int64) ([]replayed, error) {
+	ctx, cancel := context.WithTimeout(ctx, replayTimeout)
+	defer cancel()
+	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(3), zmq4.WithDialerRetry(100*time.Millisecond))
+	defer d.Close()
+	if err := d.Dial(s.Replay); err != nil {
+		return nil, err
+	}
+	start := binary.BigEndian.AppendUint64(nil, uint64(from))
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte{}, start)); err != nil {
+		return nil, fmt.Errorf("send replay request: %w", err)
+	}
+	var out []replayed
+	for {
+		msg, err := d.Recv()
+		if err != nil {
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return out, fmt.Errorf("replay did not finish within %s", replayTimeout)
+			}
+			return out, err
+		}
+		fs := msg.Frames
+		if len(fs) > 0 && len(fs[0]) == 0 {
+			fs = fs[1:] // the delimiter
+		}
+		if len(fs) < 1 {
+			continue
+		}
+		seq, err := seqOf(fs[0])
+		if err != nil {
+			return out, err
+		}
+		if seq < 0 {
+			return out, nil
+		}
+		if seq >= until {
+			continue // the live stream delivers it
+		}
+		if len(fs) < 2 {
+			return out, fmt.Errorf("replayed message %d has no payload", seq)
+		}
+		if seq >= from {
+			out = append(out, replayed{seq, fs[1]})
+		}
+	}
+}
