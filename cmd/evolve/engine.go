@@ -22,8 +22,8 @@ import (
 
 func newEngineCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "engine",
-		Short: "Serve one model replica (a simulated GPU engine by default)",
+		Use:   "engine [-- vllm serve MODEL [vLLM flags]]",
+		Short: "Serve one model replica (a simulated GPU engine by default, or vLLM)",
 		Long: `Run an engine agent: an OpenAI-compatible server for one model replica.
 
 With --backend sim (the default) the engine is a simulated GPU: a step model
@@ -40,18 +40,37 @@ Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
 "stream": true), GET /v1/models, GET /health, GET /metrics, and the KV
 extensions under /evolve/v1/kv/.
 
-Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to a YAML file.`,
+Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to a YAML file.
+
+With --backend vllm the agent puts a vLLM server in the cluster. Either it
+starts one (the command after --, to which it adds --host and --port from
+--listen, a ZMQ --kv-events-config with replay and a NixlConnector
+--kv-transfer-config with kv_role kv_both, unless given) and stops it on
+exit, or it joins one already running (--vllm-url, with --kv-events and
+--kv-replay where vLLM publishes). Routers send inference straight to vLLM
+and tokenize prompts with its POST /tokenize; the agent registers it,
+reports its load from its /metrics and turns its KV events into evolve's.
+A role is a routing decision for vLLM (any instance prefills or decodes per
+request), so switching needs no restart. vLLM keeps its own KV tiers:
+evolve's fetches and eviction hints do not apply to it.`,
 		Example: `  # a small engine to try
   evolve engine --profile tiny --listen 127.0.0.1:8000
   curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'
 
   # a GB300 tray running Kimi K2, 20x faster than real time, in a cluster
-  evolve engine --profile gb300-kimi-k2 --speedup 20 --nats nats://10.0.0.1:4222 --id tray-07`,
-		Args: noArgs,
+  evolve engine --profile gb300-kimi-k2 --speedup 20 --nats nats://10.0.0.1:4222 --id tray-07
+
+  # a vLLM server the agent starts, in a cluster
+  evolve engine --backend vllm --listen 0.0.0.0:8000 --advertise http://10.0.0.5:8000 \
+    --nats nats://10.0.0.1:4222 --id gpu-05 -- vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2
+
+  # a vLLM server already running on this host
+  evolve engine --backend vllm --vllm-url http://127.0.0.1:8000 --nats nats://10.0.0.1:4222`,
+		Args: engineArgs,
 		RunE: runEngine,
 	}
 	f := cmd.Flags()
-	f.String("backend", "sim", "engine backend: sim")
+	f.String("backend", "sim", "engine backend: sim or vllm")
 	f.String("listen", "127.0.0.1:8000", "HTTP listen address (port 0 picks a free port)")
 	f.String("advertise", "", "base URL that routers and peers use to reach this engine (default: from --listen)")
 	f.String("profile", "tiny", "simulated hardware and model: a built-in profile name or a YAML file")
@@ -66,18 +85,35 @@ Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to 
 	f.Int("host-kv-tokens", 0, "host-memory KV capacity in tokens (default: profile, else 4x GPU)")
 	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once)")
 	f.Int("default-max-tokens", 0, "output tokens when a request sets none (default: 16 for completions, 256 for chat)")
+	addVLLMFlags(f)
 	return cmd
+}
+
+// engineArgs takes a command after "--" for --backend vllm only.
+func engineArgs(cmd *cobra.Command, args []string) error {
+	dash := cmd.ArgsLenAtDash()
+	if len(args) > 0 && dash != 0 {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("unexpected argument %q (a vLLM command goes after --)", args[0])}
+	}
+	return nil
 }
 
 var hostnameCleaner = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 
-func runEngine(cmd *cobra.Command, _ []string) error {
+func runEngine(cmd *cobra.Command, args []string) error {
 	get := func(k string) string { return config.GetString("engine." + k) }
 	geti := func(k string) int { return config.GetInt("engine." + k) }
 	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
 
-	if b := get("backend"); b != "sim" {
-		return usage(fmt.Errorf("--backend %q: only \"sim\" is available in this build", b))
+	switch b := get("backend"); b {
+	case "sim":
+		if len(args) > 0 {
+			return usage(errors.New("a command after -- is for --backend vllm"))
+		}
+	case "vllm":
+		return runVLLMEngine(cmd, args)
+	default:
+		return usage(fmt.Errorf("--backend %q: want sim or vllm", b))
 	}
 	profile, err := sim.LoadProfile(get("profile"))
 	if err != nil {

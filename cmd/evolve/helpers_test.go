@@ -16,12 +16,19 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
 )
 
 // evolveBin is the evolve binary built once for the tests in this package.
 var evolveBin string
 
 func TestMain(m *testing.M) {
+	// The test binary stands in for a vLLM server when evolve engine
+	// --backend vllm starts it (see vllm_test.go).
+	if os.Getenv("EVOLVE_TEST_FAKE_VLLM") == "1" {
+		os.Exit(vllmtest.Main(os.Args[1:]))
+	}
 	dir, err := os.MkdirTemp("", "evolve-test-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

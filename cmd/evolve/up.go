@@ -113,7 +113,7 @@ field and line of every problem, and prints what would be done per host.`,
 	f.String("nats-addr", "127.0.0.1:0", "address of the orchestrator's embedded NATS server (port 0 picks a free port)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	f.Bool("detach", false, "leave the cluster running and return")
-	f.Duration("timeout", 60*time.Second, "how long to wait for the cluster to be ready")
+	f.Duration("timeout", 60*time.Second, "how long to wait for the cluster to be ready (with -f and vLLM hosts: 30m unless set)")
 	f.Int("agents", 0, "run this many simulated agents against the cluster (foreground only), printing a summary every few seconds")
 	f.String("workload", "shift", "agent workload for --agents: "+strings.Join(workload.Names(), ", ")+", mix:..., shift:...")
 	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")

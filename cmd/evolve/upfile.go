@@ -174,7 +174,11 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		}
 	}
 	c := &controlClient{base: st.ControlURL, token: st.ControlToken, http: newHTTPClient(5 * time.Second)}
-	deadline := time.Now().Add(config.GetDuration(key("timeout")))
+	timeout := config.GetDuration(key("timeout"))
+	if !config.IsSet(key("timeout")) && hasVLLM(f) {
+		timeout = vllmReadyTimeout // vLLM loads its model first: minutes, not seconds
+	}
+	deadline := time.Now().Add(timeout)
 	for len(want) > 0 {
 		var nodes []struct{ ID, State string }
 		serving := map[string]bool{}
@@ -196,7 +200,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 			for i := range res {
 				for _, h := range left {
 					if res[i].Host == h {
-						res[i] = cluster.Failed(res[i], "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", config.GetDuration(key("timeout")), f.Host(h).StateDir()))
+						res[i] = cluster.Failed(res[i], "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", timeout, f.Host(h).StateDir()))
 					}
 				}
 			}
@@ -511,4 +515,17 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 		return exitCodeError{code: 3, err: fmt.Errorf("%d hosts could not be reached", failed)}
 	}
 	return nil
+}
+
+// vllmReadyTimeout is how long `evolve up -f` waits for engines when a host
+// runs vLLM and --timeout was not given.
+const vllmReadyTimeout = 30 * time.Minute
+
+func hasVLLM(f *cluster.File) bool {
+	for _, h := range f.Spec.Hosts {
+		if h.Engine.Backend == "vllm" {
+			return true
+		}
+	}
+	return false
 }

@@ -1,0 +1,237 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/evolvellm/evolve/engine"
+	"github.com/evolvellm/evolve/engine/vllm"
+	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+func addVLLMFlags(f *pflag.FlagSet) {
+	f.String("vllm-url", "", "vllm: join the vLLM server at this base URL instead of starting one")
+	f.String("kv-events", "", "vllm: where the server publishes KV events (default: tcp://<vllm host>:5557, or from the command's --kv-events-config)")
+	f.String("kv-replay", "", "vllm: the server's KV event replay endpoint (default: tcp://<vllm host>:5558; \"none\" for none)")
+	f.String("kv-events-topic", "", "vllm: KV event topic prefix to follow (default: all)")
+	f.Int("kv-events-port", 5557, "vllm: port the started server publishes KV events on")
+	f.Int("kv-replay-port", 5558, "vllm: port of the started server's replay service")
+	f.Int("nixl-port", 5600, "vllm: NIXL side-channel port of the started server")
+	f.Int("gpus", 0, "vllm: GPUs the server uses (reported to the orchestrator)")
+	f.Int("block-size", 0, "vllm: KV block size, if the server's metrics do not say")
+	f.Float64("prefill-us-per-token", vllm.DefaultPrefillUsPerToken, "vllm: the router's prefill cost per token until the server's metrics measure it")
+	f.Duration("vllm-start-timeout", 30*time.Minute, "vllm: how long the server may take to load its model and answer")
+}
+
+// runVLLMEngine is `evolve engine --backend vllm`: it starts a vLLM server
+// (the command after --) or joins one (--vllm-url), and connects it to the
+// event plane.
+func runVLLMEngine(cmd *cobra.Command, command []string) error {
+	get := func(k string) string { return config.GetString("engine." + k) }
+	geti := func(k string) int { return config.GetInt("engine." + k) }
+	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
+
+	attach := get("vllm-url")
+	switch {
+	case attach == "" && len(command) == 0:
+		return usage(errors.New("--backend vllm needs the server: a command after -- (vllm serve MODEL ...) or --vllm-url"))
+	case attach != "" && len(command) > 0:
+		return usage(errors.New("give either --vllm-url or a command after --, not both"))
+	}
+	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port"} {
+		if geti(k) < 0 {
+			return usage(fmt.Errorf("--%s must not be negative", k))
+		}
+	}
+	role := get("role")
+	switch role {
+	case "prefill", "decode", "both":
+	default:
+		return usage(fmt.Errorf("--role %q: want prefill, decode or both", role))
+	}
+
+	var (
+		base, advertise        string
+		events, replay, topic  string
+		proc                   *vllm.Process
+		listenHost, listenPort string
+	)
+	if attach != "" {
+		u, err := url.Parse(attach)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return usage(fmt.Errorf("--vllm-url %q: want http://HOST:PORT", attach))
+		}
+		base = strings.TrimRight(attach, "/")
+		advertise = base
+		events, replay = "tcp://"+net.JoinHostPort(u.Hostname(), "5557"), "tcp://"+net.JoinHostPort(u.Hostname(), "5558")
+	} else {
+		var err error
+		listenHost, listenPort, err = net.SplitHostPort(get("listen"))
+		if err != nil {
+			return usage(fmt.Errorf("--listen %q: %w", get("listen"), err))
+		}
+		if p, err := strconv.Atoi(listenPort); err != nil || p <= 0 {
+			return usage(fmt.Errorf("--listen %q: vLLM needs a fixed port", get("listen")))
+		}
+		local := listenHost
+		if ip := net.ParseIP(local); local == "" || ip != nil && ip.IsUnspecified() {
+			local = "127.0.0.1"
+		}
+		base = "http://" + net.JoinHostPort(local, listenPort)
+		advertise = base
+	}
+	if a := get("advertise"); a != "" {
+		advertise = strings.TrimRight(a, "/")
+	}
+	advURL, _ := url.Parse(advertise)
+	launch := vllm.Launch{Command: command, Host: listenHost, EventsPort: geti("kv-events-port"),
+		ReplayPort: geti("kv-replay-port"), NixlPort: geti("nixl-port"), Stdout: os.Stderr, Stderr: os.Stderr}
+	if advURL != nil {
+		launch.AdvertiseHost = advURL.Hostname()
+	}
+	if listenPort != "" {
+		launch.Port, _ = strconv.Atoi(listenPort)
+	}
+	if len(command) > 0 {
+		var err error
+		if events, replay, topic, err = launch.Endpoints(); err != nil {
+			return usage(err)
+		}
+	}
+	if v := get("kv-events"); v != "" {
+		events = v
+	}
+	if v := get("kv-replay"); v != "" {
+		replay = v
+	}
+	if replay == "none" {
+		replay = ""
+	}
+	if v := get("kv-events-topic"); v != "" {
+		topic = v
+	}
+	id := get("id")
+	if id == "" {
+		h, _ := os.Hostname()
+		port := listenPort
+		if advURL != nil && advURL.Port() != "" {
+			port = advURL.Port()
+		}
+		id = strings.Trim(hostnameCleaner.ReplaceAllString(h, "-"), "-") + "-" + port
+	}
+
+	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ctx, cancel := context.WithCancel(sigCtx)
+	defer cancel()
+
+	var agent *engine.NATSAgent
+	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
+		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
+		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
+		Changed: func() {
+			if agent != nil {
+				agent.Register()
+			}
+		}})
+	if err != nil {
+		return usage(err)
+	}
+	if len(command) > 0 {
+		proc, err = vllm.Start(launch)
+		if err != nil {
+			return err
+		}
+		slog.Info("vLLM started", "pid", proc.Pid(), "command", strings.Join(launch.Args(), " "))
+		defer func() {
+			if err := proc.Stop(30 * time.Second); err != nil {
+				slog.Warn("vLLM stop", "err", err)
+			}
+		}()
+		go func() {
+			<-proc.Done()
+			cancel() // the server is gone: so is this engine
+		}()
+	}
+	startCtx, cancelStart := context.WithTimeout(ctx, config.GetDuration("engine.vllm-start-timeout"))
+	lastLog := time.Time{}
+	err = rep.Probe(startCtx, func(err error) {
+		if time.Since(lastLog) > 15*time.Second {
+			slog.Info("waiting for vLLM", "url", advertise, "err", err)
+			lastLog = time.Now()
+		}
+	})
+	cancelStart()
+	if err != nil {
+		if proc != nil {
+			select {
+			case <-proc.Done():
+				return fmt.Errorf("vLLM exited before it was ready: %v", proc.Err())
+			default:
+			}
+		}
+		if sigCtx.Err() != nil {
+			return nil
+		}
+		return err
+	}
+
+	if u := get("nats"); u != "" {
+		nc, err := nats.Connect(u, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.RetryOnFailedConnect(true),
+			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
+			nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+		if err != nil {
+			return fmt.Errorf("connect to NATS at %s: %w", u, err)
+		}
+		defer nc.Close()
+		agent = engine.AttachNATS(rep, nc, buildVersion().Version)
+		if err := agent.Start(ctx); err != nil {
+			return err
+		}
+	}
+	reg := rep.Registration(buildVersion().Version)
+	slog.Info("engine ready", "id", id, "backend", "vllm", "url", advertise, "model", reg.Model, "block_size", reg.BlockSize,
+		"gpu_blocks", reg.GPUBlocks, "role", role, "kv_events", events, "nats", get("nats"))
+
+	agentDone := make(chan error, 1)
+	agentCtx, cancelAgent := context.WithCancel(context.Background())
+	defer cancelAgent()
+	if agent != nil {
+		go func() { agentDone <- agent.Run(agentCtx) }()
+	} else {
+		close(agentDone)
+	}
+	runErr := rep.Run(ctx)
+	// Deregister before vLLM stops, so that routers stop sending to it.
+	cancelAgent()
+	if err := <-agentDone; err != nil && runErr == nil {
+		runErr = err
+	}
+	if proc != nil {
+		select {
+		case <-proc.Done():
+			if sigCtx.Err() == nil {
+				return fmt.Errorf("vLLM exited: %v", proc.Err())
+			}
+		default:
+		}
+	}
+	if runErr != nil {
+		return runErr
+	}
+	slog.Info("engine stopping", "id", id)
+	return nil
+}

@@ -1,0 +1,222 @@
+package main
+
+import (
+	"encoding/json"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/openai/openai-go/v3"
+	"github.com/openai/openai-go/v3/option"
+)
+
+// startOrchestrator runs `evolve orchestrator` on free ports with the
+// planner off and returns its URLs.
+func startOrchestrator(t *testing.T) readyInfo {
+	t.Helper()
+	dir := t.TempDir()
+	ready := filepath.Join(dir, "ready.json")
+	cmd := exec.Command(evolveBin, "orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
+		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--planner", "off", "--ready-file", ready)
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir)
+	var log strings.Builder
+	cmd.Stderr = &log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() { cmd.Wait(); close(done) }()
+	t.Cleanup(func() {
+		cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			t.Logf("orchestrator log:\n%s", log.String())
+		}
+	})
+	var info readyInfo
+	eventually(t, 20*time.Second, "the orchestrator's ready file", func() bool {
+		b, err := os.ReadFile(ready)
+		return err == nil && json.Unmarshal(b, &info) == nil
+	})
+	return info
+}
+
+func getJSON(t *testing.T, url string, out any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+}
+
+func portOf(t *testing.T, addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Two vLLM servers join a cluster: one the agent starts (the command
+// after --) and one already running that the agent joins. Requests through
+// the router are split into vLLM's prefill and decode legs across them, the
+// router tokenizes with vLLM's /tokenize so that the directory, fed by
+// vLLM's ZMQ KV events over NATS, finds a conversation's earlier turns on
+// the prefill node; stopping the agent stops the server it started.
+func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
+	orch := startOrchestrator(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	argsFile := filepath.Join(t.TempDir(), "vllm-args")
+	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
+	t.Setenv("FAKE_VLLM_ARGS_FILE", argsFile)
+	listen := freePort(t)
+	pre := startEngine(t, "--backend", "vllm", "--listen", listen, "--id", "vllm-pre", "--role", "prefill",
+		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--nats", orch.NATSURL,
+		"--", exe, "serve", "fake/model")
+	if pre.url != "http://"+listen {
+		t.Fatalf("started vLLM advertised as %s, want http://%s", pre.url, listen)
+	}
+	b, err := os.ReadFile(argsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := string(b)
+	for _, want := range []string{"serve\nfake/model\n", "--port\n" + portOf(t, listen), `"enable_kv_cache_events":true`,
+		`"replay_endpoint":"tcp://*:`, `"kv_connector":"NixlConnector","kv_role":"kv_both"`} {
+		if !strings.Contains(args, want) {
+			t.Fatalf("vLLM started with\n%s\nlacking %q", args, want)
+		}
+	}
+
+	srv, err := vllmtest.Start(t.Context(), vllmtest.Options{}, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+		"--id", "vllm-dec", "--role", "decode", "--gpus", "4", "--nats", orch.NATSURL)
+
+	eventually(t, 20*time.Second, "both vLLM engines serving", func() bool {
+		var nodes []map[string]any
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		serving := 0
+		for _, n := range nodes {
+			if n["state"] == "serving" {
+				serving++
+			}
+		}
+		return serving == 2
+	})
+
+	client := openai.NewClient(option.WithBaseURL(orch.RouterURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
+	ctx := t.Context()
+	history := []openai.ChatCompletionMessageParamUnion{
+		openai.SystemMessage(strings.Repeat("You are a coding agent working in a large repository. ", 200)),
+		openai.UserMessage("Read the scheduler and tell me what it does."),
+	}
+	ask := func() string {
+		t.Helper()
+		resp, err := client.Chat.Completions.New(ctx, openai.ChatCompletionNewParams{Model: "fake/model", Messages: history,
+			MaxTokens: openai.Int(6)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.Choices) != 1 || resp.Choices[0].Message.Content == "" {
+			t.Fatalf("answer %+v", resp)
+		}
+		return resp.Choices[0].Message.Content
+	}
+	answer := ask()
+	var kvst struct {
+		Blocks       int   `json:"blocks"`
+		GPUHitTokens int64 `json:"gpu_hit_tokens"`
+		PromptTokens int64 `json:"prompt_tokens"`
+		Nodes        []struct {
+			ID        string `json:"id"`
+			GPUCached int    `json:"gpu_cached_blocks"`
+		} `json:"nodes"`
+	}
+	// Both servers hold the first turn's prefix: the prefill server
+	// computed it, the decode server pulled it.
+	eventually(t, 10*time.Second, "the first turn's blocks on both nodes in the directory", func() bool {
+		getJSON(t, orch.ControlURL+"/api/v1/kv", &kvst)
+		held := 0
+		for _, n := range kvst.Nodes {
+			if n.GPUCached >= 100 {
+				held++
+			}
+		}
+		return held == 2
+	})
+	history = append(history, openai.AssistantMessage(answer), openai.UserMessage("Now run its tests."))
+	ask()
+	getJSON(t, orch.ControlURL+"/api/v1/kv", &kvst)
+	if kvst.GPUHitTokens < 20*vllmtest.BlockSize {
+		t.Fatalf("the second turn found %d of %d prompt tokens on GPU: the router's chains do not match vLLM's events",
+			kvst.GPUHitTokens, kvst.PromptTokens)
+	}
+	// The first turn: prefilled on the prefill node, decoded on the decode
+	// node (which kept the KV it pulled); the second: prefilled where its
+	// context now lives, on the decode node, with nothing to move.
+	if st := srv.Stats(); st.DecodeLegs != 1 || st.PrefillLegs != 0 || st.Requests != 2 {
+		t.Fatalf("decode server saw %+v", st)
+	}
+	if n := metric(t, pre.url, "vllm:prompt_tokens_total"); n < 100*vllmtest.BlockSize {
+		t.Fatalf("the prefill server computed %v prompt tokens", n)
+	}
+
+	// A stream comes through from vLLM.
+	stream := client.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "fake/model", Messages: history,
+		MaxTokens: openai.Int(5)})
+	chunks := 0
+	for stream.Next() {
+		if len(stream.Current().Choices) > 0 && stream.Current().Choices[0].Delta.Content != "" {
+			chunks++
+		}
+	}
+	if err := stream.Err(); err != nil || chunks != 5 {
+		t.Fatalf("stream: %d chunks, err %v", chunks, err)
+	}
+
+	// A prompt vLLM's /tokenize refuses is the client's error, passed on.
+	status, _, body := post(t, orch.RouterURL+"/v1/chat/completions", map[string]any{"model": "fake/model",
+		"messages": []map[string]any{{"role": "wizard", "content": "abracadabra"}}})
+	if status != 400 || !strings.Contains(obj(body["error"])["message"].(string), `no role "wizard"`) {
+		t.Fatalf("bad prompt: %d %v", status, body)
+	}
+
+	// Stopping the agent stops the vLLM it started, and the node leaves.
+	pre.stop(t)
+	if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {
+		c.Close()
+		t.Fatal("the started vLLM still listens after its agent stopped")
+	}
+	eventually(t, 10*time.Second, "the prefill node gone", func() bool {
+		var nodes []map[string]any
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		for _, n := range nodes {
+			if n["id"] == "vllm-pre" && n["state"] == "serving" {
+				return false
+			}
+		}
+		return true
+	})
+}
