@@ -156,16 +156,28 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		return fail(r, PhaseFacts, err)
 	}
 	switch {
-	case h.Engine.Backend != "sim":
-		return fail(r, PhaseFacts, fmt.Errorf("engine backend %s: this evolve build runs the sim backend only", h.Engine.Backend))
 	case h.GPUs > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < h.GPUs:
 		return fail(r, PhaseFacts, fmt.Errorf("the file says %d GPUs, nvidia-smi sees %d", h.GPUs, r.Facts.GPUs))
 	}
-	// The engine's port must be free, unless our engine holds it.
+	if h.Engine.Backend == "vllm" {
+		if err := checkVLLM(ctx, c, h); err != nil {
+			return fail(r, PhaseFacts, err)
+		}
+	}
+	// The engine's ports must be free, unless our engine holds them.
 	if !isRunning(ctx, c, dir) {
-		out, _ := c.Run(ctx, fmt.Sprintf(`command -v ss >/dev/null 2>&1 && ss -ltnH "sport = :%d" | grep -q . && echo used; true`, h.Engine.Port))
-		if strings.TrimSpace(out) == "used" {
-			return fail(r, PhaseFacts, fmt.Errorf("port %d is in use on the host: pick another engine.port", h.Engine.Port))
+		ports := []int{h.Engine.Port}
+		if h.Engine.Backend == "vllm" {
+			ports = append(ports, vllmEventsPort, vllmReplayPort, vllmNixlPort)
+		}
+		for _, p := range ports {
+			out, _ := c.Run(ctx, fmt.Sprintf(`command -v ss >/dev/null 2>&1 && ss -ltnH "sport = :%d" | grep -q . && echo used; true`, p))
+			if strings.TrimSpace(out) == "used" {
+				if p == h.Engine.Port {
+					return fail(r, PhaseFacts, fmt.Errorf("port %d is in use on the host: pick another engine.port", p))
+				}
+				return fail(r, PhaseFacts, fmt.Errorf("port %d, which vLLM's KV events or NIXL use, is in use on the host", p))
+			}
 		}
 	}
 
@@ -307,12 +319,19 @@ func engineScript(h Host, addr, dir, nats, token string) string {
 	}
 	args := []string{"engine", "--id", h.Name,
 		"--listen", "0.0.0.0:" + strconv.Itoa(h.Engine.Port),
-		"--advertise", fmt.Sprintf("http://%s:%d", addr, h.Engine.Port),
-		"--profile", h.Engine.Profile, "--log-format", "json"}
+		"--advertise", fmt.Sprintf("http://%s:%d", addr, h.Engine.Port), "--log-format", "json"}
 	if h.Role != "" {
 		args = append(args, "--role", h.Role)
 	}
-	args = append(args, h.Engine.Args...)
+	if h.Engine.Backend == "vllm" {
+		// The agent starts vLLM (the command after --) and stops it with itself.
+		args = append(args, "--backend", "vllm", "--gpus", strconv.Itoa(h.GPUs),
+			"--kv-events-port", strconv.Itoa(vllmEventsPort), "--kv-replay-port", strconv.Itoa(vllmReplayPort),
+			"--nixl-port", strconv.Itoa(vllmNixlPort), "--")
+		args = append(append(args, vllmCommand(h)...), h.Engine.Args...)
+	} else {
+		args = append(append(args, "--profile", h.Engine.Profile), h.Engine.Args...)
+	}
 	env := map[string]string{}
 	for k, v := range h.Engine.Env {
 		env[k] = v
@@ -321,6 +340,40 @@ func engineScript(h Host, addr, dir, nats, token string) string {
 	// the command line.
 	env["EVOLVE_ENGINE_NATS"] = nats
 	return superviseScript("the engine of host "+h.Name, dir+"/bin/evolve", dir, env, args)
+}
+
+// Ports a vLLM engine uses beside its HTTP port: its KV event publisher and
+// replay service, and NIXL's side channel (vLLM's defaults).
+const (
+	vllmEventsPort = 5557
+	vllmReplayPort = 5558
+	vllmNixlPort   = 5600
+)
+
+// vllmCommand is the host's vLLM server command, before its arguments.
+func vllmCommand(h Host) []string {
+	if len(h.Engine.Command) > 0 {
+		return h.Engine.Command
+	}
+	return []string{"vllm", "serve"}
+}
+
+// checkVLLM makes sure the host can run the vLLM command, with the PATH
+// the engine's environment gives it.
+func checkVLLM(ctx context.Context, c Conn, h Host) error {
+	bin := vllmCommand(h)[0]
+	check := "command -v " + shellQuote(bin)
+	if p, ok := h.Engine.Env["PATH"]; ok {
+		check = "PATH=" + shellQuote(p) + "; " + check
+	}
+	out, err := c.Run(ctx, "("+check+") || echo missing")
+	if err != nil {
+		return fmt.Errorf("look for %s: %w", bin, err)
+	}
+	if strings.TrimSpace(out) == "missing" || strings.TrimSpace(out) == "" {
+		return fmt.Errorf("%s is not installed on the host (or not on the PATH of engine.env): install vLLM, or set engine.command", bin)
+	}
+	return nil
 }
 
 // superviseScript is a supervisor: it runs the binary with args and env,

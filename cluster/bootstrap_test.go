@@ -223,3 +223,58 @@ func TestUpNeedsSudoForASystemFolder(t *testing.T) {
 		}
 	}
 }
+
+// A vllm host runs the agent with the vLLM command after --, from the PATH
+// its environment gives; a host without vLLM fails at facts, saying so,
+// with nothing installed.
+func TestUpVLLMHost(t *testing.T) {
+	dir := t.TempDir()
+	hosts := &fakeHosts{homes: map[string]string{"a": filepath.Join(dir, "a"), "b": filepath.Join(dir, "b")}}
+	venv := filepath.Join(dir, "venv", "bin")
+	os.MkdirAll(venv, 0o755)
+	os.WriteFile(filepath.Join(venv, "vllm"), []byte("#!/bin/sh\nexit 0\n"), 0o755)
+	f, err := Parse("t.yaml", []byte(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: t}
+spec:
+  defaults: {user: u, gpus: 0, engine: {profile: tiny}}
+  hosts:
+    - name: a
+      address: 127.0.0.1
+      role: prefill
+      engine: {backend: vllm, args: [Qwen/Qwen3-8B, --tensor-parallel-size, "2"], env: {PATH: "`+venv+`:/usr/bin:/bin"}}
+    - name: b
+      address: 127.0.0.1
+      engine: {backend: vllm, command: [/opt/nowhere/vllm, serve], args: [Qwen/Qwen3-8B]}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222"}
+	ctx := context.Background()
+	t.Cleanup(func() { Down(ctx, f, opt) })
+	res := Up(ctx, f, opt)
+	if res[0].Action != "started" {
+		t.Fatalf("vllm host: %+v", res[0])
+	}
+	args := waitFile(t, filepath.Join(dir, "a/.local/state/evolve/engine/args"))
+	for _, want := range []string{"engine --id a", "--listen 0.0.0.0:8100", "--role prefill", "--backend vllm",
+		"--kv-events-port 5557", "-- vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2"} {
+		if !strings.Contains(args, want) {
+			t.Fatalf("engine args %q lack %q", args, want)
+		}
+	}
+	if strings.Contains(args, "--profile") {
+		t.Fatalf("a vllm engine got a sim profile: %q", args)
+	}
+	if res[1].Action != "failed" || res[1].Phase != PhaseFacts || !strings.Contains(res[1].Error, "/opt/nowhere/vllm is not installed") {
+		t.Fatalf("host without vLLM: %+v", res[1])
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b/.local/state/evolve/engine/bin/evolve")); err == nil {
+		t.Fatal("installed on a host without vLLM")
+	}
+	plan := f.Plan()
+	if !strings.Contains(strings.Join(plan[0].Steps, "\n"), "vllm: vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2") {
+		t.Fatalf("dry-run plan: %v", plan[0].Steps)
+	}
+}

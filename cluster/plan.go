@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -30,11 +31,13 @@ func (f *File) Plan() []HostPlan {
 			role = "the planner's choice"
 		}
 		engine := h.Engine.Backend
-		if engine == "sim" {
+		switch {
+		case engine == "vllm":
+			engine += ": " + strings.Join(append(slices.Clone(vllmCommand(h)), h.Engine.Args...), " ")
+		case len(h.Engine.Args) > 0:
+			engine += ", profile " + h.Engine.Profile + ", args " + strings.Join(h.Engine.Args, " ")
+		default:
 			engine += ", profile " + h.Engine.Profile
-		}
-		if len(h.Engine.Args) > 0 {
-			engine += ", args " + strings.Join(h.Engine.Args, " ")
 		}
 		if len(h.Engine.Env) > 0 {
 			keys := make([]string, 0, len(h.Engine.Env))

@@ -83,10 +83,15 @@ type Bastion struct {
 
 // Engine is what runs on a host.
 type Engine struct {
-	Backend string            `yaml:"backend"` // sim or vllm
-	Profile string            `yaml:"profile"` // for sim
-	Port    int               `yaml:"port"`    // engine HTTP port; default 8100
-	Args    []string          `yaml:"args"`
+	Backend string `yaml:"backend"` // sim or vllm
+	Profile string `yaml:"profile"` // for sim
+	Port    int    `yaml:"port"`    // engine HTTP port; default 8100
+	// Args: for sim, more `evolve engine` flags; for vllm, the arguments
+	// of `vllm serve` (the model first).
+	Args []string `yaml:"args"`
+	// Command is the vLLM server's command, before Args; default
+	// [vllm, serve]. vllm only.
+	Command []string          `yaml:"command"`
 	Env     map[string]string `yaml:"env"`
 }
 
@@ -238,7 +243,12 @@ func (f *File) applyDefaults() {
 		h.Dir = or(h.Dir, d.Dir)
 		e := &h.Engine
 		e.Backend = or(or(e.Backend, d.Engine.Backend), "sim")
-		e.Profile = or(e.Profile, d.Engine.Profile)
+		if e.Backend == or(d.Engine.Backend, "sim") {
+			e.Profile = or(e.Profile, d.Engine.Profile) // a default profile is for the default backend
+		}
+		if e.Command == nil {
+			e.Command = d.Engine.Command
+		}
 		if e.Port == 0 {
 			e.Port = max(d.Engine.Port, 8100)
 		}
@@ -352,9 +362,15 @@ func (f *File) validate() Errors {
 			} else if !slicesContains(enginesim.ProfileNames(), e.Profile) {
 				bad(p+".engine.profile", "%q: want one of %s", e.Profile, strings.Join(enginesim.ProfileNames(), ", "))
 			}
+			if len(e.Command) > 0 {
+				bad(p+".engine.command", "is for the vllm backend")
+			}
 		case "vllm":
 			if e.Profile != "" {
 				bad(p+".engine.profile", "is for the sim backend; vllm takes its model in engine.args")
+			}
+			if len(e.Args) == 0 {
+				bad(p+".engine.args", "is missing: the vllm backend needs the model to serve, e.g. [Qwen/Qwen3-8B, --tensor-parallel-size, \"2\"]")
 			}
 		default:
 			bad(p+".engine.backend", "%q: want sim or vllm", e.Backend)

@@ -101,3 +101,21 @@ func TestParseErrorsNameTheFieldAndLine(t *testing.T) {
 		}
 	}
 }
+
+// A vllm host needs its model in engine.args, takes no profile (and no
+// default one meant for sim hosts), and a sim host takes no command.
+func TestParseVLLMEngines(t *testing.T) {
+	doc := func(hosts string) []byte {
+		return []byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: t}\nspec:\n  defaults: {engine: {profile: tiny}}\n  hosts:\n" + hosts)
+	}
+	f, err := Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm, args: [m]}}\n"))
+	if err != nil || f.Spec.Hosts[0].Engine.Profile != "" {
+		t.Fatalf("vllm host: %v %+v", err, f.Spec.Hosts[0].Engine)
+	}
+	_, err = Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm}}\n    - {name: b, address: h, engine: {command: [x]}}\n"))
+	for _, want := range []string{"spec.hosts[0].engine.args: is missing: the vllm backend needs the model", "spec.hosts[1].engine.command: is for the vllm backend"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want %q in %v", want, err)
+		}
+	}
+}
