@@ -9,7 +9,6 @@ import (
 	"io"
 	"os"
 	"runtime"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,6 +29,10 @@ type Facts struct {
 	Arch     string `json:"arch"` // Go's name: amd64, arm64
 	GPUs     int    `json:"gpus"` // per nvidia-smi; 0 without it
 	FreeDisk int64  `json:"free_disk_bytes"`
+	// Service is how evolve runs its processes there: "systemd" (a unit,
+	// where systemd runs and evolve may write units) or "process" (a
+	// supervised background process).
+	Service string `json:"service"`
 }
 
 // HostResult is what happened on one host.
@@ -74,6 +77,35 @@ type UpOptions struct {
 	// Progress is told each host's phases as they start (may be nil).
 	Progress func(host, phase, detail string)
 	Log      io.Writer // debug log (may be nil)
+	// Service is how hosts run evolve's processes: "auto" (or "") a
+	// systemd unit where systemd runs and evolve may write units (as root
+	// or with sudo -n), else a supervised process; "systemd" or "process"
+	// insist. Systemd says where to look for systemd and its units (zero:
+	// /run/systemd/system and /etc/systemd/system).
+	Service string
+	Systemd Systemd
+}
+
+// serviceManager picks how the host runs evolve's processes (nil: a
+// supervised process), and notes it in facts.
+func (o *UpOptions) serviceManager(ctx context.Context, c Conn, f *Facts) (*Systemd, error) {
+	var sd *Systemd
+	switch o.Service {
+	case "", "auto":
+		sd = detectSystemd(ctx, c, o.Systemd)
+	case "systemd":
+		if sd = detectSystemd(ctx, c, o.Systemd); sd == nil {
+			return nil, fmt.Errorf("--service systemd: the host does not run systemd, or evolve may not write units there (neither root nor passwordless sudo)")
+		}
+	case "process":
+	default:
+		return nil, fmt.Errorf("service %q: want auto, systemd or process", o.Service)
+	}
+	f.Service = "process"
+	if sd != nil {
+		f.Service = "systemd"
+	}
+	return sd, nil
 }
 
 // StateDir is where a host keeps what evolve installs: the binary, the
@@ -181,6 +213,11 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		}
 	}
 
+	sd, err := opt.serviceManager(ctx, c, &r.Facts)
+	if err != nil {
+		return fail(r, PhaseFacts, err)
+	}
+
 	opt.progress(h.Name, PhaseUpload, "")
 	binSum, uploaded, err := installBinary(ctx, c, h, r.Facts.Arch, opt)
 	if err != nil {
@@ -203,8 +240,8 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		}
 		nats = fmt.Sprintf("nats://%s:%d", addr, port)
 	}
-	script := engineScript(h, opt.resolve(h).Address, dir, nats, opt.NATSToken)
-	action, phase, err := ensureService(ctx, c, dir, "engine", script, binSum, func(phase string) { opt.progress(h.Name, phase, "") })
+	svc := engineService(h, opt.resolve(h).Address, dir, nats, opt.NATSToken)
+	action, phase, err := ensureService(ctx, c, sd, svc, binSum, func(phase string) { opt.progress(h.Name, phase, "") })
 	if err != nil {
 		return fail(r, phase, err)
 	}
@@ -276,44 +313,9 @@ func installBinary(ctx context.Context, c Conn, h Host, arch string, opt UpOptio
 	return binSum, "uploaded", nil
 }
 
-// ensureService runs script as a supervised service in svc (a folder of
-// the host): written 0700, started, or restarted when it or the binary
-// changed, left alone otherwise. name is the service's (engine,
-// orchestrator): its log is svc/<name>.log. It returns started,
-// restarted or unchanged, or the phase that failed.
-func ensureService(ctx context.Context, c Conn, svc, name, script, binSum string, phase func(string)) (action, failedPhase string, err error) {
-	hash := sha256.Sum256([]byte(binSum + "\n" + script))
-	cfgHash := hex.EncodeToString(hash[:])
-	old, _ := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", svc))
-	running := isRunning(ctx, c, svc)
-	if strings.TrimSpace(old) == cfgHash && running {
-		return "unchanged", "", nil
-	}
-	phase(PhaseConfig)
-	write := fmt.Sprintf("mkdir -p %[1]s && cat > %[1]s/run.sh.new <<'EVOLVE_EOF'\n%[2]sEVOLVE_EOF\nchmod 700 %[1]s/run.sh.new && mv %[1]s/run.sh.new %[1]s/run.sh", svc, script)
-	if _, err := c.Run(ctx, write); err != nil {
-		return "failed", PhaseConfig, err
-	}
-	phase(PhaseStart)
-	action = "started"
-	if running {
-		action = "restarted"
-		if _, err := c.Run(ctx, stopCommand(svc)); err != nil {
-			return "failed", PhaseStart, fmt.Errorf("stop the old %s: %w", name, err)
-		}
-	}
-	// Only the supervisor goes to the background, its descriptors off the
-	// SSH session, so that the session ends at once.
-	start := fmt.Sprintf("cd %[1]s && { nohup setsid ./run.sh >> %[1]s/%[3]s.log 2>&1 < /dev/null & echo $! > %[1]s/supervisor.pid; } && echo %[2]s > %[1]s/config.hash", svc, cfgHash, name)
-	if _, err := c.Run(ctx, start); err != nil {
-		return "failed", PhaseStart, err
-	}
-	return action, "", nil
-}
-
-// engineScript is the engine's supervisor script. addr is the host's
-// address as the orchestrator reaches it (its SSH config alias resolved).
-func engineScript(h Host, addr, dir, nats, token string) string {
+// engineService is the engine's service. addr is the host's address as
+// the orchestrator reaches it (its SSH config alias resolved).
+func engineService(h Host, addr, dir, nats, token string) service {
 	if token != "" {
 		nats = strings.Replace(nats, "nats://", "nats://"+token+"@", 1)
 	}
@@ -339,7 +341,7 @@ func engineScript(h Host, addr, dir, nats, token string) string {
 	// The event plane's URL (with its token) in the environment, not on
 	// the command line.
 	env["EVOLVE_ENGINE_NATS"] = nats
-	return superviseScript("the engine of host "+h.Name, dir+"/bin/evolve", dir, env, args)
+	return service{name: "engine", what: "the engine of host " + h.Name, bin: dir + "/bin/evolve", dir: dir, env: env, args: args}
 }
 
 // Ports a vLLM engine uses beside its HTTP port: its KV event publisher and
@@ -376,45 +378,11 @@ func checkVLLM(ctx context.Context, c Conn, h Host) error {
 	return nil
 }
 
-// superviseScript is a supervisor: it runs the binary with args and env,
-// and again a second after it exits, until it is stopped.
-func superviseScript(what, bin, dir string, env map[string]string, args []string) string {
-	var b strings.Builder
-	b.WriteString("#!/bin/sh\n# Written by evolve up: " + what + ", restarted when it exits.\n")
-	keys := make([]string, 0, len(env))
-	for k := range env {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		fmt.Fprintf(&b, "export %s=%s\n", k, shellQuote(env[k]))
-	}
-	fmt.Fprintf(&b, "trap 'kill $child 2>/dev/null; wait $child; exit 0' TERM INT\n")
-	fmt.Fprintf(&b, "while true; do\n  %s", bin)
-	for _, a := range args {
-		b.WriteString(" " + shellQuote(a))
-	}
-	fmt.Fprintf(&b, " &\n  child=$!\n  echo $child > %s/child.pid\n  wait $child\n  sleep 1\ndone\n", dir)
-	return b.String()
-}
-
 func shellQuote(s string) string {
 	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=,@") == "" {
 		return s
 	}
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
-}
-
-func isRunning(ctx context.Context, c Conn, dir string) bool {
-	out, err := c.Run(ctx, fmt.Sprintf("kill -0 $(cat %s/supervisor.pid 2>/dev/null) 2>/dev/null && echo yes", dir))
-	return err == nil && strings.TrimSpace(out) == "yes"
-}
-
-// stopCommand stops the supervisor (which stops its child: an engine
-// drains), then the child if it outlived it. engine.pid is where earlier
-// versions kept the child's pid.
-func stopCommand(dir string) string {
-	return fmt.Sprintf(`p=$(cat %[1]s/supervisor.pid 2>/dev/null); if [ -n "$p" ] && kill -0 $p 2>/dev/null; then kill $p; for i in $(seq 1 100); do kill -0 $p 2>/dev/null || break; sleep 0.1; done; kill -9 $p 2>/dev/null; fi; for f in child.pid engine.pid; do e=$(cat %[1]s/$f 2>/dev/null); [ -n "$e" ] && kill -9 $e 2>/dev/null; done; rm -f %[1]s/supervisor.pid %[1]s/child.pid %[1]s/engine.pid; true`, dir)
 }
 
 // facts asks the host what it is, and makes sure the state folder exists
@@ -465,7 +433,7 @@ func downHost(ctx context.Context, h Host, opt UpOptions) HostResult {
 	opt.progress(h.Name, PhaseStart, "stopping")
 	// The folder itself goes when empty; a system one (made with sudo)
 	// needs sudo to go.
-	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/config.hash %[1]s/engine.log && { rmdir %[1]s 2>/dev/null || sudo -n rmdir %[1]s 2>/dev/null; }; true", dir)); err != nil {
+	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/engine.env %[1]s/config.hash %[1]s/engine.log && { rmdir %[1]s 2>/dev/null || sudo -n rmdir %[1]s 2>/dev/null; }; true", dir)); err != nil {
 		return fail(r, PhaseStart, err)
 	}
 	r.Phase, r.Action = PhaseStart, "stopped"
@@ -478,8 +446,11 @@ type HostStatus struct {
 	Installed  bool   `json:"installed"`
 	Running    bool   `json:"running"`
 	ConfigHash string `json:"config_hash,omitempty"`
-	Version    string `json:"version,omitempty"`
-	Error      string `json:"error,omitempty"`
+	// Service is "systemd UNIT-FILE" for a unit, "process" for a
+	// supervised process, empty when nothing is installed.
+	Service string `json:"service,omitempty"`
+	Version string `json:"version,omitempty"`
+	Error   string `json:"error,omitempty"`
 }
 
 // Status reads, on every host, what Up left there: whether the engine's
@@ -499,6 +470,10 @@ func Status(ctx context.Context, f *File, opt UpOptions) []HostStatus {
 		}
 		if out, err := c.Run(ctx, fmt.Sprintf("%s/bin/evolve version 2>/dev/null", dir)); err == nil {
 			st.Installed, st.Version = true, strings.TrimSpace(out)
+			st.Service = "process"
+		}
+		if out, err := c.Run(ctx, fmt.Sprintf("cat %s/service.unit 2>/dev/null", dir)); err == nil && strings.TrimSpace(out) != "" {
+			st.Service = "systemd " + strings.TrimSpace(out)
 		}
 		r.status = &st
 		return r

@@ -81,7 +81,7 @@ func testFile(t *testing.T, hosts ...string) *File {
 // sleeps like an engine.
 func fakeBinary(t *testing.T, dir, tag string) string {
 	p := filepath.Join(dir, "evolve-"+tag)
-	os.WriteFile(p, []byte("#!/bin/sh\n# "+tag+"\necho \"$@ NATS=$EVOLVE_ENGINE_NATS\" > \"$(dirname \"$0\")/../args\"\nexec sleep 300\n"), 0o755)
+	os.WriteFile(p, []byte("#!/bin/sh\n# "+tag+"\n[ \"$1\" = version ] && { echo "+tag+"; exit 0; }\necho \"$@ NATS=$EVOLVE_ENGINE_NATS\" > \"$(dirname \"$0\")/../args\"\nexec sleep 300\n"), 0o755)
 	return p
 }
 
@@ -92,7 +92,7 @@ func TestUpConvergesAndDownRemoves(t *testing.T) {
 	f := testFile(t, "a", "b", "c")
 	var progress []string
 	var pmu sync.Mutex
-	opt := UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222", NATSToken: "s3cret",
+	opt := UpOptions{Service: "process", Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222", NATSToken: "s3cret",
 		Progress: func(h, phase, d string) { pmu.Lock(); progress = append(progress, h+" "+phase); pmu.Unlock() }}
 	ctx := context.Background()
 	t.Cleanup(func() { Down(ctx, f, opt) })
@@ -178,7 +178,7 @@ func TestUpRefusesABusyPort(t *testing.T) {
 	hosts := &fakeHosts{homes: map[string]string{"a": filepath.Join(dir, "a")}}
 	f := testFile(t, "a")
 	f.Spec.Hosts[0].Engine.Port = l.Addr().(*net.TCPAddr).Port
-	res := Up(context.Background(), f, UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://x:1"})
+	res := Up(context.Background(), f, UpOptions{Service: "process", Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://x:1"})
 	if res[0].Action != "failed" || res[0].Phase != PhaseFacts || !strings.Contains(res[0].Error, "in use") {
 		t.Fatalf("busy port: %+v", res[0])
 	}
@@ -213,7 +213,7 @@ func TestUpNeedsSudoForASystemFolder(t *testing.T) {
 	os.MkdirAll(bin, 0o755)
 	os.WriteFile(filepath.Join(bin, "sudo"), []byte("#!/bin/sh\necho 'sudo: a password is required' >&2\nexit 1\n"), 0o755)
 	t.Setenv("PATH", bin+":"+os.Getenv("PATH"))
-	res := Up(context.Background(), f, UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://x:1"})
+	res := Up(context.Background(), f, UpOptions{Service: "process", Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://x:1"})
 	if res[0].Phase != PhaseFacts || !strings.Contains(res[0].Error, "sudo -n true fails") || !strings.Contains(res[0].Error, "spec.hosts[].dir") {
 		t.Fatalf("unwritable dir: %+v", res[0])
 	}
@@ -250,7 +250,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	opt := UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222"}
+	opt := UpOptions{Service: "process", Dial: hosts.dial, Binary: fakeBinary(t, dir, "v1"), NATS: "nats://10.0.0.1:4222"}
 	ctx := context.Background()
 	t.Cleanup(func() { Down(ctx, f, opt) })
 	res := Up(ctx, f, opt)

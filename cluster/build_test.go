@@ -50,7 +50,7 @@ func TestUpCrossCompilesForAnotherArchitecture(t *testing.T) {
 	f := testFile(t, "a", "b")
 	var builds atomic.Int32
 	built := fakeBinary(t, dir, "built-for-host")
-	opt := UpOptions{Dial: hosts.dial, Binary: fakeBinary(t, dir, "operator"), BinaryArch: "darwin/arm64", NATS: "nats://x:1",
+	opt := UpOptions{Service: "process", Dial: hosts.dial, Binary: fakeBinary(t, dir, "operator"), BinaryArch: "darwin/arm64", NATS: "nats://x:1",
 		Build: (&countingBuilder{path: built, n: &builds}).Build}
 	ctx := context.Background()
 	t.Cleanup(func() { Down(ctx, f, opt) })

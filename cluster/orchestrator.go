@@ -60,6 +60,10 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 	if err := opt.fits(fs); err != nil {
 		return fail(PhaseFacts, err)
 	}
+	sd, err := opt.serviceManager(ctx, c, &fs)
+	if err != nil {
+		return fail(PhaseFacts, err)
+	}
 	opt.progress(h.Name, PhaseUpload, "orchestrator")
 	binSum, _, err := installBinary(ctx, c, h, fs.Arch, opt)
 	if err != nil {
@@ -77,7 +81,8 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort),
 		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
 	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
-	script := superviseScript("the orchestrator of cluster "+f.Metadata.Name, h.StateDir()+"/bin/evolve", dir, env, args)
+	svc := service{name: "orchestrator", what: "the orchestrator of cluster " + f.Metadata.Name, bin: h.StateDir() + "/bin/evolve",
+		dir: dir, env: env, args: args}
 	// A restart must not read the last run's ready file.
 	stale := func(phase string) {
 		if phase == PhaseStart {
@@ -85,7 +90,7 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		}
 		opt.progress(h.Name, phase, "orchestrator")
 	}
-	action, phase, err := ensureService(ctx, c, dir, "orchestrator", script, binSum, stale)
+	action, phase, err := ensureService(ctx, c, sd, svc, binSum, stale)
 	if err != nil {
 		return fail(phase, err)
 	}

@@ -51,7 +51,7 @@ func (f *File) Plan() []HostPlan {
 			"connect over SSH, checking the host key against ~/.ssh/known_hosts",
 			fmt.Sprintf("facts: state folder %s (made with sudo -n if the user cannot), OS, architecture, GPUs (nvidia-smi), free disk, free port %d", h.StateDir(), h.Engine.Port),
 			"upload the evolve binary for the host's architecture, cross-compiled when it is not this one's (skipped when its checksum matches)",
-			fmt.Sprintf("write the engine's config (%s; role %s) and its service", engine, role),
+			fmt.Sprintf("write the engine's config (%s; role %s) and its service: a systemd unit where systemd runs and evolve may write units (root or sudo -n), else a supervised process", engine, role),
 			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
 		}
 		if o.Host == h.Name {

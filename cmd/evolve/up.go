@@ -121,6 +121,7 @@ field and line of every problem, and prints what would be done per host.`,
 	f.Bool("dry-run", false, "with -f: validate the cluster file and print what would be done on each host")
 	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
 	f.String("ssh-config", "", "with -f: OpenSSH client config for host aliases (default ~/.ssh/config; none ignores it)")
+	f.String("service", "auto", "with -f: how hosts run evolve: auto (a systemd unit where systemd runs and evolve may write units as root or with sudo -n, else a supervised process), systemd or process")
 	f.Bool("accept-new-host-keys", false, "with -f: trust hosts seen for the first time and record their keys (a changed key always fails)")
 	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one); hosts of another architecture get one cross-compiled from the evolve source checkout evolve up runs in, with the Go toolchain")
 	addPlannerFlags(f)

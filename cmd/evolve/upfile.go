@@ -107,6 +107,11 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		})
 	}
 	key := func(k string) string { return "up." + k }
+	switch v := config.GetString(key("service")); v {
+	case "auto", "systemd", "process":
+	default:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--service %q: want auto, systemd or process", v)}
+	}
 	errw := cmd.ErrOrStderr()
 	dir := clusterDir(f.Metadata.Name)
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o700); err != nil {
@@ -142,7 +147,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		builder.Dir, _ = cluster.FindSource(cwd)
 	}
 	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
-		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update}
+		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString(key("service"))}
 	ctx := cmd.Context()
 	var st *fileClusterState
 	var orchAction string
@@ -490,7 +495,7 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 	failed := 0
 	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "cluster %s: orchestrator %s %s\n\n", out.Cluster, out.Orchestrator, out.RouterURL)
-		fmt.Fprintln(w, "HOST\tENGINE\tVERSION\tCONFIG")
+		fmt.Fprintln(w, "HOST\tENGINE\tSERVICE\tVERSION\tCONFIG")
 		for _, h := range out.Hosts {
 			state := "not installed"
 			switch {
@@ -501,7 +506,7 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 			case h.Installed:
 				state = "stopped"
 			}
-			fmt.Fprintf(w, "%s\t%s\t%s\t%.12s\n", h.Host, state, h.Version, h.ConfigHash)
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%.12s\n", h.Host, state, h.Service, h.Version, h.ConfigHash)
 		}
 	}); err != nil {
 		return err

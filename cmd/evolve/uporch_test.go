@@ -34,7 +34,7 @@ spec:
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
 `, port(t), port(t), port(t), key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
-	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
@@ -109,7 +109,7 @@ spec:
     - {name: brain, address: 127.0.0.1, port: %d, dir: %s/brain}
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, engine: {port: %d}}
 `, port(t), port(t), port(t), key, port(t), dir, h.Port, dir, port(t))), 0o600)
-	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh)
 	if code == 0 || !strings.Contains(out, "the orchestrator on host brain failed at connect") {
 		t.Fatalf("up with the orchestrator's host down: exit %d\n%s", code, out)

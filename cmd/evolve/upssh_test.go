@@ -55,7 +55,7 @@ spec:
 		}
 	}
 	writeFile("")
-	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
@@ -139,7 +139,7 @@ spec:
 	t.Cleanup(func() {
 		runBinOut(t, []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state")}, "down", "-f", file, "--yes", "--known-hosts", filepath.Join(dir, "known_hosts"))
 	})
-	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK="}
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", filepath.Join(dir, "known_hosts"))
 	if code == 0 || !strings.Contains(out, "host key") || !strings.Contains(out, "--accept-new-host-keys") {
 		t.Fatalf("unknown host key: exit %d\n%s", code, out)
