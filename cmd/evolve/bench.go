@@ -143,8 +143,15 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 		fmt.Fprintf(w, "throughput\t%.0f output tokens/s\n", res.TokensPerSec)
 		if res.PromptTokens > 0 {
 			p := float64(res.PromptTokens)
-			fmt.Fprintf(w, "prompt KV\t%.1f%% GPU hit, %.1f%% host hit, %.1f%% transferred, %.1f%% computed\n",
-				100*float64(res.GPUHitTokens)/p, 100*float64(res.HostHitTokens)/p, 100*float64(res.TransferredTokens)/p, 100*float64(res.ComputedTokens)/p)
+			switch {
+			case res.GPUHitTokens+res.HostHitTokens+res.TransferredTokens+res.ComputedTokens > 0:
+				fmt.Fprintf(w, "prompt KV\t%.1f%% GPU hit, %.1f%% host hit, %.1f%% transferred, %.1f%% computed\n",
+					100*float64(res.GPUHitTokens)/p, 100*float64(res.HostHitTokens)/p, 100*float64(res.TransferredTokens)/p, 100*float64(res.ComputedTokens)/p)
+			case res.CachedTokens > 0: // engines without evolve's breakdown (vLLM)
+				fmt.Fprintf(w, "prompt KV\t%.1f%% cached, as the engines report it (no breakdown by tier)\n", 100*float64(res.CachedTokens)/p)
+			default:
+				fmt.Fprintln(w, "prompt KV\tnot reported by the engines (vLLM: --enable-prompt-tokens-details)")
+			}
 		}
 		if res.LastError != "" {
 			fmt.Fprintf(w, "last error\t%s\n", res.LastError)

@@ -203,6 +203,13 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 		t.Fatalf("bad prompt: %d %v", status, body)
 	}
 
+	// evolve bench runs agents against vLLM engines; their KV is reported
+	// as vLLM reports it (cached tokens), there being no evolve breakdown.
+	out, code := runBinOut(t, nil, "bench", "--url", orch.RouterURL, "--workload", "coding", "--agents", "2", "--duration", "3s")
+	if code != 0 || !strings.Contains(out, "errors") || !strings.Contains(out, "cached, as the engines report it") || strings.Contains(out, " 0 completed") {
+		t.Fatalf("bench against vLLM engines: exit %d\n%s", code, out)
+	}
+
 	// Stopping the agent stops the vLLM it started, and the node leaves.
 	pre.stop(t)
 	if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {

@@ -282,7 +282,10 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		vllmError(w, 400, perr.Message)
 		return
 	}
-	ids := tokens(p.Tokens)
+	ids := p.Tokens // token ids given are used as they are, as vLLM does
+	if _, text := raw["prompt"].(string); text || chat {
+		ids = tokens(p.Tokens)
+	}
 	if len(ids)+p.MaxTokens > s.opts.MaxModelLen {
 		vllmError(w, 400, fmt.Sprintf("This model's maximum context length is %d tokens.", s.opts.MaxModelLen))
 		return
@@ -299,7 +302,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	if p.KV.DoRemotePrefill {
 		s.stats.DecodeLegs++
 	}
-	s.stats.CachedTokens += s.cacheLocked(ids)
+	cached := s.cacheLocked(ids)
+	s.stats.CachedTokens += cached
 	s.running--
 	s.mu.Unlock()
 
@@ -312,7 +316,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		words[i] = tokenizer.TokenText(tokenizer.Word(len(ids) + i))
 	}
 	text := strings.Join(words, "")
-	usage := map[string]any{"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n}
+	usage := map[string]any{"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n,
+		"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
 	var kvp any
 	if p.KV.DoRemoteDecode {
 		kvp = map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": "fake-" + s.URL,
