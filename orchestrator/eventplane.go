@@ -124,6 +124,11 @@ func (o *Orchestrator) onHeartbeat(m *nats.Msg) {
 		go o.nc.Publish(protocol.SubjectAnnounce, nil)
 		return
 	}
+	if prev := n.hb.TokensTotal; hb.TokensTotal > prev && !n.hb.Time.IsZero() {
+		// An engine without pass records counts its tokens itself (from
+		// the second heartbeat on: the first brings its whole past).
+		n.noteTokens(time.Now(), int(hb.TokensTotal-prev))
+	}
 	n.hb, n.lastSeen = hb, time.Now()
 	if n.state == StateDown {
 		return // it must register again

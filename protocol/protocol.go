@@ -133,6 +133,10 @@ type Heartbeat struct {
 	GPUKVUsage  float64   `json:"gpu_kv_usage"`  // 0..1, blocks in use by sequences
 	HostKVUsage float64   `json:"host_kv_usage"` // 0..1
 	LastKVSeq   uint64    `json:"last_kv_seq"`
+	// TokensTotal counts the tokens processed since the engine started
+	// (prompt tokens computed and tokens generated), for engines that
+	// publish no pass records (vLLM); 0 when not reported.
+	TokensTotal uint64 `json:"tokens_total,omitempty"`
 }
 
 // KVEventBatch carries consecutive KV events of one engine.

@@ -210,6 +210,19 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 		t.Fatalf("bench against vLLM engines: exit %d\n%s", code, out)
 	}
 
+	// Their throughput shows, counted from vLLM's token counters.
+	eventually(t, 10*time.Second, "tokens per second of the vLLM nodes", func() bool {
+		var nodes []map[string]any
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		busy := 0
+		for _, n := range nodes {
+			if num(n["tokens_per_s"]) > 0 {
+				busy++
+			}
+		}
+		return busy > 0
+	})
+
 	// Stopping the agent stops the vLLM it started, and the node leaves.
 	pre.stop(t)
 	if c, err := net.DialTimeout("tcp", listen, time.Second); err == nil {

@@ -187,7 +187,8 @@ func (r *Replica) Heartbeat() protocol.Heartbeat {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	hb := protocol.Heartbeat{ID: r.cfg.ID, Time: time.Now(), Role: r.role, Draining: r.draining,
-		Waiting: r.load.Waiting, Running: r.load.Running, GPUKVUsage: r.load.GPUKVUsage}
+		Waiting: r.load.Waiting, Running: r.load.Running, GPUKVUsage: r.load.GPUKVUsage,
+		TokensTotal: uint64(max(0, r.load.PrefillTokens+r.load.GeneratedTokens))}
 	if r.tr != nil {
 		hb.LastKVSeq = r.tr.LastSeq()
 		if r.load.CPUBlocks > 0 {

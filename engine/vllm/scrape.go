@@ -24,6 +24,8 @@ type Load struct {
 	// computed (vllm:request_prefill_kv_computed_tokens, else all prompt
 	// tokens, cached ones included).
 	PrefillSeconds, PrefillTokens float64
+	// GeneratedTokens is vllm:generation_tokens_total.
+	GeneratedTokens float64
 }
 
 // ScrapeMetrics reads vLLM's Prometheus metrics at base+"/metrics". Series
@@ -92,6 +94,7 @@ func ParseMetrics(r io.Reader) (Load, error) {
 	} else {
 		l.PrefillTokens, _ = sum("vllm:prompt_tokens_total")
 	}
+	l.GeneratedTokens, _ = sum("vllm:generation_tokens_total")
 	if f := fams["vllm:cache_config_info"]; f != nil && len(f.GetMetric()) > 0 {
 		for _, lp := range f.GetMetric()[0].GetLabel() {
 			n, err := strconv.Atoi(lp.GetValue())

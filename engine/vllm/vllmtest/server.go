@@ -76,6 +76,7 @@ type Stats struct {
 	Tokenize       int
 	PromptTokens   int
 	CachedTokens   int // prompt tokens found in the prefix cache
+	Generated      int // output tokens
 	BlocksStored   int
 	BlocksEvicted  int
 	PublishedBatch int
@@ -200,12 +201,14 @@ vllm:kv_cache_usage_perc{engine="0",model_name=%[1]q} %[3]g
 vllm:cache_config_info{block_size="%[4]d",cache_dtype="auto",enable_prefix_caching="True",num_cpu_blocks="None",num_gpu_blocks="%[5]d"} 1.0
 # TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name=%[1]q} %[6]d
+# TYPE vllm:generation_tokens_total counter
+vllm:generation_tokens_total{engine="0",model_name=%[1]q} %[9]d
 # TYPE vllm:request_prefill_time_seconds histogram
 vllm:request_prefill_time_seconds_bucket{engine="0",model_name=%[1]q,le="+Inf"} %[7]d
 vllm:request_prefill_time_seconds_sum{engine="0",model_name=%[1]q} %[8]g
 vllm:request_prefill_time_seconds_count{engine="0",model_name=%[1]q} %[7]d
 `, s.opts.Model, running, float64(used)/float64(s.opts.GPUBlocks), BlockSize, s.opts.GPUBlocks,
-		st.PromptTokens, st.Requests, float64(st.PromptTokens-st.CachedTokens)*20e-6)
+		st.PromptTokens, st.Requests, float64(st.PromptTokens-st.CachedTokens)*20e-6, st.Generated)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	io.WriteString(w, m)
 }
@@ -311,6 +314,9 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	if p.KV.DoRemoteDecode {
 		n = 1
 	}
+	s.mu.Lock()
+	s.stats.Generated += n
+	s.mu.Unlock()
 	words := make([]string, n)
 	for i := range words {
 		words[i] = tokenizer.TokenText(tokenizer.Word(len(ids) + i))
