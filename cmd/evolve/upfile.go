@@ -183,7 +183,13 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	if !config.IsSet(key("timeout")) && hasVLLM(f) {
 		timeout = vllmReadyTimeout // vLLM loads its model first: minutes, not seconds
 	}
-	deadline := time.Now().Add(timeout)
+	waitStart := time.Now()
+	deadline := waitStart.Add(timeout)
+	var lastNote time.Time
+	noteEvery := time.Second
+	if !prog.tty {
+		noteEvery = 30 * time.Second // plain lines: one now and then
+	}
 	for len(want) > 0 {
 		var nodes []struct{ ID, State string }
 		serving := map[string]bool{}
@@ -196,10 +202,19 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		for _, h := range want {
 			if !serving[h] {
 				left = append(left, h)
+			} else if time.Since(waitStart) > time.Second {
+				prog.update(h, "serving", "") // after a wait worth mentioning
 			}
 		}
 		if len(left) == 0 {
 			break
+		}
+		want = left
+		if time.Since(lastNote) >= noteEvery && time.Since(waitStart) > 2*time.Second {
+			lastNote = time.Now()
+			for _, h := range left {
+				prog.update(h, "register", fmt.Sprintf("waiting for the engine to serve (%s of %s)", time.Since(waitStart).Round(time.Second), timeout))
+			}
 		}
 		if time.Now().After(deadline) {
 			for i := range res {

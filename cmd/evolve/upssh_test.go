@@ -179,3 +179,64 @@ func port(t *testing.T) int {
 	n, _ := strconv.Atoi(p)
 	return n
 }
+
+// A vllm host over real SSH: evolve up installs the agent, which starts
+// the host's vLLM (here a stand-in: this test binary) with the engine's
+// environment; the engine serves chat through the router; down stops the
+// agent and, through it, vLLM.
+func TestUpVLLMHostOverSSH(t *testing.T) {
+	dir := t.TempDir()
+	key := filepath.Join(dir, "id_ed25519")
+	h := sshtest.Start(t, sshtest.NewKey(t, key))
+	kh := filepath.Join(dir, "known_hosts")
+	os.WriteFile(kh, []byte(h.KnownHostsLine()+"\n"), 0o600)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	enginePort := port(t)
+	file := filepath.Join(dir, "cluster.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: vllm-lab}
+spec:
+  orchestrator: {routerPort: %d, controlPort: %d, natsPort: %d, advertise: 127.0.0.1}
+  hosts:
+    - name: gpu-01
+      address: 127.0.0.1
+      port: %d
+      user: root
+      keyPath: %s
+      dir: %s/h1
+      gpus: 1
+      engine:
+        backend: vllm
+        port: %d
+        command: [%s, serve]
+        args: [fake/model, --served-model-name, fake/model]
+        env: {EVOLVE_TEST_FAKE_VLLM: "1"}
+`, port(t), port(t), port(t), h.Port, key, dir, enginePort, exe)), 0o600)
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
+	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
+
+	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	var res upResult
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 1 || res.Hosts[0].Action != "started" {
+		t.Fatalf("up -f: exit %d\n%s", code, out)
+	}
+	status, _, body := post(t, res.RouterURL+"/v1/chat/completions", map[string]any{"model": "fake/model", "max_tokens": 3,
+		"messages": []map[string]string{{"role": "user", "content": "hello from the other side of SSH"}}})
+	if status != 200 || len(body["choices"].([]any)) != 1 {
+		t.Fatalf("chat through the router: %d %v", status, body)
+	}
+	if out, code := runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh); code != 0 {
+		t.Fatalf("down: exit %d\n%s", code, out)
+	}
+	eventually(t, 15e9, "vLLM stopped with its agent", func() bool {
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", enginePort))
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+}
