@@ -175,12 +175,9 @@ func runEngine(cmd *cobra.Command, args []string) error {
 
 	var agent *engine.NATSAgent
 	if u := get("nats"); u != "" {
-		nc, err := nats.Connect(u, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
-			nats.RetryOnFailedConnect(true),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
-			nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+		nc, err := connectEngineNATS(u, id)
 		if err != nil {
-			return fmt.Errorf("connect to NATS at %s: %w", u, err)
+			return err
 		}
 		defer nc.Close()
 		agent = engine.AttachNATS(eng, nc, buildVersion().Version)
@@ -230,4 +227,18 @@ func runEngine(cmd *cobra.Command, args []string) error {
 		return err
 	}
 	return nil
+}
+
+// connectEngineNATS connects an engine agent to the event plane, retrying
+// for ever: an engine that starts before its orchestrator registers when
+// it can.
+func connectEngineNATS(url, id string) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+		nats.RetryOnFailedConnect(true),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
+		nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+	if err != nil {
+		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+	}
+	return nc, nil
 }

@@ -16,7 +16,6 @@ import (
 
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/vllm"
-	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -189,12 +188,9 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	}
 
 	if u := get("nats"); u != "" {
-		nc, err := nats.Connect(u, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
-			nats.RetryOnFailedConnect(true),
-			nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
-			nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+		nc, err := connectEngineNATS(u, id)
 		if err != nil {
-			return fmt.Errorf("connect to NATS at %s: %w", u, err)
+			return err
 		}
 		defer nc.Close()
 		agent = engine.AttachNATS(rep, nc, buildVersion().Version)

@@ -90,17 +90,7 @@ func (t *Translator) Apply(ev Event, out []kv.Event) []kv.Event {
 			return out
 		}
 		for _, h := range ev.BlockHashes {
-			b, ok := t.blocks[h]
-			if !ok || b.tiers&(1<<tier) == 0 {
-				continue // left out when stored, or already gone
-			}
-			out = t.emit(out, kv.Event{Kind: kv.BlockRemoved, Tier: tier, Hash: b.ours, Parent: b.parent, Depth: b.depth})
-			b.tiers &^= 1 << tier
-			if b.tiers == 0 {
-				delete(t.blocks, h)
-			} else {
-				t.blocks[h] = b
-			}
+			out = t.remove(h, tier, out) // nothing for blocks left out when stored, or gone
 		}
 		return out
 	case AllBlocksCleared:
@@ -164,17 +154,25 @@ func (t *Translator) Clear(out []kv.Event) []kv.Event {
 }
 
 func (t *Translator) clearTier(tier kv.Tier, out []kv.Event) []kv.Event {
-	for h, b := range t.blocks {
-		if b.tiers&(1<<tier) == 0 {
-			continue
-		}
-		out = t.emit(out, kv.Event{Kind: kv.BlockRemoved, Tier: tier, Hash: b.ours, Parent: b.parent, Depth: b.depth})
-		b.tiers &^= 1 << tier
-		if b.tiers == 0 {
-			delete(t.blocks, h)
-		} else {
-			t.blocks[h] = b
-		}
+	for h := range t.blocks {
+		out = t.remove(h, tier, out)
+	}
+	return out
+}
+
+// remove drops the copy in tier of the block vLLM calls h, if there is
+// one, and forgets the block once it has no copy left.
+func (t *Translator) remove(h EngineHash, tier kv.Tier, out []kv.Event) []kv.Event {
+	b, ok := t.blocks[h]
+	if !ok || b.tiers&(1<<tier) == 0 {
+		return out
+	}
+	out = t.emit(out, kv.Event{Kind: kv.BlockRemoved, Tier: tier, Hash: b.ours, Parent: b.parent, Depth: b.depth})
+	b.tiers &^= 1 << tier
+	if b.tiers == 0 {
+		delete(t.blocks, h)
+	} else {
+		t.blocks[h] = b
 	}
 	return out
 }
