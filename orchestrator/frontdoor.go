@@ -149,7 +149,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)}).Write(w)
 		return
 	}
-	if _, terr := o.engineTokens(r.Context(), p, raw, model); terr != nil {
+	if terr := o.engineTokens(r.Context(), p, raw, model); terr != nil {
 		outcome := "bad_request"
 		if terr.Status >= 500 {
 			outcome = "no_engine"

@@ -56,12 +56,12 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 // engineTokens replaces p.Tokens by the token ids an engine with its own
 // tokenizer (vLLM) gives the prompt: its KV events are hashed over those
 // ids, and so must the router's block chains be. A completion prompt given
-// as token ids needs no call. It reports false when no engine of the
-// cluster tokenizes for itself.
-func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, raw map[string]any, model string) (bool, *openaiapi.Error) {
+// as token ids needs no call, nor does a cluster whose engines all use
+// evolve's tokenizer.
+func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, raw map[string]any, model string) *openaiapi.Error {
 	urls, needed := o.tokenizerURLs()
 	if !needed {
-		return false, nil
+		return nil
 	}
 	body := map[string]any{"model": model}
 	if p.Chat {
@@ -75,7 +75,7 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, ra
 	} else {
 		s, ok := raw["prompt"].(string)
 		if !ok {
-			return true, nil // token ids (or a list): Parse took them as given
+			return nil // token ids (or a list): Parse took them as given
 		}
 		body["prompt"] = s
 		if v, ok := raw["add_special_tokens"]; ok {
@@ -83,11 +83,11 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, ra
 		}
 	}
 	if len(urls) == 0 {
-		return true, openaiapi.Unavailable("no_engine", "no serving engine can tokenize the prompt")
+		return openaiapi.Unavailable("no_engine", "no serving engine can tokenize the prompt")
 	}
 	b, err := json.Marshal(body)
 	if err != nil {
-		return true, openaiapi.BadRequest("", "encode tokenize request: %v", err)
+		return openaiapi.BadRequest("", "encode tokenize request: %v", err)
 	}
 	var lastErr error
 	for _, u := range urls[:min(len(urls), 2)] {
@@ -104,16 +104,16 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, ra
 			if json.Unmarshal(ce.body, &e) == nil {
 				msg = cmp.Or(e.Error.Message, e.Message, msg)
 			}
-			return true, &openaiapi.Error{Status: ce.status, Type: "invalid_request_error", Message: msg}
+			return &openaiapi.Error{Status: ce.status, Type: "invalid_request_error", Message: msg}
 		}
 		if err == nil {
 			p.Tokens = toks
-			return true, nil
+			return nil
 		}
 		lastErr = err
 		o.log.Warn("tokenize failed", "engine", u, "err", err)
 	}
-	return true, openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
+	return openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
 }
 
 // tokenizeAt posts a /tokenize request to one engine.

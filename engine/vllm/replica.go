@@ -50,6 +50,10 @@ type Config struct {
 	// Changed, if set, is called when the registration changed (a measured
 	// prefill cost moved): the caller publishes it again.
 	Changed func()
+	// SilentAfter is how long vLLM may serve prompts without a KV event
+	// reaching the agent before it warns that events are not configured
+	// or not reachable; default 30 s.
+	SilentAfter time.Duration
 }
 
 // Replica is a vLLM server seen as an evolve engine (engine.Replica): its
@@ -77,6 +81,8 @@ type Replica struct {
 	draining  bool
 	lastOK    time.Time
 	lost      int // batches lost (gaps not replayed)
+	batches   int // batches handled
+	warned    bool
 }
 
 // New returns a replica for the vLLM server of cfg. Call Probe before
@@ -103,6 +109,9 @@ func New(cfg Config) (*Replica, error) {
 	}
 	if cfg.PrefillUsPerToken <= 0 {
 		cfg.PrefillUsPerToken = DefaultPrefillUsPerToken
+	}
+	if cfg.SilentAfter <= 0 {
+		cfg.SilentAfter = 30 * time.Second
 	}
 	return &Replica{cfg: cfg, log: cfg.Logger.With("engine", cfg.ID), start: time.Now(), role: cfg.Role,
 		prefillUs: cfg.PrefillUsPerToken}, nil
@@ -294,6 +303,7 @@ func (r *Replica) Run(ctx context.Context) error {
 func (r *Replica) handle(b Batch, lost bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.batches++
 	var out []kv.Event
 	if lost {
 		r.lost++
@@ -324,6 +334,15 @@ func (r *Replica) scrape(ctx context.Context) error {
 		return nil
 	}
 	r.load, r.lastOK = l, time.Now()
+	if !r.warned && r.batches == 0 && l.PrefillTokens+l.GeneratedTokens > r.base.PrefillTokens+r.base.GeneratedTokens &&
+		time.Since(r.start) > r.cfg.SilentAfter {
+		// Serving without events: the router cannot see this engine's cache.
+		r.warned = true
+		r.log.Warn("vLLM serves requests but no KV event has reached the agent: start vLLM with --kv-events-config "+
+			`'{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}'`+
+			" and give the agent that endpoint (--kv-events); until then routing cannot use this engine's prefix cache",
+			"kv_events", r.cfg.Events, "url", r.cfg.LocalURL)
+	}
 	changed := false
 	if tok := l.PrefillTokens - r.base.PrefillTokens; tok >= 10000 {
 		us := (l.PrefillSeconds - r.base.PrefillSeconds) / tok * 1e6

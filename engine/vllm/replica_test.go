@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -268,5 +269,50 @@ func TestProbeNamesWhatIsMissing(t *testing.T) {
 	}
 	if err := r.Run(context.Background()); err == nil {
 		t.Fatal("Run before Probe")
+	}
+}
+
+// syncBuffer is a log destination safe for the agent's goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// A vLLM that serves but whose KV events never arrive (not enabled, or
+// the wrong endpoint) gets a warning that says how to fix it.
+func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := vllmtest.Start(ctx, vllmtest.Options{}, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var logs syncBuffer
+	r, err := vllm.New(vllm.Config{ID: "quiet", URL: srv.URL, Events: "tcp://127.0.0.1:1", SilentAfter: time.Second,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Probe(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	go r.Run(ctx)
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": strings.Repeat("served without events ", 10), "max_tokens": 1}, nil)
+	waitFor(t, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
+	if !strings.Contains(logs.String(), "--kv-events-config") {
+		t.Fatalf("the warning does not say how to fix it:\n%s", logs.String())
 	}
 }
