@@ -96,6 +96,7 @@ type node struct {
 	refLost    int64
 	// Tokens processed, as the engine's pass records arrive (wall time).
 	tokens []tokenSample
+	passes uint64 // pass records received
 }
 
 type tokenSample struct {

@@ -15,6 +15,7 @@ import (
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -275,5 +276,39 @@ func TestFailedDecodeLegReleasesPrefillHold(t *testing.T) {
 			}
 		}
 		return false
+	})
+}
+
+// A cluster whose engines publish no pass records (vLLM) gets a planner
+// that says so, rather than "learning" for ever.
+func TestPlannerSaysWhenNoEngineReportsPasses(t *testing.T) {
+	tc := startTestCluster(t)
+	nc, err := nats.Connect(tc.o.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	reg := protocol.Registration{ID: "v0", URL: "http://127.0.0.1:1", Backend: "vllm", Model: "m", Role: "both", BlockSize: 16,
+		GPUBlocks: 1000, MaxModelLen: 4096, Speedup: 1, StartedAt: time.Now().Add(-2 * time.Minute), Tokenizer: "engine", SelfManagedKV: true}
+	publish := func(subject string, v any) {
+		b, _ := json.Marshal(v)
+		nc.Publish(subject, b)
+	}
+	publish(protocol.SubjectRegister, reg)
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		for {
+			publish(protocol.HeartbeatSubject("v0"), protocol.Heartbeat{ID: "v0", Time: time.Now(), Role: "decode"})
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+	}()
+	eventually(t, "the planner's reason", func() bool {
+		st, ok := tc.o.PlannerStatus()
+		return ok && strings.Contains(st.Reason, "no engine publishes per-pass statistics")
 	})
 }

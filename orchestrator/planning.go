@@ -78,6 +78,7 @@ func (o *Orchestrator) onStats(m *nats.Msg) {
 	speedup := 1.0
 	if n := o.c.nodes[b.Engine]; n != nil {
 		n.noteTokens(now, tokens)
+		n.passes += uint64(len(b.Passes))
 		if n.reg.Speedup > 0 {
 			speedup = n.reg.Speedup
 		}
@@ -195,8 +196,26 @@ func (o *Orchestrator) PlannerStatus() (planner.Status, bool) {
 		return planner.Status{}, false
 	}
 	o.plan.mu.Lock()
-	defer o.plan.mu.Unlock()
-	return o.plan.p.Status(), true
+	st := o.plan.p.Status()
+	o.plan.mu.Unlock()
+	if st.State == "learning" {
+		o.c.mu.Lock()
+		serving, silent := 0, 0
+		for _, n := range o.c.nodes {
+			if n.state == StateServing {
+				serving++
+				if n.passes == 0 && time.Since(n.reg.StartedAt) > time.Minute {
+					silent++
+				}
+			}
+		}
+		o.c.mu.Unlock()
+		if serving > 0 && silent == serving {
+			// Not "too few passes": none will come.
+			st.Reason = "no engine publishes per-pass statistics (vLLM engines do not): the planner cannot learn pass costs and keeps the split; switch nodes by hand (evolve role)"
+		}
+	}
+	return st, true
 }
 
 // parseRole reads a role name: prefill or decode.
