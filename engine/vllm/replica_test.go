@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -314,5 +315,69 @@ func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 	waitFor(t, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
 	if !strings.Contains(logs.String(), "--kv-events-config") {
 		t.Fatalf("the warning does not say how to fix it:\n%s", logs.String())
+	}
+}
+
+// vLLM restarting (same endpoints, an empty cache, its sequence from 0)
+// breaks the event stream: the agent connects again, starts the engine's
+// blocks over, and replays what the new server published before it
+// joined.
+func TestReplicaFollowsARestartedVLLM(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	free := func() string {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	addr, events, replay := free(), "tcp://"+free(), "tcp://"+free()
+	first, err := vllmtest.Start(ctx, vllmtest.Options{}, addr, events, replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := vllm.New(vllm.Config{ID: "phoenix", URL: first.URL, Events: events, Replay: replay})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Probe(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	sk := &sink{}
+	r.SetSink(sk)
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	// A subscriber joins a little after it dials: publish until it hears.
+	n := 0
+	waitFor(t, "the first server's blocks", func() bool {
+		n++
+		before := fmt.Sprint(n, " before the restart ", strings.Repeat("alpha ", 40))
+		post(t, first.URL+"/v1/completions", map[string]any{"prompt": before, "max_tokens": 1}, nil)
+		return resident(t, sk.snapshot())[chainOf(t, first, before)[0]]
+	})
+	first.Close()
+	http.DefaultClient.CloseIdleConnections() // its connections died with it
+	second, err := vllmtest.Start(ctx, vllmtest.Options{}, addr, events, replay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	// Published before the agent is back: replayed when the next batch
+	// shows the gap, not lost.
+	after := "after the restart " + strings.Repeat("omega ", 40)
+	post(t, second.URL+"/v1/completions", map[string]any{"prompt": after, "max_tokens": 1}, nil)
+	chain := chainOf(t, second, after)
+	waitFor(t, "the restarted server's blocks, and only those", func() bool {
+		n++ // traffic goes on while the agent connects again
+		post(t, second.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprint(n, " next ", strings.Repeat("psi ", 40)), "max_tokens": 1}, nil)
+		time.Sleep(50 * time.Millisecond)
+		set := resident(t, sk.snapshot())
+		return set[chain[0]] && set[chain[len(chain)-1]] && len(set) == second.Resident()
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/zeebo/xxh3"
 )
 
 // replayTimeout bounds one replay request.
@@ -26,7 +27,8 @@ type Subscriber struct {
 	Topic    string // topic prefix to subscribe to; "" for all
 	Log      *slog.Logger
 
-	last int64 // sequence of the last message handled; -1 before the first
+	last    int64  // sequence of the last message handled; -1 before the first
+	lastSum uint64 // XXH3 of its payload
 }
 
 // Handler receives batches in sequence order. lost says events were lost
@@ -34,65 +36,92 @@ type Subscriber struct {
 // restarted): the state built from earlier batches is no longer right.
 type Handler func(b Batch, lost bool)
 
-// Run subscribes and calls handle for every batch until ctx ends. A batch
-// that cannot be decoded counts as lost.
+// Run subscribes and calls handle for every batch until ctx ends. A
+// batch that cannot be decoded counts as lost. When the stream breaks
+// (vLLM restarted, the network dropped) it connects again, and what was
+// lost meanwhile is replayed or reported as lost.
 func (s *Subscriber) Run(ctx context.Context, handle Handler) error {
 	if s.Log == nil {
 		s.Log = slog.Default()
 	}
 	s.last = -1
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithDialerMaxRetries(-1),
-		zmq4.WithAutomaticReconnect(true))
+	lostNext := false
+	for {
+		err := s.follow(ctx, handle, &lostNext)
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.Log.Warn("KV event stream broke; connecting again", "endpoint", s.Endpoint, "err", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// follow reads one connection's messages until it fails.
+func (s *Subscriber) follow(ctx context.Context, handle Handler, lostNext *bool) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
 	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.Topic); err != nil {
 		return fmt.Errorf("subscribe to %s: %w", s.Endpoint, err)
 	}
 	if err := sub.Dial(s.Endpoint); err != nil {
-		if ctx.Err() != nil {
-			return nil
-		}
 		return fmt.Errorf("connect to vLLM's KV events at %s: %w", s.Endpoint, err)
 	}
-	lostNext := false
+	if s.last >= 0 && !s.samePublisher(ctx) {
+		// A new vLLM (a restart) numbers from 0 again, and may be past
+		// our last sequence by now: its numbers mean nothing to us.
+		s.Log.Info("vLLM's KV event publisher restarted; starting over", "endpoint", s.Endpoint)
+		s.last, *lostNext = -1, true
+	}
 	for {
 		msg, err := sub.Recv()
 		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
 			return fmt.Errorf("receive KV events from %s: %w", s.Endpoint, err)
 		}
 		seqFrame, payload, err := frames(msg.Frames)
 		if err != nil {
 			s.Log.Warn("malformed KV event message", "err", err)
-			lostNext = true
+			*lostNext = true
 			continue
 		}
 		seq, err := seqOf(seqFrame)
 		if err != nil {
 			s.Log.Warn("malformed KV event message", "err", err)
-			lostNext = true
+			*lostNext = true
 			continue
 		}
-		switch {
-		case s.last >= 0 && seq <= s.last:
+		if s.last >= 0 && seq <= s.last {
 			// The sequence went back: vLLM restarted, with an empty cache.
+			// Start over, with what the new one published before we joined.
 			s.Log.Info("vLLM's KV event sequence restarted", "from", s.last, "to", seq)
-			lostNext = true
-		case seq > s.last+1:
-			if !s.replay(ctx, s.last+1, seq, handle, lostNext) {
-				lostNext = true
-			} else {
-				lostNext = false
-			}
+			s.last, *lostNext = -1, true
 		}
-		s.handle(seq, payload, handle, &lostNext)
+		if seq > s.last+1 {
+			*lostNext = !s.replay(ctx, s.last+1, seq, handle, *lostNext)
+		}
+		s.handle(seq, payload, handle, lostNext)
 	}
+}
+
+// samePublisher says whether the publisher reached after a reconnect is
+// the one followed before: its replay buffer still holds our last message,
+// byte for byte. Without a replay endpoint it cannot tell, and says no.
+func (s *Subscriber) samePublisher(ctx context.Context) bool {
+	if s.Replay == "" {
+		return false
+	}
+	got, err := s.fetchReplay(ctx, s.last, s.last+1)
+	return err == nil && len(got) == 1 && got[0].seq == s.last && xxh3.Hash(got[0].payload) == s.lastSum
 }
 
 // handle decodes one message and passes it on.
 func (s *Subscriber) handle(seq int64, payload []byte, handle Handler, lost *bool) {
-	s.last = seq
+	s.last, s.lastSum = seq, xxh3.Hash(payload)
 	b, unknown, err := DecodeBatch(payload)
 	if err != nil {
 		s.Log.Warn("undecodable KV event batch; resynchronising", "seq", seq, "err", err)
