@@ -200,7 +200,7 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 	if !isRunning(ctx, c, dir) {
 		ports := []int{h.Engine.Port}
 		if h.Engine.Backend == "vllm" {
-			ports = append(ports, vllmEventsPort, vllmReplayPort, vllmNixlPort)
+			ports = append(ports, h.Engine.KVEventsPort, h.Engine.KVReplayPort, h.Engine.NIXLPort)
 		}
 		for _, p := range ports {
 			out, _ := c.Run(ctx, fmt.Sprintf(`command -v ss >/dev/null 2>&1 && ss -ltnH "sport = :%d" | grep -q . && echo used; true`, p))
@@ -208,7 +208,7 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 				if p == h.Engine.Port {
 					return fail(r, PhaseFacts, fmt.Errorf("port %d is in use on the host: pick another engine.port", p))
 				}
-				return fail(r, PhaseFacts, fmt.Errorf("port %d, which vLLM's KV events or NIXL use, is in use on the host", p))
+				return fail(r, PhaseFacts, fmt.Errorf("port %d, which vLLM's KV events or NIXL use, is in use on the host: pick others (engine.kvEventsPort, kvReplayPort, nixlPort)", p))
 			}
 		}
 	}
@@ -328,8 +328,8 @@ func engineService(h Host, addr, dir, nats, token string) service {
 	if h.Engine.Backend == "vllm" {
 		// The agent starts vLLM (the command after --) and stops it with itself.
 		args = append(args, "--backend", "vllm", "--gpus", strconv.Itoa(h.GPUs),
-			"--kv-events-port", strconv.Itoa(vllmEventsPort), "--kv-replay-port", strconv.Itoa(vllmReplayPort),
-			"--nixl-port", strconv.Itoa(vllmNixlPort), "--")
+			"--kv-events-port", strconv.Itoa(h.Engine.KVEventsPort), "--kv-replay-port", strconv.Itoa(h.Engine.KVReplayPort),
+			"--nixl-port", strconv.Itoa(h.Engine.NIXLPort), "--")
 		args = append(append(args, vllmCommand(h)...), h.Engine.Args...)
 	} else {
 		args = append(append(args, "--profile", h.Engine.Profile), h.Engine.Args...)
@@ -343,14 +343,6 @@ func engineService(h Host, addr, dir, nats, token string) service {
 	env["EVOLVE_ENGINE_NATS"] = nats
 	return service{name: "engine", what: "the engine of host " + h.Name, bin: dir + "/bin/evolve", dir: dir, env: env, args: args}
 }
-
-// Ports a vLLM engine uses beside its HTTP port: its KV event publisher and
-// replay service, and NIXL's side channel (vLLM's defaults).
-const (
-	vllmEventsPort = 5557
-	vllmReplayPort = 5558
-	vllmNixlPort   = 5600
-)
 
 // vllmCommand is the host's vLLM server command, before its arguments.
 func vllmCommand(h Host) []string {

@@ -4,6 +4,7 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"os"
@@ -91,8 +92,14 @@ type Engine struct {
 	Args []string `yaml:"args"`
 	// Command is the vLLM server's command, before Args; default
 	// [vllm, serve]. vllm only.
-	Command []string          `yaml:"command"`
-	Env     map[string]string `yaml:"env"`
+	Command []string `yaml:"command"`
+	// Ports vLLM binds beside Port: its KV event publisher (default
+	// 5557), its replay service (5558) and NIXL's side channel (5600).
+	// vllm only.
+	KVEventsPort int               `yaml:"kvEventsPort"`
+	KVReplayPort int               `yaml:"kvReplayPort"`
+	NIXLPort     int               `yaml:"nixlPort"`
+	Env          map[string]string `yaml:"env"`
 }
 
 // Host returns the host named name (the zero Host if none).
@@ -249,6 +256,11 @@ func (f *File) applyDefaults() {
 		if e.Command == nil {
 			e.Command = d.Engine.Command
 		}
+		if e.Backend == "vllm" {
+			e.KVEventsPort = cmp.Or(e.KVEventsPort, d.Engine.KVEventsPort, 5557)
+			e.KVReplayPort = cmp.Or(e.KVReplayPort, d.Engine.KVReplayPort, 5558)
+			e.NIXLPort = cmp.Or(e.NIXLPort, d.Engine.NIXLPort, 5600)
+		}
 		if e.Port == 0 {
 			e.Port = max(d.Engine.Port, 8100)
 		}
@@ -365,6 +377,9 @@ func (f *File) validate() Errors {
 			if len(e.Command) > 0 {
 				bad(p+".engine.command", "is for the vllm backend")
 			}
+			if e.KVEventsPort+e.KVReplayPort+e.NIXLPort != 0 {
+				bad(p+".engine", "kvEventsPort, kvReplayPort and nixlPort are for the vllm backend")
+			}
 		case "vllm":
 			if e.Profile != "" {
 				bad(p+".engine.profile", "is for the sim backend; vllm takes its model in engine.args")
@@ -376,6 +391,21 @@ func (f *File) validate() Errors {
 			bad(p+".engine.backend", "%q: want sim or vllm", e.Backend)
 		}
 		port(p+".engine.port", e.Port)
+		if e.Backend == "vllm" {
+			port(p+".engine.kvEventsPort", e.KVEventsPort)
+			port(p+".engine.kvReplayPort", e.KVReplayPort)
+			port(p+".engine.nixlPort", e.NIXLPort)
+			seen := map[int]string{e.Port: "port"}
+			for _, f := range []struct {
+				name string
+				v    int
+			}{{"kvEventsPort", e.KVEventsPort}, {"kvReplayPort", e.KVReplayPort}, {"nixlPort", e.NIXLPort}} {
+				if other, dup := seen[f.v]; dup {
+					bad(p+".engine."+f.name, "%d is also engine.%s", f.v, other)
+				}
+				seen[f.v] = f.name
+			}
+		}
 	}
 	if o.Host != "local" {
 		if _, ok := names[o.Host]; !ok {

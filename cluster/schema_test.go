@@ -108,9 +108,21 @@ func TestParseVLLMEngines(t *testing.T) {
 	doc := func(hosts string) []byte {
 		return []byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: t}\nspec:\n  defaults: {engine: {profile: tiny}}\n  hosts:\n" + hosts)
 	}
-	f, err := Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm, args: [m]}}\n"))
+	f, err := Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm, args: [m]}}\n    - {name: b, address: h, engine: {backend: vllm, args: [m], kvEventsPort: 6557}}\n"))
 	if err != nil || f.Spec.Hosts[0].Engine.Profile != "" {
 		t.Fatalf("vllm host: %v %+v", err, f.Spec.Hosts[0].Engine)
+	}
+	if e := f.Spec.Hosts[0].Engine; e.KVEventsPort != 5557 || e.KVReplayPort != 5558 || e.NIXLPort != 5600 {
+		t.Fatalf("vLLM's default ports: %+v", e)
+	}
+	if e := f.Spec.Hosts[1].Engine; e.KVEventsPort != 6557 || e.KVReplayPort != 5558 {
+		t.Fatalf("a vLLM port set: %+v", e)
+	}
+	_, err = Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm, args: [m], port: 5557}}\n    - {name: b, address: h, engine: {nixlPort: 1}}\n"))
+	for _, want := range []string{"spec.hosts[0].engine.kvEventsPort: 5557 is also engine.port", "spec.hosts[1].engine: kvEventsPort, kvReplayPort and nixlPort are for the vllm backend"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want %q in %v", want, err)
+		}
 	}
 	_, err = Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm}}\n    - {name: b, address: h, engine: {command: [x]}}\n"))
 	for _, want := range []string{"spec.hosts[0].engine.args: is missing: the vllm backend needs the model", "spec.hosts[1].engine.command: is for the vllm backend"} {

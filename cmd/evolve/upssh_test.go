@@ -212,10 +212,13 @@ spec:
       engine:
         backend: vllm
         port: %d
+        kvEventsPort: %d
+        kvReplayPort: %d
+        nixlPort: %d
         command: [%s, serve]
         args: [fake/model, --served-model-name, fake/model]
         env: {EVOLVE_TEST_FAKE_VLLM: "1"}
-`, port(t), port(t), port(t), h.Port, key, dir, enginePort, exe)), 0o600)
+`, port(t), port(t), port(t), h.Port, key, dir, enginePort, port(t), port(t), port(t), exe)), 0o600)
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
