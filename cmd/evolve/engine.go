@@ -71,7 +71,7 @@ evolve's fetches and eviction hints do not apply to it.`,
 	}
 	f := cmd.Flags()
 	f.String("backend", "sim", "engine backend: sim or vllm")
-	f.String("listen", "127.0.0.1:8000", "HTTP listen address (port 0 picks a free port)")
+	f.String("listen", "127.0.0.1:8000", "HTTP listen address (port 0 picks a free port); vllm: the started server's --host and --port")
 	f.String("advertise", "", "base URL that routers and peers use to reach this engine (default: from --listen)")
 	f.String("profile", "tiny", "simulated hardware and model: a built-in profile name or a YAML file")
 	f.String("id", "", "engine id, letters, digits, '-' and '_' (default: <hostname>-<port>)")
@@ -83,7 +83,7 @@ evolve's fetches and eviction hints do not apply to it.`,
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
 	f.Int("gpu-kv-tokens", 0, "GPU KV capacity in tokens (default: profile)")
 	f.Int("host-kv-tokens", 0, "host-memory KV capacity in tokens (default: profile, else 4x GPU)")
-	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once)")
+	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once); vllm: how long the started server may take to stop")
 	f.Int("default-max-tokens", 0, "output tokens when a request sets none (default: 16 for completions, 256 for chat)")
 	addVLLMFlags(f)
 	return cmd
@@ -110,7 +110,13 @@ func runEngine(cmd *cobra.Command, args []string) error {
 		if len(args) > 0 {
 			return usage(errors.New("a command after -- is for --backend vllm"))
 		}
+		if err := flagsOfOtherBackend(cmd, vllmOnlyFlags, "vllm"); err != nil {
+			return usage(err)
+		}
 	case "vllm":
+		if err := flagsOfOtherBackend(cmd, simOnlyFlags, "sim"); err != nil {
+			return usage(err)
+		}
 		return runVLLMEngine(cmd, args)
 	default:
 		return usage(fmt.Errorf("--backend %q: want sim or vllm", b))
@@ -241,4 +247,22 @@ func connectEngineNATS(url, id string) (*nats.Conn, error) {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
 	return nc, nil
+}
+
+// Flags that mean something to one backend only.
+var (
+	simOnlyFlags  = []string{"profile", "speedup", "max-num-seqs", "max-num-batched-tokens", "gpu-kv-tokens", "host-kv-tokens", "default-max-tokens"}
+	vllmOnlyFlags = []string{"vllm-url", "kv-events", "kv-replay", "kv-events-topic", "kv-events-port", "kv-replay-port", "nixl-port",
+		"gpus", "block-size", "prefill-us-per-token", "vllm-start-timeout"}
+)
+
+// flagsOfOtherBackend refuses flags given on the command line that only
+// the other backend reads, rather than ignoring them.
+func flagsOfOtherBackend(cmd *cobra.Command, names []string, backend string) error {
+	for _, n := range names {
+		if cmd.Flags().Changed(n) {
+			return fmt.Errorf("--%s is for --backend %s", n, backend)
+		}
+	}
+	return nil
 }

@@ -217,6 +217,8 @@ func TestEngineCommandUsageErrors(t *testing.T) {
 		{[]string{"engine", "--role", "sideways"}, 2, "unknown role"},
 		{[]string{"engine", "--backend", "vllm"}, 2, "needs the server"},
 		{[]string{"engine", "--backend", "gpu"}, 2, "want sim or vllm"},
+		{[]string{"engine", "--backend", "vllm", "--profile", "tiny", "--", "vllm"}, 2, "--profile is for --backend sim"},
+		{[]string{"engine", "--vllm-url", "http://h:1"}, 2, "--vllm-url is for --backend vllm"},
 		{[]string{"engine", "--", "vllm", "serve", "m"}, 2, "for --backend vllm"},
 		{[]string{"engine", "--backend", "vllm", "--vllm-url", "http://h:1", "--", "vllm"}, 2, "not both"},
 		{[]string{"engine", "--backend", "vllm", "--vllm-url", "ftp://h"}, 2, "want http://HOST:PORT"},

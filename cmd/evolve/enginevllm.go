@@ -155,7 +155,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		}
 		slog.Info("vLLM started", "pid", proc.Pid(), "command", strings.Join(launch.Args(), " "))
 		defer func() {
-			if err := proc.Stop(30 * time.Second); err != nil {
+			if err := proc.Stop(config.GetDuration("engine.shutdown-grace")); err != nil {
 				slog.Warn("vLLM stop", "err", err)
 			}
 		}()
