@@ -392,7 +392,8 @@ func (a *attempt) prefill() (any, error) {
 		KV any `json:"kv_transfer_params"`
 	}
 	if err := json.Unmarshal(b, &out); err != nil || out.KV == nil {
-		return nil, fmt.Errorf("prefill answer has no kv_transfer_params")
+		// vLLM answers so when no KV connector hands its KV to a peer.
+		return nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
 	}
 	a.prefillDone()
 	return out.KV, nil

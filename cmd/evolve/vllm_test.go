@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,14 +20,38 @@ import (
 // startOrchestrator runs `evolve orchestrator` on free ports with the
 // planner off and returns its URLs.
 func startOrchestrator(t *testing.T) readyInfo {
+	info, _ := startOrchestratorLog(t)
+	return info
+}
+
+// lockedLog is a process's stderr, safe to read while it writes.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// startOrchestratorLog is startOrchestrator that also returns its log.
+func startOrchestratorLog(t *testing.T) (readyInfo, *lockedLog) {
 	t.Helper()
 	dir := t.TempDir()
 	ready := filepath.Join(dir, "ready.json")
 	cmd := exec.Command(evolveBin, "orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
 		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--planner", "off", "--ready-file", ready)
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir)
-	var log strings.Builder
-	cmd.Stderr = &log
+	log := &lockedLog{}
+	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +74,7 @@ func startOrchestrator(t *testing.T) readyInfo {
 		b, err := os.ReadFile(ready)
 		return err == nil && json.Unmarshal(b, &info) == nil
 	})
-	return info
+	return info, log
 }
 
 func getJSON(t *testing.T, url string, out any) {
@@ -239,4 +264,33 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// vLLM without a KV connector cannot hand a prefill's KV to a decode
+// engine: the request is served on the decode engine alone, and the
+// orchestrator's log says which flag vLLM needs.
+func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
+	orch, log := startOrchestratorLog(t)
+	for _, role := range []string{"prefill", "decode"} {
+		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{NoConnector: true}, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+			"--id", "v-"+role, "--role", role, "--nats", orch.NATSURL)
+	}
+	eventually(t, 20*time.Second, "both serving", func() bool {
+		var nodes []map[string]any
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		return len(nodes) == 2 && nodes[0]["state"] == "serving" && nodes[1]["state"] == "serving"
+	})
+	status, _, body := post(t, orch.RouterURL+"/v1/completions", map[string]any{"model": "fake/model", "max_tokens": 2,
+		"prompt": strings.Repeat("a long prompt that is worth prefilling elsewhere ", 200)})
+	if status != 200 {
+		t.Fatalf("without a connector: %d %v", status, body)
+	}
+	if !strings.Contains(log.String(), `needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\"`) {
+		t.Fatalf("the orchestrator's log does not say what vLLM lacks:\n%s", log.String())
+	}
 }

@@ -45,6 +45,9 @@ type Options struct {
 	// field, as a newer vLLM would.
 	MapEvents bool
 	Topic     string
+	// NoConnector answers prefill legs as vLLM without a KV connector
+	// does: with no kv_transfer_params.
+	NoConnector bool
 }
 
 // Server is a fake vLLM server.
@@ -325,7 +328,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	usage := map[string]any{"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n,
 		"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
 	var kvp any
-	if p.KV.DoRemoteDecode {
+	if p.KV.DoRemoteDecode && !s.opts.NoConnector {
 		kvp = map[string]any{"do_remote_prefill": true, "do_remote_decode": false, "remote_engine_id": "fake-" + s.URL,
 			"remote_request_id": id, "remote_block_ids": [][]int{{1, 2, 3}}, "remote_host": "127.0.0.1", "remote_port": 5600, "tp_size": 1}
 	}
