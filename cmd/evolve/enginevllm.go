@@ -85,11 +85,15 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 			return usage(fmt.Errorf("--listen %q: vLLM needs a fixed port", get("listen")))
 		}
 		local := listenHost
+		advertise = "http://" + net.JoinHostPort(listenHost, listenPort)
 		if ip := net.ParseIP(local); local == "" || ip != nil && ip.IsUnspecified() {
+			// Listening everywhere: the agent asks on loopback, and others
+			// are told this host's name, as the simulated engine does.
 			local = "127.0.0.1"
+			h, _ := os.Hostname()
+			advertise = "http://" + net.JoinHostPort(h, listenPort)
 		}
 		base = "http://" + net.JoinHostPort(local, listenPort)
-		advertise = base
 	}
 	if a := get("advertise"); a != "" {
 		advertise = strings.TrimRight(a, "/")
