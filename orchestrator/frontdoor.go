@@ -380,13 +380,9 @@ func (a *attempt) prefill() (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 16<<20))
+	b, err := readAnswer(resp, 16<<20, "prefill")
 	if err != nil {
-		return nil, fmt.Errorf("read prefill answer: %w", err)
-	}
-	if resp.StatusCode != 200 {
-		return nil, engineError(resp.StatusCode, b)
+		return nil, err
 	}
 	var out struct {
 		KV any `json:"kv_transfer_params"`
@@ -437,6 +433,20 @@ func (a *attempt) post(url string, body map[string]any) (*http.Response, error) 
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", a.reqID)
 	return a.o.http.Do(req)
+}
+
+// readAnswer reads an engine's whole answer (at most limit bytes) and
+// closes it; an answer other than 200 is an engineError.
+func readAnswer(resp *http.Response, limit int64, what string) ([]byte, error) {
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return nil, fmt.Errorf("read %s answer: %w", what, err)
+	}
+	if resp.StatusCode != 200 {
+		return nil, engineError(resp.StatusCode, b)
+	}
+	return b, nil
 }
 
 // engineError is an engine's refusal; a 4xx other than 429 is the client's

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"sort"
 	"time"
@@ -129,13 +128,9 @@ func (o *Orchestrator) tokenizeAt(ctx context.Context, base string, body []byte)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	b, err := readAnswer(resp, 64<<20, "tokenize")
 	if err != nil {
-		return nil, fmt.Errorf("read tokenize answer: %w", err)
-	}
-	if resp.StatusCode != 200 {
-		return nil, engineError(resp.StatusCode, b)
+		return nil, err
 	}
 	var out struct {
 		Tokens []uint32 `json:"tokens"`

@@ -80,7 +80,6 @@ type Replica struct {
 	role      string
 	draining  bool
 	lastOK    time.Time
-	lost      int // batches lost (gaps not replayed)
 	batches   int // batches handled
 	warned    bool
 }
@@ -306,7 +305,6 @@ func (r *Replica) handle(b Batch, lost bool) {
 	r.batches++
 	var out []kv.Event
 	if lost {
-		r.lost++
 		out = r.tr.Clear(out)
 	}
 	for _, ev := range b.Events {

@@ -167,7 +167,8 @@ func TestReplicaRegistersAndTranslatesEvents(t *testing.T) {
 				}
 				return true
 			})
-			// evolve's own tokenizer gives other ids, hence other hashes.
+			// The chain is over the server's own ids (from /tokenize), which
+			// are not evolve's tokenizer's.
 			if hb := r.Heartbeat(); hb.LastKVSeq != uint64(len(sk.snapshot())) || hb.Role != "both" {
 				t.Fatalf("heartbeat %+v", hb)
 			}

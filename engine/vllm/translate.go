@@ -23,6 +23,7 @@ import (
 type Translator struct {
 	blockSize int
 	blocks    map[EngineHash]block
+	copies    [2]int // copies per tier, kept as blocks change
 	seq       uint64
 
 	// Ignored counts blocks left out on purpose (adapters, extra keys,
@@ -67,17 +68,7 @@ func (t *Translator) emit(out []kv.Event, e kv.Event) []kv.Event {
 func (t *Translator) LastSeq() uint64 { return t.seq }
 
 // Blocks returns how many blocks have a copy on GPU and in host memory.
-func (t *Translator) Blocks() (gpu, host int) {
-	for _, b := range t.blocks {
-		if b.tiers&(1<<kv.TierGPU) != 0 {
-			gpu++
-		}
-		if b.tiers&(1<<kv.TierHost) != 0 {
-			host++
-		}
-	}
-	return gpu, host
-}
+func (t *Translator) Blocks() (gpu, host int) { return t.copies[kv.TierGPU], t.copies[kv.TierHost] }
 
 // Apply translates one vLLM event, appending evolve's events to out.
 func (t *Translator) Apply(ev Event, out []kv.Event) []kv.Event {
@@ -140,6 +131,7 @@ func (t *Translator) stored(ev Event, out []kv.Event) []kv.Event {
 		if b.tiers&(1<<tier) == 0 {
 			b.tiers |= 1 << tier
 			t.blocks[h] = b
+			t.copies[tier]++
 			out = t.emit(out, kv.Event{Kind: kv.BlockStored, Tier: tier, Hash: b.ours, Parent: b.parent, Depth: b.depth})
 		}
 		parent, depth, hasParent = b.ours, b.depth+1, true
@@ -150,6 +142,7 @@ func (t *Translator) stored(ev Event, out []kv.Event) []kv.Event {
 // Clear forgets every block and emits AllCleared.
 func (t *Translator) Clear(out []kv.Event) []kv.Event {
 	clear(t.blocks)
+	t.copies = [2]int{}
 	return t.emit(out, kv.Event{Kind: kv.AllCleared})
 }
 
@@ -169,6 +162,7 @@ func (t *Translator) remove(h EngineHash, tier kv.Tier, out []kv.Event) []kv.Eve
 	}
 	out = t.emit(out, kv.Event{Kind: kv.BlockRemoved, Tier: tier, Hash: b.ours, Parent: b.parent, Depth: b.depth})
 	b.tiers &^= 1 << tier
+	t.copies[tier]--
 	if b.tiers == 0 {
 		delete(t.blocks, h)
 	} else {
