@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -202,15 +203,43 @@ func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
 	// peer's host pool while the request waits, and computes only the
 	// new tokens.
 	before := tc.o.KV().RemoteHostTokens
-	out := turn(t, router, "s", "main", "", false, p+words("more", 400))
-	ev, _ := out["evolve"].(map[string]any)
-	computed, _ := ev["computed_tokens"].(float64)
+	queries, hits := tc.engineCounter(t, other, "vllm:prefix_cache_queries_total"), tc.engineCounter(t, other, "vllm:prefix_cache_hits_total")
+	turn(t, router, "s", "main", "", false, p+words("more", 400))
 	if got := tc.o.KV().RemoteHostTokens - before; got < int64(len(chain)*16)/2 {
-		t.Fatalf("fetched %d tokens from peers for a %d-block context (evolve: %v)", got, len(chain), ev)
+		t.Fatalf("fetched %d tokens from peers for a %d-block context", got, len(chain))
 	}
-	if computed == 0 || computed > 1200 {
-		t.Fatalf("the turn computed %v tokens; the context should have come from the host pool (evolve: %v)", computed, ev)
+	// The prefill node waited for the fetch: its prefix cache found the
+	// whole context, and it computed only the new tokens.
+	prompt := tc.engineCounter(t, other, "vllm:prefix_cache_queries_total") - queries
+	found := tc.engineCounter(t, other, "vllm:prefix_cache_hits_total") - hits
+	if found < float64(len(chain)*16) || found >= prompt {
+		t.Fatalf("the prefill node found %v of %v prompt tokens in its cache, want the %d tokens of the fetched context", found, prompt, len(chain)*16)
 	}
+}
+
+// engineCounter reads a counter from node id's /metrics.
+func (tc *testCluster) engineCounter(t *testing.T, id, name string) float64 {
+	t.Helper()
+	tc.o.c.mu.Lock()
+	url := tc.o.c.nodes[id].reg.URL
+	tc.o.c.mu.Unlock()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && (f[0] == name || strings.HasPrefix(f[0], name+"{")) {
+			v, err := strconv.ParseFloat(f[1], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("%s has no %s", id, name)
+	return 0
 }
 
 // Live branches whose contexts outgrow the GPU: the evictions of their

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -279,9 +280,17 @@ func (o *Orchestrator) release(dec routing.Decision) {
 	}
 }
 
-// startFetches asks prefill nodes to pull blocks from peers at once, while
-// the request waits in their queue.
+// fetchStartWait bounds how long a request waits for its fetches to start
+// before it goes to its engine anyway.
+const fetchStartWait = 250 * time.Millisecond
+
+// startFetches asks prefill nodes to pull blocks from peers at once, and
+// waits until each engine has taken its fetch on (at most fetchStartWait):
+// an engine then holds the request until the blocks have landed instead of
+// recomputing them, while the transfer goes on and the request waits in
+// its queue.
 func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) {
+	var wg sync.WaitGroup
 	for _, f := range dec.Fetches {
 		o.c.mu.Lock()
 		src := o.c.nodes[f.Src]
@@ -293,14 +302,24 @@ func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) 
 		if url == "" {
 			continue
 		}
-		f := f
+		wg.Add(1)
 		go func() {
+			defer wg.Done()
 			// The chain is needed whole: the peer checks it holds the prefix.
 			_, err := o.control(f.To, protocol.ControlRequest{Op: protocol.OpFetch, Peer: url, Blocks: chain[:f.End], From: f.From})
 			if err != nil {
 				o.log.Warn("fetch failed", "to", f.To, "from", f.Src, "err", err)
 			}
 		}()
+	}
+	started := make(chan struct{})
+	go func() { wg.Wait(); close(started) }()
+	t := time.NewTimer(fetchStartWait)
+	defer t.Stop()
+	select {
+	case <-started:
+	case <-t.C:
+		o.log.Debug("fetches slow to start; the request goes on", "fetches", len(dec.Fetches))
 	}
 }
 

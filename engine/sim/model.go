@@ -196,17 +196,21 @@ type seq struct {
 	// The sequence's tokens are the prompt (the request's own slice,
 	// shared, never written) followed by out: a 100K-token context is not
 	// copied on every turn.
-	out         []uint32
-	chain       []kv.BlockHash // hashes of the full blocks of the tokens
-	blocks      []BlockID      // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
-	computed    int            // tokens whose KV is in blocks
-	generated   int
-	remoteReady time.Time
-	usage       Usage
-	rng         uint64
-	state       seqState
-	holdUntil   time.Time
-	admitted    bool
+	out       []uint32
+	chain     []kv.BlockHash // hashes of the full blocks of the tokens
+	blocks    []BlockID      // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
+	computed  int            // tokens whose KV is in blocks
+	generated int
+	// kvReady is when KV coming from elsewhere will have arrived: a decode
+	// leg's pull from its prefill peer, or a fetch of its prefix into the
+	// host tier. The sequence is not admitted before (vLLM keeps such
+	// requests aside, waiting for remote KV, and admits the others).
+	kvReady   time.Time
+	usage     Usage
+	rng       uint64
+	state     seqState
+	holdUntil time.Time
+	admitted  bool
 }
 
 type fetch struct {
@@ -369,7 +373,11 @@ func (m *Model) Submit(now time.Time, r Request) error {
 		}
 		_, local := m.Lookup(s.chain)
 		n := min(len(r.Remote.Blocks), len(s.chain)) - local
-		s.remoteReady = now.Add(m.p.TransferTime(n, gbps))
+		s.kvReady = now.Add(m.p.TransferTime(n, gbps))
+	} else {
+		for i := range m.fetches {
+			s.waitFor(&m.fetches[i])
+		}
 	}
 	m.byID[r.ID] = s
 	m.waiting = append(m.waiting, s)
@@ -488,8 +496,29 @@ func (m *Model) Fetch(now time.Time, chain []kv.BlockHash, from int, gbps float6
 			m.fetches[i], m.fetches[i-1] = m.fetches[i-1], m.fetches[i]
 			i--
 		}
+		for _, s := range m.waiting {
+			if s.req.Remote == nil && !s.admitted {
+				s.waitFor(&f)
+			}
+		}
 	}
 	return ready, n
+}
+
+// waitFor makes the sequence wait for a fetch that brings blocks of its
+// prefix: computing them instead would throw the fetch away (the router
+// chose it because moving beats recomputing).
+func (s *seq) waitFor(f *fetch) {
+	if !f.ready.After(s.kvReady) {
+		return
+	}
+	// Chains are prefix hashes: equal at index j means equal up to j.
+	// The fetch helps if the two share a block at or beyond f.from.
+	j := min(len(s.chain), len(f.chain)) - 1
+	if j < f.from || s.chain[f.from] != f.chain[f.from] {
+		return
+	}
+	s.kvReady = f.ready
 }
 
 // OffloadGPU copies every cached GPU block that the host tier lacks to host,
@@ -588,8 +617,8 @@ func (m *Model) NextWake(now time.Time) (time.Time, bool) {
 		}
 	}
 	for _, s := range m.waiting {
-		if s.req.Remote != nil && !s.admitted {
-			consider(s.remoteReady)
+		if !s.admitted {
+			consider(s.kvReady)
 		}
 	}
 	for _, f := range m.fetches {

@@ -658,3 +658,41 @@ func TestEvictionHintsWaitForBlocksAndFollowThem(t *testing.T) {
 		t.Fatalf("c, older than x's reload, lost GPU blocks (%d of 31 left) while hinted-down x was there", g)
 	}
 }
+
+// A request whose prefix is being fetched waits for the fetch instead of
+// recomputing what it brings, whether the fetch started before the request
+// arrived or after; a request that needs nothing from it is not held up.
+func TestRequestWaitsForFetchOfItsPrefix(t *testing.T) {
+	p := tinyProfile(t)
+	for _, fetchFirst := range []bool{true, false} {
+		m := NewModel(p, Config{})
+		tokens := prompt(512, 7)
+		chain := kv.ChainHashes(tokens, p.BlockSize)
+		other := prompt(64, 8)
+		var ready time.Time
+		var n int
+		if fetchFirst {
+			ready, n = m.Fetch(t0, chain[:31], 0, 0)
+		}
+		submit(t, m, t0, Request{ID: "x", Tokens: tokens, MaxTokens: 1})
+		submit(t, m, t0, Request{ID: "other", Tokens: other, MaxTokens: 1})
+		if !fetchFirst {
+			ready, n = m.Fetch(t0, chain[:31], 0, 0)
+		}
+		if n != 31 || !ready.After(t0) {
+			t.Fatalf("fetch moves %d blocks, ready at %v", n, ready)
+		}
+		res := run(t, m, t0, 1000)
+		x, o := res.finished["x"], res.finished["other"]
+		if x.Usage.HostHitTokens != 496 || x.Usage.ComputedTokens != 16 {
+			t.Fatalf("fetchFirst=%v: the request computed %d tokens and hit %d in host; want 16 and 496 (it must wait for the fetch)",
+				fetchFirst, x.Usage.ComputedTokens, x.Usage.HostHitTokens)
+		}
+		if x.Usage.FirstScheduled.Before(ready) {
+			t.Fatalf("fetchFirst=%v: scheduled at %v, before the fetch landed at %v", fetchFirst, x.Usage.FirstScheduled, ready)
+		}
+		if !o.Usage.FirstScheduled.Equal(t0) {
+			t.Fatalf("fetchFirst=%v: an unrelated request was scheduled at %v, want %v (not held up by the fetch)", fetchFirst, o.Usage.FirstScheduled, t0)
+		}
+	}
+}

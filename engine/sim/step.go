@@ -53,13 +53,14 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 	}
 
 	// Then waiting sequences, in arrival order, while budget, sequence slots
-	// and KV blocks last. Decode legs whose KV is still in flight are skipped.
+	// and KV blocks last. Sequences whose KV is still in flight (a decode
+	// leg's pull, a fetch of the prefix) are skipped.
 	if budget > 0 && len(m.running) < m.cfg.MaxNumSeqs {
 		kept := m.waiting[:0]
 		blocked := false
 		for _, s := range m.waiting {
 			if blocked || budget == 0 || len(m.running) >= m.cfg.MaxNumSeqs ||
-				(s.req.Remote != nil && !s.admitted && now.Before(s.remoteReady)) {
+				(!s.admitted && now.Before(s.kvReady)) {
 				kept = append(kept, s)
 				continue
 			}
