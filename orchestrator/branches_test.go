@@ -14,6 +14,7 @@ import (
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/orchestrator/routing"
 )
 
 // words makes a prompt of n distinct words of a family.
@@ -263,5 +264,35 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 	// The control API's last minute counts those requests, measured.
 	if r := tc.o.Status().Recent; r.Requests != 5 || r.TTFTP50 <= 0 || r.E2EP50 < r.TTFTP50 || r.WindowSec != 60 {
 		t.Fatalf("recent: %+v", r)
+	}
+}
+
+// What a prefill computes beyond its placement's plan is lost KV reuse:
+// read from the engine's usage, once per request, never from engines that
+// do not report cached tokens.
+func TestLostReuseCountsPrefillBeyondPlan(t *testing.T) {
+	o := &Orchestrator{}
+	a := &attempt{o: o, planned: 100, dec: routing.Decision{Disaggregated: true}}
+	a.countPrefill([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 700}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 200 {
+		t.Fatalf("computed 300 where 100 were planned: lost %d, want 200", got)
+	}
+	a.countPrefill([]byte(`{"usage": {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 0}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 200 {
+		t.Fatalf("a second answer counted again: %d", got)
+	}
+	// Served on one node: the whole answer's usage; as planned, nothing.
+	b := &attempt{o: o, planned: 300}
+	b.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 700}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 200 || b.outTokens != 9 {
+		t.Fatalf("lost %d (want 200), output %d (want 9)", got, b.outTokens)
+	}
+	// No cached-token report, or a retried routing: not counted.
+	c := &attempt{o: o, planned: 0}
+	c.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9}}`))
+	d := &attempt{o: o, planned: -1}
+	d.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 200 {
+		t.Fatalf("counted without a report or on a retry: %d", got)
 	}
 }

@@ -116,6 +116,10 @@ type attempt struct {
 	// outTokens: output tokens the client got, from the answer's usage
 	// or, in a stream without usage, one per content chunk.
 	outTokens int
+	// planned: prompt tokens the placement left to compute, on the first
+	// routing (-1 on later ones, which are not counted again).
+	planned        int
+	prefillCounted bool
 }
 
 var reqCounter atomic.Uint64
@@ -187,7 +191,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, raw: raw, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec)}
+		a := &attempt{o: o, w: w, r: r, p: p, raw: raw, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1}
+		if try == 0 && len(p.Tokens) > 0 {
+			// An engine computes at least the prompt's last token (the
+			// simulated one its last block).
+			a.planned = max(computed, len(p.Tokens)-(len(p.Tokens)-1)/bs*bs)
+		}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
 		o.policyMu.Lock()
@@ -403,6 +412,7 @@ func (a *attempt) prefill() (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	a.countPrefill(b)
 	var out struct {
 		KV any `json:"kv_transfer_params"`
 	}

@@ -229,15 +229,50 @@ func parseRole(s string) (routing.Role, bool) {
 	return routing.Decode, false
 }
 
-// countUsage reads the output tokens from a whole answer's usage.
+// usage is the part of an answer's usage the orchestrator reads.
+type usage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	Details          *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// countUsage reads the output tokens from a whole answer's usage, and for
+// a request served on one node what its prefill computed.
 func (a *attempt) countUsage(b []byte) {
 	var out struct {
-		Usage *struct {
-			CompletionTokens int `json:"completion_tokens"`
-		} `json:"usage"`
+		Usage *usage `json:"usage"`
 	}
 	if json.Unmarshal(b, &out) == nil && out.Usage != nil {
 		a.outTokens = out.Usage.CompletionTokens
+		if !a.dec.Disaggregated {
+			a.countComputed(out.Usage)
+		}
+	}
+}
+
+// countPrefill reads what a prefill leg computed from its answer.
+func (a *attempt) countPrefill(b []byte) {
+	var out struct {
+		Usage *usage `json:"usage"`
+	}
+	if json.Unmarshal(b, &out) == nil && out.Usage != nil {
+		a.countComputed(out.Usage)
+	}
+}
+
+// countComputed adds to the lost KV reuse what the prefill computed beyond
+// its placement's plan: blocks the cluster held when the request was
+// placed (evicted while it waited, or a fetch that did not arrive).
+// Engines that do not report cached tokens are not counted.
+func (a *attempt) countComputed(u *usage) {
+	if a.planned < 0 || a.prefillCounted || u.Details == nil || u.PromptTokens <= 0 {
+		return
+	}
+	a.prefillCounted = true
+	if extra := u.PromptTokens - u.Details.CachedTokens - a.planned; extra > 0 {
+		a.o.kvc.lostReuse.Add(int64(extra))
 	}
 }
 
