@@ -2,6 +2,7 @@ package sim
 
 import (
 	"testing"
+	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
@@ -56,5 +57,25 @@ func TestLostReuseCountsRecomputeBeyondThePlan(t *testing.T) {
 	r.countLostReuse(whole, &m, false)
 	if whole.planned != bs {
 		t.Fatalf("a fully cached prompt plans %d tokens, want %d (its last block)", whole.planned, bs)
+	}
+}
+
+// The split a result reports is the one its scored windows served, or
+// where a planner took it from and to.
+func TestScoredSplit(t *testing.T) {
+	w := func(min, p, d int) Window {
+		return Window{Start: time.Duration(min) * time.Minute, Prefill: p, Decode: d}
+	}
+	for _, c := range []struct {
+		tl   []Window
+		want string
+	}{
+		{[]Window{w(0, 3, 6), w(1, 2, 7), w(2, 2, 7)}, "2:7"}, // moved in the warm-up only
+		{[]Window{w(0, 3, 6), w(1, 3, 6), w(2, 4, 5), w(3, 2, 7)}, "3:6 -> 2:7"},
+		{[]Window{w(0, 3, 6)}, "1:8"}, // nothing scored
+	} {
+		if got := scoredSplit(c.tl, time.Minute, "1:8"); got != c.want {
+			t.Errorf("%v: %q, want %q", c.tl, got, c.want)
+		}
 	}
 }

@@ -675,7 +675,7 @@ func (r *run) step(i int) {
 	e.stats = out.Stats
 	e.tokens += uint64(out.Stats.PrefillTokens + out.Stats.DecodeSeqs)
 	if !out.Idle {
-		r.observePass(d, &out.Stats)
+		r.observePass(e, d, &out.Stats)
 		for _, f := range out.Finished {
 			r.finished(e, i, f, end)
 		}
@@ -805,5 +805,31 @@ func (r *run) finish() Result {
 		res.EnginePasses += e.model.Counters().Passes
 	}
 	res.VirtualSec = r.now.Sub(r.start).Seconds()
+	res.Split = scoredSplit(res.Timeline, r.sc.Warmup, res.Split)
 	return res
+}
+
+// scoredSplit is the split the scored windows served: the one split, or
+// the first and the last ("3:6 -> 2:7") when a planner moved nodes; def
+// when no window was scored.
+func scoredSplit(tl []Window, warmup time.Duration, def string) string {
+	first, last, changed := "", "", false
+	for _, w := range tl {
+		if w.Start < warmup {
+			continue
+		}
+		sp := fmt.Sprintf("%d:%d", w.Prefill, w.Decode)
+		if first == "" {
+			first = sp
+		}
+		changed = changed || sp != first
+		last = sp
+	}
+	switch {
+	case first == "":
+		return def
+	case changed:
+		return first + " -> " + last
+	}
+	return first
 }
