@@ -75,8 +75,9 @@ func (o *Orchestrator) onStats(m *nats.Msg) {
 		tokens += ps.PrefillTokens + ps.DecodeSeqs
 	}
 	o.c.mu.Lock()
-	speedup := 1.0
+	speedup, prefill := 1.0, false
 	if n := o.c.nodes[b.Engine]; n != nil {
+		prefill = n.role == routing.Prefill
 		n.noteTokens(now, tokens)
 		n.passes += uint64(len(b.Passes))
 		if n.reg.Speedup > 0 {
@@ -92,7 +93,7 @@ func (o *Orchestrator) onStats(m *nats.Msg) {
 	for _, ps := range b.Passes {
 		o.plan.p.ObservePass(now, planner.Pass{Seconds: ps.DurationSec / speedup, PrefillTokens: ps.PrefillTokens,
 			PrefillAttended: ps.PrefillAttended, DecodeSeqs: ps.DecodeSeqs, DecodeContext: ps.DecodeContext,
-			CopyBlocks: ps.HostLoadBlocks + ps.OffloadBlocks})
+			CopyBlocks: ps.HostLoadBlocks + ps.OffloadBlocks, OnPrefillNode: prefill})
 	}
 }
 

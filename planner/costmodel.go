@@ -12,6 +12,7 @@ type Pass struct {
 	DecodeSeqs      int     // sequences that got a decode token
 	DecodeContext   int     // their total context, tokens
 	CopyBlocks      int     // KV blocks copied between GPU and host in the pass
+	OnPrefillNode   bool    // the engine serves the prefill role
 }
 
 // Coefficient is one learned cost with its uncertainty.

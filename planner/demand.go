@@ -34,6 +34,8 @@ const (
 	qOutput              // output tokens of finished requests
 	qFinPrompt           // prompt tokens of finished requests
 	qFinDecodeCtx        // output x (prompt + output/2): context-weighted decode work
+	qServedTok           // tokens prefill nodes computed
+	qServedAtt           // and their attention
 	nQty
 )
 
@@ -87,6 +89,18 @@ type Demand struct {
 	PrefillCV2       float64 `json:"prefill_tokens_cv2"`
 	PrefillContext   float64 `json:"prefill_context_tokens"`
 	PrefillTokPerSec float64 `json:"prefill_tokens_per_s"`
+	// PrefillQueue is the number of requests waiting on prefill nodes
+	// (smoothed); HiddenTokPerSec the prefill tokens per second that
+	// PrefillTokPerSec counts beyond the arrivals: what prefill nodes
+	// computed above them, and the queue beyond what the queueing model
+	// expects (demand the closed loop of agents holds back).
+	PrefillQueue float64 `json:"prefill_queue"`
+	// ServedTokPerSec is what prefill nodes computed per second, measured
+	// from their passes, and ServedContext the mean context those tokens
+	// attended to.
+	ServedTokPerSec float64 `json:"prefill_served_tokens_per_s"`
+	ServedContext   float64 `json:"prefill_served_context_tokens"`
+	HiddenTokPerSec float64 `json:"hidden_prefill_tokens_per_s"`
 	// Prefill done on decode nodes (short uncached parts).
 	LocalTokPerSec  float64 `json:"local_prefill_tokens_per_s"`
 	LocalContext    float64 `json:"local_prefill_context_tokens"`
@@ -113,6 +127,8 @@ func (d *decayed) demand(now time.Time) Demand {
 		PrefillContext:   d.ratio(qDisaggAtt, qDisaggTok),
 		OutputTokens:     d.ratio(qOutput, qFinished),
 		DecodeContext:    d.ratio(qFinDecodeCtx, qOutput),
+		ServedTokPerSec:  d.rate(now, qServedTok),
+		ServedContext:    d.ratio(qServedAtt, qServedTok),
 	}
 	if m := out.PrefillTokens; m > 0 {
 		out.PrefillCV2 = max(0, d.ratio(qDisaggTok2, qDisagg)/(m*m)-1)
@@ -145,6 +161,12 @@ func (t *demandTracker) arrive(now time.Time, a Arrival) {
 		t.add(now, qLocalTok, n)
 		t.add(now, qLocalAtt, att)
 	}
+}
+
+// served records a pass of a prefill node.
+func (t *demandTracker) served(now time.Time, tokens int, attended float64) {
+	t.add(now, qServedTok, float64(tokens))
+	t.add(now, qServedAtt, attended)
 }
 
 func (t *demandTracker) finish(now time.Time, prompt, output int) {

@@ -136,6 +136,8 @@ type Planner struct {
 	moves    int
 	// decodeSeqs: sequences on decode nodes, smoothed.
 	decodeSeqs float64
+	// prefillQueue: requests waiting on prefill nodes, smoothed.
+	prefillQueue float64
 }
 
 // New returns a planner.
@@ -179,7 +181,12 @@ func (p *Planner) SetSpeedup(s float64) {
 func (p *Planner) Config() Config { return p.cfg }
 
 // ObservePass learns from one engine pass.
-func (p *Planner) ObservePass(now time.Time, ps Pass) { p.costs.Observe(now, ps) }
+func (p *Planner) ObservePass(now time.Time, ps Pass) {
+	p.costs.Observe(now, ps)
+	if ps.OnPrefillNode && ps.PrefillTokens > 0 {
+		p.demand.served(now, ps.PrefillTokens, ps.PrefillAttended)
+	}
+}
 
 // Arrive records a request the router placed.
 func (p *Planner) Arrive(now time.Time, a Arrival) { p.demand.arrive(now, a) }
@@ -191,6 +198,34 @@ func (p *Planner) Finish(now time.Time, promptTokens, outputTokens int) {
 
 // Costs returns the learned cost models.
 func (p *Planner) Costs() *CostModel { return p.costs }
+
+// addHiddenDemand counts in the prefill demand that arrivals do not show.
+// Agents wait for their answers, so when the prefill nodes fall behind,
+// fewer requests arrive and the measured arrival rate looks served while
+// a queue builds; and a prefill may compute more than its placement
+// expected (blocks evicted while it queued). So the prefill nodes' demand
+// is at least what they measurably computed per second, and requests
+// queued on them beyond what the queueing model expects at that rate
+// (Little's law on the current split's prediction, cur) add their tokens
+// as a rate over the short horizon.
+func (p *Planner) addHiddenDemand(dm *Demand, cur func(Demand) Prediction) {
+	dm.PrefillQueue = p.prefillQueue
+	arrivals := dm.PrefillTokPerSec
+	if dm.ServedTokPerSec > dm.PrefillTokPerSec {
+		dm.PrefillTokPerSec = dm.ServedTokPerSec
+		dm.PrefillContext = max(dm.PrefillContext, dm.ServedContext)
+	}
+	if dm.PrefillTokens > 0 {
+		pr := cur(*dm)
+		expected := pr.PrefillWait * dm.RequestsPerSec * dm.DisaggShare
+		if pr.Saturated {
+			expected = 0
+		}
+		excess := max(0, p.prefillQueue-expected)
+		dm.PrefillTokPerSec += excess * dm.PrefillTokens / p.cfg.ShortHorizon.Seconds()
+	}
+	dm.HiddenTokPerSec = dm.PrefillTokPerSec - arrivals
+}
 
 // Due reports whether a step is due at now.
 func (p *Planner) Due(now time.Time) bool { return !now.Before(p.nextStep) }
@@ -231,14 +266,18 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 		}
 	}
 	st.Prefill, st.Decode, st.Switching = cur, total-cur, switching
-	seqs := 0.0
+	seqs, queued := 0.0, 0.0
 	for _, n := range nodes {
-		if n.Role == Decode && (n.Serving || n.Switching) {
+		switch {
+		case n.Role == Decode && (n.Serving || n.Switching):
 			seqs += float64(n.Waiting + n.Running)
+		case n.Role == Prefill && n.Serving:
+			queued += float64(n.Waiting)
 		}
 	}
 	a := 1 - math.Exp(-p.cfg.Interval.Seconds()/p.cfg.ShortHorizon.Seconds())
 	p.decodeSeqs += a * (seqs - p.decodeSeqs)
+	p.prefillQueue += a * (queued - p.prefillQueue)
 	st.Short.DecodeSeqs, st.Long.DecodeSeqs = p.decodeSeqs, p.decodeSeqs
 	lo = max(p.cfg.MinPerRole, pinnedP)
 	hi = total - max(p.cfg.MinPerRole, pinnedD)
@@ -264,6 +303,7 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 	pred := func(dm Demand, np int) Prediction {
 		return predict(np, total-np, dm, pc, dc, p.cfg.Limits, p.cfg.TTFTWeight)
 	}
+	p.addHiddenDemand(&st.Short, func(dm Demand) Prediction { return pred(dm, cur) })
 	st.Current = pred(st.Short, cur)
 	best := st.Current
 	for np := lo; np <= hi; np++ {

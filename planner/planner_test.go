@@ -348,3 +348,79 @@ func TestCostModelLearnsPrefillFromMixedPasses(t *testing.T) {
 	within(t, "prefill per token (mixed)", pc.PerToken, gb300.pc.PerToken, 0.05)
 	within(t, "prefill per token x context (mixed)", pc.PerTokenContext, gb300.pc.PerTokenContext, 0.05)
 }
+
+// Agents wait for their answers: when the prefill nodes fall behind, the
+// arrival rate drops to what they serve and looks light while a queue
+// builds. The planner sees through it: what the prefill nodes compute per
+// second and the requests queued on them count as demand, and it adds
+// prefill nodes. The same arrivals with no queue and idle prefill nodes
+// do not.
+func TestPrefillQueueRevealsHiddenDemand(t *testing.T) {
+	for _, slow := range []bool{false, true} {
+		c := newCluster(9, 2, Config{})
+		var seen Demand // the demand when the planner first moved
+		const rate, prompt, ctx = 1.0, 6000, 60_000
+		full := Pass{PrefillTokens: 8192, PrefillAttended: 8192 * (ctx + 4096), OnPrefillNode: true}
+		own := Pass{PrefillTokens: prompt, PrefillAttended: prompt * (ctx + prompt/2), OnPrefillNode: true}
+		nextArrival, nextPass := c.now, c.now
+		end := c.now.Add(10 * time.Minute)
+		for c.now.Before(end) {
+			c.now = c.now.Add(50 * time.Millisecond)
+			// Two prefill nodes fall behind; three keep up.
+			p, _ := c.split()
+			behind := slow && p == 2
+			for !nextArrival.After(c.now) {
+				c.p.Arrive(nextArrival, Arrival{Tokens: prompt + ctx, ComputeTokens: prompt, Disaggregated: true})
+				c.p.Finish(nextArrival, prompt+ctx, 300)
+				if !behind {
+					c.p.ObservePass(nextArrival, gb300.pass(c.rng, own))
+				}
+				nextArrival = nextArrival.Add(time.Duration(c.rng.ExpFloat64() / rate * float64(time.Second)))
+			}
+			for !nextPass.After(c.now) { // decode passes, and behind: both prefill nodes busy
+				for i := 0; i < 3; i++ {
+					c.p.ObservePass(nextPass, gb300.pass(c.rng, randomPass(c.rng, false)))
+				}
+				c.p.ObservePass(nextPass, gb300.pass(c.rng, randomPass(c.rng, true)))
+				if behind {
+					ps := gb300.pass(c.rng, full)
+					c.p.ObservePass(nextPass, ps)
+					c.p.ObservePass(nextPass, ps)
+					nextPass = nextPass.Add(time.Duration(ps.Seconds * float64(time.Second)))
+				} else {
+					nextPass = nextPass.Add(time.Second)
+				}
+			}
+			for i := range c.nodes {
+				c.nodes[i].Waiting = 0
+				if behind && c.nodes[i].Role == Prefill {
+					c.nodes[i].Waiting = 40
+				}
+			}
+			if c.p.Due(c.now) {
+				moves := c.p.Step(c.now, c.nodes)
+				if len(moves) > 0 && seen.RequestsPerSec == 0 {
+					seen = c.p.Status().Short
+				}
+				for _, m := range moves {
+					for i := range c.nodes {
+						if c.nodes[i].ID == m.Node {
+							c.nodes[i].Role = m.To
+						}
+					}
+				}
+			}
+		}
+		p, d := c.split()
+		st := c.p.Status()
+		if slow && (p < 3 || p > 4) {
+			t.Fatalf("two prefill nodes busy with 40 queued each: split %d:%d, want 3 or 4 prefill nodes; demand %+v, reason %s", p, d, st.Short, st.Reason)
+		}
+		if !slow && p > 2 {
+			t.Fatalf("light prefill demand and no queue: split %d:%d, want no more prefill nodes; demand %+v, reason %s", p, d, st.Short, st.Reason)
+		}
+		if slow && (seen.ServedTokPerSec < 2*seen.RequestsPerSec*prompt || seen.PrefillQueue < 30 || seen.HiddenTokPerSec <= 0) {
+			t.Fatalf("the first move's demand does not show what was hidden: %+v", seen)
+		}
+	}
+}

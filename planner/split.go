@@ -6,12 +6,15 @@ import (
 
 // Prediction is what a split is expected to give under a demand.
 type Prediction struct {
-	Prefill   int     `json:"prefill"`
-	Decode    int     `json:"decode"`
-	TTFT      float64 `json:"ttft_s"`    // mean time to first token
-	ITL       float64 `json:"itl_s"`     // mean time between output tokens
-	E2E       float64 `json:"e2e_s"`     // TTFT + output tokens x ITL
-	Objective float64 `json:"objective"` // what the planner minimises, seconds
+	Prefill int     `json:"prefill"`
+	Decode  int     `json:"decode"`
+	TTFT    float64 `json:"ttft_s"` // mean time to first token
+	// PrefillWait is the mean time a disaggregated request queues for a
+	// prefill node.
+	PrefillWait float64 `json:"prefill_wait_s"`
+	ITL         float64 `json:"itl_s"`     // mean time between output tokens
+	E2E         float64 `json:"e2e_s"`     // TTFT + output tokens x ITL
+	Objective   float64 `json:"objective"` // what the planner minimises, seconds
 	// Loads of the two stages: busy share of prefill nodes, and of decode
 	// nodes' per-sequence work (1 or more is overload).
 	PrefillLoad float64 `json:"prefill_load"`
@@ -106,6 +109,7 @@ func predict(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttf
 				wq := svc * (1 + dm.PrefillCV2) / 2 * math.Pow(rho, math.Sqrt(2*(c+1))-1) / (c * (1 - rho))
 				own := pbase*math.Ceil(dm.PrefillTokens/B) + dm.PrefillTokens*r
 				remoteTTFT = wq + own
+				pr.PrefillWait = wq
 			}
 		}
 	}

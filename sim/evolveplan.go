@@ -37,14 +37,14 @@ func roleName(r routing.Role) string {
 	return planner.Decode
 }
 
-// observePass gives the planner one pass of an engine.
-func (r *run) observePass(d time.Duration, st *enginesim.PassStats) {
+// observePass gives the planner one pass of engine e.
+func (r *run) observePass(e *engine, d time.Duration, st *enginesim.PassStats) {
 	if r.planner == nil || d <= 0 {
 		return
 	}
 	r.planner.ObservePass(r.now, planner.Pass{Seconds: d.Seconds(), PrefillTokens: st.PrefillTokens,
 		PrefillAttended: st.PrefillAttended, DecodeSeqs: st.DecodeSeqs, DecodeContext: st.DecodeContext,
-		CopyBlocks: st.HostLoadBlocks + st.OffloadBlocks})
+		CopyBlocks: st.HostLoadBlocks + st.OffloadBlocks, OnPrefillNode: e.role == routing.Prefill})
 }
 
 // planStep runs one planner step and starts the switches it asks for.

@@ -87,6 +87,9 @@ type Demand struct {
 	Requests   float64 `json:"requests_per_s"`
 	PrefillTok float64 `json:"prefill_tokens_per_s"`
 	OutputTok  float64 `json:"output_tokens_per_s"`
+	// Of PrefillTok, what arrivals did not show; and the prefill queue.
+	HiddenTok    float64 `json:"hidden_prefill_tokens_per_s"`
+	PrefillQueue float64 `json:"prefill_queue"`
 }
 
 // Pred is a predicted split.
