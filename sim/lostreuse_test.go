@@ -72,6 +72,7 @@ func TestScoredSplit(t *testing.T) {
 	}{
 		{[]Window{w(0, 3, 6), w(1, 2, 7), w(2, 2, 7)}, "2:7"}, // moved in the warm-up only
 		{[]Window{w(0, 3, 6), w(1, 3, 6), w(2, 4, 5), w(3, 2, 7)}, "3:6 -> 2:7"},
+		{[]Window{w(0, 3, 6), w(1, 8, 1), w(2, 7, 1), w(3, 8, 1)}, "8:1, varied"},
 		{[]Window{w(0, 3, 6)}, "1:8"}, // nothing scored
 	} {
 		if got := scoredSplit(c.tl, time.Minute, "1:8"); got != c.want {

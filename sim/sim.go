@@ -810,8 +810,8 @@ func (r *run) finish() Result {
 }
 
 // scoredSplit is the split the scored windows served: the one split, or
-// the first and the last ("3:6 -> 2:7") when a planner moved nodes; def
-// when no window was scored.
+// the first and the last ("3:6 -> 2:7", or "8:1, varied" when it came
+// back) when a planner moved nodes; def when no window was scored.
 func scoredSplit(tl []Window, warmup time.Duration, def string) string {
 	first, last, changed := "", "", false
 	for _, w := range tl {
@@ -828,6 +828,8 @@ func scoredSplit(tl []Window, warmup time.Duration, def string) string {
 	switch {
 	case first == "":
 		return def
+	case changed && first == last:
+		return first + ", varied"
 	case changed:
 		return first + " -> " + last
 	}
