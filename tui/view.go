@@ -288,7 +288,7 @@ func (m *Model) viewPlanner() string {
 		}
 	}
 	fmt.Fprintf(&b, "\ndemand        %.2f req/s now (%s), %.0f prefill tok/s, %.0f output tok/s\n", p.Short.Requests, trend, p.Short.PrefillTok, p.Short.OutputTok)
-	if p.Short.HiddenTok > 0 {
+	if p.Short.HiddenTok > 0.05*p.Short.PrefillTok { // worth an operator's attention
 		fmt.Fprintf(&b, "              of which %.0f prefill tok/s not seen in arrivals (%.0f requests queued on prefill nodes)\n", p.Short.HiddenTok, p.Short.PrefillQueue)
 	}
 	fmt.Fprintf(&b, "split         %d prefill : %d decode", p.Prefill, p.Decode)
