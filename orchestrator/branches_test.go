@@ -218,6 +218,18 @@ func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
 	}
 }
 
+// prefillUsage decodes an answer's usage as the prefill leg does.
+func prefillUsage(t *testing.T, answer string) *usage {
+	t.Helper()
+	var out struct {
+		Usage *usage `json:"usage"`
+	}
+	if err := json.Unmarshal([]byte(answer), &out); err != nil || out.Usage == nil {
+		t.Fatalf("bad answer %s: %v", answer, err)
+	}
+	return out.Usage
+}
+
 // engineCounter reads a counter from node id's /metrics.
 func (tc *testCluster) engineCounter(t *testing.T, id, name string) float64 {
 	t.Helper()
@@ -273,11 +285,11 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 func TestLostReuseCountsPrefillBeyondPlan(t *testing.T) {
 	o := &Orchestrator{}
 	a := &attempt{o: o, planned: 100, dec: routing.Decision{Disaggregated: true}}
-	a.countPrefill([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 700}}}`))
+	a.countComputed(prefillUsage(t, `{"usage": {"prompt_tokens": 1000, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 700}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 200 {
 		t.Fatalf("computed 300 where 100 were planned: lost %d, want 200", got)
 	}
-	a.countPrefill([]byte(`{"usage": {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 0}}}`))
+	a.countComputed(prefillUsage(t, `{"usage": {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 0}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 200 {
 		t.Fatalf("a second answer counted again: %d", got)
 	}

@@ -412,11 +412,14 @@ func (a *attempt) prefill() (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.countPrefill(b)
 	var out struct {
-		KV any `json:"kv_transfer_params"`
+		KV    any    `json:"kv_transfer_params"`
+		Usage *usage `json:"usage"`
 	}
-	if err := json.Unmarshal(b, &out); err != nil || out.KV == nil {
+	if err := json.Unmarshal(b, &out); err == nil && out.Usage != nil {
+		a.countComputed(out.Usage)
+	}
+	if out.KV == nil {
 		// vLLM answers so when no KV connector hands its KV to a peer.
 		return nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
 	}

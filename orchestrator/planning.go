@@ -253,16 +253,6 @@ func (a *attempt) countUsage(b []byte) {
 	}
 }
 
-// countPrefill reads what a prefill leg computed from its answer.
-func (a *attempt) countPrefill(b []byte) {
-	var out struct {
-		Usage *usage `json:"usage"`
-	}
-	if json.Unmarshal(b, &out) == nil && out.Usage != nil {
-		a.countComputed(out.Usage)
-	}
-}
-
 // countComputed adds to the lost KV reuse what the prefill computed beyond
 // its placement's plan: blocks the cluster held when the request was
 // placed (evicted while it waited, or a fetch that did not arrive).
