@@ -11,7 +11,9 @@ package planner
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"time"
 )
@@ -138,6 +140,68 @@ type Planner struct {
 	decodeSeqs float64
 	// prefillQueue: requests waiting on prefill nodes, smoothed.
 	prefillQueue float64
+	// overloaded remembers the splits seen overloaded (see avoid).
+	overloaded map[int]overloadSeen
+}
+
+// overloadSeen is a split the planner served while it was overloaded:
+// when, the stage that was, and the long-horizon demand then.
+type overloadSeen struct {
+	at      time.Time
+	prefill bool // the prefill stage (else decode)
+	demand  float64
+}
+
+// overloadMemory is how long a split seen overloaded is avoided while the
+// demand stays within overloadMargin of what it was.
+const (
+	overloadMemory = 30 * time.Minute
+	overloadMargin = 0.8
+)
+
+// noteOverload records the current split as overloaded when it is, with
+// no switch in progress.
+func (p *Planner) noteOverload(now time.Time, cur, switching int, pr Prediction, long Demand) {
+	if !pr.Saturated || switching > 0 {
+		return
+	}
+	if p.overloaded == nil {
+		p.overloaded = map[int]overloadSeen{}
+	}
+	prefill := pr.PrefillLoad >= pr.DecodeLoad
+	d := long.OutputTokPerSec
+	if prefill {
+		d = long.PrefillTokPerSec
+	}
+	p.overloaded[cur] = overloadSeen{at: now, prefill: prefill, demand: d}
+}
+
+// avoid reports whether split np (prefill nodes) is to be left out: it,
+// or a split with fewer nodes in the stage that was overloaded, was seen
+// overloaded within overloadMemory, and the long-horizon demand on that
+// stage has not fallen below overloadMargin of what it was then. The
+// cost model predicted it would serve, and it did not: a flaky estimate
+// near saturation, bursts, contexts that grow. Without this memory the
+// planner goes back to the split that failed as soon as it may.
+func (p *Planner) avoid(now time.Time, np int, long Demand) (int, bool) {
+	for _, q := range slices.Sorted(maps.Keys(p.overloaded)) {
+		o := p.overloaded[q]
+		if now.Sub(o.at) > overloadMemory {
+			delete(p.overloaded, q)
+			continue
+		}
+		d := long.OutputTokPerSec
+		if o.prefill {
+			d = long.PrefillTokPerSec
+		}
+		if d < overloadMargin*o.demand {
+			continue
+		}
+		if (o.prefill && np <= q) || (!o.prefill && np >= q) {
+			return q, true
+		}
+	}
+	return 0, false
 }
 
 // New returns a planner.
@@ -305,8 +369,13 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 	}
 	p.addHiddenDemand(&st.Short, func(dm Demand) Prediction { return pred(dm, cur) })
 	st.Current = pred(st.Short, cur)
+	p.noteOverload(now, cur, switching, st.Current, st.Long)
 	best := st.Current
 	for np := lo; np <= hi; np++ {
+		if q, ok := p.avoid(now, np, st.Long); ok && np != cur {
+			st.Avoided = append(st.Avoided, fmt.Sprintf("%d:%d (%d:%d was overloaded at this demand)", np, total-np, q, total-q))
+			continue
+		}
 		if pr := pred(st.Short, np); pr.Objective < best.Objective {
 			best = pr
 		}
@@ -508,6 +577,10 @@ type Status struct {
 	HeldSec     float64    `json:"held_s"`    // how long the recommendation has held
 	ActsInSec   float64    `json:"acts_in_s"` // until it may act
 	Decisions   []Decision `json:"decisions"` // the last ones, oldest first
+	// Avoided: splits left out because they, or one with fewer nodes in
+	// the stage that was overloaded, were overloaded in the last 30
+	// minutes at a demand like this one.
+	Avoided []string `json:"avoided,omitempty"`
 }
 
 func sign(x int) int {

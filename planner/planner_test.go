@@ -424,3 +424,28 @@ func TestPrefillQueueRevealsHiddenDemand(t *testing.T) {
 		}
 	}
 }
+
+// A split seen overloaded is left out while the demand on the stage that
+// was overloaded holds (within 20%), for 30 minutes: with it every split
+// with fewer nodes in that stage. Not while a switch is in progress.
+func TestOverloadedSplitIsAvoided(t *testing.T) {
+	p := New(Config{})
+	p.noteOverload(t0, 2, 1, Prediction{Saturated: true, PrefillLoad: 1.3}, Demand{PrefillTokPerSec: 30000})
+	if _, ok := p.avoid(t0, 2, Demand{PrefillTokPerSec: 30000}); ok {
+		t.Fatal("recorded an overload seen while a switch was in progress")
+	}
+	p.noteOverload(t0, 2, 0, Prediction{Saturated: true, PrefillLoad: 1.3, DecodeLoad: 0.4}, Demand{PrefillTokPerSec: 30000})
+	p.noteOverload(t0, 6, 0, Prediction{Saturated: true, PrefillLoad: 0.2, DecodeLoad: 1.1}, Demand{OutputTokPerSec: 9000})
+	same := Demand{PrefillTokPerSec: 27000, OutputTokPerSec: 8000}
+	for np, want := range map[int]bool{1: true, 2: true, 3: false, 5: false, 6: true, 7: true} {
+		if _, got := p.avoid(t0.Add(time.Minute), np, same); got != want {
+			t.Errorf("split %d prefill, a minute later at the same demand: avoided %v, want %v", np, got, want)
+		}
+	}
+	if _, ok := p.avoid(t0.Add(time.Minute), 2, Demand{PrefillTokPerSec: 20000, OutputTokPerSec: 8000}); ok {
+		t.Error("still avoided after the prefill demand fell by a third")
+	}
+	if _, ok := p.avoid(t0.Add(31*time.Minute), 2, same); ok {
+		t.Error("still avoided after 31 minutes")
+	}
+}

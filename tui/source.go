@@ -49,6 +49,7 @@ type Planner struct {
 	HeldSec    float64    `json:"held_s"`
 	ActsInSec  float64    `json:"acts_in_s"`
 	Decisions  []Decision `json:"decisions"`
+	Avoided    []string   `json:"avoided"`
 }
 
 // Decision is one of the planner's decisions.

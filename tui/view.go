@@ -306,6 +306,13 @@ func (m *Model) viewPlanner() string {
 	if p.Current.Prefill+p.Current.Decode > 0 {
 		fmt.Fprintf(&b, "predicted     now  %s\n              best %s\n", pred(p.Current), pred(p.Best))
 	}
+	for i, a := range p.Avoided {
+		label := "avoiding"
+		if i > 0 {
+			label = ""
+		}
+		fmt.Fprintf(&b, "%-14s%s\n", label, a)
+	}
 	if len(m.splits) > 0 {
 		fs := make([]float64, len(m.splits))
 		for i, v := range m.splits {
