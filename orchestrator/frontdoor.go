@@ -117,9 +117,8 @@ type attempt struct {
 	// or, in a stream without usage, one per content chunk.
 	outTokens int
 	// planned: prompt tokens the placement left to compute, on the first
-	// routing (-1 on later ones, which are not counted again).
-	planned        int
-	prefillCounted bool
+	// routing; -1 on later ones and once counted (never counted twice).
+	planned int
 }
 
 var reqCounter atomic.Uint64

@@ -258,11 +258,12 @@ func (a *attempt) countUsage(b []byte) {
 // placed (evicted while it waited, or a fetch that did not arrive).
 // Engines that do not report cached tokens are not counted.
 func (a *attempt) countComputed(u *usage) {
-	if a.planned < 0 || a.prefillCounted || u.Details == nil || u.PromptTokens <= 0 {
+	if a.planned < 0 || u.Details == nil || u.PromptTokens <= 0 {
 		return
 	}
-	a.prefillCounted = true
-	if extra := u.PromptTokens - u.Details.CachedTokens - a.planned; extra > 0 {
+	extra := u.PromptTokens - u.Details.CachedTokens - a.planned
+	a.planned = -1
+	if extra > 0 {
 		a.o.kvc.lostReuse.Add(int64(extra))
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 )
@@ -358,59 +359,7 @@ func TestCostModelLearnsPrefillFromMixedPasses(t *testing.T) {
 func TestPrefillQueueRevealsHiddenDemand(t *testing.T) {
 	for _, slow := range []bool{false, true} {
 		c := newCluster(9, 2, Config{})
-		var seen Demand // the demand when the planner first moved
-		const rate, prompt, ctx = 1.0, 6000, 60_000
-		full := Pass{PrefillTokens: 8192, PrefillAttended: 8192 * (ctx + 4096), OnPrefillNode: true}
-		own := Pass{PrefillTokens: prompt, PrefillAttended: prompt * (ctx + prompt/2), OnPrefillNode: true}
-		nextArrival, nextPass := c.now, c.now
-		end := c.now.Add(10 * time.Minute)
-		for c.now.Before(end) {
-			c.now = c.now.Add(50 * time.Millisecond)
-			// Two prefill nodes fall behind; three keep up.
-			p, _ := c.split()
-			behind := slow && p == 2
-			for !nextArrival.After(c.now) {
-				c.p.Arrive(nextArrival, Arrival{Tokens: prompt + ctx, ComputeTokens: prompt, Disaggregated: true})
-				c.p.Finish(nextArrival, prompt+ctx, 300)
-				if !behind {
-					c.p.ObservePass(nextArrival, gb300.pass(c.rng, own))
-				}
-				nextArrival = nextArrival.Add(time.Duration(c.rng.ExpFloat64() / rate * float64(time.Second)))
-			}
-			for !nextPass.After(c.now) { // decode passes, and behind: both prefill nodes busy
-				for i := 0; i < 3; i++ {
-					c.p.ObservePass(nextPass, gb300.pass(c.rng, randomPass(c.rng, false)))
-				}
-				c.p.ObservePass(nextPass, gb300.pass(c.rng, randomPass(c.rng, true)))
-				if behind {
-					ps := gb300.pass(c.rng, full)
-					c.p.ObservePass(nextPass, ps)
-					c.p.ObservePass(nextPass, ps)
-					nextPass = nextPass.Add(time.Duration(ps.Seconds * float64(time.Second)))
-				} else {
-					nextPass = nextPass.Add(time.Second)
-				}
-			}
-			for i := range c.nodes {
-				c.nodes[i].Waiting = 0
-				if behind && c.nodes[i].Role == Prefill {
-					c.nodes[i].Waiting = 40
-				}
-			}
-			if c.p.Due(c.now) {
-				moves := c.p.Step(c.now, c.nodes)
-				if len(moves) > 0 && seen.RequestsPerSec == 0 {
-					seen = c.p.Status().Short
-				}
-				for _, m := range moves {
-					for i := range c.nodes {
-						if c.nodes[i].ID == m.Node {
-							c.nodes[i].Role = m.To
-						}
-					}
-				}
-			}
-		}
+		seen := runPrefillBehind(c, slow, 10*time.Minute, nil)
 		p, d := c.split()
 		st := c.p.Status()
 		if slow && (p < 3 || p > 4) {
@@ -419,9 +368,100 @@ func TestPrefillQueueRevealsHiddenDemand(t *testing.T) {
 		if !slow && p > 2 {
 			t.Fatalf("light prefill demand and no queue: split %d:%d, want no more prefill nodes; demand %+v, reason %s", p, d, st.Short, st.Reason)
 		}
-		if slow && (seen.ServedTokPerSec < 2*seen.RequestsPerSec*prompt || seen.PrefillQueue < 30 || seen.HiddenTokPerSec <= 0) {
+		if slow && (seen.ServedTokPerSec < 2*seen.RequestsPerSec*promptBehind || seen.PrefillQueue < 30 || seen.HiddenTokPerSec <= 0) {
 			t.Fatalf("the first move's demand does not show what was hidden: %+v", seen)
 		}
+	}
+}
+
+const promptBehind = 6000
+
+// runPrefillBehind drives c for dur with 1 request/s of 6000 new tokens
+// over 60K of context. With slow, two prefill nodes fall behind (busy,
+// 40 requests queued on each) and three keep up. It returns the short
+// demand when the planner first moved, and calls step after every
+// planner step.
+func runPrefillBehind(c *cluster, slow bool, dur time.Duration, step func()) Demand {
+	var seen Demand
+	const rate, prompt, ctx = 1.0, promptBehind, 60_000
+	full := Pass{PrefillTokens: 8192, PrefillAttended: 8192 * (ctx + 4096), OnPrefillNode: true}
+	own := Pass{PrefillTokens: prompt, PrefillAttended: prompt * (ctx + prompt/2), OnPrefillNode: true}
+	nextArrival, nextPass := c.now, c.now
+	end := c.now.Add(dur)
+	for c.now.Before(end) {
+		c.now = c.now.Add(50 * time.Millisecond)
+		// Two prefill nodes fall behind; three keep up.
+		p, _ := c.split()
+		behind := slow && p == 2
+		for !nextArrival.After(c.now) {
+			c.p.Arrive(nextArrival, Arrival{Tokens: prompt + ctx, ComputeTokens: prompt, Disaggregated: true})
+			c.p.Finish(nextArrival, prompt+ctx, 300)
+			if !behind {
+				c.p.ObservePass(nextArrival, gb300.pass(c.rng, own))
+			}
+			nextArrival = nextArrival.Add(time.Duration(c.rng.ExpFloat64() / rate * float64(time.Second)))
+		}
+		for !nextPass.After(c.now) { // decode passes, and behind: both prefill nodes busy
+			for i := 0; i < 3; i++ {
+				c.p.ObservePass(nextPass, gb300.pass(c.rng, randomPass(c.rng, false)))
+			}
+			c.p.ObservePass(nextPass, gb300.pass(c.rng, randomPass(c.rng, true)))
+			if behind {
+				ps := gb300.pass(c.rng, full)
+				c.p.ObservePass(nextPass, ps)
+				c.p.ObservePass(nextPass, ps)
+				nextPass = nextPass.Add(time.Duration(ps.Seconds * float64(time.Second)))
+			} else {
+				nextPass = nextPass.Add(time.Second)
+			}
+		}
+		for i := range c.nodes {
+			c.nodes[i].Waiting = 0
+			if behind && c.nodes[i].Role == Prefill {
+				c.nodes[i].Waiting = 40
+			}
+		}
+		if c.p.Due(c.now) {
+			moves := c.p.Step(c.now, c.nodes)
+			if len(moves) > 0 && seen.RequestsPerSec == 0 {
+				seen = c.p.Status().Short
+			}
+			for _, m := range moves {
+				for i := range c.nodes {
+					if c.nodes[i].ID == m.Node {
+						c.nodes[i].Role = m.To
+					}
+				}
+			}
+			if step != nil {
+				step()
+			}
+		}
+	}
+	return seen
+}
+
+// Once the two-node split has fallen behind and the planner has left it,
+// it does not go back while the demand holds, and Step says it leaves
+// that split out.
+func TestPlannerDoesNotReturnToAnOverloadedSplit(t *testing.T) {
+	c := newCluster(9, 2, Config{})
+	left, back := false, false
+	runPrefillBehind(c, true, 20*time.Minute, func() {
+		p, _ := c.split()
+		left = left || p > 2
+		back = back || (left && p <= 2)
+	})
+	st := c.p.Status()
+	if !left || back {
+		t.Fatalf("left 2 prefill nodes: %v; went back: %v; decisions %+v", left, back, st.Decisions)
+	}
+	found := false
+	for _, a := range st.Avoided {
+		found = found || strings.HasPrefix(a, "2:7 ")
+	}
+	if !found {
+		t.Fatalf("status lists %q as avoided, want 2:7", st.Avoided)
 	}
 }
 
