@@ -94,6 +94,21 @@ func (x *Table[V]) Touch(h BlockHash) BlockHash {
 	return x.slots[uint64(h)&x.mask].key
 }
 
+// Prefetch touches the starting slots of every hash in hs (see Touch): a
+// walk that will look up a run of hashes in turn, each likely a cache miss,
+// lets the processor fetch them in parallel this way rather than one after
+// the other. The result only keeps the reads alive.
+func (x *Table[V]) Prefetch(hs []BlockHash) BlockHash {
+	if x.slots == nil {
+		return 0
+	}
+	var sink BlockHash
+	for _, h := range hs {
+		sink ^= x.slots[uint64(h)&x.mask].key
+	}
+	return sink
+}
+
 // Has reports whether h is present.
 func (x *Table[V]) Has(h BlockHash) bool { return x.Ptr(h) != nil }
 

@@ -113,3 +113,18 @@ func BenchmarkGoMapChurn(b *testing.B) {
 		i++
 	}
 }
+
+// Prefetch only reads: an empty table answers 0, and a table is unchanged.
+func TestPrefetchChangesNothing(t *testing.T) {
+	var empty Table[int32]
+	if got := empty.Prefetch([]BlockHash{1, 2, 3}); got != 0 {
+		t.Fatalf("empty table: Prefetch = %d", got)
+	}
+	x := NewIndex(4)
+	x.Put(7, 70)
+	x.Put(9, 90)
+	x.Prefetch([]BlockHash{7, 8, 9, 0})
+	if v, ok := x.Get(7); !ok || v != 70 || x.Len() != 2 || x.Has(8) {
+		t.Fatalf("after Prefetch: Get(7) = %d %v, Len %d, Has(8) %v", v, ok, x.Len(), x.Has(8))
+	}
+}

@@ -243,6 +243,7 @@ type Model struct {
 	hostPolicy EvictionPolicy
 	hints      *kv.Table[int8] // hints for blocks not held yet (see arrivingHint)
 	hitScratch []BlockID       // admit's GPU hits
+	sink       kv.BlockHash    // keeps prefetching reads alive (see kv.Table.Prefetch)
 
 	pass      int64
 	busyUntil time.Time

@@ -130,8 +130,12 @@ func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bo
 	// The GPU hit, remembering each block's copy; blocks hit on GPU stop
 	// being evictable once taken: count them out of the room left.
 	hits, evictableHits := m.hitScratch[:0], 0
-	for g := 0; g < maxHit && g < len(s.chain); g++ {
-		id, ok := m.gpuByHash.Get(s.chain[g])
+	walk := s.chain[:min(maxHit, len(s.chain))]
+	for g := range walk {
+		if g%prefetchBatch == 0 {
+			m.sink ^= m.gpuByHash.Prefetch(walk[g:min(g+prefetchBatch, len(walk))])
+		}
+		id, ok := m.gpuByHash.Get(walk[g])
 		if !ok {
 			break
 		}
@@ -365,3 +369,7 @@ func (m *Model) fillQueueStats(st *PassStats) {
 	st.HostBlocksUsed = m.hostByHash.Len()
 	st.HostBlocks = m.cfg.HostBlocks
 }
+
+// prefetchBatch is how many blocks ahead admission fetches the GPU index's
+// slots: a long prefix walk is bound by memory latency otherwise.
+const prefetchBatch = 32
