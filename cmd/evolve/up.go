@@ -198,6 +198,21 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	st := &localState{LogDir: logDir, Started: time.Now(), Detached: detach}
 	var procs []*exec.Cmd
 	cleanup := func() { stopAll(errw, st, procs) }
+	// The children run in their own process groups, so only this process
+	// hears Ctrl-C, a closed terminal or a kill: it must stop them, or
+	// they run on with nobody to stop them but 'evolve down'. A broken
+	// pipe (| tee, and tee is gone) must not kill it midway either: with
+	// SIGPIPE notified, writes fail and the teardown goes on.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	defer stop()
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	defer signal.Stop(pipe)
+	interrupted := func(what string) error {
+		fmt.Fprintln(errw)
+		cleanup()
+		return fmt.Errorf("interrupted %s; stopped what had started", what)
+	}
 
 	// The orchestrator first: engines need its NATS address.
 	ready := filepath.Join(dir, "orchestrator.ready")
@@ -225,7 +240,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			cleanup()
 			return fmt.Errorf("the orchestrator did not start:\n%s", tail(filepath.Join(logDir, "orchestrator.log"), 10))
 		}
-		time.Sleep(50 * time.Millisecond)
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			return interrupted("while the orchestrator started")
+		}
 	}
 	st.RouterURL, st.ControlURL, st.NATSURL = info.RouterURL, info.ControlURL, info.NATSURL
 
@@ -273,7 +290,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			return fmt.Errorf("only %d of %d engines registered in time; logs in %s", serving, engines, logDir)
 		}
 		fmt.Fprint(errw, ".")
-		time.Sleep(200 * time.Millisecond)
+		if !sleepCtx(ctx, 200*time.Millisecond) {
+			return interrupted("while the engines registered")
+		}
 	}
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
 		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach}
@@ -295,8 +314,6 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if err != nil || detach {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if agents > 0 {
 		fmt.Fprintf(errw, "running %d %s agents (profile %s, speedup %g); Ctrl-C stops\n", agents, model.Name(),
 			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
@@ -326,6 +343,19 @@ func runUp(cmd *cobra.Command, _ []string) error {
 }
 
 var shortClient = newHTTPClient(5 * time.Second)
+
+// sleepCtx waits d, or less if ctx ends first; it reports whether it
+// waited the whole time.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
 
 // split describes the cluster's prefill/decode split for a progress line.
 func split(c *controlClient) string {

@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The local cluster's processes run in their own process groups, so only
+// `evolve up` hears a Ctrl-C, a closed terminal or a broken pipe. Whenever
+// it stops, nothing it started may run on.
+
+// clusterProcs lists the processes whose environment names stateHome:
+// everything `evolve up` started under it, whatever became of up itself.
+func clusterProcs(t *testing.T, stateHome string) []int {
+	t.Helper()
+	want := []byte("XDG_STATE_HOME=" + stateHome + "\x00")
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Skip("no /proc to find the cluster's processes in")
+	}
+	var pids []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == os.Getpid() {
+			continue
+		}
+		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
+		if err != nil || !bytes.Contains(env, want) || !alive(pid) {
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// startUp runs `evolve up` with stderr on a pipe the test reads, and kills
+// whatever is left of the cluster when the test ends.
+func startUp(t *testing.T, args ...string) (cmd *exec.Cmd, stateHome string, stderr io.ReadCloser) {
+	t.Helper()
+	stateHome = t.TempDir()
+	cmd = exec.Command(evolveBin, append([]string{"up", "--engines", "2", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0"}, args...)...)
+	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+stateHome)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Kill()
+		for _, pid := range clusterProcs(t, stateHome) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	return cmd, stateHome, stderr
+}
+
+// waitFor reads r until a line contains s, and returns what it read.
+func waitFor(t *testing.T, r io.Reader, s string) string {
+	t.Helper()
+	return waitForLine(t, r, s, func(line string) bool { return strings.Contains(line, s) })
+}
+
+// waitReady reads up's stderr until the engines have registered.
+func waitReady(t *testing.T, r io.Reader) string {
+	t.Helper()
+	return waitForLine(t, r, "the engines ready", func(line string) bool {
+		return strings.HasPrefix(line, "starting 2 engines") && strings.HasSuffix(line, " ready")
+	})
+}
+
+func waitForLine(t *testing.T, r io.Reader, s string, match func(string) bool) string {
+	t.Helper()
+	var seen strings.Builder
+	found := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			seen.WriteString(sc.Text() + "\n")
+			if match(sc.Text()) {
+				found <- true
+				return
+			}
+		}
+		found <- false
+	}()
+	select {
+	case ok := <-found:
+		if !ok {
+			t.Fatalf("evolve up ended before printing %q:\n%s", s, seen.String())
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatalf("evolve up did not print %q in 60s", s)
+	}
+	return seen.String()
+}
+
+// stoppedEverything waits for up to exit and checks that it took the
+// cluster with it.
+func stoppedEverything(t *testing.T, cmd *exec.Cmd, stateHome string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("evolve up did not exit within 60s of the signal")
+	}
+	// Up waits for each child it stops; allow the kernel a moment to reap.
+	deadline := time.Now().Add(5 * time.Second)
+	for len(clusterProcs(t, stateHome)) > 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if left := clusterProcs(t, stateHome); len(left) > 0 {
+		t.Fatalf("evolve up exited and left %d of its processes running: %v", len(left), left)
+	}
+	if _, err := os.Stat(filepath.Join(stateHome, "evolve", "local", "cluster.json")); !os.IsNotExist(err) {
+		t.Fatalf("the local cluster's record outlived it: %v", err)
+	}
+}
+
+// A closed terminal (SSH dropped, tmux killed) stops the cluster as Ctrl-C
+// does.
+func TestUpStopsTheClusterOnHangup(t *testing.T) {
+	cmd, home, stderr := startUp(t)
+	waitReady(t, stderr)
+	if n := len(clusterProcs(t, home)) - 1; n != 3 { // up itself is one
+		t.Fatalf("%d processes besides up, want the orchestrator and 2 engines", n)
+	}
+	go io.Copy(io.Discard, stderr)
+	cmd.Process.Signal(syscall.SIGHUP)
+	stoppedEverything(t, cmd, home)
+}
+
+// Ctrl-C while the cluster is still coming up stops what had started.
+func TestUpInterruptedWhileStartingStopsWhatStarted(t *testing.T) {
+	cmd, home, stderr := startUp(t)
+	waitFor(t, stderr, "starting orchestrator")
+	go io.Copy(io.Discard, stderr)
+	cmd.Process.Signal(os.Interrupt)
+	stoppedEverything(t, cmd, home)
+}
+
+// `evolve up | tee log`, and Ctrl-C reaches tee too: up writes its goodbye
+// into a broken pipe, which must not kill it before the teardown.
+func TestUpStopsTheClusterWhenItsOutputIsGone(t *testing.T) {
+	cmd, home, stderr := startUp(t)
+	waitReady(t, stderr)
+	stderr.Close()
+	cmd.Process.Signal(os.Interrupt)
+	stoppedEverything(t, cmd, home)
+}
