@@ -2,10 +2,12 @@ package orchestrator
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"testing"
@@ -306,5 +308,39 @@ func TestLostReuseCountsPrefillBeyondPlan(t *testing.T) {
 	d.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 200 {
 		t.Fatalf("counted without a report or on a retry: %d", got)
+	}
+}
+
+// An agent that gives up on a request and then ends its session: the
+// abandoned request, still being read when the session ended, must not
+// start a turn that brings the session back (its branch would hold the
+// context as referenced until the idle TTL).
+func TestAbandonedRequestDoesNotReviveItsSession(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleDecode)
+	router := tc.o.RouterURL()
+	prompt := words("kilo", 80)
+	turn(t, router, "s", "main", "", false, prompt)
+	req, _ := http.NewRequest("DELETE", router+"/v1/sessions/s", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || tc.o.KV().LiveBranches != 0 {
+		t.Fatalf("end session: %d, live branches %d", resp.StatusCode, tc.o.KV().LiveBranches)
+	}
+	body, _ := json.Marshal(map[string]any{"prompt": prompt + "lima", "max_tokens": 2})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // the client is gone by the time the router has read it
+	abandoned := httptest.NewRequest("POST", "/v1/completions", bytes.NewReader(body)).WithContext(ctx)
+	abandoned.Header.Set("X-Evolve-Session", "s")
+	tc.o.serveGenerate(httptest.NewRecorder(), abandoned, false)
+	if list := tc.o.Branches("s"); len(list) != 0 || tc.o.KV().LiveBranches != 0 {
+		t.Fatalf("the abandoned request revived session s: %+v", list)
+	}
+	// A request that is waited for still starts the session again.
+	turn(t, router, "s", "main", "", false, prompt)
+	if list := tc.o.Branches("s"); len(list) != 1 {
+		t.Fatalf("a new turn after the end: %+v", list)
 	}
 }

@@ -166,6 +166,14 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	if reqID == "" {
 		reqID = fmt.Sprintf("evolve-%d-%d", o.started.UnixNano()%1e9, reqCounter.Add(1))
 	}
+	if r.Context().Err() != nil {
+		// The client gave up while the prompt was read and tokenized (an
+		// agent cancelling, then often ending its session): its turn
+		// would bring an ended session back, and its branch would hold
+		// its context as referenced until the idle TTL.
+		o.met.requests.WithLabelValues(o.policy.Name(), "client_gone").Inc()
+		return
+	}
 	chain := kv.ChainHashes(p.Tokens, bs)
 	id := identity(r, p)
 	branch := o.branchBegin(id, chain)
