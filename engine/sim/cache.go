@@ -147,6 +147,15 @@ func (m *Model) release(id BlockID) {
 // tail of a sequence is evicted before its head.
 func (m *Model) freeSeq(s *seq) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
+		if k := len(s.blocks) - 1 - i; k%prefetchBatch == 0 {
+			// The blocks lie scattered over the table: read the next
+			// batch's in parallel rather than wait for each in turn.
+			var sink int32
+			for _, id := range s.blocks[max(0, i-prefetchBatch+1) : i+1] {
+				sink ^= m.blocks.Get(id).ref
+			}
+			m.sinkRef ^= sink
+		}
 		m.release(s.blocks[i])
 	}
 	s.blocks = s.blocks[:0]

@@ -244,6 +244,7 @@ type Model struct {
 	hints      *kv.Table[int8] // hints for blocks not held yet (see arrivingHint)
 	hitScratch []BlockID       // admit's GPU hits
 	sink       kv.BlockHash    // keeps prefetching reads alive (see kv.Table.Prefetch)
+	sinkRef    int32           // the same, for reads of blocks
 
 	pass      int64
 	busyUntil time.Time
