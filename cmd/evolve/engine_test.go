@@ -381,8 +381,10 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	if b, err := os.ReadFile(timeline); err != nil || !strings.HasPrefix(string(b), "policy,minute,prefill,decode") {
 		t.Fatalf("timeline: %v %.80q", err, b)
 	}
-	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"}} {
-		if out, code := runBin(t, nil, bad...); code != 2 {
+	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"},
+		{"sim", "--workload", "poetry"}, {"sim", "--workload", "shift:math>poetry:1m:1m:1m"}} {
+		// Refused before any simulation starts.
+		if out, code := runBin(t, nil, bad...); code != 2 || strings.Contains(out, "simulating") {
 			t.Errorf("evolve %v: exit %d %s", bad, code, out)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/sim/live"
+	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
 
@@ -154,6 +155,9 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	if agents < 1 || dur <= 0 || warm < 0 {
 		return usage(fmt.Errorf("want --agents >= 1, --duration > 0 and --warmup >= 0"))
+	}
+	if _, err := workload.New(wl, agents); err != nil {
+		return usage(fmt.Errorf("--workload: %w", err))
 	}
 	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
 		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction"))}
