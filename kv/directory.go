@@ -538,11 +538,7 @@ func (d *Directory) Match(chain []BlockHash, m *Match) {
 				// The layout broke: fetch the next batch's index slots in
 				// parallel, as the walk is now bound by memory latency.
 				touched = min(i+touchBatch, len(chain))
-				var sink BlockHash
-				for _, x := range chain[i:touched] {
-					sink ^= d.t.Touch(x)
-				}
-				d.sink ^= sink
+				d.sink ^= d.t.Prefetch(chain[i:touched])
 			}
 			p, ok := d.t.Get(h)
 			if !ok {

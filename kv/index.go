@@ -84,20 +84,10 @@ func (x *Table[V]) Ptr(h BlockHash) *V {
 	}
 }
 
-// Touch reads the slot where h's probe starts and returns its key. Calling
-// it for a batch of hashes before looking them up lets the processor fetch
-// their cache lines in parallel; the result only keeps the reads alive.
-func (x *Table[V]) Touch(h BlockHash) BlockHash {
-	if x.slots == nil {
-		return 0
-	}
-	return x.slots[uint64(h)&x.mask].key
-}
-
-// Prefetch touches the starting slots of every hash in hs (see Touch): a
-// walk that will look up a run of hashes in turn, each likely a cache miss,
-// lets the processor fetch them in parallel this way rather than one after
-// the other. The result only keeps the reads alive.
+// Prefetch reads the slot where each hash in hs starts its probe. A walk
+// that will look up a run of hashes in turn, each likely a cache miss,
+// lets the processor fetch their cache lines in parallel this way rather
+// than one after the other. The result only keeps the reads alive.
 func (x *Table[V]) Prefetch(hs []BlockHash) BlockHash {
 	if x.slots == nil {
 		return 0

@@ -370,6 +370,7 @@ func (m *Model) fillQueueStats(st *PassStats) {
 	st.HostBlocks = m.cfg.HostBlocks
 }
 
-// prefetchBatch is how many blocks ahead admission fetches the GPU index's
-// slots: a long prefix walk is bound by memory latency otherwise.
+// prefetchBatch is how many blocks ahead a walk over a sequence's blocks
+// reads what it will touch (the GPU index's slots on admission, the blocks
+// on release): such a walk is bound by memory latency otherwise.
 const prefetchBatch = 32
