@@ -91,11 +91,16 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 					hooks.Start(j.pol.Name)
 				}
 				mu.Unlock()
-				if hooks != nil && hooks.Watch != nil {
-					j.res, j.err = RunWatched(sc, j.pol, hooks.Watch, hooks.WatchEvery)
-				} else {
-					j.res, j.err = Run(sc, j.pol)
+				var watch func(*State)
+				var progress func(elapsed, total time.Duration)
+				if hooks != nil {
+					watch = hooks.Watch
+					if hooks.Progress != nil {
+						name := j.pol.Name
+						progress = func(elapsed, total time.Duration) { hooks.Progress(name, elapsed, total) }
+					}
 				}
+				j.res, j.err = runWith(sc, j.pol, watch, hooks.watchEvery(), progress)
 				if hooks != nil && hooks.Done != nil && j.err == nil {
 					mu.Lock()
 					hooks.Done(j.pol.Name, j.res)
@@ -147,6 +152,17 @@ type Hooks struct {
 	Done       func(policy string, res Result)
 	Watch      func(*State)
 	WatchEvery time.Duration
+	// Progress, when set, hears every modelled minute of each simulation
+	// how much modelled time it has done of its whole span, from that
+	// simulation's goroutine (several at once).
+	Progress func(policy string, elapsed, total time.Duration)
+}
+
+func (h *Hooks) watchEvery() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return h.WatchEvery
 }
 
 // better reports whether a beats b on the primary metric: mean end-to-end

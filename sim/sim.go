@@ -305,6 +305,8 @@ type run struct {
 	// A watcher of the run (see watch.go), or nil.
 	watcher    func(*State)
 	watchEvery time.Duration
+	// progress, when set, hears every modelled minute how far the run is.
+	progress func(elapsed, total time.Duration)
 
 	e2e, ttft []float64
 	res       Result
@@ -323,6 +325,14 @@ func Run(sc Scenario, pol Policy) (Result, error) { return RunWatched(sc, pol, n
 // simulation's goroutine; it may block to pace the run. The result is the
 // same as Run's.
 func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration) (Result, error) {
+	return runWith(sc, pol, watch, every, nil)
+}
+
+// runWith is RunWatched with a progress report: progress, when not nil,
+// gets the modelled time done and the run's whole span at every modelled
+// minute, in the simulation's goroutine. It changes nothing the run
+// computes.
+func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, progress func(elapsed, total time.Duration)) (Result, error) {
 	if sc.Engines < 2 || (sc.Agents < 1 && len(sc.Trace) == 0) || sc.Duration <= 0 || sc.Profile == nil {
 		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, agents or a trace, and a duration")
 	}
@@ -413,6 +423,7 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 	}
 	r.res.Timeline = []Window{{}}
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
+	r.progress = progress
 	if watch != nil {
 		r.watcher, r.watchEvery = watch, every
 		if every <= 0 {
@@ -450,6 +461,9 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 			r.remove(ev.eng)
 		case evMinute:
 			r.closeWindow()
+			if r.progress != nil {
+				r.progress(r.now.Sub(r.start), r.scoreTo.Sub(r.start))
+			}
 
 		case evPlanStep:
 			r.planStep()

@@ -127,3 +127,38 @@ func TestWatchingAnIdleRunKeepsItsTime(t *testing.T) {
 		t.Fatalf("modelled %.3f s watched, %.3f s unwatched (%d requests)", watched.VirtualSec, plain.VirtualSec, plain.Requests)
 	}
 }
+
+// Progress reports come every modelled minute, name their simulation, and
+// change nothing the run computes.
+func TestProgressChangesNothing(t *testing.T) {
+	sc := smallScenario(t, "coding")
+	pol, _ := ParsePolicy("static:1:2", 3)
+	plain, err := Run(sc, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seen []time.Duration
+	hooks := &Hooks{Progress: func(policy string, elapsed, total time.Duration) {
+		if policy != "static:1:2" || total != sc.Warmup+sc.Duration {
+			t.Errorf("progress of %q: total %v, want %v", policy, total, sc.Warmup+sc.Duration)
+		}
+		seen = append(seen, elapsed)
+	}}
+	res, err := Compare(sc, []string{"static:1:2"}, hooks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ja, _ := json.Marshal(plain)
+	jb, _ := json.Marshal(res[0])
+	if string(ja) != string(jb) {
+		t.Fatalf("reporting progress changed the run:\n%s\n%s", ja, jb)
+	}
+	if want := int((sc.Warmup + sc.Duration) / time.Minute); len(seen) != want {
+		t.Fatalf("%d progress reports over %v, want one a minute (%d): %v", len(seen), sc.Warmup+sc.Duration, want, seen)
+	}
+	for i, e := range seen {
+		if e != time.Duration(i+1)*time.Minute {
+			t.Fatalf("report %d at %v of modelled time, want %v", i, e, time.Duration(i+1)*time.Minute)
+		}
+	}
+}

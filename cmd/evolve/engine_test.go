@@ -389,3 +389,34 @@ func TestSimPrintsStableJSON(t *testing.T) {
 		}
 	}
 }
+
+// A long simulation is not silent: each says on stderr how far it is, at
+// every tenth of its modelled time (--progress-every 0 drops the rate
+// limit that keeps short runs quiet), and stdout stays pure JSON.
+func TestSimReportsProgress(t *testing.T) {
+	cmd := exec.Command(evolveBin, "sim", "--gpus", "12", "--workload", "coding", "--agents", "8", "--duration", "9m", "--warmup", "1m",
+		"--policies", "static:1:2", "--progress-every", "0", "-o", "json")
+	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+t.TempDir())
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("sim: %v\n%s", err, stderr.String())
+	}
+	var res struct {
+		Results []map[string]any `json:"results"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil || len(res.Results) != 1 {
+		t.Fatalf("stdout is not the results alone: %v\n%s", err, out)
+	}
+	var lines []string
+	for _, l := range strings.Split(stderr.String(), "\n") {
+		if strings.HasPrefix(l, "  static:1:2: ") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) != 9 || !strings.Contains(lines[0], "10% (1m of 10m modelled)") || !strings.Contains(lines[8], "90% (9m of 10m modelled)") ||
+		!strings.Contains(lines[4], "left") {
+		t.Fatalf("progress lines:\n%s", stderr.String())
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"text/tabwriter"
 	"time"
 
@@ -107,6 +108,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Int64("seed", 1, "random seed")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (split and latency per minute) as an SVG file")
+	f.Duration("progress-every", 10*time.Second, "at most this often, each simulation says on stderr how far it is (at every tenth of its modelled time, with an estimate of the time left); 0: at every tenth")
 	f.Bool("profile-self", false, "report how fast each simulation ran (wall time, modelled time, passes per second) on stderr, and in -o json under profile_self")
 	f.String("live", "", "serve the simulations through the control API at this address (host:port) while they run, so that evolve top --server http://ADDR/POLICY watches them; named policies only (no :best, no oracle)")
 	f.Float64("pace", 10, "with --live: modelled seconds per wall second (0: as fast as they run)")
@@ -206,13 +208,24 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	start := time.Now()
 	var speeds []selfProfile
+	var mu sync.Mutex // simulations report progress from their goroutines
 	began := map[string]time.Time{}
+	prog := newSimProgress(errw, config.GetDuration(k("progress-every")))
 	hooks := &sim.Hooks{
 		Start: func(p string) {
+			mu.Lock()
+			defer mu.Unlock()
 			began[p] = time.Now()
 			fmt.Fprintf(errw, "simulating %s (%s elapsed)\n", p, time.Since(start).Round(time.Second))
 		},
+		Progress: func(p string, elapsed, total time.Duration) {
+			mu.Lock()
+			defer mu.Unlock()
+			prog.report(p, began[p], elapsed, total)
+		},
 		Done: func(p string, r sim.Result) {
+			mu.Lock()
+			defer mu.Unlock()
 			if srv != nil {
 				srv.Done(p)
 			}
@@ -361,4 +374,48 @@ func printSelfProfile(w io.Writer, prof []selfProfile, total time.Duration) {
 	}
 	fmt.Fprintf(tw, "all, on %d cores\t%.1f\t\t\t\t\n", runtime.GOMAXPROCS(0), total.Seconds())
 	tw.Flush()
+}
+
+// simProgress says how far each simulation is: a line when it passes a
+// tenth of its modelled time, at most one per simulation every `every`,
+// so that a long run (a 256-GPU shift takes most of an hour) is not
+// silent and a short one is not chatty.
+type simProgress struct {
+	w     io.Writer
+	every time.Duration
+	shown map[string]progressMark
+}
+
+type progressMark struct {
+	tenth int
+	at    time.Time
+}
+
+func newSimProgress(w io.Writer, every time.Duration) *simProgress {
+	return &simProgress{w: w, every: every, shown: map[string]progressMark{}}
+}
+
+// report notes that policy's simulation, begun at began, has done elapsed
+// of total modelled time.
+func (p *simProgress) report(policy string, began time.Time, elapsed, total time.Duration) {
+	if total <= 0 || elapsed >= total {
+		return // the end is announced by the results
+	}
+	frac := float64(elapsed) / float64(total)
+	tenth := int(frac * 10)
+	last := p.shown[policy]
+	now := time.Now()
+	if tenth <= last.tenth || (!last.at.IsZero() && now.Sub(last.at) < p.every) || (last.at.IsZero() && now.Sub(began) < p.every) {
+		return
+	}
+	p.shown[policy] = progressMark{tenth: tenth, at: now}
+	wall := now.Sub(began)
+	left := time.Duration(float64(wall) * (1 - frac) / frac)
+	fmt.Fprintf(p.w, "  %s: %d%% (%s of %s modelled) after %s, about %s left\n", policy, int(frac*100),
+		minutes(elapsed), minutes(total), wall.Round(time.Second), left.Round(time.Second))
+}
+
+// minutes writes d to the minute: 1h10m, 5m.
+func minutes(d time.Duration) string {
+	return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
 }
