@@ -64,6 +64,9 @@ type Cluster struct {
 	// Simulation is set when the cluster is a simulation (evolve sim
 	// --live): its modelled clock.
 	Simulation *Simulation `json:"simulation,omitempty"`
+	// Speedup: the engines run this many modelled seconds per wall second
+	// (0 or 1: real time). Recent's latencies are wall-clock.
+	Speedup float64 `json:"speedup,omitempty"`
 }
 
 // Simulation is a simulated cluster's progress.

@@ -29,6 +29,11 @@ type ClusterStatus struct {
 	Generation uint64         `json:"generation"`
 	StartedAt  time.Time      `json:"started_at"`
 	Recent     Recent         `json:"recent"` // requests over the last minute
+	// Speedup is the serving engines' modelled seconds per wall second,
+	// when it is not 1 (simulated engines run faster for demos and
+	// tests): measured latencies are then wall-clock, the planner's
+	// predictions modelled. 0 when 1, or when engines differ.
+	Speedup float64 `json:"speedup,omitempty"`
 }
 
 // controlHandler serves the control API (see the package comment of cmd
@@ -114,10 +119,19 @@ func (o *Orchestrator) Status() ClusterStatus {
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
 		Recent: recent}
+	speedups := map[float64]bool{}
 	for _, n := range o.c.nodes {
 		st.ByState[n.state]++
 		if n.state == StateServing {
 			st.ByRole[n.role.String()]++
+			speedups[max(n.reg.Speedup, 1)] = true
+		}
+	}
+	if len(speedups) == 1 {
+		for x := range speedups {
+			if x != 1 {
+				st.Speedup = x
+			}
 		}
 	}
 	return st

@@ -149,6 +149,11 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &st) != nil || st["router_url"] != c.state.RouterURL || st["nodes"] == nil {
 		t.Fatalf("evolve status -o json: %d %s", code, out)
 	}
+	// The engines run at 20x: the cluster says so, so that measured
+	// (wall-clock) and predicted (modelled) latencies are read apart.
+	if st["speedup"] != 20.0 {
+		t.Fatalf("evolve status -o json: speedup %v, want 20: %s", st["speedup"], out)
+	}
 
 	ctx := context.Background()
 	oc := c.client()

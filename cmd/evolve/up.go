@@ -315,7 +315,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	if agents > 0 {
-		fmt.Fprintf(errw, "running %d %s agents (profile %s, speedup %g); Ctrl-C stops\n", agents, model.Name(),
+		fmt.Fprintf(errw, "running %d %s agents (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", agents, model.Name(),
 			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
 		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
