@@ -124,7 +124,11 @@ func (o *Orchestrator) Status() ClusterStatus {
 		st.ByState[n.state]++
 		if n.state == StateServing {
 			st.ByRole[n.role.String()]++
-			speedups[max(n.reg.Speedup, 1)] = true
+			x := n.reg.Speedup
+			if x <= 0 { // real engines do not say
+				x = 1
+			}
+			speedups[x] = true
 		}
 	}
 	if len(speedups) == 1 {
