@@ -162,6 +162,11 @@ const (
 // noteOverload records the current split as overloaded when it is, with
 // no switch in progress.
 func (p *Planner) noteOverload(now time.Time, cur, switching int, pr Prediction, long Demand) {
+	for q, o := range p.overloaded {
+		if now.Sub(o.at) > overloadMemory {
+			delete(p.overloaded, q)
+		}
+	}
 	if !pr.Saturated || switching > 0 {
 		return
 	}
@@ -187,8 +192,7 @@ func (p *Planner) avoid(now time.Time, np int, long Demand) (int, bool) {
 	for _, q := range slices.Sorted(maps.Keys(p.overloaded)) {
 		o := p.overloaded[q]
 		if now.Sub(o.at) > overloadMemory {
-			delete(p.overloaded, q)
-			continue
+			continue // forgotten at the next noteOverload
 		}
 		d := long.OutputTokPerSec
 		if o.prefill {

@@ -92,15 +92,16 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 				}
 				mu.Unlock()
 				var watch func(*State)
+				var every time.Duration
 				var progress func(elapsed, total time.Duration)
 				if hooks != nil {
-					watch = hooks.Watch
+					watch, every = hooks.Watch, hooks.WatchEvery
 					if hooks.Progress != nil {
 						name := j.pol.Name
 						progress = func(elapsed, total time.Duration) { hooks.Progress(name, elapsed, total) }
 					}
 				}
-				j.res, j.err = runWith(sc, j.pol, watch, hooks.watchEvery(), progress)
+				j.res, j.err = runWith(sc, j.pol, watch, every, progress)
 				if hooks != nil && hooks.Done != nil && j.err == nil {
 					mu.Lock()
 					hooks.Done(j.pol.Name, j.res)
@@ -156,13 +157,6 @@ type Hooks struct {
 	// how much modelled time it has done of its whole span, from that
 	// simulation's goroutine (several at once).
 	Progress func(policy string, elapsed, total time.Duration)
-}
-
-func (h *Hooks) watchEvery() time.Duration {
-	if h == nil {
-		return 0
-	}
-	return h.WatchEvery
 }
 
 // better reports whether a beats b on the primary metric: mean end-to-end

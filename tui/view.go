@@ -169,7 +169,7 @@ func (m *Model) summary() string {
 	if r := m.cluster.Recent; r != nil && r.Requests > 0 {
 		line := fmt.Sprintf("last %s: %d req (%.1f/s), TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs",
 			fmtDur(r.WindowSec), r.Requests, r.RequestsSec, r.TTFTP50, r.TTFTP95, r.E2EP50)
-		if x := m.cluster.Speedup; x > 0 && x != 1 && m.cluster.Simulation == nil {
+		if x := m.cluster.Speedup; x > 0 && x != 1 {
 			// Engines at --speedup: what the router measured is
 			// wall-clock, what the planner predicts is modelled.
 			line += fmt.Sprintf(" (wall clock; engines run %gx, predictions are modelled time)", x)
