@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -12,24 +11,11 @@ import (
 // operator selects a decode node, presses p, confirms, and sees its role
 // change in the table.
 func TestTopSwitchesANodeInTmux(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux is not installed (.ci/run installs it)")
-	}
+	requireTmux(t)
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
-	session := "evolve-top-test-" + strings.ReplaceAll(t.Name(), "/", "-")
-	env := strings.Join(c.env, " ")
-	cmd := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "32", "env "+env+" "+evolveBin+" top")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("tmux: %v %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("tmux", "kill-session", "-t", session).Run() })
-	screen := func() string {
-		out, _ := exec.Command("tmux", "capture-pane", "-p", "-t", session).Output()
-		return string(out)
-	}
-	keys := func(k ...string) {
-		exec.Command("tmux", append([]string{"send-keys", "-t", session}, k...)...).Run()
-	}
+	term := openTerminal(t, 120, 32, "env "+strings.Join(c.env, " ")+" "+evolveBin+" top")
+	screen := func() string { return term.screen(false) }
+	keys := term.keys
 	waitFor := func(what string, cond func(string) bool) string {
 		t.Helper()
 		deadline := time.Now().Add(15 * time.Second)
@@ -79,9 +65,7 @@ func TestTopSwitchesANodeInTmux(t *testing.T) {
 	keys("4")
 	waitFor("the switch in the events view", func(s string) bool { return strings.Contains(s, "engine-1 is now prefill") })
 	keys("q")
-	waitFor("evolve top to quit", func(string) bool {
-		return exec.Command("tmux", "has-session", "-t", session).Run() != nil
-	})
+	waitFor("evolve top to quit", func(string) bool { return !term.running() })
 }
 
 // Without a terminal, evolve top refuses and points to --once; --once -o
@@ -118,23 +102,15 @@ func TestTopOnceAndNoTerminal(t *testing.T) {
 // CI=true in the environment turns it off too (termenv), so the colour
 // case forces it.
 func TestTopHonoursNoColor(t *testing.T) {
-	if _, err := exec.LookPath("tmux"); err != nil {
-		t.Skip("tmux is not installed (.ci/run installs it)")
-	}
+	requireTmux(t)
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
 	colours := func(extra string) int {
-		session := "evolve-top-colour-" + strings.NewReplacer("=", "", " ", "-", "_", "").Replace(extra)
-		cmd := exec.Command("tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "30",
-			"env TERM=xterm-256color "+extra+" "+strings.Join(c.env, " ")+" "+evolveBin+" top")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("tmux: %v %s", err, out)
-		}
-		defer exec.Command("tmux", "kill-session", "-t", session).Run()
+		term := openTerminal(t, 120, 30, "env TERM=xterm-256color "+extra+" "+strings.Join(c.env, " ")+" "+evolveBin+" top")
+		defer term.close()
 		var screen string
 		for i := 0; i < 50 && !strings.Contains(screen, "engine-1"); i++ {
 			time.Sleep(100 * time.Millisecond)
-			out, _ := exec.Command("tmux", "capture-pane", "-e", "-p", "-t", session).Output()
-			screen = string(out)
+			screen = term.screen(true)
 		}
 		n := 0
 		for _, code := range []string{"\x1b[35m", "\x1b[36m", "\x1b[38;5;5m", "\x1b[38;5;6m"} {
