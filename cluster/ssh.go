@@ -169,7 +169,23 @@ func DialSSH(ctx context.Context, h Host, opt SSHOptions) (Conn, error) {
 		if err != nil {
 			return nil, err
 		}
+		// The handshake has no deadline of its own: a host that accepts
+		// the connection and never answers (an sshd at MaxStartups, a
+		// hung machine) would hold the bootstrap forever. Closing the
+		// connection at the timeout, or when the caller gives up, ends it.
+		hctx, cancel := context.WithTimeout(ctx, opt.Timeout)
+		defer cancel()
+		stop := context.AfterFunc(hctx, func() { c.Close() })
 		sc, chans, reqs, err := ssh.NewClientConn(c, addr, cfg)
+		if !stop() {
+			if err == nil {
+				sc.Close()
+			}
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			return nil, fmt.Errorf("no SSH handshake from %s within %v: %w", addr, opt.Timeout, context.DeadlineExceeded)
+		}
 		if err != nil {
 			c.Close()
 			return nil, err

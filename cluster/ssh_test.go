@@ -3,11 +3,13 @@ package cluster
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/evolvellm/evolve/cluster/sshtest"
 )
@@ -120,5 +122,56 @@ func TestSSHHonoursTheClientConfig(t *testing.T) {
 	// Without the config the alias means nothing.
 	if _, err := DialSSH(context.Background(), Host{Name: "h", Address: "lab-1", Port: 22, User: "root", KeyPath: keyPath}, SSHOptions{KnownHosts: kh, SSHConfig: "none", Timeout: 2e9}); err == nil {
 		t.Fatal("dialed an alias with the config off")
+	}
+}
+
+// A host that accepts the TCP connection and never speaks SSH (an sshd at
+// MaxStartups, a hung machine) fails the dial at the timeout, and at once
+// when the caller gives up, instead of holding it forever.
+func TestSSHHandshakeThatNeverComesTimesOut(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // held open, silent, until the test ends
+		}
+	}()
+	dir := t.TempDir()
+	keyPath := filepath.Join(dir, "id_ed25519")
+	sshtest.NewKey(t, keyPath)
+	t.Setenv("SSH_AUTH_SOCK", "")
+	h := Host{Name: "mute", Address: "127.0.0.1", Port: l.Addr().(*net.TCPAddr).Port, User: "root", KeyPath: keyPath}
+	opt := SSHOptions{KnownHosts: filepath.Join(dir, "known_hosts"), Timeout: 300 * time.Millisecond}
+
+	done := make(chan error, 1)
+	go func() { _, err := DialSSH(context.Background(), h, opt); done <- err }()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no SSH handshake") {
+			t.Fatalf("mute host: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the dial of a mute host never returned")
+	}
+
+	opt.Timeout = time.Hour
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { _, err := DialSSH(ctx, h, opt); done <- err }()
+	time.Sleep(100 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("cancelled dial: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("a cancelled dial never returned")
 	}
 }
