@@ -39,7 +39,7 @@ type Facts struct {
 type HostResult struct {
 	Host   string `json:"host"`
 	Phase  string `json:"phase"`  // the last phase reached
-	Action string `json:"action"` // started, restarted, unchanged, stopped, or failed
+	Action string `json:"action"` // started, restarted, unchanged, stopped, failed, or interrupted
 	Upload string `json:"upload"` // uploaded, unchanged
 	Facts  Facts  `json:"facts"`
 	Error  string `json:"error,omitempty"`
@@ -136,9 +136,20 @@ func forEachHost(ctx context.Context, f *File, do func(context.Context, Host) Ho
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sem <- struct{}{}
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				out[i] = Interrupted(HostResult{Host: h.Name}, ctx.Err())
+				return
+			}
 			defer func() { <-sem }()
-			out[i] = do(ctx, h)
+			r := do(ctx, h)
+			// After an interrupt, what failed failed because of it (a
+			// command cut short reads as its phase's own error).
+			if r.err != nil && ctx.Err() != nil {
+				r = Interrupted(r, ctx.Err())
+			}
+			out[i] = r
 		}()
 	}
 	wg.Wait()
@@ -163,6 +174,18 @@ func (o *UpOptions) progress(h, phase, detail string) {
 
 // Failed marks a result failed in phase with err.
 func Failed(r HostResult, phase string, err error) HostResult { return fail(r, phase, err) }
+
+// Interrupted marks a result cut short by the caller (Ctrl-C) in the
+// phase it had reached: the host is left part-way, and a re-run converges.
+func Interrupted(r HostResult, cause error) HostResult {
+	r.Action, r.err = "interrupted", cause
+	if r.Phase == "" {
+		r.Error = "interrupted before it started"
+	} else {
+		r.Error = "interrupted at " + r.Phase
+	}
+	return r
+}
 
 func fail(r HostResult, phase string, err error) HostResult {
 	r.Phase, r.Action, r.err, r.Error = phase, "failed", err, err.Error()
@@ -429,6 +452,7 @@ func downHost(ctx context.Context, h Host, opt UpOptions) HostResult {
 		return fail(r, PhaseStart, err)
 	}
 	r.Phase, r.Action = PhaseStart, "stopped"
+	opt.progress(h.Name, PhaseStart, "stopped")
 	return r
 }
 

@@ -314,12 +314,21 @@ func (s *sshConn) Run(ctx context.Context, cmd string) (string, error) {
 	return out.String(), nil
 }
 
-func (s *sshConn) Upload(_ context.Context, r io.Reader, path string, mode os.FileMode) error {
+func (s *sshConn) Upload(ctx context.Context, r io.Reader, path string, mode os.FileMode) (err error) {
 	c, err := sftp.NewClient(s.c)
 	if err != nil {
 		return fmt.Errorf("sftp: %w", err)
 	}
 	defer c.Close()
+	// A binary takes a while over a slow link: giving up closes the
+	// session, which ends the copy (the file at path is untouched; the
+	// next upload overwrites the partial one beside it).
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer func() {
+		if !stop() && err != nil {
+			err = ctx.Err()
+		}
+	}()
 	if err := c.MkdirAll(filepath.Dir(path)); err != nil {
 		return err
 	}

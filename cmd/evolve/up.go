@@ -200,14 +200,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	cleanup := func() { stopAll(errw, st, procs) }
 	// The children run in their own process groups, so only this process
 	// hears Ctrl-C, a closed terminal or a kill: it must stop them, or
-	// they run on with nobody to stop them but 'evolve down'. A broken
-	// pipe (| tee, and tee is gone) must not kill it midway either: with
-	// SIGPIPE notified, writes fail and the teardown goes on.
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	// they run on with nobody to stop them but 'evolve down'.
+	ctx, stop := notifyInterrupt(context.Background())
 	defer stop()
-	pipe := make(chan os.Signal, 1)
-	signal.Notify(pipe, syscall.SIGPIPE)
-	defer signal.Stop(pipe)
 	interrupted := func(what string) error {
 		fmt.Fprintln(errw)
 		cleanup()
@@ -346,6 +341,18 @@ var shortClient = newHTTPClient(5 * time.Second)
 
 // sleepCtx waits d, or less if ctx ends first; it reports whether it
 // waited the whole time.
+// notifyInterrupt returns a context that ends at Ctrl-C, SIGTERM or a
+// closed terminal (SIGHUP), so that a command stops what it started and
+// says where it stood instead of dying midway. A broken pipe (| tee, and
+// tee is gone) must not kill it midway either: with SIGPIPE notified,
+// writes fail and the work goes on. stop undoes both.
+func notifyInterrupt(parent context.Context) (ctx context.Context, stop func()) {
+	ctx, cancel := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP)
+	pipe := make(chan os.Signal, 1)
+	signal.Notify(pipe, syscall.SIGPIPE)
+	return ctx, func() { cancel(); signal.Stop(pipe) }
+}
+
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -69,9 +70,10 @@ type upOutput struct {
 		Host   string `json:"host"`
 		Action string `json:"action"`
 	} `json:"orchestrator"`
-	Hosts    []cluster.HostResult `json:"hosts"`
-	Failed   int                  `json:"failed"`
-	DebugLog string               `json:"debug_log"`
+	Hosts       []cluster.HostResult `json:"hosts"`
+	Failed      int                  `json:"failed"`
+	Interrupted int                  `json:"interrupted,omitempty"` // hosts cut short by Ctrl-C
+	DebugLog    string               `json:"debug_log"`
 }
 
 func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
@@ -117,6 +119,11 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o700); err != nil {
 		return err
 	}
+	// Ctrl-C (or a closed terminal) cuts the bring-up short, not the
+	// process: what is under way on each host stops, and the summary says
+	// which hosts finished and which did not.
+	ctx, stop := notifyInterrupt(cmd.Context())
+	defer stop()
 	debugPath := filepath.Join(dir, "logs", "up-"+time.Now().Format("20060102-150405")+".log")
 	debug, err := os.OpenFile(debugPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -148,11 +155,10 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
 		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString(key("service"))}
-	ctx := cmd.Context()
 	var st *fileClusterState
 	var orchAction string
 	if f.Spec.Orchestrator.Host == "local" {
-		if st, orchAction, err = ensureOrchestrator(cmd, f, path, dir, debug); err != nil {
+		if st, orchAction, err = ensureOrchestrator(ctx, cmd, f, path, dir, debug); err != nil {
 			return err
 		}
 		// Engines reach the orchestrator that runs (a re-run keeps the one
@@ -163,7 +169,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		if a := f.Spec.Orchestrator.Advertise; a != "" {
 			opt.NATS = fmt.Sprintf("nats://%s:%d", a, opt.NATSPort)
 		}
-	} else if st, orchAction, err = ensureHostOrchestrator(cmd, f, path, opt); err != nil {
+	} else if st, orchAction, err = ensureHostOrchestrator(ctx, cmd, f, path, opt); err != nil {
 		return err
 	} else {
 		opt.NATS = st.NATSURL
@@ -193,7 +199,8 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	for len(want) > 0 {
 		var nodes []struct{ ID, State string }
 		serving := map[string]bool{}
-		if c.do(ctx, "GET", "/api/v1/nodes", nil, &nodes) == nil {
+		// After Ctrl-C, one last look still tells which hosts serve.
+		if c.do(context.WithoutCancel(ctx), "GET", "/api/v1/nodes", nil, &nodes) == nil {
 			for _, n := range nodes {
 				serving[n.ID] = n.State == "serving"
 			}
@@ -206,10 +213,12 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 				prog.update(h, "serving", "") // after a wait worth mentioning
 			}
 		}
-		if len(left) == 0 {
+		if want = left; len(want) == 0 {
 			break
 		}
-		want = left
+		if ctx.Err() != nil {
+			break
+		}
 		if time.Since(lastNote) >= noteEvery && time.Since(waitStart) > 2*time.Second {
 			lastNote = time.Now()
 			for _, h := range left {
@@ -226,20 +235,34 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 			}
 			break
 		}
-		time.Sleep(200 * time.Millisecond)
+		sleepCtx(ctx, 200*time.Millisecond)
+	}
+	if ctx.Err() != nil {
+		// Those still waiting to register were cut short there.
+		for i := range res {
+			for _, h := range want {
+				if res[i].Host == h && res[i].Err() == nil {
+					res[i].Phase = "register"
+					res[i] = cluster.Interrupted(res[i], ctx.Err())
+				}
+			}
+		}
 	}
 
 	out := upOutput{Cluster: f.Metadata.Name, RouterURL: st.RouterURL, ControlURL: st.ControlURL,
 		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath}
 	out.Orchestrator.Host, out.Orchestrator.Action = f.Spec.Orchestrator.Host, orchAction
-	var failed []cluster.HostResult
+	var failed, cut []cluster.HostResult
 	for _, r := range res {
 		fmt.Fprintf(debug, "result %s: %s (phase %s) %s\n", r.Host, r.Action, r.Phase, r.Error)
-		if r.Err() != nil {
+		switch {
+		case r.Action == "interrupted":
+			cut = append(cut, r)
+		case r.Err() != nil:
 			failed = append(failed, r)
 		}
 	}
-	out.Failed = len(failed)
+	out.Failed, out.Interrupted = len(failed), len(cut)
 	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "cluster %s: router %s, control %s (token in %s)\n\n", out.Cluster, out.RouterURL, out.ControlURL, out.TokenFile)
 		fmt.Fprintln(w, "HOST\tRESULT\tBINARY\tARCH\tGPUS")
@@ -248,6 +271,24 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		}
 	}); err != nil {
 		return err
+	}
+	if len(cut) > 0 {
+		var b strings.Builder
+		fmt.Fprintf(&b, "interrupted: %d of %d hosts did not finish:", len(cut), len(res))
+		for _, r := range append(failed, cut...) {
+			fmt.Fprintf(&b, "\n  %s: %s", r.Host, r.Error)
+		}
+		var serving []string
+		for _, r := range res {
+			if r.Err() == nil {
+				serving = append(serving, r.Host)
+			}
+		}
+		if len(serving) > 0 {
+			fmt.Fprintf(&b, "\nserving: %s", strings.Join(serving, ", "))
+		}
+		fmt.Fprintf(&b, "\nRun 'evolve up -f %s' again to finish (it picks up where each host stands), or 'evolve down -f %s' to remove what started.\n(debug log: %s)", path, path, debugPath)
+		return errors.New(b.String())
 	}
 	if len(failed) > 0 {
 		var b strings.Builder
@@ -278,7 +319,7 @@ func newSecret() string {
 // ensureHostOrchestrator runs the cluster's orchestrator on the host the
 // file names, with the tokens this machine keeps for the cluster (made on
 // the first run), so that a re-run finds it unchanged.
-func ensureHostOrchestrator(cmd *cobra.Command, f *cluster.File, path string, opt cluster.UpOptions) (*fileClusterState, string, error) {
+func ensureHostOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path string, opt cluster.UpOptions) (*fileClusterState, string, error) {
 	st, err := readClusterState(f.Metadata.Name)
 	if err != nil || st.ControlToken == "" || st.NATSToken == "" {
 		st = &fileClusterState{Name: f.Metadata.Name, ControlToken: newSecret(), NATSToken: newSecret(), Started: time.Now()}
@@ -288,7 +329,10 @@ func ensureHostOrchestrator(cmd *cobra.Command, f *cluster.File, path string, op
 		st.File = abs
 	}
 	opt.NATSToken = st.NATSToken
-	res := cluster.UpOrchestrator(cmd.Context(), f, opt, st.ControlToken)
+	res := cluster.UpOrchestrator(ctx, f, opt, st.ControlToken)
+	if ctx.Err() != nil {
+		return nil, "", fmt.Errorf("interrupted while the orchestrator started on host %s (at %s); run 'evolve up -f %s' again to finish, or 'evolve down -f %s'", res.Host, res.Phase, path, path)
+	}
 	if err := res.Err(); err != nil {
 		return nil, "", fmt.Errorf("the orchestrator on host %s failed at %s: %w", res.Host, res.Phase, err)
 	}
@@ -299,7 +343,7 @@ func ensureHostOrchestrator(cmd *cobra.Command, f *cluster.File, path string, op
 
 // ensureOrchestrator starts the cluster's orchestrator on this machine
 // unless it runs already (a re-run converges).
-func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, string, error) {
+func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, string, error) {
 	if st, err := readClusterState(f.Metadata.Name); err == nil && alive(st.Orchestrator) {
 		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
 		return st, "unchanged", nil
@@ -334,7 +378,12 @@ func ensureOrchestrator(cmd *cobra.Command, f *cluster.File, path, dir string, d
 		if !alive(p.Process.Pid) || time.Now().After(deadline) {
 			return nil, "", fmt.Errorf("the orchestrator did not start:\n%s", tail(logPath, 10))
 		}
-		time.Sleep(50 * time.Millisecond)
+		if !sleepCtx(ctx, 50*time.Millisecond) {
+			// Nothing knows of it yet (no state written): stop it, or
+			// it runs on where 'evolve down -f' cannot find it.
+			stopPIDs(cmd.ErrOrStderr(), []int{p.Process.Pid}, nil, 15*time.Second)
+			return nil, "", errors.New("interrupted while the orchestrator started; stopped it")
+		}
 	}
 	// Listening on every interface, they report the wildcard address; say
 	// one that clients can use.
@@ -370,11 +419,28 @@ func downFromFile(cmd *cobra.Command, path string, yes bool) error {
 		}
 	}
 	dopt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("down")), Progress: newHostProgress(errw, f).update}
-	res := cluster.Down(cmd.Context(), f, dopt)
+	ctx, stop := notifyInterrupt(cmd.Context())
+	defer stop()
+	res := cluster.Down(ctx, f, dopt)
+	if ctx.Err() != nil {
+		// Engines still run: the orchestrator they report to stays.
+		var left []string
+		for _, r := range res {
+			if r.Err() != nil {
+				left = append(left, fmt.Sprintf("  %s: %s", r.Host, r.Error))
+			}
+		}
+		output(cmd, map[string]any{"cluster": f.Metadata.Name, "hosts": res, "failed": len(left), "interrupted": true}, func(w *tabwriter.Writer, _ bool) {
+			for _, r := range res {
+				fmt.Fprintf(w, "%s\t%s\n", r.Host, r.Action)
+			}
+		})
+		return fmt.Errorf("interrupted: %d of %d hosts not stopped:\n%s\nthe orchestrator still runs; run 'evolve down -f %s' again to finish", len(left), len(res), strings.Join(left, "\n"), path)
+	}
 	orch := "stopped"
 	if f.Spec.Orchestrator.Host != "local" {
 		// Last: engines deregister from it as they stop.
-		if r := cluster.DownOrchestrator(cmd.Context(), f, dopt); r.Err() != nil {
+		if r := cluster.DownOrchestrator(ctx, f, dopt); r.Err() != nil {
 			orch = "failed"
 			res = append(res, cluster.Failed(cluster.HostResult{Host: r.Host + " (orchestrator)"}, r.Phase, r.Err()))
 		}
