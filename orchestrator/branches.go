@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/protocol"
@@ -189,7 +190,7 @@ func (o *Orchestrator) Branches(session string) []BranchStatus {
 		for _, c := range o.c.dir.Residency(b.Chain) {
 			st.Residency = append(st.Residency, Residency{Node: o.c.dir.NodeName(c.Node), GPU: c.GPU, Host: c.Host})
 		}
-		sort.Slice(st.Residency, func(i, j int) bool { return st.Residency[i].Node < st.Residency[j].Node })
+		sort.Slice(st.Residency, func(i, j int) bool { return controlapi.CompareIDs(st.Residency[i].Node, st.Residency[j].Node) < 0 })
 		out = append(out, st)
 	}
 	return out

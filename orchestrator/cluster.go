@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
@@ -182,7 +183,7 @@ func (c *cluster) statuses() []NodeStatus {
 	for id, n := range c.nodes {
 		out = append(out, n.status(id, c.dir))
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	sort.Slice(out, func(i, j int) bool { return controlapi.CompareIDs(out[i].ID, out[j].ID) < 0 })
 	return out
 }
 

@@ -4,6 +4,7 @@ import (
 	"sort"
 	"sync/atomic"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/protocol"
 )
@@ -120,7 +121,7 @@ func (o *Orchestrator) KV() KVStatus {
 			p.HostFree += max(0, kn.HostCapacity-kn.HostCached)
 		}
 	}
-	sort.Slice(st.Nodes, func(i, j int) bool { return st.Nodes[i].ID < st.Nodes[j].ID })
+	sort.Slice(st.Nodes, func(i, j int) bool { return controlapi.CompareIDs(st.Nodes[i].ID, st.Nodes[j].ID) < 0 })
 	k := &o.kvc
 	st.GPUHitTokens, st.LocalHostTokens, st.RemoteHostTokens, st.RecomputedTokens = k.gpu.Load(), k.localHost.Load(), k.remoteHost.Load(), k.recomputed.Load()
 	st.PromptTokens = st.GPUHitTokens + st.LocalHostTokens + st.RemoteHostTokens + st.RecomputedTokens

@@ -3,11 +3,14 @@ package tui
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	tea "github.com/charmbracelet/bubbletea"
+
+	"github.com/evolvellm/evolve/controlapi"
 )
 
 // Views.
@@ -435,7 +438,7 @@ func (m *Model) sortedNodes() []*Node {
 				return a.GPUKVUsage > b.GPUKVUsage
 			}
 		}
-		return a.ID < b.ID
+		return controlapi.CompareIDs(a.ID, b.ID) < 0
 	})
 	return out
 }
@@ -601,11 +604,12 @@ func Tree(branches []Branch, filter string) ([]Branch, []int) {
 		}
 		bySession[b.Session] = append(bySession[b.Session], b)
 	}
-	sort.Strings(sessions)
+	slices.SortFunc(sessions, controlapi.CompareIDs)
 	var out []Branch
 	var depth []int
 	for _, s := range sessions {
 		bs := bySession[s]
+		slices.SortStableFunc(bs, func(a, b Branch) int { return controlapi.CompareIDs(a.Branch, b.Branch) })
 		known := map[string]bool{}
 		for _, b := range bs {
 			known[b.Branch] = true

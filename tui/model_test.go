@@ -306,3 +306,38 @@ func TestMeasuredLatenciesSayTheyAreWallClockAtSpeedup(t *testing.T) {
 		t.Fatalf("real time:\n%s", s)
 	}
 }
+
+// Agents, branches and nodes are listed as people count them: a2 before
+// a10, engine-2 before engine-10.
+func TestListsCountAsPeopleDo(t *testing.T) {
+	var bs []Branch
+	for _, s := range []string{"a10-s0", "a2-s0", "a1-s0"} {
+		for _, b := range []string{"b10", "b2", "b0"} {
+			parent := "b0"
+			if b == "b0" {
+				parent = ""
+			}
+			bs = append(bs, Branch{Session: s, Branch: b, Parent: parent})
+		}
+	}
+	tree, depth := Tree(bs, "")
+	var got []string
+	for i, b := range tree {
+		got = append(got, fmt.Sprintf("%s/%s:%d", b.Session, b.Branch, depth[i]))
+	}
+	want := "a1-s0/b0:0 a1-s0/b2:1 a1-s0/b10:1 a2-s0/b0:0 a2-s0/b2:1 a2-s0/b10:1 a10-s0/b0:0 a10-s0/b2:1 a10-s0/b10:1"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("tree order\n got %s\nwant %s", strings.Join(got, " "), want)
+	}
+	m := &Model{nodes: map[string]*Node{}}
+	for _, id := range []string{"engine-10", "engine-2", "engine-1"} {
+		m.nodes[id] = &Node{ID: id}
+	}
+	var ids []string
+	for _, n := range m.sortedNodes() {
+		ids = append(ids, n.ID)
+	}
+	if strings.Join(ids, " ") != "engine-1 engine-2 engine-10" {
+		t.Fatalf("node order %v", ids)
+	}
+}
