@@ -320,7 +320,8 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		} else {
 			printBench(cmd, res)
 		}
-		stop()
+		// The signals stay caught through the teardown: a closed terminal
+		// or a dead pipe must not kill up before it stops the cluster.
 		fmt.Fprintln(errw, "stopping the cluster")
 		cleanup()
 		return berr

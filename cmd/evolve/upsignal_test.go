@@ -160,3 +160,26 @@ func TestUpStopsTheClusterWhenItsOutputIsGone(t *testing.T) {
 	cmd.Process.Signal(os.Interrupt)
 	stoppedEverything(t, cmd, home)
 }
+
+// With agents running, Ctrl-C prints their summary and stops the cluster,
+// even when up's output is gone (| tee, and tee died of the same Ctrl-C)
+// and the terminal closes during the teardown.
+func TestUpWithAgentsStopsTheClusterWhateverFollowsCtrlC(t *testing.T) {
+	for _, then := range []string{"output gone", "hangup"} {
+		t.Run(then, func(t *testing.T) {
+			cmd, home, stderr := startUp(t, "--agents", "2", "--workload", "math")
+			waitFor(t, stderr, "running 2 math agents")
+			if then == "output gone" {
+				stderr.Close()
+			} else {
+				go io.Copy(io.Discard, stderr)
+			}
+			cmd.Process.Signal(os.Interrupt)
+			if then == "hangup" {
+				time.Sleep(100 * time.Millisecond)
+				cmd.Process.Signal(syscall.SIGHUP)
+			}
+			stoppedEverything(t, cmd, home)
+		})
+	}
+}
