@@ -393,6 +393,36 @@ func TestSimPrintsStableJSON(t *testing.T) {
 // A long simulation is not silent: each says on stderr how far it is, at
 // every tenth of its modelled time (--progress-every 0 drops the rate
 // limit that keeps short runs quiet), and stdout stays pure JSON.
+// The time left follows the pace of the last tenth: a run that slows
+// down midway (3 s per modelled minute after 1 s) is not promised the
+// early pace.
+func TestSimProgressEstimatesAtTheRecentPace(t *testing.T) {
+	var out strings.Builder
+	p := newSimProgress(&out, 0)
+	began := time.Unix(1000, 0)
+	wall := began
+	p.now = func() time.Time { return wall }
+	for m := 1; m < 100; m++ {
+		if m <= 50 {
+			wall = wall.Add(time.Second)
+		} else {
+			wall = wall.Add(3 * time.Second)
+		}
+		p.report("evolve", began, time.Duration(m)*time.Minute, 100*time.Minute)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 9 {
+		t.Fatalf("want a line per tenth:\n%s", out.String())
+	}
+	// At 10%: 90 minutes at 1 s. At 90%: 10 minutes at 3 s (the pace
+	// since the start would say 17 s).
+	for i, want := range map[int]string{0: "10% (10m of 1h40m modelled) after 10s, about 1m30s left", 8: "90% (1h30m of 1h40m modelled) after 2m50s, about 30s left"} {
+		if !strings.Contains(lines[i], want) {
+			t.Fatalf("line %d: %q, want %q", i, lines[i], want)
+		}
+	}
+}
+
 func TestSimReportsProgress(t *testing.T) {
 	cmd := exec.Command(evolveBin, "sim", "--gpus", "12", "--workload", "coding", "--agents", "8", "--duration", "9m", "--warmup", "1m",
 		"--policies", "static:1:2", "--progress-every", "0", "-o", "json")

@@ -383,16 +383,25 @@ func printSelfProfile(w io.Writer, prof []selfProfile, total time.Duration) {
 type simProgress struct {
 	w     io.Writer
 	every time.Duration
-	shown map[string]progressMark
+	now   func() time.Time
+	runs  map[string]*progressRun
 }
 
-type progressMark struct {
-	tenth int
-	at    time.Time
+// progressRun is one simulation's progress: the last line shown, and the
+// wall time at which each modelled time was reached.
+type progressRun struct {
+	tenth   int
+	shownAt time.Time
+	samples []progressSample
+}
+
+type progressSample struct {
+	modelled time.Duration
+	wall     time.Time
 }
 
 func newSimProgress(w io.Writer, every time.Duration) *simProgress {
-	return &simProgress{w: w, every: every, shown: map[string]progressMark{}}
+	return &simProgress{w: w, every: every, now: time.Now, runs: map[string]*progressRun{}}
 }
 
 // report notes that policy's simulation, begun at began, has done elapsed
@@ -401,18 +410,41 @@ func (p *simProgress) report(policy string, began time.Time, elapsed, total time
 	if total <= 0 || elapsed >= total {
 		return // the end is announced by the results
 	}
+	r := p.runs[policy]
+	if r == nil {
+		r = &progressRun{samples: []progressSample{{0, began}}}
+		p.runs[policy] = r
+	}
+	now := p.now()
+	r.samples = append(r.samples, progressSample{elapsed, now})
 	frac := float64(elapsed) / float64(total)
 	tenth := int(frac * 10)
-	last := p.shown[policy]
-	now := time.Now()
-	if tenth <= last.tenth || (!last.at.IsZero() && now.Sub(last.at) < p.every) || (last.at.IsZero() && now.Sub(began) < p.every) {
+	if tenth <= r.tenth || (!r.shownAt.IsZero() && now.Sub(r.shownAt) < p.every) || (r.shownAt.IsZero() && now.Sub(began) < p.every) {
 		return
 	}
-	p.shown[policy] = progressMark{tenth: tenth, at: now}
-	wall := now.Sub(began)
-	left := time.Duration(float64(wall) * (1 - frac) / frac)
+	r.tenth, r.shownAt = tenth, now
 	fmt.Fprintf(p.w, "  %s: %d%% (%s of %s modelled) after %s, about %s left\n", policy, int(frac*100),
-		minutes(elapsed), minutes(total), wall.Round(time.Second), left.Round(time.Second))
+		minutes(elapsed), minutes(total), now.Sub(began).Round(time.Second), r.left(total).Round(time.Second))
+}
+
+// left estimates the wall time to the end at the pace of the last tenth
+// of the modelled time: a run slows as contexts grow and caches fill (and
+// a shift changes its work midway), so the pace since the start promises
+// too little.
+func (r *progressRun) left(total time.Duration) time.Duration {
+	last := r.samples[len(r.samples)-1]
+	from := r.samples[0]
+	for i := len(r.samples) - 2; i >= 0; i-- {
+		from = r.samples[i]
+		if last.modelled-from.modelled >= total/10 {
+			break
+		}
+	}
+	if last.modelled <= from.modelled {
+		return 0
+	}
+	pace := float64(last.wall.Sub(from.wall)) / float64(last.modelled-from.modelled)
+	return time.Duration(pace * float64(total-last.modelled))
 }
 
 // minutes writes d to the minute: 1h10m, 5m.
