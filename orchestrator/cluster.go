@@ -169,12 +169,18 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 	if n.sw != nil {
 		sw = ptr(*n.sw)
 	}
-	return NodeStatus{
+	st := NodeStatus{
 		ID: id, Role: n.role.String(), Mode: n.mode, State: n.state, Address: n.reg.URL, Model: n.reg.Model,
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
 		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
 	}
+	if n.state == StateDown {
+		// Its last heartbeat's load is no longer true (a killed engine's
+		// requests failed with it), and nothing is routed to it.
+		st.Waiting, st.Running, st.GPUKVUsage, st.HostKVUsage, st.TokensPerSec = 0, 0, 0, 0, 0
+	}
+	return st
 }
 
 // statuses lists every node, sorted by id. Call with mu held.

@@ -269,6 +269,9 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 		got++
 		if got == 5 && !killed {
 			killed = true
+			// Once its heartbeat says so, so that the status has load to
+			// forget.
+			eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
 			syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
 		}
 	}
@@ -279,6 +282,10 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 		t.Fatal("the stream ended cleanly although its engine died")
 	}
 	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node("engine-1")["state"] == "down" })
+	// Its last heartbeat said it was running this stream: no longer true.
+	if n := c.node("engine-1"); n["running"] != 0.0 || n["waiting"] != 0.0 || n["gpu_kv_usage"] != 0.0 {
+		t.Fatalf("a down node shows load: %v", n)
+	}
 	// The cluster still answers on the node that is left.
 	resp, err := oc.Completions.New(context.Background(), openai.CompletionNewParams{
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("still there?")}, MaxTokens: openai.Int(3),
