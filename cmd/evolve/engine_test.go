@@ -382,11 +382,25 @@ func TestSimPrintsStableJSON(t *testing.T) {
 		t.Fatalf("timeline: %v %.80q", err, b)
 	}
 	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"},
-		{"sim", "--workload", "poetry"}, {"sim", "--workload", "shift:math>poetry:1m:1m:1m"}} {
+		{"sim", "--workload", "poetry"}, {"sim", "--workload", "shift:math>poetry:1m:1m:1m"},
+		{"sim", "--timeline", filepath.Join(t.TempDir(), "missing", "t.csv")}, {"sim", "--plot", t.TempDir()}} {
 		// Refused before any simulation starts.
 		if out, code := runBin(t, nil, bad...); code != 2 || strings.Contains(out, "simulating") {
 			t.Errorf("evolve %v: exit %d %s", bad, code, out)
 		}
+	}
+}
+
+// A file that cannot be written at the end (a full disk) does not lose
+// the results: they are printed, and the exit status says what failed.
+func TestSimPrintsItsResultsWhenAFileCannotBeWritten(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil || os.Getuid() != 0 {
+		t.Skip("needs /dev/full and root (to pass the up-front check in /dev)")
+	}
+	out, code := runBin(t, nil, "sim", "--gpus", "8", "--workload", "coding", "--agents", "4", "--duration", "1m", "--warmup", "0s",
+		"--policies", "static:1:1", "--timeline", "/dev/full", "-o", "json")
+	if code != 1 || !strings.Contains(out, `"results"`) || !strings.Contains(out, "--timeline") {
+		t.Fatalf("exit %d:\n%s", code, out)
 	}
 }
 

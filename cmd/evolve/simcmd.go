@@ -1,12 +1,15 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -52,7 +55,7 @@ func presetNames() []string {
 	for k := range presets {
 		out = append(out, k)
 	}
-	sortStrings(out)
+	slices.Sort(out)
 	return out
 }
 
@@ -175,6 +178,14 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			return usage(err)
 		}
 	}
+	// Files written at the end must not fail after an hour of simulation.
+	for _, flag := range []string{"timeline", "plot", "memprofile"} {
+		if path := config.GetString(k(flag)); path != "" {
+			if err := checkWritable(path); err != nil {
+				return usage(fmt.Errorf("--%s: %w", flag, err))
+			}
+		}
+	}
 	errw := cmd.ErrOrStderr()
 	limitMemory()
 	var srv *live.Server
@@ -241,10 +252,12 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return usage(err)
 	}
+	// A file that cannot be written still leaves the results printed.
+	var fileErrs []error
 	if path := config.GetString(k("memprofile")); path != "" {
 		// Its alloc_space samples say where the simulations' memory went.
 		if err := writeFile(path, func(w io.Writer) error { return pprof.Lookup("heap").WriteTo(w, 0) }); err != nil {
-			return fmt.Errorf("--memprofile: %w", err)
+			fileErrs = append(fileErrs, fmt.Errorf("--memprofile: %w", err))
 		}
 	}
 	if srv != nil {
@@ -256,7 +269,8 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}{{"timeline", sim.WriteTimeline}, {"plot", sim.WritePlot}} {
 		if path := config.GetString(k(file.flag)); path != "" {
 			if err := writeFile(path, func(w io.Writer) error { return file.write(w, results) }); err != nil {
-				return fmt.Errorf("--%s: %w", file.flag, err)
+				fileErrs = append(fileErrs, fmt.Errorf("--%s: %w", file.flag, err))
+				continue
 			}
 			fmt.Fprintf(errw, "%s written to %s\n", file.flag, path)
 		}
@@ -269,7 +283,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		total := time.Since(start)
 		defer printSelfProfile(errw, speeds, total)
 	}
-	return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+	err = output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %d %s agents, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, agents, wl, dur, warm, sc.Seed)
 		fmt.Fprint(w, "metric")
 		for _, r := range results {
@@ -310,6 +324,10 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("decodes handed over", func(r sim.Result) string { return fmt.Sprint(r.HandedOver) })
 		row("preemptions", func(r sim.Result) string { return fmt.Sprint(r.Preemptions) })
 	})
+	if err != nil {
+		return err
+	}
+	return errors.Join(fileErrs...)
 }
 
 // limitMemory keeps the simulations' heap under 3/4 of the machine's memory
@@ -348,12 +366,18 @@ func writeFile(path string, write func(io.Writer) error) error {
 	return werr
 }
 
-func sortStrings(s []string) {
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
+// checkWritable reports whether a file can be created at path, without
+// leaving one there (nor truncating one that exists).
+func checkWritable(path string) error {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return fmt.Errorf("%s is a directory", path)
 	}
+	f, err := os.CreateTemp(filepath.Dir(path), ".evolve-check-*")
+	if err != nil {
+		return fmt.Errorf("cannot write in %s: %w", filepath.Dir(path), errors.Unwrap(err))
+	}
+	f.Close()
+	return os.Remove(f.Name())
 }
 
 // selfProfile is how fast one simulation ran (evolve sim --profile-self).
