@@ -391,6 +391,25 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	}
 }
 
+// The experiments' own names are presets too: putnam and osworld run
+// their middle concurrency.
+func TestSimPresetsByExperimentName(t *testing.T) {
+	for name, want := range map[string]string{"putnam": "math", "osworld": "computer-use"} {
+		out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", "static:4:5", "-o", "json")
+		var res struct {
+			Scenario struct {
+				Workload string `json:"workload"`
+				Agents   int    `json:"agents"`
+				GPUs     int    `json:"gpus"`
+			} `json:"scenario"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res) != nil || res.Scenario.Workload != want ||
+			res.Scenario.Agents != 160 || res.Scenario.GPUs != 36 {
+			t.Fatalf("--preset %s: exit %d\n%s", name, code, out)
+		}
+	}
+}
+
 // A file that cannot be written at the end (a full disk) does not lose
 // the results: they are printed, and the exit status says what failed.
 func TestSimPrintsItsResultsWhenAFileCannotBeWritten(t *testing.T) {

@@ -48,6 +48,9 @@ func init() {
 		add("claude-code-"+lvl.name, preset{"coding", lvl.cc, 36, "gb300-kimi-k2", 30 * time.Minute, time.Hour})
 		add("osworld-"+lvl.name, preset{"computer-use", lvl.osw, 36, "gb300-kimi-k2", 10 * time.Minute, time.Hour})
 	}
+	// The experiments' own names run their middle level.
+	add("putnam", presets["putnam-mid"])
+	add("osworld", presets["osworld-mid"])
 }
 
 func presetNames() []string {
@@ -99,7 +102,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 		RunE: runSim,
 	}
 	f := cmd.Flags()
-	f.String("preset", "", "scenario preset (overridden by flags given alongside)")
+	f.String("preset", "", "scenario preset, named after the research system's experiments: claude-code-126x36, shift-math-cu-3h, and putnam, osworld, claude-code at -low, -mid or -high concurrency (putnam and osworld alone: -mid); flags given alongside override it")
 	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
 	f.String("profile", "gb300-kimi-k2", "engine profile")
 	f.String("workload", "coding", "agent workload")
