@@ -43,6 +43,14 @@ that think and tool times shrink to match).`,
 					url = st.RouterURL
 				}
 			}
+			switch {
+			case config.GetDuration(k("duration")) < 0:
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--duration must not be negative (0 runs until Ctrl-C)")}
+			case config.GetFloat64(k("speedup")) <= 0:
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--speedup must be positive")}
+			case config.GetFloat64(k("playback")) <= 0:
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--playback must be positive (2 replays twice as fast as recorded)")}
+			}
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
 			defer stop()
 			errw := cmd.ErrOrStderr()

@@ -365,8 +365,11 @@ func TestBenchAgainstLocalCluster(t *testing.T) {
 	if res.Cached*2 < res.PromptTokens {
 		t.Fatalf("only %d of %d prompt tokens cached", res.Cached, res.PromptTokens)
 	}
-	if out, code := runBinOut(t, c.env, "bench", "--workload", "poetry"); code != 2 {
-		t.Fatalf("unknown workload: exit %d %s", code, out)
+	for _, bad := range [][]string{{"--workload", "poetry"}, {"--duration", "-1s"}, {"--speedup", "0"}, {"--trace", "/dev/null", "--playback", "0"}} {
+		// Refused: --playback 0 or --speedup 0 once ran at 1x unasked.
+		if out, code := runBinOut(t, c.env, append([]string{"bench"}, bad...)...); code != 2 || strings.Contains(out, "requests") {
+			t.Errorf("bench %v: exit %d %s", bad, code, out)
+		}
 	}
 }
 
