@@ -86,7 +86,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 			return fmt.Errorf("data directory: %w", err)
 		}
 	}
-	if err := checkPlannerFlags(get("planner"), config.GetFloat64("orchestrator.planner-ttft-weight")); err != nil {
+	if err := checkPlannerFlags("orchestrator"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
 	o, err := orchestrator.New(orchestrator.Config{
@@ -130,14 +130,19 @@ func addPlannerFlags(f *pflag.FlagSet) {
 	f.Float64("planner-ttft-weight", 0, "weight of TTFT against decode time in the planner's objective (default 1: mean end-to-end latency)")
 }
 
-func checkPlannerFlags(mode string, ttftWeight float64) error {
-	switch mode {
+func checkPlannerFlags(cmd string) error {
+	switch mode := config.GetString(cmd + ".planner"); mode {
 	case orchestrator.PlannerAuto, orchestrator.PlannerRecommend, orchestrator.PlannerOff:
 	default:
 		return fmt.Errorf("--planner %q: want auto, recommend or off", mode)
 	}
-	if ttftWeight < 0 {
+	if config.GetFloat64(cmd+".planner-ttft-weight") < 0 {
 		return fmt.Errorf("--planner-ttft-weight must not be negative")
+	}
+	for _, f := range []string{"planner-interval", "planner-persistence"} {
+		if config.GetDuration(cmd+"."+f) < 0 {
+			return fmt.Errorf("--%s must not be negative (0: the default)", f)
+		}
 	}
 	return nil
 }

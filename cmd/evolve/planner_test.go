@@ -97,7 +97,11 @@ func TestPlannerOff(t *testing.T) {
 	if code == 0 || !strings.Contains(out, "planner is off") {
 		t.Fatalf("planner with --planner off: exit %d: %s", code, out)
 	}
-	if out, code := runBinOut(t, c.env, "up", "--planner", "sometimes", "--engines", "1"); code != 2 || !strings.Contains(out, "planner") {
-		t.Fatalf("up --planner sometimes: exit %d: %s", code, out)
+	for _, bad := range [][]string{{"up", "--planner", "sometimes"}, {"up", "--planner-interval", "-1s"}, {"up", "--planner-persistence", "-5s"},
+		{"up", "--timeout", "-1s"}, {"up", "--duration", "-1s", "--agents", "2"}, {"orchestrator", "--planner-interval", "-1s"}} {
+		flag := bad[1]
+		if out, code := runBinOut(t, c.env, bad...); code != 2 || !strings.Contains(out, flag) {
+			t.Errorf("%v: exit %d: %s", bad, code, out)
+		}
 	}
 }

@@ -154,8 +154,14 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
 		return usage(fmt.Errorf("--policy: %w", err))
 	}
-	if err := checkPlannerFlags(config.GetString(key("planner")), config.GetFloat64(key("planner-ttft-weight"))); err != nil {
+	if err := checkPlannerFlags("up"); err != nil {
 		return usage(err)
+	}
+	if config.GetDuration(key("timeout")) <= 0 {
+		return usage(fmt.Errorf("--timeout must be positive"))
+	}
+	if config.GetDuration(key("duration")) < 0 {
+		return usage(fmt.Errorf("--duration must not be negative (0: until Ctrl-C)"))
 	}
 	if config.GetFloat64(key("speedup")) <= 0 {
 		return usage(fmt.Errorf("--speedup must be positive"))
