@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
@@ -45,7 +46,7 @@ func (o *Orchestrator) controlHandler() http.Handler {
 	mux.HandleFunc("GET /api/v1/nodes/{id}", func(w http.ResponseWriter, r *http.Request) {
 		st, ok := o.NodeStatus(r.PathValue("id"))
 		if !ok {
-			apiError(w, 404, "no node %q", r.PathValue("id"))
+			o.noSuchNode(w, r.PathValue("id"))
 			return
 		}
 		openaiapi.WriteJSON(w, 200, st)
@@ -63,7 +64,7 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		var unknown ErrUnknownNode
 		switch {
 		case errors.As(err, &unknown):
-			apiError(w, 404, "%v", err)
+			o.noSuchNode(w, string(unknown))
 		case err != nil:
 			apiError(w, 400, "%v", err)
 		default:
@@ -73,7 +74,7 @@ func (o *Orchestrator) controlHandler() http.Handler {
 	mux.HandleFunc("DELETE /api/v1/nodes/{id}/pin", func(w http.ResponseWriter, r *http.Request) {
 		st, err := o.Unpin(r.PathValue("id"))
 		if err != nil {
-			apiError(w, 404, "%v", err)
+			o.noSuchNode(w, r.PathValue("id"))
 			return
 		}
 		openaiapi.WriteJSON(w, 200, st)
@@ -141,7 +142,22 @@ func (o *Orchestrator) Status() ClusterStatus {
 	return st
 }
 
-// Nodes lists the nodes, sorted by id.
+// noSuchNode answers 404 for a node id the orchestrator has not seen, and
+// names those it has: a mistyped id is then plain to see.
+func (o *Orchestrator) noSuchNode(w http.ResponseWriter, id string) {
+	var ids []string
+	for _, n := range o.Nodes() {
+		ids = append(ids, n.ID)
+	}
+	known := "none has registered"
+	if len(ids) > 0 {
+		known = "nodes: " + strings.Join(ids, ", ")
+	}
+	apiError(w, 404, "no node %q (%s)", id, known)
+}
+
+// Nodes lists the nodes, in the order of their ids (engine-2 before
+// engine-10).
 func (o *Orchestrator) Nodes() []NodeStatus {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()

@@ -70,6 +70,13 @@ func TestBranchesAndKVCommands(t *testing.T) {
 			t.Fatalf("branches table lacks %q:\n%s", want, out)
 		}
 	}
+	// A session with no branches says so, rather than a bare header.
+	if out, code := runBinOut(t, c.env, "branches", "--session", "agent-404"); code != 0 || !strings.Contains(out, `no branches of session "agent-404"`) {
+		t.Fatalf("branches of an unknown session: exit %d\n%s", code, out)
+	}
+	if out, _ := runBinOut(t, c.env, "branches", "--session", "agent-404", "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Fatalf("branches -o json of an unknown session: %s", out)
+	}
 
 	out, code = runBinOut(t, c.env, "kv", "-o", "json")
 	var st struct {

@@ -235,8 +235,11 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 	if out, code := runBinOut(t, c.env, "role", "auto", "engine-0"); code != 0 || !strings.Contains(out, "auto") {
 		t.Fatalf("role auto: %d %s", code, out)
 	}
-	if out, code := runBinOut(t, c.env, "role", "set", "nope", "decode"); code == 0 || !strings.Contains(out, "no node") {
-		t.Fatalf("role set of an unknown node: %d %s", code, out)
+	// A mistyped node: the answer names the nodes there are.
+	for _, args := range [][]string{{"role", "set", "nope", "decode"}, {"role", "auto", "nope"}} {
+		if out, code := runBinOut(t, c.env, args...); code == 0 || !strings.Contains(out, `no node "nope" (nodes: engine-0, engine-1, engine-2, engine-3)`) {
+			t.Fatalf("%v: %d %s", args, code, out)
+		}
 	}
 
 	// evolve down leaves no process behind.

@@ -29,19 +29,27 @@ the body's metadata (session, branch, parent_branch, rewrite); without a
 branch, it is inferred from the session's context. Ending a session
 (DELETE /v1/sessions/S on the router) or a branch lets its KV go first.`,
 		Example: `  evolve branches
-  evolve branches --session agent-7-3
+  evolve branches --session a7-s3
   evolve branches -o json | jq '.[] | select(.state=="waiting") | .blocks'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			path := "/api/v1/branches"
+			none := "no agent branches (requests that name their session, by X-Evolve-Session or metadata.session, make them)"
 			if s, _ := cmd.Flags().GetString("session"); s != "" {
 				path += "?session=" + url.QueryEscape(s)
+				none = fmt.Sprintf("no branches of session %q (a session's branches go when it ends or idles out)", s)
 			}
 			var bs []orchestrator.BranchStatus
 			if err := newControlClient(cmd).do(cmd.Context(), "GET", path, nil, &bs); err != nil {
 				return err
 			}
-			return output(cmd, bs, func(w *tabwriter.Writer, wide bool) { printBranches(w, bs, wide) })
+			return output(cmd, bs, func(w *tabwriter.Writer, wide bool) {
+				if len(bs) == 0 {
+					fmt.Fprintln(w, none)
+					return
+				}
+				printBranches(w, bs, wide)
+			})
 		},
 	}
 	cmd.Flags().String("session", "", "only this session")
