@@ -298,7 +298,7 @@ func TestMeasuredLatenciesSayTheyAreWallClockAtSpeedup(t *testing.T) {
 	m := New(&fakeSource{watch: make(chan WatchEvent)}, Options{Now: func() time.Time { return t0 }, Poll: time.Hour})
 	m.cluster = Cluster{Model: "m", Speedup: 10,
 		Recent: &Recent{WindowSec: 60, Requests: 144, RequestsSec: 2.4, TTFTP50: 0.45, TTFTP95: 1.43, E2EP50: 14.2}}
-	if s := m.summary(); !strings.Contains(s, "TTFT P50 0.45s") || !strings.Contains(s, "(wall clock; engines run 10x, predictions are modelled time)") {
+	if s := m.summary(); !strings.Contains(s, "TTFT P50 0.45s") || !strings.Contains(s, "wall clock: engines run 10x, predictions are modelled time") {
 		t.Fatalf("at 10x:\n%s", s)
 	}
 	m.cluster.Speedup = 0
@@ -339,5 +339,41 @@ func TestListsCountAsPeopleDo(t *testing.T) {
 	}
 	if strings.Join(ids, " ") != "engine-1 engine-2 engine-10" {
 		t.Fatalf("node order %v", ids)
+	}
+}
+
+// At 80 columns, the narrowest top allows, every figure still shows: the
+// summary wraps at its separators, and the nodes table is as wide as its
+// contents (the load sparkline takes what is left).
+func TestNarrowTerminalShowsEveryFigure(t *testing.T) {
+	m, _ := newTest(t, false)
+	m.Update(tea.WindowSizeMsg{Width: 80, Height: 24})
+	var nodes []Node
+	for i := range 4 {
+		role := "decode"
+		if i == 0 {
+			role = "prefill"
+		}
+		nodes = append(nodes, Node{ID: fmt.Sprintf("engine-%d", i), Role: role, Mode: "auto", State: "serving", Running: 3, GPUKVUsage: 0.42, HostKVUsage: 0.07})
+	}
+	m.Update(snapshot(3, nodes...))
+	m.reqRate = []float64{4.2, 5.6}
+	m.planner = &Planner{Current: Pred{Prefill: 1, Decode: 3, TTFT: 0.02, E2E: 25.4}}
+	m.kv = &KV{PromptTokens: 1000, GPUHitRate: 0.89, HostHitRate: 0.01}
+	m.cluster.Speedup = 10
+	m.cluster.Recent = &Recent{WindowSec: 60, Requests: 86, RequestsSec: 1.4, TTFTP50: 0.56, TTFTP95: 1.34, E2EP50: 1.1}
+	v := m.View()
+	for _, l := range strings.Split(v, "\n") {
+		if w := lipgloss.Width(l); w > 80 {
+			t.Fatalf("a line of %d cells:\n%s", w, v)
+		}
+		if strings.Contains(l, "…") {
+			t.Fatalf("a line was cut:\n%s", v)
+		}
+	}
+	for _, want := range []string{"KV hits: GPU 89%", "predicted TTFT 0.02s", "5.6 req/s", "E2E P50 1.1s", "wall clock: engines run 10x", "HOST-KV", "REF", "42%", "7%"} {
+		if !strings.Contains(v, want) {
+			t.Fatalf("no %q at 80 columns:\n%s", want, v)
+		}
 	}
 }

@@ -109,17 +109,19 @@ func (m *Model) header() string {
 		} else if sim.Pace > 0 {
 			clock += fmt.Sprintf(", %gx", sim.Pace)
 		}
-		name, conn, addr = "simulated "+m.cluster.Policy+"  "+clock, conn+"  "+addr, ""
+		name = "simulated " + m.cluster.Policy + "  " + clock
 	}
 	line := fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, conn)
-	if addr != "" {
-		line = fmt.Sprintf("%s  %s  %s  %s", stTitle.Render("evolve top"), name, addr, conn)
-	}
 	if m.opt.ReadOnly {
 		line += "  [read-only]"
 	}
 	if m.paused {
 		line += "  " + stBad.Render("PAUSED")
+	}
+	// The address goes last, and only where it fits: the connection's
+	// state matters more on a narrow screen.
+	if addr != "" && lipgloss.Width(line)+2+lipgloss.Width(addr) <= m.width {
+		line += "  " + addr
 	}
 	return line + "\n" + strings.Join(tabs, "")
 }
@@ -150,16 +152,17 @@ func (m *Model) summary() string {
 			d++
 		}
 	}
-	s := fmt.Sprintf("nodes %d: %d prefill, %d decode serving, %d switching, %d down", len(m.nodes), p, d, sw, down)
+	segs := []string{fmt.Sprintf("nodes %d: %d prefill, %d decode serving, %d switching, %d down", len(m.nodes), p, d, sw, down)}
 	if len(m.reqRate) > 0 {
-		s += fmt.Sprintf("  |  %.1f req/s %s", m.reqRate[len(m.reqRate)-1], sparkline(m.reqRate, 12))
+		segs = append(segs, fmt.Sprintf("%.1f req/s %s", m.reqRate[len(m.reqRate)-1], sparkline(m.reqRate, 12)))
 	}
 	if m.planner != nil && m.planner.Current.Prefill+m.planner.Current.Decode > 0 {
-		s += fmt.Sprintf("  |  predicted TTFT %.2fs, E2E %.1fs", m.planner.Current.TTFT, m.planner.Current.E2E)
+		segs = append(segs, fmt.Sprintf("predicted TTFT %.2fs, E2E %.1fs", m.planner.Current.TTFT, m.planner.Current.E2E))
 	}
 	if m.kv != nil && m.kv.PromptTokens > 0 {
-		s += fmt.Sprintf("  |  KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100)
+		segs = append(segs, fmt.Sprintf("KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100))
 	}
+	s := wrapSegments(segs, m.width)
 	// Measured, not predicted: the last minute's requests (a simulation's
 	// last full modelled minute).
 	var measured []string
@@ -167,19 +170,55 @@ func (m *Model) summary() string {
 		measured = append(measured, fmt.Sprintf("modelled %s: %d requests done", fmtDur(sim.ElapsedSec), sim.Requests))
 	}
 	if r := m.cluster.Recent; r != nil && r.Requests > 0 {
-		line := fmt.Sprintf("last %s: %d req (%.1f/s), TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs",
-			fmtDur(r.WindowSec), r.Requests, r.RequestsSec, r.TTFTP50, r.TTFTP95, r.E2EP50)
+		measured = append(measured, fmt.Sprintf("last %s: %d req (%.1f/s), TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs",
+			fmtDur(r.WindowSec), r.Requests, r.RequestsSec, r.TTFTP50, r.TTFTP95, r.E2EP50))
 		if x := m.cluster.Speedup; x > 0 && x != 1 {
 			// Engines at --speedup: what the router measured is
 			// wall-clock, what the planner predicts is modelled.
-			line += fmt.Sprintf(" (wall clock; engines run %gx, predictions are modelled time)", x)
+			measured = append(measured, fmt.Sprintf("wall clock: engines run %gx, predictions are modelled time", x))
 		}
-		measured = append(measured, line)
 	}
 	if len(measured) > 0 {
-		s += "\n" + strings.Join(measured, "  |  ")
+		s += "\n" + wrapSegments(measured, m.width)
 	}
 	return s
+}
+
+// wrapSegments joins segments with "  |  " on lines of at most width
+// cells, so that a narrow terminal shows every figure instead of cutting
+// the line.
+func wrapSegments(segs []string, width int) string { return wrapJoin(segs, "  |  ", "", "", width) }
+
+// wrapJoin joins parts with sep on lines of at most width cells; where the
+// next part would not fit, the line ends with lineEnd and the next starts
+// with indent. The first line starts after a label as wide as indent.
+func wrapJoin(parts []string, sep, lineEnd, indent string, width int) string {
+	var b strings.Builder
+	used := len(indent)
+	for i, part := range parts {
+		w := lipgloss.Width(part)
+		switch {
+		case i == 0:
+		case used+len(sep)+w <= width:
+			b.WriteString(sep)
+			used += len(sep)
+		default:
+			b.WriteString(lineEnd + "\n" + indent)
+			used = len(indent)
+		}
+		b.WriteString(part)
+		used += w
+	}
+	return b.String()
+}
+
+// nodeState is a node's state as the table shows it: a switch says where
+// it goes and how far it is.
+func nodeState(n *Node) string {
+	if n.Switch != nil {
+		return fmt.Sprintf("to %s, %s", n.Switch.To, n.Switch.Phase)
+	}
+	return n.State
 }
 
 func (m *Model) viewNodes() string {
@@ -191,18 +230,28 @@ func (m *Model) viewNodes() string {
 			ref[n.ID] = n.ReferencedShare
 		}
 	}
-	fmt.Fprintf(&b, "  %-12s %-10s %-7s %-22s %6s %6s %6s %7s %7s %5s  %s\n", "NODE", "ROLE", "MODE", "STATE", "QUEUE", "RUN", "TOK/S", "GPU-KV", "HOST-KV", "REF", "LOAD")
 	nodes := m.sortedNodes()
 	sel := m.selected()
+	// The NODE and STATE columns are as wide as what they hold, and the
+	// load sparkline takes what width is left: at 80 columns every
+	// figure still shows, and rows keep their colour (a row cut to fit
+	// loses it).
+	idW, stW := len("NODE"), len("STATE")
+	for _, n := range nodes {
+		idW, stW = max(idW, len([]rune(n.ID))), max(stW, len([]rune(nodeState(n))))
+	}
+	idW, stW = min(idW, 16), min(stW, 24)
+	loadW := min(12, m.width-(64+idW+stW)-2)
+	head := fmt.Sprintf("  %-*s %-10s %-6s %-*s %6s %6s %6s %7s %7s %5s", idW, "NODE", "ROLE", "MODE", stW, "STATE", "QUEUE", "RUN", "TOK/S", "GPU-KV", "HOST-KV", "REF")
+	if loadW >= 4 {
+		head += "  LOAD"
+	}
+	b.WriteString(head + "\n")
 	for _, n := range nodes {
 		role := "D decode "
 		rs := stDecode
 		if n.Role == "prefill" {
 			role, rs = "P prefill", stPrefill
-		}
-		state := n.State
-		if n.Switch != nil {
-			state = fmt.Sprintf("to %s, %s", n.Switch.To, n.Switch.Phase)
 		}
 		mark := "  "
 		if sel != nil && n.ID == sel.ID {
@@ -212,9 +261,12 @@ func (m *Model) viewNodes() string {
 		if r, ok := ref[n.ID]; ok {
 			refText = fmt.Sprintf("%4.0f%%", r*100)
 		}
-		line := fmt.Sprintf("%s%-12s %s %-7s %-22s %6d %6d %6s %6.0f%% %6.0f%% %s  %s", mark,
-			truncate(n.ID, 12), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, truncate(state, 22), n.Waiting, n.Running,
-			rate(n.TokensPerSec), n.GPUKVUsage*100, n.HostKVUsage*100, refText, sparkline(m.load[n.ID], 12))
+		line := fmt.Sprintf("%s%-*s %s %-6s %-*s %6d %6d %6s %6.0f%% %6.0f%% %s", mark,
+			idW, truncate(n.ID, idW), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, stW, truncate(nodeState(n), stW), n.Waiting, n.Running,
+			rate(n.TokensPerSec), n.GPUKVUsage*100, n.HostKVUsage*100, refText)
+		if loadW >= 4 {
+			line += "  " + sparkline(m.load[n.ID], loadW)
+		}
 		if n.State == "down" {
 			line = stBad.Render(line)
 		}
@@ -282,7 +334,7 @@ func (m *Model) viewPlanner() string {
 		if !f.fit.Ready {
 			conf = f.fit.Note
 		}
-		fmt.Fprintf(&b, "%-13s %s\n%-13s %d passes, ±%.1f%%, %s\n", f.name, truncate(strings.Join(parts, ", "), m.width-15), "", f.fit.Samples, f.fit.RelErr*100, conf)
+		fmt.Fprintf(&b, "%-13s %s\n%-13s %d passes, ±%.1f%%, %s\n", f.name, wrapJoin(parts, ", ", ",", strings.Repeat(" ", 14), m.width), "", f.fit.Samples, f.fit.RelErr*100, conf)
 	}
 	trend := "steady"
 	if p.Long.Requests > 0 {
@@ -295,7 +347,8 @@ func (m *Model) viewPlanner() string {
 	}
 	fmt.Fprintf(&b, "\ndemand        %.2f req/s now (%s), %.0f prefill tok/s, %.0f output tok/s\n", p.Short.Requests, trend, p.Short.PrefillTok, p.Short.OutputTok)
 	if p.Short.HiddenTok > 0.05*p.Short.PrefillTok { // worth an operator's attention
-		fmt.Fprintf(&b, "              of which %.0f prefill tok/s not seen in arrivals (%.0f requests queued on prefill nodes)\n", p.Short.HiddenTok, p.Short.PrefillQueue)
+		b.WriteString(strings.Repeat(" ", 14) + wrapJoin([]string{fmt.Sprintf("of which %.0f prefill tok/s not seen in arrivals", p.Short.HiddenTok),
+			fmt.Sprintf("(%.0f requests queued on prefill nodes)", p.Short.PrefillQueue)}, " ", "", strings.Repeat(" ", 14), m.width) + "\n")
 	}
 	fmt.Fprintf(&b, "split         %d prefill : %d decode", p.Prefill, p.Decode)
 	if p.Recommend >= 0 && p.Recommend != p.Prefill {
@@ -357,26 +410,36 @@ func (m *Model) viewBranches() string {
 		b.WriteString("  following " + m.follow)
 	}
 	b.WriteString("\n\n")
-	fmt.Fprintf(&b, "  %-36s %-8s %6s %5s  %s\n", "SESSION / BRANCH", "STATE", "BLOCKS", "TURNS", "WHERE (node GPU/host blocks)")
 	// Keep the selection in sight.
 	rows := m.height - 8
 	start := 0
 	if m.branchCursor >= rows {
 		start = m.branchCursor - rows + 1
 	}
-	prevSession := ""
-	for i := start; i < len(bs) && i < start+rows; i++ {
+	end := min(len(bs), start+rows)
+	// Names as the tree shows them; their column is as wide as the
+	// widest shown, so that WHERE keeps the rest of the line.
+	names := make([]string, end-start)
+	nameW := len("SESSION / BRANCH")
+	for i := start; i < end; i++ {
 		br := bs[i]
 		name := strings.Repeat("  ", depth[i]) + "└ " + br.Branch
-		if depth[i] == 0 && br.Session != prevSession {
+		if depth[i] == 0 && (i == start || bs[i-1].Session != br.Session) {
 			name = br.Session + " / " + br.Branch
 		}
-		prevSession = br.Session
+		names[i-start] = name
+		nameW = max(nameW, len([]rune(name)))
+	}
+	nameW = min(nameW, 36)
+	fmt.Fprintf(&b, "  %-*s %-8s %6s %5s  %s\n", nameW, "SESSION / BRANCH", "STATE", "BLOCKS", "TURNS", "WHERE (node GPU/host blocks)")
+	for i := start; i < end; i++ {
+		br := bs[i]
+		name := names[i-start]
 		mark := "  "
 		if sel != nil && br.Session == sel.Session && br.Branch == sel.Branch {
 			mark = "› "
 		}
-		line := fmt.Sprintf("%s%-36s %-8s %6d %5d  %s", mark, truncate(name, 36), br.State, br.Blocks, br.Turns, truncate(residency(br), m.width-60))
+		line := fmt.Sprintf("%s%-*s %-8s %6d %5d  %s", mark, nameW, truncate(name, nameW), br.State, br.Blocks, br.Turns, truncate(residency(br), m.width-nameW-26))
 		if br.State == "ended" {
 			line = stDim.Render(line)
 		}
