@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -129,25 +128,12 @@ func TestSSHHonoursTheClientConfig(t *testing.T) {
 // MaxStartups, a hung machine) fails the dial at the timeout, and at once
 // when the caller gives up, instead of holding it forever.
 func TestSSHHandshakeThatNeverComesTimesOut(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // held open, silent, until the test ends
-		}
-	}()
+	mute, _ := sshtest.StartMute(t)
 	dir := t.TempDir()
 	keyPath := filepath.Join(dir, "id_ed25519")
 	sshtest.NewKey(t, keyPath)
 	t.Setenv("SSH_AUTH_SOCK", "")
-	h := Host{Name: "mute", Address: "127.0.0.1", Port: l.Addr().(*net.TCPAddr).Port, User: "root", KeyPath: keyPath}
+	h := Host{Name: "mute", Address: "127.0.0.1", Port: mute, User: "root", KeyPath: keyPath}
 	opt := SSHOptions{KnownHosts: filepath.Join(dir, "known_hosts"), Timeout: 300 * time.Millisecond}
 
 	done := make(chan error, 1)

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -111,4 +112,39 @@ LogLevel ERROR
 // KnownHostsLine is the known_hosts line for s.
 func (s *Server) KnownHostsLine() string {
 	return knownhosts.Line([]string{knownhosts.Normalize("127.0.0.1:" + strconv.Itoa(s.Port))}, s.HostKey)
+}
+
+// StartMute listens on a loopback port that accepts connections and never
+// answers them, as a hung host or an sshd at MaxStartups does. It returns
+// the port and a stop that closes it (called at the test's end too).
+func StartMute(t *testing.T) (port int, stop func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var held []net.Conn
+	stop = func() {
+		l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			c.Close()
+		}
+		held = nil
+	}
+	t.Cleanup(stop)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	return l.Addr().(*net.TCPAddr).Port, stop
 }

@@ -52,7 +52,7 @@ func newStatusCmd() *cobra.Command {
 	}
 	addClientFlags(cmd)
 	cmd.Flags().StringP("file", "f", "", "a cluster brought up with evolve up -f: its orchestrator and what each host runs (over SSH)")
-	cmd.Flags().String("known-hosts", "", "with -f: known_hosts file (default ~/.ssh/known_hosts)")
+	addSSHFlags(cmd.Flags())
 	addOutputFlag(cmd, "table, json or yaml")
 	return cmd
 }

@@ -119,8 +119,7 @@ field and line of every problem, and prints what would be done per host.`,
 	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")
 	f.StringP("file", "f", "", "bring up the GPU hosts of this cluster file over SSH (see 'evolve up --help')")
 	f.Bool("dry-run", false, "with -f: validate the cluster file and print what would be done on each host")
-	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
-	f.String("ssh-config", "", "with -f: OpenSSH client config for host aliases (default ~/.ssh/config; none ignores it)")
+	addSSHFlags(f)
 	f.String("service", "auto", "with -f: how hosts run evolve: auto (a systemd unit where systemd runs and evolve may write units as root or with sudo -n, else a supervised process), systemd or process")
 	f.Bool("accept-new-host-keys", false, "with -f: trust hosts seen for the first time and record their keys (a changed key always fails)")
 	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one); hosts of another architecture get one cross-compiled from the evolve source checkout evolve up runs in, with the Go toolchain")
@@ -502,8 +501,7 @@ orchestrator it started on this machine. It asks first on a terminal;
 	f := cmd.Flags()
 	f.StringP("file", "f", "", "stop the hosts of this cluster file (see 'evolve up --help')")
 	f.Bool("yes", false, "with -f: do not ask for confirmation")
-	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
-	f.String("ssh-config", "", "with -f: OpenSSH client config for host aliases (default ~/.ssh/config; none ignores it)")
+	addSSHFlags(f)
 	addOutputFlag(cmd, "with -f: table or json")
 	return cmd
 }

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/spf13/pflag"
 	"io"
 	"net/url"
 	"os"
@@ -77,6 +78,9 @@ type upOutput struct {
 }
 
 func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
+	if d, _ := cmd.Flags().GetDuration("ssh-timeout"); d <= 0 {
+		return nil, usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--ssh-timeout must be positive")}
+	}
 	f, err := cluster.Load(path)
 	if err != nil {
 		var es cluster.Errors
@@ -484,10 +488,19 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	return l.w.Write(p)
 }
 
+// addSSHFlags adds the flags of the commands that reach a cluster file's
+// hosts over SSH (up, down and status with -f).
+func addSSHFlags(f *pflag.FlagSet) {
+	f.String("known-hosts", "", "with -f: known_hosts file that host keys are checked against (default ~/.ssh/known_hosts)")
+	f.String("ssh-config", "", "with -f: OpenSSH client config for host aliases (default ~/.ssh/config; none ignores it)")
+	f.Duration("ssh-timeout", 10*time.Second, "with -f: how long to wait for a host's SSH connection and handshake (a slow link or a busy bastion needs more)")
+}
+
 // sshOptions reads the SSH flags of a command (those it lacks are unset).
 func sshOptions(cmd string) cluster.SSHOptions {
 	return cluster.SSHOptions{KnownHosts: config.GetString(cmd + ".known-hosts"),
-		AcceptNewHostKeys: config.GetBool(cmd + ".accept-new-host-keys"), SSHConfig: config.GetString(cmd + ".ssh-config")}
+		AcceptNewHostKeys: config.GetBool(cmd + ".accept-new-host-keys"), SSHConfig: config.GetString(cmd + ".ssh-config"),
+		Timeout: config.GetDuration(cmd + ".ssh-timeout")}
 }
 
 // hostProgress shows each host's phase: on a terminal one live line per

@@ -11,7 +11,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -260,20 +259,8 @@ func TestUpFileInterruptedSaysWhereEachHostStands(t *testing.T) {
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"), 0o600)
 	// gpu-02 accepts the connection and never speaks.
-	mute, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mute.Close()
-	go func() {
-		for {
-			c, err := mute.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close()
-		}
-	}()
+	mute, stopMute := sshtest.StartMute(t)
+	defer stopMute() // before the cleanup's down -f, which would wait for it
 	enginePort := port(t)
 	file := filepath.Join(dir, "cluster.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
@@ -285,29 +272,20 @@ spec:
   hosts:
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, engine: {port: %d}}
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
-`, port(t), port(t), port(t), key, h1.Port, dir, enginePort, mute.Addr().(*net.TCPAddr).Port, dir, port(t))), 0o600)
+`, port(t), port(t), port(t), key, h1.Port, dir, enginePort, mute, dir, port(t))), 0o600)
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
-	cmd := exec.Command(evolveBin, "up", "-f", file, "--known-hosts", kh)
-	cmd.Env = append(os.Environ(), env...)
-	var out syncBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	// --ssh-timeout: gpu-02's handshake would give up only after an hour.
+	cmd, out := startBin(t, env, "up", "-f", file, "--known-hosts", kh, "--ssh-timeout", "1h")
 	// Interrupt once gpu-01's engine serves in the cluster; gpu-02 is
-	// still in its handshake (it would give up only after 10 s).
+	// still in its handshake.
 	started := time.Now()
 	for !serving(t, filepath.Join(dir, "state", "evolve", "clusters", "cut", "state.json"), "gpu-01") {
 		if time.Since(started) > 60*time.Second {
 			t.Fatalf("gpu-01's engine never served:\n%s", out.String())
 		}
 		time.Sleep(100 * time.Millisecond)
-	}
-	if time.Since(started) > 8*time.Second {
-		t.Skip("gpu-01 took longer than the handshake timeout allows for this test")
 	}
 	cmd.Process.Signal(os.Interrupt)
 	done := make(chan error, 1)
@@ -335,14 +313,7 @@ spec:
 
 	// down -f, interrupted in turn while gpu-02 hangs: gpu-01 is stopped,
 	// and the orchestrator stays for what may still run.
-	down := exec.Command(evolveBin, "down", "-f", file, "--yes", "--known-hosts", kh)
-	down.Env = append(os.Environ(), env...)
-	var downOut syncBuffer
-	down.Stdout, down.Stderr = &downOut, &downOut
-	if err := down.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer down.Process.Kill()
+	down, downOut := startBin(t, env, "down", "-f", file, "--yes", "--known-hosts", kh, "--ssh-timeout", "1h")
 	for started := time.Now(); !regexp.MustCompile(`(?m)^gpu-01 +start stopped$`).MatchString(downOut.String()); {
 		if time.Since(started) > 60*time.Second {
 			t.Fatalf("down -f never stopped gpu-01:\n%s", downOut.String())
@@ -368,6 +339,11 @@ spec:
 	if _, err := os.Stat(filepath.Join(dir, "state", "evolve", "clusters", "cut", "state.json")); err != nil {
 		t.Fatalf("an interrupted down -f forgot the orchestrator: %v", err)
 	}
+	// --ssh-timeout bounds the wait for the mute host.
+	o, code := runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "--ssh-timeout", "500ms")
+	if code == 0 || !strings.Contains(o, "no SSH handshake from 127.0.0.1:") || !strings.Contains(o, "within 500ms") {
+		t.Fatalf("status -f --ssh-timeout 500ms: exit %d\n%s", code, o)
+	}
 }
 
 // serving reports whether the orchestrator of the cluster whose state file
@@ -390,20 +366,17 @@ func serving(t *testing.T, path, id string) bool {
 	return false
 }
 
-// syncBuffer is a buffer a command writes while the test reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
+// startBin starts the evolve binary with env added; what it prints is
+// read while it runs, and it is killed at the test's end if still there.
+func startBin(t *testing.T, env []string, args ...string) (*exec.Cmd, *lockedLog) {
+	t.Helper()
+	cmd := exec.Command(evolveBin, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out := &lockedLog{}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill() })
+	return cmd, out
 }
