@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/spf13/pflag"
 	"io"
 	"net/url"
 	"os"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/evolvellm/evolve/cluster"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // fileClusterState is what `evolve up -f` keeps on the operator's machine
@@ -278,7 +278,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	if len(cut) > 0 {
 		var b strings.Builder
-		fmt.Fprintf(&b, "interrupted: %d of %d hosts did not finish:", len(cut), len(res))
+		fmt.Fprintf(&b, "interrupted: %d of %d hosts did not finish:", len(cut)+len(failed), len(res))
 		for _, r := range append(failed, cut...) {
 			fmt.Fprintf(&b, "\n  %s: %s", r.Host, r.Error)
 		}
