@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -87,18 +89,29 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 				}
 				j := jobs[next]
 				next++
+				if hooks != nil && hooks.Cancelled != nil && hooks.Cancelled() {
+					// Stopped before it began.
+					j.err = &InterruptedError{Unfinished: []Unfinished{{Policy: j.pol.Name, Total: sc.Warmup + sc.Duration}}}
+					mu.Unlock()
+					continue
+				}
 				if hooks != nil && hooks.Start != nil {
 					hooks.Start(j.pol.Name)
 				}
 				mu.Unlock()
 				var watch func(*State)
 				var every time.Duration
-				var progress func(elapsed, total time.Duration)
+				var progress func(elapsed, total time.Duration) bool
 				if hooks != nil {
 					watch, every = hooks.Watch, hooks.WatchEvery
-					if hooks.Progress != nil {
+					if hooks.Progress != nil || hooks.Cancelled != nil {
 						name := j.pol.Name
-						progress = func(elapsed, total time.Duration) { hooks.Progress(name, elapsed, total) }
+						progress = func(elapsed, total time.Duration) bool {
+							if hooks.Progress != nil {
+								hooks.Progress(name, elapsed, total)
+							}
+							return hooks.Cancelled != nil && hooks.Cancelled()
+						}
 					}
 				}
 				j.res, j.err = runWith(sc, j.pol, watch, every, progress)
@@ -111,8 +124,13 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 		}()
 	}
 	wg.Wait()
+	cut := &InterruptedError{}
 	for _, j := range jobs {
-		if j.err != nil {
+		var ie *InterruptedError
+		switch {
+		case errors.As(j.err, &ie):
+			cut.Unfinished = append(cut.Unfinished, ie.Unfinished...)
+		case j.err != nil:
 			return nil, j.err
 		}
 	}
@@ -120,6 +138,10 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	var out []Result
 	for _, name := range names {
 		m := members[name]
+		if slices.ContainsFunc(m, func(n string) bool { return need[n].err != nil }) {
+			cut.Names = append(cut.Names, name) // cut short: no result
+			continue
+		}
 		switch {
 		case name == "oracle":
 			runs := make([]Result, len(m))
@@ -140,8 +162,39 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 			out = append(out, need[name].res)
 		}
 	}
+	if len(cut.Unfinished) > 0 {
+		return out, cut
+	}
 	return out, nil
 }
+
+// ErrInterrupted is what an *InterruptedError is (errors.Is).
+var ErrInterrupted = errors.New("interrupted")
+
+// InterruptedError says that Hooks.Cancelled stopped a comparison: Compare
+// then returns the results of the policies whose simulations all ended,
+// and this error names the rest.
+type InterruptedError struct {
+	Names      []string     // the policies without a result
+	Unfinished []Unfinished // their simulations, and how far each got
+}
+
+// Unfinished is a simulation stopped Elapsed into its Total modelled time
+// (0: before it began).
+type Unfinished struct {
+	Policy         string
+	Elapsed, Total time.Duration
+}
+
+func (e *InterruptedError) Error() string {
+	parts := make([]string, len(e.Unfinished))
+	for i, u := range e.Unfinished {
+		parts[i] = fmt.Sprintf("%s at %d%%", u.Policy, int(100*u.Elapsed/max(u.Total, 1)))
+	}
+	return fmt.Sprintf("interrupted: no result for %s (%s)", strings.Join(e.Names, ", "), strings.Join(parts, ", "))
+}
+
+func (e *InterruptedError) Is(target error) bool { return target == ErrInterrupted }
 
 // Hooks let a caller follow a comparison: Start is called before each
 // simulation (a sweep runs several), Done after it, one at a time. Watch,
@@ -157,6 +210,10 @@ type Hooks struct {
 	// how much modelled time it has done of its whole span, from that
 	// simulation's goroutine (several at once).
 	Progress func(policy string, elapsed, total time.Duration)
+	// Cancelled, when set, is asked every modelled minute of each
+	// simulation, and before each begins: true stops them, and Compare
+	// returns what ended with an *InterruptedError.
+	Cancelled func() bool
 }
 
 // better reports whether a beats b on the primary metric: mean end-to-end

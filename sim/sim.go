@@ -305,8 +305,9 @@ type run struct {
 	// A watcher of the run (see watch.go), or nil.
 	watcher    func(*State)
 	watchEvery time.Duration
-	// progress, when set, hears every modelled minute how far the run is.
-	progress func(elapsed, total time.Duration)
+	// progress, when set, hears every modelled minute how far the run is;
+	// true from it stops the run there.
+	progress func(elapsed, total time.Duration) (stop bool)
 
 	e2e, ttft []float64
 	res       Result
@@ -331,8 +332,9 @@ func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration
 // runWith is RunWatched with a progress report: progress, when not nil,
 // gets the modelled time done and the run's whole span at every modelled
 // minute, in the simulation's goroutine. It changes nothing the run
-// computes.
-func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, progress func(elapsed, total time.Duration)) (Result, error) {
+// computes, unless it answers true: the run then stops there and returns
+// an *InterruptedError.
+func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, progress func(elapsed, total time.Duration) (stop bool)) (Result, error) {
 	if sc.Engines < 2 || (sc.Agents < 1 && len(sc.Trace) == 0) || sc.Duration <= 0 || sc.Profile == nil {
 		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, agents or a trace, and a duration")
 	}
@@ -461,8 +463,8 @@ func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, p
 			r.remove(ev.eng)
 		case evMinute:
 			r.closeWindow()
-			if r.progress != nil {
-				r.progress(r.now.Sub(r.start), r.scoreTo.Sub(r.start))
+			if r.progress != nil && r.progress(r.now.Sub(r.start), r.scoreTo.Sub(r.start)) {
+				return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: pol.Name, Elapsed: r.now.Sub(r.start), Total: r.scoreTo.Sub(r.start)}}}
 			}
 
 		case evPlanStep:

@@ -3,6 +3,9 @@ package sim
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -160,5 +163,55 @@ func TestProgressChangesNothing(t *testing.T) {
 		if e != time.Duration(i+1)*time.Minute {
 			t.Fatalf("report %d at %v of modelled time, want %v", i, e, time.Duration(i+1)*time.Minute)
 		}
+	}
+}
+
+// Cancelled stops a comparison: what ended keeps its result (the same as
+// an uncancelled run's), a sweep missing a member has none, and the error
+// says how far each unfinished simulation got.
+func TestCancelledComparisonKeepsWhatEnded(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one simulation at a time: a known order
+	sc := smallScenario(t, "coding")
+	pol, _ := ParsePolicy("static:1:2", 3)
+	plain, err := Run(sc, pol)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first simulation ends; the second is stopped 2 minutes in; the
+	// third never begins.
+	var cut bool
+	var started []string
+	hooks := &Hooks{
+		Start: func(p string) { started = append(started, p) },
+		Progress: func(p string, elapsed, _ time.Duration) {
+			if p == "static:2:1" && elapsed >= 2*time.Minute {
+				cut = true
+			}
+		},
+		Cancelled: func() bool { return cut },
+	}
+	res, err := Compare(sc, []string{"static:1:2", "static:best", "dynamo"}, hooks)
+	var ie *InterruptedError
+	if !errors.Is(err, ErrInterrupted) || !errors.As(err, &ie) {
+		t.Fatalf("want an interruption, got %v", err)
+	}
+	if len(res) != 1 || res[0].Policy != "static:1:2" {
+		t.Fatalf("results %+v", res)
+	}
+	ja, _ := json.Marshal(plain)
+	jb, _ := json.Marshal(res[0])
+	if string(ja) != string(jb) {
+		t.Fatalf("the finished run differs from a plain one:\n%s\n%s", ja, jb)
+	}
+	if !slices.Equal(ie.Names, []string{"static:best", "dynamo"}) || len(ie.Unfinished) != 2 ||
+		ie.Unfinished[0] != (Unfinished{"static:2:1", 2 * time.Minute, sc.Warmup + sc.Duration}) ||
+		ie.Unfinished[1] != (Unfinished{"dynamo", 0, sc.Warmup + sc.Duration}) {
+		t.Fatalf("interruption %+v", ie)
+	}
+	if !slices.Equal(started, []string{"static:1:2", "static:2:1"}) {
+		t.Fatalf("started %v: a simulation began after the cancel", started)
+	}
+	if msg := err.Error(); msg != "interrupted: no result for static:best, dynamo (static:2:1 at 50%, dynamo at 0%)" {
+		t.Fatalf("message %q", msg)
 	}
 }

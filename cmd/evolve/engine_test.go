@@ -391,6 +391,44 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	}
 }
 
+// Ctrl-C stops a long simulation at its next modelled minute instead of
+// killing the process: stdout still carries the JSON (no result, and how
+// far the simulation got), and the exit status says it was cut short.
+func TestSimInterruptedSaysHowFarItGot(t *testing.T) {
+	cmd, out := startBin(t, []string{"XDG_CONFIG_HOME=" + t.TempDir()}, "sim", "--gpus", "12", "--workload", "coding", "--agents", "16",
+		"--duration", "3h", "--warmup", "0s", "--policies", "static:1:2", "-o", "json")
+	eventually(t, 30*time.Second, "the simulation starts", func() bool { return strings.Contains(out.String(), "simulating static:1:2") })
+	time.Sleep(time.Second) // a modelled minute or more
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("evolve sim did not stop after Ctrl-C:\n%s", out.String())
+	}
+	s := out.String()
+	var res struct {
+		Results     []map[string]any `json:"results"`
+		Interrupted struct {
+			NoResult   []string `json:"no_result"`
+			Unfinished []struct {
+				Policy    string  `json:"policy"`
+				ModelledS float64 `json:"modelled_s"`
+				TotalS    float64 `json:"total_s"`
+			} `json:"unfinished"`
+		} `json:"interrupted"`
+	}
+	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(s, "interrupted: printing the 0 of 1") || !strings.Contains(s, `"results": []`) {
+		t.Fatalf("exit %d:\n%s", cmd.ProcessState.ExitCode(), s)
+	}
+	// stderr's lines come around the JSON object (one stream here).
+	if err := json.NewDecoder(strings.NewReader(s[strings.Index(s, "\n{")+1:])).Decode(&res); err != nil || len(res.Interrupted.Unfinished) != 1 ||
+		res.Interrupted.Unfinished[0].ModelledS <= 0 || res.Interrupted.Unfinished[0].TotalS != 3*3600 || res.Interrupted.NoResult[0] != "static:1:2" {
+		t.Fatalf("%v: %+v\n%s", err, res, s)
+	}
+}
+
 // The experiments' own names are presets too: putnam and osworld run
 // their middle concurrency.
 func TestSimPresetsByExperimentName(t *testing.T) {

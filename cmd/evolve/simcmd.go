@@ -220,6 +220,10 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	// Ctrl-C stops the simulations at their next modelled minute; those
+	// that ended still print their results.
+	ctx, stop := notifyInterrupt(cmd.Context())
+	defer stop()
 	start := time.Now()
 	var speeds []selfProfile
 	var mu sync.Mutex // simulations report progress from their goroutines
@@ -251,8 +255,13 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	if srv != nil {
 		hooks.Watch = srv.Watch
 	}
+	hooks.Cancelled = func() bool { return ctx.Err() != nil }
 	results, err := sim.Compare(sc, names, hooks)
-	if err != nil {
+	var cut *sim.InterruptedError
+	if errors.As(err, &cut) {
+		results = append([]sim.Result{}, results...) // [] in JSON, not null
+		fmt.Fprintf(errw, "\ninterrupted: printing the %d of %d policies whose simulations ended\n", len(results), len(names))
+	} else if err != nil {
 		return usage(err)
 	}
 	// A file that cannot be written still leaves the results printed.
@@ -264,7 +273,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	if srv != nil {
-		defer holdLive(cmd.Context(), errw)
+		defer holdLive(ctx, errw)
 	}
 	for _, file := range []struct {
 		flag  string
@@ -281,12 +290,27 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,
 		"wall_s": time.Since(start).Seconds()}
+	if cut != nil {
+		type unfinished struct {
+			Policy    string  `json:"policy"`
+			ModelledS float64 `json:"modelled_s"`
+			TotalS    float64 `json:"total_s"`
+		}
+		var us []unfinished
+		for _, u := range cut.Unfinished {
+			us = append(us, unfinished{u.Policy, u.Elapsed.Seconds(), u.Total.Seconds()})
+		}
+		out["interrupted"] = map[string]any{"no_result": cut.Names, "unfinished": us}
+	}
 	if config.GetBool(k("profile-self")) {
 		out["profile_self"] = speeds
 		total := time.Since(start)
 		defer printSelfProfile(errw, speeds, total)
 	}
 	err = output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+		if len(results) == 0 {
+			return // interrupted before any ended
+		}
 		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %d %s agents, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, agents, wl, dur, warm, sc.Seed)
 		fmt.Fprint(w, "metric")
 		for _, r := range results {
@@ -329,6 +353,9 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if cut != nil {
+		fileErrs = append(fileErrs, cut)
 	}
 	return errors.Join(fileErrs...)
 }

@@ -53,6 +53,9 @@ func serveLive(errw io.Writer, addr string, policies []string, model string, pac
 
 // holdLive keeps the final state served until the operator interrupts.
 func holdLive(ctx context.Context, errw io.Writer) {
+	if ctx.Err() != nil {
+		return // interrupted already
+	}
 	ctx, cancel := signal.NotifyContext(ctx, syscall.SIGINT, syscall.SIGTERM)
 	defer cancel()
 	fmt.Fprintln(errw, "simulations done; their final state is still served (Ctrl-C stops)")
