@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -88,18 +89,36 @@ that think and tool times shrink to match).`,
 					return usageError{cmd: cmd.CommandPath(), err: err}
 				}
 				base.Model, base.Agents = model, agents
+				var keep func() error
 				if path := config.GetString(k("record")); path != "" {
-					f, err := os.Create(path)
+					// The trace is written beside path and takes its place
+					// at the end (a Ctrl-C included): a run that fails
+					// before it starts leaves an earlier recording whole.
+					f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 					if err != nil {
-						return fmt.Errorf("--record: %w", err)
+						return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--record: %w", err)}
 					}
+					defer os.Remove(f.Name()) // gone once renamed
 					defer f.Close()
 					tw := workload.NewTraceWriter(f)
-					defer tw.Flush()
 					base.Record = tw
+					keep = func() error {
+						if err := tw.Flush(); err != nil {
+							return fmt.Errorf("--record %s: %w", path, err)
+						}
+						if err := f.Close(); err != nil {
+							return fmt.Errorf("--record %s: %w", path, err)
+						}
+						return os.Rename(f.Name(), path)
+					}
 				}
 				if res, err = workload.Bench(ctx, base); err != nil {
 					return err
+				}
+				if keep != nil {
+					if err := keep(); err != nil {
+						return err
+					}
 				}
 			}
 			if err := printBench(cmd, res); err != nil {

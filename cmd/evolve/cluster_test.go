@@ -399,6 +399,17 @@ func TestBenchRecordsAndReplaysTraces(t *testing.T) {
 	if err != nil || len(strings.Split(strings.TrimSpace(string(b)), "\n")) < 2 {
 		t.Fatalf("recorded trace: %v %q", err, b)
 	}
+	// A run that cannot start leaves the recording whole, and no stray
+	// file beside it.
+	if out, code := runBinOut(t, c.env, "bench", "--url", "http://127.0.0.1:1", "--agents", "2", "--record", trace); code == 0 {
+		t.Fatalf("bench against nothing: exit 0: %s", out)
+	}
+	if again, _ := os.ReadFile(trace); string(again) != string(b) {
+		t.Fatal("a bench that never started overwrote the recorded trace")
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(trace)); len(ents) != 1 {
+		t.Fatalf("files beside the trace: %v", ents)
+	}
 	// The first 60 requests of the Mooncake sample (12 s of trace) at 20x.
 	head, err := os.ReadFile("../../workload/testdata/mooncake_conversation_head.jsonl")
 	if err != nil {
