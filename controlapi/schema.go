@@ -14,6 +14,7 @@ type Node struct {
 	State        string       `json:"state"`
 	Address      string       `json:"address"`
 	Model        string       `json:"model,omitempty"`
+	Profile      string       `json:"profile,omitempty"`
 	Waiting      int          `json:"waiting"`
 	Running      int          `json:"running"`
 	InFlight     int          `json:"in_flight"`
@@ -22,6 +23,7 @@ type Node struct {
 	HostKVUsage  float64      `json:"host_kv_usage"`
 	GPUBlocks    int          `json:"gpu_blocks_cached"`
 	HostBlocks   int          `json:"host_blocks_cached"`
+	LastSeen     time.Time    `json:"last_seen,omitzero"`
 	Switch       *Switch      `json:"switch,omitempty"`
 	Reason       string       `json:"reason,omitempty"`
 	History      []RoleChange `json:"history,omitempty"`

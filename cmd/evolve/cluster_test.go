@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -443,5 +444,50 @@ func TestBenchSaysWhenPromptsOutgrowTheContext(t *testing.T) {
 	out, code := runBinOut(t, c.env, "bench", "--workload", "coding", "--agents", "2", "--duration", "2s", "--speedup", "50")
 	if code != 1 || !strings.Contains(out, "no request was sent") || !strings.Contains(out, "max_model_len") || !strings.Contains(out, "--profile") {
 		t.Fatalf("bench with prompts past the context: exit %d\n%s", code, out)
+	}
+}
+
+// evolve nodes --watch prints the table, then a row each time a node's
+// role, mode or state changes, as a switch goes through its phases; with
+// -o json a line per update. Ctrl-C ends it with status 0.
+func TestNodesWatchFollowsASwitch(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
+	table, tout := startBin(t, c.env, "nodes", "--watch")
+	js, jout := startBin(t, c.env, "nodes", "-w", "-o", "json")
+	eventually(t, 10*time.Second, "the first table", func() bool {
+		return strings.Count(tout.String(), "\n") >= 3 && strings.Count(jout.String(), "\n") >= 2
+	})
+	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill"); code != 0 {
+		t.Fatalf("role set: %d %s", code, out)
+	}
+	switched := regexp.MustCompile(`(?m)^engine-1 +D decode +auto +switching->prefill \(\w+\)`)
+	done := regexp.MustCompile(`(?m)^engine-1 +P prefill +auto +serving`)
+	eventually(t, 10*time.Second, "the switch's rows", func() bool {
+		s := tout.String()
+		return switched.MatchString(s) && done.MatchString(s)
+	})
+	if lines := strings.Split(tout.String(), "\n"); !strings.HasPrefix(lines[0], "ID ") || strings.Count(tout.String(), "ID ") != 1 {
+		t.Fatalf("one header, first:\n%s", tout.String())
+	}
+	eventually(t, 10*time.Second, "a JSON line with engine-1 as prefill", func() bool {
+		for _, l := range strings.Split(strings.TrimSpace(jout.String()), "\n") {
+			var n struct{ ID, Role, State string }
+			if json.Unmarshal([]byte(l), &n) != nil {
+				t.Fatalf("not a JSON object per line: %q", l)
+			}
+			if n.ID == "engine-1" && n.Role == "prefill" && n.State == "serving" {
+				return true
+			}
+		}
+		return false
+	})
+	for _, p := range []*exec.Cmd{table, js} {
+		p.Process.Signal(os.Interrupt)
+		if err := p.Wait(); err != nil {
+			t.Fatalf("nodes --watch after Ctrl-C: %v", err)
+		}
+	}
+	if out, code := runBinOut(t, c.env, "nodes", "-w", "-o", "yaml"); code != 2 {
+		t.Fatalf("nodes -w -o yaml: exit %d %s", code, out)
 	}
 }

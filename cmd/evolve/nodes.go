@@ -1,13 +1,16 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/spf13/cobra"
 )
@@ -66,37 +69,149 @@ planner may move it; pinned: only an operator), STATE (serving, switching,
 down), queue and running requests, GPU and host KV use.`,
 		Example: `  evolve nodes
   evolve nodes -o wide
+  evolve nodes --watch                 # then a row per change of role, mode or state
+  evolve nodes -w -o json | jq -c 'select(.state=="down")'
   evolve nodes -o json | jq -r '.[] | select(.role=="decode") | .id'`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			var nodes []orchestrator.NodeStatus
+			if w, _ := cmd.Flags().GetBool("watch"); w {
+				return watchNodes(cmd)
+			}
+			var nodes []controlapi.Node
 			if err := newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
 				return err
 			}
 			return output(cmd, nodes, func(w *tabwriter.Writer, wide bool) {
-				fmt.Fprint(w, "ID\tROLE\tMODE\tSTATE\tQUEUE\tRUNNING\tGPU-KV\tHOST-KV")
-				if wide {
-					fmt.Fprint(w, "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tLAST-SEEN\tADDRESS")
-				}
-				fmt.Fprintln(w)
+				fmt.Fprintln(w, nodeHeader(wide))
 				for _, n := range nodes {
-					state := n.State
-					if n.Switch != nil {
-						state = fmt.Sprintf("%s->%s (%s)", n.State, n.Switch.To, n.Switch.Phase)
-					}
-					fmt.Fprintf(w, "%s\t%s %s\t%s\t%s\t%d\t%d\t%.0f%%\t%.0f%%", n.ID, strings.ToUpper(n.Role[:1]), n.Role, n.Mode, state,
-						n.Waiting, n.Running, 100*n.GPUKVUsage, 100*n.HostKVUsage)
-					if wide {
-						fmt.Fprintf(w, "\t%d\t%d\t%d\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, ago(n.LastSeen), n.Address)
-					}
-					fmt.Fprintln(w)
+					fmt.Fprintln(w, nodeRow(n, wide))
 				}
 			})
 		},
 	}
 	addClientFlags(cmd)
 	addOutputFlag(cmd, "table, wide, json or yaml")
+	cmd.Flags().BoolP("watch", "w", false, "after the table, print a node's row again whenever its role, mode or state changes (-o json: every update of a node, one JSON object per line) until Ctrl-C")
 	return cmd
+}
+
+func nodeHeader(wide bool) string {
+	h := "ID\tROLE\tMODE\tSTATE\tQUEUE\tRUNNING\tGPU-KV\tHOST-KV"
+	if wide {
+		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tLAST-SEEN\tADDRESS"
+	}
+	return h
+}
+
+// nodeState is a node's state, with the switch it is in.
+func nodeState(n controlapi.Node) string {
+	if n.Switch != nil {
+		return fmt.Sprintf("%s->%s (%s)", n.State, n.Switch.To, n.Switch.Phase)
+	}
+	return n.State
+}
+
+func nodeRow(n controlapi.Node, wide bool) string {
+	role := n.Role
+	if role != "" {
+		role = strings.ToUpper(role[:1]) + " " + role
+	}
+	row := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%.0f%%\t%.0f%%", n.ID, role, n.Mode, nodeState(n),
+		n.Waiting, n.Running, 100*n.GPUKVUsage, 100*n.HostKVUsage)
+	if wide {
+		row += fmt.Sprintf("\t%d\t%d\t%d\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, ago(n.LastSeen), n.Address)
+	}
+	return row
+}
+
+// columns lays a tab-separated row out in the watch's fixed columns (a
+// wider cell pushes the rest of its row along).
+func columns(row string) string {
+	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 12}
+	cells := strings.Split(row, "\t")
+	var b strings.Builder
+	for i, c := range cells {
+		if i < len(widths) && i < len(cells)-1 {
+			fmt.Fprintf(&b, "%-*s", widths[i], c)
+			if len(c) >= widths[i] {
+				b.WriteString(" ")
+			}
+			continue
+		}
+		b.WriteString(c)
+	}
+	return b.String()
+}
+
+// watchNodes follows the control API's watch stream: the table, then a
+// row whenever a node's role, mode or state changes (JSON: every update,
+// a line each). A broken stream is reopened; its snapshot prints only
+// what changed meanwhile. Ctrl-C ends it.
+func watchNodes(cmd *cobra.Command) error {
+	format, _ := cmd.Flags().GetString("output")
+	switch format {
+	case "table", "wide", "json":
+	default:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--watch prints table, wide or json (one object per line), not %q", format)}
+	}
+	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	c := newControlClient(cmd)
+	api := &controlapi.Client{Base: c.base, Token: c.token}
+	out := cmd.OutOrStdout()
+	wide := format == "wide"
+	shown := map[string]string{} // what was last printed of each node: role, mode, state
+	headed := false
+	show := func(n controlapi.Node) {
+		if format == "json" {
+			b, _ := json.Marshal(n)
+			fmt.Fprintf(out, "%s\n", b)
+			return
+		}
+		key := n.Role + "\t" + n.Mode + "\t" + nodeState(n)
+		if shown[n.ID] == key {
+			return
+		}
+		shown[n.ID] = key
+		// Rows come one at a time: fixed columns keep them aligned.
+		if !headed {
+			fmt.Fprintln(out, columns(nodeHeader(wide)))
+			headed = true
+		}
+		fmt.Fprintln(out, columns(nodeRow(n, wide)))
+	}
+	for attempt := 0; ; attempt++ {
+		events := make(chan controlapi.WatchEvent, 64)
+		errc := make(chan error, 1)
+		go func() { errc <- api.Watch(ctx, "/api/v1/watch", events) }()
+	read:
+		for {
+			select {
+			case ev := <-events:
+				attempt = 0
+				for _, n := range ev.Nodes {
+					show(n)
+				}
+				if ev.Node != nil {
+					show(*ev.Node)
+				}
+			case err := <-errc:
+				if ctx.Err() != nil {
+					return nil
+				}
+				if attempt >= 5 {
+					return fmt.Errorf("watch %s: %w", c.base, err)
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "watch: %v; reconnecting\n", err)
+				break read
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if !sleepCtx(ctx, time.Duration(attempt+1)*time.Second) {
+			return nil
+		}
+	}
 }
 
 func ago(t time.Time) string {
