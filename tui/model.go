@@ -68,6 +68,8 @@ type Model struct {
 	sortKey              int
 	filter               string
 	filtering            bool
+	command              string // typed after ':'
+	commanding           bool
 	detail               bool
 	help                 bool
 	paused               bool
@@ -211,6 +213,15 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case tea.WindowSizeMsg:
 		m.width, m.height = msg.Width, msg.Height
 	case tea.KeyMsg:
+		if msg.Type == tea.KeyRunes && len(msg.Runes) > 1 {
+			// Keys typed faster than the screen reads them (or pasted)
+			// arrive together: each is a key of its own.
+			var cmds []tea.Cmd
+			for _, r := range msg.Runes {
+				cmds = append(cmds, m.key(string(r)))
+			}
+			return m, tea.Sequence(cmds...)
+		}
 		return m, m.key(msg.String())
 	case batchWith:
 		m.apply(msg.batch)
@@ -455,10 +466,30 @@ func (m *Model) selected() *Node {
 
 // key handles a key press.
 func (m *Model) key(k string) tea.Cmd {
+	if m.commanding {
+		switch k {
+		case "enter":
+			m.commanding = false
+			return m.run(m.command)
+		case "esc":
+			m.commanding, m.command = false, ""
+		case "backspace":
+			if m.command != "" {
+				m.command = m.command[:len(m.command)-1]
+			}
+		default:
+			if len(k) == 1 {
+				m.command += k
+			}
+		}
+		return nil
+	}
 	if m.filtering {
 		switch k {
-		case "enter", "esc":
+		case "enter":
 			m.filtering = false
+		case "esc":
+			m.filtering, m.filter = false, ""
 		case "backspace":
 			if m.filter != "" {
 				m.filter = m.filter[:len(m.filter)-1]
@@ -507,6 +538,10 @@ func (m *Model) key(k string) tea.Cmd {
 		m.detail = !m.detail
 	case "/":
 		m.filtering, m.filter = true, ""
+	case "esc":
+		m.filter = ""
+	case ":":
+		m.commanding, m.command = true, ""
 	case "s":
 		m.sortKey = (m.sortKey + 1) % len(sortNames)
 		m.message = "sorted by " + sortNames[m.sortKey]
@@ -537,12 +572,55 @@ func (m *Model) key(k string) tea.Cmd {
 	return nil
 }
 
+// commandHelp lists what ':' takes.
+const commandHelp = "nodes, planner, branches, events, role NODE prefill|decode, auto NODE, quit"
+
+// run carries out a command typed after ':' (k9s-style): a view by name,
+// a role switch or a hand-back of any node (asked first, as p, d and a
+// are), or quit.
+func (m *Model) run(line string) tea.Cmd {
+	f := strings.Fields(line)
+	if len(f) == 0 {
+		return nil
+	}
+	views := map[string]int{"nodes": ViewNodes, "planner": ViewPlanner, "branches": ViewBranches, "events": ViewEvents}
+	if v, ok := views[f[0]]; ok && len(f) == 1 {
+		m.view = v
+		return nil
+	}
+	switch {
+	case len(f) == 1 && (f[0] == "q" || f[0] == "quit"):
+		m.stop()
+		return tea.Quit
+	case len(f) == 3 && f[0] == "role" && (f[2] == "prefill" || f[2] == "decode"),
+		len(f) == 2 && f[0] == "auto":
+		n := m.nodes[f[1]]
+		if n == nil {
+			m.message = fmt.Sprintf("no node %q", f[1])
+			return nil
+		}
+		k := "a"
+		if f[0] == "role" {
+			k = f[2][:1]
+		}
+		return m.askFor(n, k)
+	}
+	m.message = fmt.Sprintf("unknown command %q: want %s", line, commandHelp)
+	return nil
+}
+
 // ask prepares a switch of the selected node and asks for confirmation.
 func (m *Model) ask(k string) tea.Cmd {
 	n := m.selected()
 	if n == nil || m.view != ViewNodes {
 		return nil
 	}
+	return m.askFor(n, k)
+}
+
+// askFor prepares a switch of node n (k: p prefill, d decode, a back to
+// the planner) and asks for confirmation.
+func (m *Model) askFor(n *Node, k string) tea.Cmd {
 	if m.opt.ReadOnly {
 		m.message = "read-only: switching nodes is disabled (started with --readonly)"
 		return nil

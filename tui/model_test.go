@@ -76,6 +76,8 @@ func press(m *Model, keys ...string) tea.Cmd {
 		switch k {
 		case "enter":
 			msg = tea.KeyMsg{Type: tea.KeyEnter}
+		case "esc":
+			msg = tea.KeyMsg{Type: tea.KeyEsc}
 		default:
 			msg = tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(k)}
 		}
@@ -375,5 +377,75 @@ func TestNarrowTerminalShowsEveryFigure(t *testing.T) {
 		if !strings.Contains(v, want) {
 			t.Fatalf("no %q at 80 columns:\n%s", want, v)
 		}
+	}
+}
+
+// typed presses each character of s.
+func typed(m *Model, s string) tea.Cmd {
+	var cmd tea.Cmd
+	for _, r := range s {
+		cmd = press(m, string(r))
+	}
+	return cmd
+}
+
+// ':' takes k9s-style commands: a view by name, a switch of any node
+// (asked first, as p, d and a are), quit; a mistake says what it takes.
+func TestCommandMode(t *testing.T) {
+	m, f := newTest(t, false)
+	m.Update(snapshot(1, threeNodes()...))
+	typed(m, ":planner")
+	if !strings.Contains(m.View(), ":planner_") {
+		t.Fatalf("the footer does not show the command:\n%s", m.View())
+	}
+	press(m, "enter")
+	if m.view != ViewPlanner {
+		t.Fatalf("view %d after :planner", m.view)
+	}
+	typed(m, ":role e0 decode")
+	press(m, "enter")
+	if m.confirm == nil || !strings.Contains(m.View(), "Switch e0 from prefill to decode and pin it?") {
+		t.Fatalf("no confirmation:\n%s", m.View())
+	}
+	m.Update(press(m, "y")())
+	typed(m, ":auto e2")
+	press(m, "enter")
+	m.Update(press(m, "y")())
+	if strings.Join(f.actions, ", ") != "set e0 decode, unpin e2" {
+		t.Fatalf("actions %v", f.actions)
+	}
+	for cmd, want := range map[string]string{":role e9 decode": `no node "e9"`, ":rolee": "unknown command", ":role e1 sideways": "unknown command"} {
+		typed(m, cmd)
+		press(m, "enter")
+		if m.confirm != nil || !strings.Contains(m.message, want) {
+			t.Fatalf("%s: message %q", cmd, m.message)
+		}
+	}
+	// esc drops a half-typed command; in the filter, it clears the filter.
+	typed(m, ":qu")
+	press(m, "esc")
+	typed(m, ":nodes")
+	press(m, "enter")
+	typed(m, "/e1")
+	press(m, "enter")
+	if len(m.sortedNodes()) != 1 {
+		t.Fatalf("filter e1: %d nodes", len(m.sortedNodes()))
+	}
+	press(m, "esc")
+	if m.filter != "" || len(m.sortedNodes()) != 3 {
+		t.Fatalf("esc did not clear the filter %q", m.filter)
+	}
+	// Keys that arrive together (typed fast, pasted) count one by one.
+	m.Update(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune(":role e1 prefill")})
+	press(m, "enter")
+	if m.confirm == nil || !strings.Contains(m.View(), "Switch e1 from decode to prefill") {
+		t.Fatalf("keys in one message:\n%s", m.View())
+	}
+	press(m, "n")
+	if cmd := typed(m, ":quit"); cmd != nil {
+		t.Fatal("quit before enter")
+	}
+	if cmd := press(m, "enter"); cmd == nil {
+		t.Fatal(":quit did not quit")
 	}
 }

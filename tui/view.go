@@ -56,13 +56,19 @@ func (m *Model) View() string {
 	for len(lines) < m.height-1 {
 		lines = append(lines, "")
 	}
-	return strings.Join(lines, "\n") + "\n" + m.footer()
+	foot := m.footer()
+	if lipgloss.Width(foot) > m.width {
+		foot = truncate(stripANSI(foot), m.width)
+	}
+	return strings.Join(lines, "\n") + "\n" + foot
 }
 
 const helpText = `Keys
   1 nodes   2 planner   3 branches   4 events
   j/k or arrows   move          enter   details of the selected node
-  /               filter        s       sort the nodes (id, role, queue, gpu-kv)
+  /               filter (esc clears)   s   sort the nodes (id, role, queue, gpu-kv)
+  :               command: nodes, planner, branches, events, role NODE prefill|decode,
+                  auto NODE, quit (a switch asks first, as p, d and a do)
   p / d           switch the selected node to prefill / decode and pin it (asks first)
   a               hand the selected node back to the planner (asks first)
   f               follow the selected branch (branches view)
@@ -131,11 +137,13 @@ func (m *Model) footer() string {
 	case m.confirm != nil:
 		return stBad.Render(m.confirm.text)
 	case m.filtering:
-		return "filter: " + m.filter + "_"
+		return "filter: " + m.filter + "_  (enter keeps it, esc clears it)"
+	case m.commanding:
+		return ":" + m.command + "_  (" + commandHelp + ")"
 	case m.message != "":
 		return m.message
 	}
-	return stDim.Render("? help  q quit  1-4 views  p/d/a switch  / filter  s sort  Z pause")
+	return stDim.Render("? help  q quit  1-4 views  p/d/a switch  / filter  : command  s sort  Z pause")
 }
 
 func (m *Model) summary() string {
