@@ -449,3 +449,25 @@ func TestCommandMode(t *testing.T) {
 		t.Fatal(":quit did not quit")
 	}
 }
+
+// A stream that stays open and silent (an orchestrator stuck, a proxy
+// holding the connection) is shown as stale, not live.
+func TestSilentStreamIsStale(t *testing.T) {
+	now := t0
+	f := &fakeSource{watch: make(chan WatchEvent, 16)}
+	m := New(f, Options{Now: func() time.Time { return now }})
+	t.Cleanup(m.stop)
+	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
+	m.Update(snapshot(1, threeNodes()...))
+	if h := m.header(); !strings.Contains(h, "live (updated 0s ago)") {
+		t.Fatalf("fresh: %s", h)
+	}
+	now = t0.Add(25 * time.Second)
+	if h := m.header(); !strings.Contains(h, "stale (no update for 25s)") || strings.Contains(h, "live") {
+		t.Fatalf("after 25 s of silence: %s", h)
+	}
+	m.cluster.Simulation = &Simulation{Done: true}
+	if h := m.header(); !strings.Contains(h, "live") {
+		t.Fatalf("a finished simulation is quiet, not stale: %s", h)
+	}
+}

@@ -11,6 +11,10 @@ import (
 // Minimum terminal size.
 const minWidth, minHeight = 80, 24
 
+// staleAfter is how long a live stream may stay silent before the header
+// says the data is stale.
+const staleAfter = 10 * time.Second
+
 var (
 	stTitle    = lipgloss.NewStyle().Bold(true)
 	stDim      = lipgloss.NewStyle().Faint(true)
@@ -91,10 +95,18 @@ func (m *Model) header() string {
 	switch m.conn {
 	case ConnLive:
 		age := "no update yet"
+		since := m.opt.Now().Sub(m.lastUpdate)
 		if !m.lastUpdate.IsZero() {
-			age = "updated " + m.opt.Now().Sub(m.lastUpdate).Round(100*time.Millisecond).String() + " ago"
+			age = "updated " + since.Round(100*time.Millisecond).String() + " ago"
 		}
-		conn = stGood.Render("live") + " (" + age + ")"
+		// Engines heartbeat every second, so a live cluster's stream
+		// never goes quiet for long: a silent one is stuck somewhere
+		// (a finished simulation excepted).
+		if sim := m.cluster.Simulation; !m.lastUpdate.IsZero() && since > staleAfter && (sim == nil || !sim.Done) {
+			conn = stBad.Render("stale") + " (no update for " + since.Round(time.Second).String() + ")"
+		} else {
+			conn = stGood.Render("live") + " (" + age + ")"
+		}
 	case ConnReconnecting, ConnUnreachable:
 		conn = stBad.Render(m.conn)
 		if m.connErr != "" {
