@@ -491,3 +491,24 @@ func TestNodesWatchFollowsASwitch(t *testing.T) {
 		t.Fatalf("nodes -w -o yaml: exit %d %s", code, out)
 	}
 }
+
+// A local cluster brought down and up again starts as its flags say: the
+// pins of the one before do not come back (they survive an orchestrator
+// restart within a cluster's life; see TestOrchestratorRestartKeepsPins).
+func TestUpAfterDownStartsAsItsFlagsSay(t *testing.T) {
+	args := []string{"--engines", "2", "--prefill", "1", "--profile", "tiny"}
+	c := upCluster(t, args...)
+	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill", "--pin"); code != 0 {
+		t.Fatalf("role set: %d %s", code, out)
+	}
+	if out, code := runBinOut(t, c.env, "down"); code != 0 {
+		t.Fatalf("down: %d %s", code, out)
+	}
+	up := append([]string{"up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0"}, args...)
+	if out, code := runBinOut(t, c.env, up...); code != 0 {
+		t.Fatalf("up again: %d %s", code, out)
+	}
+	if n := c.node("engine-1"); n["role"] != "decode" || n["mode"] != "auto" {
+		t.Fatalf("engine-1 after down and up --prefill 1: %v", n)
+	}
+}

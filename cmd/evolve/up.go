@@ -428,6 +428,12 @@ func stopAll(errw io.Writer, st *localState, procs []*exec.Cmd) {
 	stopPIDs(errw, st.Engines, waits, 15*time.Second)
 	stopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
 	os.Remove(localStatePath())
+	if !alive(st.Orchestrator) {
+		// Its durable state (pinned roles) lives as long as the cluster:
+		// it survives an orchestrator restart, but the next 'evolve up'
+		// starts as its flags say, not with the pins of this one.
+		os.RemoveAll(filepath.Join(localDir(), "nats"))
+	}
 }
 
 func stopPIDs(errw io.Writer, pids []int, waits map[int]chan struct{}, grace time.Duration) {
