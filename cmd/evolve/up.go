@@ -96,7 +96,18 @@ With -f cluster.yaml it works on GPU hosts over SSH instead (apiVersion
 evolve/v1, kind Cluster: hosts with their SSH address, user, port, key and
 optional bastion, GPUs, engine backend and arguments, initial role; the
 orchestrator's host and ports). --dry-run validates the file, naming the
-field and line of every problem, and prints what would be done per host.`,
+field and line of every problem, and prints what would be done per host.
+A small one (the README has a fuller example):
+
+  apiVersion: evolve/v1
+  kind: Cluster
+  metadata: {name: lab}
+  spec:
+    orchestrator: {host: local}
+    defaults: {user: ubuntu, gpus: 4, engine: {backend: vllm, args: [moonshotai/Kimi-K2-Instruct, --tensor-parallel-size, "4"]}}
+    hosts:
+      - {name: gpu-01, address: 10.0.0.11, role: prefill}
+      - {name: gpu-02, address: 10.0.0.12}`,
 		Example: `  evolve up
   evolve up --engines 8 --prefill 3 --profile gb300-kimi-k2 --speedup 20 --detach
   curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'`,
@@ -117,7 +128,7 @@ field and line of every problem, and prints what would be done per host.`,
 	f.Int("agents", 0, "run this many simulated agents against the cluster (foreground only), printing a summary every few seconds")
 	f.String("workload", "shift", "agent workload for --agents: "+strings.Join(workload.Names(), ", ")+", mix:..., shift:...")
 	f.Duration("duration", 0, "with --agents: stop after this long (0: until Ctrl-C)")
-	f.StringP("file", "f", "", "bring up the GPU hosts of this cluster file over SSH (see 'evolve up --help')")
+	f.StringP("file", "f", "", "bring up the GPU hosts of this cluster file over SSH (its format: above)")
 	f.Bool("dry-run", false, "with -f: validate the cluster file and print what would be done on each host")
 	addSSHFlags(f)
 	f.String("service", "auto", "with -f: how hosts run evolve: auto (a systemd unit where systemd runs and evolve may write units as root or with sudo -n, else a supervised process), systemd or process")

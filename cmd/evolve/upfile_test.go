@@ -93,3 +93,49 @@ func TestHostProgressLines(t *testing.T) {
 		t.Fatalf("terminal:\n%q\nwant\n%q", b.String(), want)
 	}
 }
+
+// The README's example cluster file is valid, and its dry run says what
+// each host would go through.
+func TestREADMEClusterFileIsValid(t *testing.T) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, rest, ok := strings.Cut(string(readme), "```yaml\n")
+	example, _, ok2 := strings.Cut(rest, "```")
+	if !ok || !ok2 || !strings.Contains(example, "kind: Cluster") {
+		t.Fatal("no example cluster file in the README")
+	}
+	file := filepath.Join(t.TempDir(), "lab.yaml")
+	os.WriteFile(file, []byte(example), 0o600)
+	out, code := runBinOut(t, nil, "up", "-f", file, "--dry-run", "-o", "json")
+	var res struct {
+		Valid bool `json:"valid"`
+		Hosts []struct {
+			Host  string   `json:"host"`
+			Steps []string `json:"steps"`
+		} `json:"hosts"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || !res.Valid || len(res.Hosts) < 2 || len(res.Hosts[0].Steps) == 0 {
+		t.Fatalf("the README's cluster file: exit %d\n%s", code, out)
+	}
+}
+
+// So is the small one in 'evolve up --help'.
+func TestHelpClusterFileIsValid(t *testing.T) {
+	help, _ := runBinOut(t, nil, "up", "--help")
+	_, rest, ok := strings.Cut(help, "  apiVersion: evolve/v1\n")
+	example, _, ok2 := strings.Cut(rest, "\n\n")
+	if !ok || !ok2 {
+		t.Fatalf("no example cluster file in up --help:\n%s", help)
+	}
+	var lines []string
+	for _, l := range strings.Split("  apiVersion: evolve/v1\n"+example, "\n") {
+		lines = append(lines, strings.TrimPrefix(l, "  "))
+	}
+	file := filepath.Join(t.TempDir(), "lab.yaml")
+	os.WriteFile(file, []byte(strings.Join(lines, "\n")+"\n"), 0o600)
+	if out, code := runBinOut(t, nil, "up", "-f", file, "--dry-run"); code != 0 || !strings.Contains(out, "valid") {
+		t.Fatalf("the help's cluster file: exit %d\n%s", code, out)
+	}
+}
