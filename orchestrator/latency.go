@@ -2,11 +2,11 @@ package orchestrator
 
 import (
 	"math"
-
-	"github.com/evolvellm/evolve/controlapi"
 	"sort"
 	"sync"
 	"time"
+
+	"github.com/evolvellm/evolve/controlapi"
 )
 
 // RecentWindow is how far back the control API's recent latencies look.

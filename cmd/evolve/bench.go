@@ -56,8 +56,9 @@ that think and tool times shrink to match).`,
 			defer stop()
 			errw := cmd.ErrOrStderr()
 			base := workload.BenchConfig{URL: strings.TrimRight(url, "/"), Duration: config.GetDuration(k("duration")),
-				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))),
-				Progress: func(s workload.Snapshot) { progressLine(errw, s, "") }}
+				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed")))}
+			total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
+			base.Progress = func(s workload.Snapshot) { progressLine(errw, s, total, "") }
 			var res workload.Result
 			if path := config.GetString(k("trace")); path != "" {
 				f, err := os.Open(path)
@@ -70,6 +71,13 @@ that think and tool times shrink to match).`,
 					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace %s: %w", path, err)}
 				}
 				playback := config.GetFloat64(k("playback"))
+				// A replay ends with its last request or --duration.
+				if n := len(recs); n > 0 {
+					span := time.Duration(recs[n-1].Timestamp / playback * float64(time.Millisecond))
+					if total == 0 || span < total {
+						total = span
+					}
+				}
 				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), path, playback)
 				var skipped int
 				res, skipped, err = workload.Replay(ctx, workload.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
@@ -148,9 +156,31 @@ that think and tool times shrink to match).`,
 	return cmd
 }
 
-func progressLine(w io.Writer, s workload.Snapshot, extra string) {
-	fmt.Fprintf(w, "t=%-6s requests %d (%d errors), sessions %d | last interval: TTFT p50 %.3fs p95 %.3fs, E2E p50 %.3fs p95 %.3fs%s\n",
-		s.Elapsed.Round(time.Second), s.Requests, s.Errors, s.Sessions, s.TTFT.P50, s.TTFT.P95, s.E2E.P50, s.E2E.P95, extra)
+// progressLine is a load run's line every few seconds: with a known
+// total, a bar and the share done first.
+func progressLine(w io.Writer, s workload.Snapshot, total time.Duration, extra string) {
+	at := "t=" + s.Elapsed.Round(time.Second).String()
+	if total > 0 {
+		frac := min(1, float64(s.Elapsed)/float64(total))
+		at = fmt.Sprintf("%s/%s %s %3.0f%%", at, total.Round(time.Second), bar(frac, 10), 100*frac)
+	}
+	fmt.Fprintf(w, "%-8s requests %d (%d errors), sessions %d | last interval: TTFT p50 %.3fs p95 %.3fs, E2E p50 %.3fs p95 %.3fs%s\n",
+		at, s.Requests, s.Errors, s.Sessions, s.TTFT.P50, s.TTFT.P95, s.E2E.P50, s.E2E.P95, extra)
+}
+
+// bar draws frac (0..1) in n cells, to the eighth of a cell.
+func bar(frac float64, n int) string {
+	eighths := int(frac*float64(n*8) + 0.5)
+	full, part := eighths/8, eighths%8
+	b := strings.Repeat("█", min(full, n))
+	if full < n {
+		if part > 0 {
+			b += string([]rune(" ▏▎▍▌▋▊▉")[part])
+			full++
+		}
+		b += strings.Repeat(" ", n-full)
+	}
+	return "[" + b + "]"
 }
 
 func printBench(cmd *cobra.Command, res workload.Result) error {

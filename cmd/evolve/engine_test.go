@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/workload"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -491,6 +492,25 @@ func TestSimProgressEstimatesAtTheRecentPace(t *testing.T) {
 		if !strings.Contains(lines[i], want) {
 			t.Fatalf("line %d: %q, want %q", i, lines[i], want)
 		}
+	}
+}
+
+// A load run with a known end shows a bar and the share done; one that
+// runs until Ctrl-C shows its time alone.
+func TestBenchProgressBar(t *testing.T) {
+	for frac, want := range map[float64]string{0: "[          ]", 0.05: "[▌         ]", 0.42: "[████▎     ]", 1: "[██████████]", 1.3: "[██████████]"} {
+		if got := bar(min(frac, 1), 10); got != want {
+			t.Errorf("bar(%v) = %q, want %q", frac, got, want)
+		}
+	}
+	var b strings.Builder
+	s := workload.Snapshot{Elapsed: 150 * time.Second, Requests: 7}
+	progressLine(&b, s, 10*time.Minute, "")
+	progressLine(&b, s, 0, " | split 1P/3D")
+	lines := strings.Split(b.String(), "\n")
+	if !strings.HasPrefix(lines[0], "t=2m30s/10m0s [██▌       ]  25% requests 7 ") || !strings.HasPrefix(lines[1], "t=2m30s  requests 7 ") ||
+		!strings.HasSuffix(lines[1], "| split 1P/3D") {
+		t.Fatalf("progress lines:\n%s", b.String())
 	}
 }
 

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/evolvellm/evolve/planner"
-	"github.com/spf13/pflag"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -15,7 +13,9 @@ import (
 
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/planner"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 )
 
 // readyInfo is what a started orchestrator writes to --ready-file.

@@ -330,7 +330,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
 		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
-			Progress: func(s workload.Snapshot) { progressLine(errw, s, split(client)) }})
+			Progress: func(s workload.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
 		if berr != nil {
 			fmt.Fprintln(errw, "agents:", berr)
 		} else {

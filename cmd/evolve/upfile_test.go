@@ -2,11 +2,12 @@ package main
 
 import (
 	"encoding/json"
-	"github.com/evolvellm/evolve/cluster"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/evolvellm/evolve/cluster"
 )
 
 func TestUpDryRunValidatesTheClusterFile(t *testing.T) {
