@@ -464,41 +464,38 @@ func (m *Model) selected() *Node {
 	return ns[m.cursor]
 }
 
+// edit applies key k to a line being typed (the filter, a command):
+// enter ends it, esc ends and clears it, backspace takes a character
+// back. It reports whether typing goes on.
+func edit(line *string, k string) bool {
+	switch k {
+	case "enter":
+		return false
+	case "esc":
+		*line = ""
+		return false
+	case "backspace":
+		if *line != "" {
+			*line = (*line)[:len(*line)-1]
+		}
+	default:
+		if len(k) == 1 {
+			*line += k
+		}
+	}
+	return true
+}
+
 // key handles a key press.
 func (m *Model) key(k string) tea.Cmd {
 	if m.commanding {
-		switch k {
-		case "enter":
-			m.commanding = false
+		if m.commanding = edit(&m.command, k); !m.commanding && k == "enter" {
 			return m.run(m.command)
-		case "esc":
-			m.commanding, m.command = false, ""
-		case "backspace":
-			if m.command != "" {
-				m.command = m.command[:len(m.command)-1]
-			}
-		default:
-			if len(k) == 1 {
-				m.command += k
-			}
 		}
 		return nil
 	}
 	if m.filtering {
-		switch k {
-		case "enter":
-			m.filtering = false
-		case "esc":
-			m.filtering, m.filter = false, ""
-		case "backspace":
-			if m.filter != "" {
-				m.filter = m.filter[:len(m.filter)-1]
-			}
-		default:
-			if len(k) == 1 {
-				m.filter += k
-			}
-		}
+		m.filtering = edit(&m.filter, k) // enter keeps the filter, esc clears it
 		return nil
 	}
 	if m.confirm != nil {

@@ -481,10 +481,12 @@ func TestNodesWatchFollowsASwitch(t *testing.T) {
 		}
 		return false
 	})
-	for _, p := range []*exec.Cmd{table, js} {
-		p.Process.Signal(os.Interrupt)
-		if err := p.Wait(); err != nil {
-			t.Fatalf("nodes --watch after Ctrl-C: %v", err)
+	for _, p := range []struct {
+		cmd *exec.Cmd
+		out *lockedLog
+	}{{table, tout}, {js, jout}} {
+		if interrupt(t, p.cmd, p.out); p.cmd.ProcessState.ExitCode() != 0 {
+			t.Fatalf("nodes --watch after Ctrl-C: exit %d", p.cmd.ProcessState.ExitCode())
 		}
 	}
 	if out, code := runBinOut(t, c.env, "nodes", "-w", "-o", "yaml"); code != 2 {

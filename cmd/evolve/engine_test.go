@@ -400,14 +400,7 @@ func TestSimInterruptedSaysHowFarItGot(t *testing.T) {
 		"--duration", "3h", "--warmup", "0s", "--policies", "static:1:2", "-o", "json")
 	eventually(t, 30*time.Second, "the simulation starts", func() bool { return strings.Contains(out.String(), "simulating static:1:2") })
 	time.Sleep(time.Second) // a modelled minute or more
-	cmd.Process.Signal(os.Interrupt)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("evolve sim did not stop after Ctrl-C:\n%s", out.String())
-	}
+	interrupt(t, cmd, out)
 	s := out.String()
 	var res struct {
 		Results     []map[string]any `json:"results"`

@@ -287,14 +287,7 @@ spec:
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	cmd.Process.Signal(os.Interrupt)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("evolve up -f did not exit after Ctrl-C:\n%s", out.String())
-	}
+	interrupt(t, cmd, out)
 	s := out.String()
 	for _, want := range []string{"interrupted: 1 of 2 hosts did not finish", "gpu-02: interrupted at connect", "serving: gpu-01", "evolve up -f " + file + "' again", "evolve down -f " + file} {
 		if !strings.Contains(s, want) {
@@ -320,13 +313,7 @@ spec:
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	down.Process.Signal(os.Interrupt)
-	go func() { done <- down.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("evolve down -f did not exit after Ctrl-C:\n%s", downOut.String())
-	}
+	interrupt(t, down, downOut)
 	s = downOut.String()
 	for _, want := range []string{"interrupted: 1 of 2 hosts not stopped", "gpu-02: interrupted at connect", "the orchestrator still runs", "evolve down -f " + file + "' again"} {
 		if !strings.Contains(s, want) {
@@ -379,4 +366,18 @@ func startBin(t *testing.T, env []string, args ...string) (*exec.Cmd, *lockedLog
 	}
 	t.Cleanup(func() { cmd.Process.Kill() })
 	return cmd, out
+}
+
+// interrupt sends cmd (started by startBin) a Ctrl-C and waits for it to
+// exit; out is shown if it does not within 30 s.
+func interrupt(t *testing.T, cmd *exec.Cmd, out *lockedLog) {
+	t.Helper()
+	cmd.Process.Signal(os.Interrupt)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s did not exit within 30 s of Ctrl-C:\n%s", strings.Join(cmd.Args, " "), out.String())
+	}
 }
