@@ -492,6 +492,11 @@ func TestNodesWatchFollowsASwitch(t *testing.T) {
 	if out, code := runBinOut(t, c.env, "nodes", "-w", "-o", "yaml"); code != 2 {
 		t.Fatalf("nodes -w -o yaml: exit %d %s", code, out)
 	}
+	// No cluster there: it says so at once.
+	start := time.Now()
+	if out, code := runBinOut(t, c.env, "nodes", "-w", "--server", "http://127.0.0.1:1"); code != 1 || !strings.Contains(out, "cannot reach") || time.Since(start) > 5*time.Second {
+		t.Fatalf("nodes -w without a cluster: exit %d after %v: %s", code, time.Since(start), out)
+	}
 }
 
 // A local cluster brought down and up again starts as its flags say: the

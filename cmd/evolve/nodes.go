@@ -157,6 +157,12 @@ func watchNodes(cmd *cobra.Command) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	c := newControlClient(cmd)
+	// Unreachable or refused at the start: say so at once, as the list
+	// does, rather than retry a cluster that is not there.
+	var nodes []controlapi.Node
+	if err := c.do(ctx, "GET", "/api/v1/nodes", nil, &nodes); err != nil {
+		return err
+	}
 	api := &controlapi.Client{Base: c.base, Token: c.token}
 	out := cmd.OutOrStdout()
 	wide := format == "wide"
