@@ -519,3 +519,22 @@ func TestUpAfterDownStartsAsItsFlagsSay(t *testing.T) {
 		t.Fatalf("engine-1 after down and up --prefill 1: %v", n)
 	}
 }
+
+// An address in use is named with its flag before anything starts (it
+// used to surface as the orchestrator's log); a malformed one is a usage
+// error.
+func TestUpNamesTheAddressInUse(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	out, code := runBinOut(t, env, "up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", l.Addr().String())
+	if code != 1 || !strings.Contains(out, "--control-addr "+l.Addr().String()+": the address is in use") || strings.Contains(out, "starting orchestrator") {
+		t.Fatalf("control address in use: exit %d\n%s", code, out)
+	}
+	if out, code := runBinOut(t, env, "up", "--router-addr", "8000"); code != 2 || !strings.Contains(out, "--router-addr") {
+		t.Fatalf("malformed address: exit %d\n%s", code, out)
+	}
+}

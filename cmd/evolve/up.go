@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -200,6 +201,16 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if st, err := readLocalState(); err == nil && alive(st.Orchestrator) {
 		return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
 	}
+	// An address in use fails the orchestrator deep in its log: say which
+	// flag to change before anything starts.
+	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
+		if _, _, err := net.SplitHostPort(config.GetString(key(flag))); err != nil {
+			return usage(fmt.Errorf("--%s: %w (want HOST:PORT)", flag, err))
+		}
+		if err := checkListen(config.GetString(key(flag))); err != nil {
+			return fmt.Errorf("--%s %s: %w; pick another, or port 0 for a free one", flag, config.GetString(key(flag)), err)
+		}
+	}
 	exe, err := os.Executable()
 	if err != nil {
 		return err
@@ -358,6 +369,23 @@ var shortClient = newHTTPClient(5 * time.Second)
 
 // sleepCtx waits d, or less if ctx ends first; it reports whether it
 // waited the whole time.
+// checkListen reports whether addr can be listened on (port 0 always can).
+func checkListen(addr string) error {
+	if _, port, err := net.SplitHostPort(addr); err != nil {
+		return err
+	} else if port == "0" {
+		return nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return errors.New("the address is in use (another evolve cluster, or another service)")
+		}
+		return err
+	}
+	return l.Close()
+}
+
 // notifyInterrupt returns a context that ends at Ctrl-C, SIGTERM or a
 // closed terminal (SIGHUP), so that a command stops what it started and
 // says where it stood instead of dying midway. A broken pipe (| tee, and
