@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -77,6 +78,22 @@ func alive(pid int) bool {
 		return s[i+2] != 'Z'
 	}
 	return true
+}
+
+// ours reports whether pid runs an evolve server (an orchestrator or an
+// engine). A state file outlives a reboot, and its PIDs may then name
+// someone else's processes: those are never signalled, nor taken for a
+// running cluster.
+func ours(pid int) bool {
+	if !alive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return true // no /proc: trust kill(0)
+	}
+	args := strings.Split(string(b), "\x00")
+	return len(args) > 1 && (args[1] == "orchestrator" || args[1] == "engine")
 }
 
 func newUpCmd() *cobra.Command {
@@ -198,8 +215,24 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	} else if agents < 0 {
 		return usage(fmt.Errorf("--agents must not be negative"))
 	}
-	if st, err := readLocalState(); err == nil && alive(st.Orchestrator) {
-		return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
+	if st, err := readLocalState(); err == nil {
+		if ours(st.Orchestrator) {
+			return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
+		}
+		// Its orchestrator died (killed, crashed): the engines it left
+		// would run on unseen once this cluster's record replaces its.
+		var left []int
+		for _, pid := range st.Engines {
+			if ours(pid) {
+				left = append(left, pid)
+			}
+		}
+		if len(left) > 0 {
+			fmt.Fprintf(cmd.ErrOrStderr(), "the last local cluster's orchestrator is gone; stopping the %d engines it left running\n", len(left))
+			// Their router is gone with the orchestrator: nothing is
+			// in flight to drain, so they get little time.
+			stopPIDs(cmd.ErrOrStderr(), left, nil, 2*time.Second)
+		}
 	}
 	// An address in use fails the orchestrator deep in its log: say which
 	// flag to change before anything starts.
@@ -475,7 +508,10 @@ func stopAll(errw io.Writer, st *localState, procs []*exec.Cmd) {
 	}
 }
 
+// stopPIDs stops the evolve servers among pids (SIGTERM, then SIGKILL
+// after grace), waiting for each.
 func stopPIDs(errw io.Writer, pids []int, waits map[int]chan struct{}, grace time.Duration) {
+	pids = slices.DeleteFunc(slices.Clone(pids), func(pid int) bool { return !ours(pid) })
 	for _, pid := range pids {
 		if alive(pid) {
 			syscall.Kill(pid, syscall.SIGTERM)

@@ -348,7 +348,7 @@ func ensureHostOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.
 // ensureOrchestrator starts the cluster's orchestrator on this machine
 // unless it runs already (a re-run converges).
 func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, string, error) {
-	if st, err := readClusterState(f.Metadata.Name); err == nil && alive(st.Orchestrator) {
+	if st, err := readClusterState(f.Metadata.Name); err == nil && ours(st.Orchestrator) {
 		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
 		return st, "unchanged", nil
 	}
@@ -570,7 +570,7 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 	sopt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("status"))}
 	if st, err := readClusterState(f.Metadata.Name); err == nil {
 		out.Orchestrator, out.RouterURL, out.ControlURL = "stopped", st.RouterURL, st.ControlURL
-		if alive(st.Orchestrator) {
+		if ours(st.Orchestrator) {
 			out.Orchestrator = "running"
 		}
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -181,5 +182,61 @@ func TestUpWithAgentsStopsTheClusterWhateverFollowsCtrlC(t *testing.T) {
 			}
 			stoppedEverything(t, cmd, home)
 		})
+	}
+}
+
+// An orchestrator killed outright leaves its engines running: the next
+// up stops them before its own cluster's record replaces the old one, so
+// that down can still reach everything.
+func TestUpStopsTheEnginesADeadOrchestratorLeft(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--profile", "tiny")
+	home := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
+	syscall.Kill(c.state.Orchestrator, syscall.SIGKILL)
+	eventually(t, 10*time.Second, "the orchestrator dies", func() bool { return !alive(c.state.Orchestrator) })
+	out, code := runBin(t, c.env, "up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--engines", "2", "--profile", "tiny")
+	if code != 0 || !strings.Contains(out, "stopping the 2 engines it left running") {
+		t.Fatalf("up after the orchestrator died: exit %d\n%s", code, out)
+	}
+	for _, pid := range c.state.Engines {
+		if alive(pid) {
+			t.Fatalf("engine %d of the dead cluster still runs", pid)
+		}
+	}
+	if out, code := runBinOut(t, c.env, "down"); code != 0 {
+		t.Fatalf("down: %d %s", code, out)
+	}
+	if left := clusterProcs(t, home); len(left) > 0 {
+		t.Fatalf("after down, still running: %v", left)
+	}
+}
+
+// A state file can outlive a reboot, and its PIDs then name someone
+// else's processes: down never signals them, and up does not take them
+// for a running cluster.
+func TestStateFilePIDsOfStrangersAreLeftAlone(t *testing.T) {
+	stranger := exec.Command("sleep", "60")
+	if err := stranger.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer stranger.Process.Kill()
+	home := t.TempDir()
+	env := []string{"XDG_STATE_HOME=" + home}
+	dir := filepath.Join(home, "evolve", "local")
+	os.MkdirAll(dir, 0o700)
+	pid := stranger.Process.Pid
+	os.WriteFile(filepath.Join(dir, "cluster.json"), []byte(fmt.Sprintf(`{"router_url": "http://127.0.0.1:1", "orchestrator_pid": %d, "engine_pids": [%d]}`, pid, pid)), 0o600)
+	if out, code := runBinOut(t, env, "down"); code != 0 {
+		t.Fatalf("down: %d %s", code, out)
+	}
+	if !alive(pid) {
+		t.Fatal("evolve down killed a process that was not its own")
+	}
+	out, code := runBinOut(t, env, "up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--engines", "1")
+	t.Cleanup(func() { runBinOut(t, env, "down") })
+	if code != 0 || strings.Contains(out, "already running") {
+		t.Fatalf("up beside a stranger's PID: exit %d\n%s", code, out)
+	}
+	if !alive(pid) {
+		t.Fatal("evolve up killed a process that was not its own")
 	}
 }
