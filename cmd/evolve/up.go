@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -256,8 +257,20 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	detach := config.GetBool(key("detach"))
 	errw := cmd.ErrOrStderr()
 	st := &localState{LogDir: logDir, Started: time.Now(), Detached: detach}
-	var procs []*exec.Cmd
-	cleanup := func() { stopAll(errw, st, procs) }
+	// Each child is waited for once, here; exited[pid] closes when it
+	// ends, for the teardown and to notice an engine that stops alone.
+	exited := map[int]chan struct{}{}
+	var stopping atomic.Bool
+	waitFor := func(p *exec.Cmd) chan struct{} {
+		ch := make(chan struct{})
+		exited[p.Process.Pid] = ch
+		go func() { p.Wait(); close(ch) }()
+		return ch
+	}
+	cleanup := func() {
+		stopping.Store(true)
+		stopAll(errw, st, exited)
+	}
 	// The children run in their own process groups, so only this process
 	// hears Ctrl-C, a closed terminal or a kill: it must stop them, or
 	// they run on with nobody to stop them but 'evolve down'.
@@ -282,7 +295,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return err
 	}
-	procs = append(procs, orch)
+	orchDone := waitFor(orch)
 	st.Orchestrator = orch.Process.Pid
 	fmt.Fprintf(errw, "starting orchestrator (log %s)\n", filepath.Join(logDir, "orchestrator.log"))
 	deadline := time.Now().Add(config.GetDuration(key("timeout")))
@@ -316,8 +329,16 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			cleanup()
 			return err
 		}
-		procs = append(procs, p)
 		st.Engines = append(st.Engines, p.Process.Pid)
+		done := waitFor(p)
+		go func() {
+			<-done
+			if !stopping.Load() && !detach {
+				// The cluster serves on without it (the orchestrator
+				// marks it down); say so where the operator looks.
+				fmt.Fprintf(errw, "%s stopped on its own (%v); the cluster serves on without it. The end of %s:\n%s\n", id, p.ProcessState, log, tail(log, 5))
+			}
+		}()
 	}
 	if err := writeLocalState(st); err != nil {
 		cleanup()
@@ -386,8 +407,6 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		cleanup()
 		return berr
 	}
-	orchDone := make(chan struct{})
-	go func() { orch.Wait(); close(orchDone) }()
 	select {
 	case <-ctx.Done():
 		fmt.Fprintln(errw, "\nstopping the cluster")
@@ -490,13 +509,10 @@ func startChildEnv(exe, log string, detach bool, env []string, args ...string) (
 
 // stopAll stops the engines, then the orchestrator: SIGTERM, then SIGKILL
 // after a grace period. It removes the local state when done.
-func stopAll(errw io.Writer, st *localState, procs []*exec.Cmd) {
-	waits := map[int]chan struct{}{}
-	for _, p := range procs {
-		ch := make(chan struct{})
-		waits[p.Process.Pid] = ch
-		go func(p *exec.Cmd) { p.Wait(); close(ch) }(p)
-	}
+// exited, when not nil, has a channel per child of this process that
+// closes when it ends.
+func stopAll(errw io.Writer, st *localState, exited map[int]chan struct{}) {
+	waits := exited
 	stopPIDs(errw, st.Engines, waits, 15*time.Second)
 	stopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
 	os.Remove(localStatePath())

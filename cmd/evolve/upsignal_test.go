@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -239,4 +240,30 @@ func TestStateFilePIDsOfStrangersAreLeftAlone(t *testing.T) {
 	if !alive(pid) {
 		t.Fatal("evolve up killed a process that was not its own")
 	}
+}
+
+// An engine that stops on its own while up runs in the foreground is
+// reported there, with the end of its log; Ctrl-C still stops the rest.
+func TestUpReportsAnEngineThatStops(t *testing.T) {
+	cmd, home, stderr := startUp(t)
+	waitReady(t, stderr)
+	st := readStateIn(t, home)
+	syscall.Kill(st.Engines[1], syscall.SIGKILL)
+	seen := waitFor(t, stderr, "stopped on its own")
+	if !strings.Contains(seen, "engine-1 stopped on its own (signal: killed); the cluster serves on without it") {
+		t.Fatalf("up said:\n%s", seen)
+	}
+	go io.Copy(io.Discard, stderr)
+	cmd.Process.Signal(os.Interrupt)
+	stoppedEverything(t, cmd, home)
+}
+
+func readStateIn(t *testing.T, home string) localState {
+	t.Helper()
+	var st localState
+	b, err := os.ReadFile(filepath.Join(home, "evolve", "local", "cluster.json"))
+	if err != nil || json.Unmarshal(b, &st) != nil || len(st.Engines) < 2 {
+		t.Fatalf("the local cluster's record: %v %s", err, b)
+	}
+	return st
 }
