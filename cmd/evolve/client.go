@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -56,7 +57,13 @@ func (c *controlClient) do(ctx context.Context, method, path string, in, out any
 	err := (&controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http}).Do(ctx, method, path, in, out)
 	var te *controlapi.TransportError
 	if errors.As(err, &te) {
-		return fmt.Errorf("cannot reach the orchestrator at %s (is a cluster up? try 'evolve up'): %w", c.base, te.Err)
+		hint := "is a cluster up? try 'evolve up'"
+		if st, serr := readLocalState(); serr == nil && st.ControlURL == c.base && !ours(st.Orchestrator) {
+			// The local cluster's record is there, its orchestrator not.
+			hint = "the local cluster's orchestrator is gone (see " + filepath.Join(st.LogDir, "orchestrator.log") +
+				"); 'evolve down' stops what it left, 'evolve up' starts a new one"
+		}
+		return fmt.Errorf("cannot reach the orchestrator at %s (%s): %w", c.base, hint, te.Err)
 	}
 	return err
 }

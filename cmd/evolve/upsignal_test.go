@@ -194,6 +194,10 @@ func TestUpStopsTheEnginesADeadOrchestratorLeft(t *testing.T) {
 	home := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
 	syscall.Kill(c.state.Orchestrator, syscall.SIGKILL)
 	eventually(t, 10*time.Second, "the orchestrator dies", func() bool { return !alive(c.state.Orchestrator) })
+	// Commands say what happened, and what to do.
+	if out, code := runBinOut(t, c.env, "nodes"); code != 1 || !strings.Contains(out, "the local cluster's orchestrator is gone") {
+		t.Fatalf("nodes with the orchestrator dead: exit %d\n%s", code, out)
+	}
 	out, code := runBin(t, c.env, "up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--engines", "2", "--profile", "tiny")
 	if code != 0 || !strings.Contains(out, "stopping the 2 engines it left running") {
 		t.Fatalf("up after the orchestrator died: exit %d\n%s", code, out)
