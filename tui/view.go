@@ -100,9 +100,10 @@ func (m *Model) header() string {
 			age = "updated " + since.Round(100*time.Millisecond).String() + " ago"
 		}
 		// Engines heartbeat every second, so a live cluster's stream
-		// never goes quiet for long: a silent one is stuck somewhere
-		// (a finished simulation excepted).
-		if sim := m.cluster.Simulation; !m.lastUpdate.IsZero() && since > staleAfter && (sim == nil || !sim.Done) {
+		// never goes quiet for long: a silent one is stuck somewhere. A
+		// simulation sends only what changes, at its own pace: quiet
+		// says nothing there.
+		if !m.lastUpdate.IsZero() && since > staleAfter && m.cluster.Simulation == nil {
 			conn = stBad.Render("stale") + " (no update for " + since.Round(time.Second).String() + ")"
 		} else {
 			conn = stGood.Render("live") + " (" + age + ")"
