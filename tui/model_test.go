@@ -378,6 +378,12 @@ func TestNarrowTerminalShowsEveryFigure(t *testing.T) {
 			t.Fatalf("no %q at 80 columns:\n%s", want, v)
 		}
 	}
+	// A simulation's header is longer: the connection's age goes first.
+	m.cluster.Model, m.cluster.Policy = "moonshotai/Kimi-K2-Instruct", "evolve"
+	m.cluster.Simulation = &Simulation{ElapsedSec: 248, TotalSec: 660, Pace: 20}
+	if h := strings.Split(m.header(), "\n")[0]; lipgloss.Width(h) > 80 || !strings.HasSuffix(h, "live") || !strings.Contains(h, "modelled 4m08s of 11m00s, 20x") {
+		t.Fatalf("simulation header at 80 columns: %q", h)
+	}
 }
 
 // typed presses each character of s.

@@ -131,6 +131,10 @@ func (m *Model) header() string {
 		name = "simulated " + m.cluster.Policy + "  " + clock
 	}
 	line := fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, conn)
+	if m.conn == ConnLive && lipgloss.Width(line) > m.width {
+		// Narrow: the state without its age.
+		line = fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, strings.SplitN(conn, " (", 2)[0])
+	}
 	if m.opt.ReadOnly {
 		line += "  [read-only]"
 	}
