@@ -238,11 +238,16 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	// An address in use fails the orchestrator deep in its log: say which
 	// flag to change before anything starts.
 	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
-		if _, _, err := net.SplitHostPort(config.GetString(key(flag))); err != nil {
+		addr := config.GetString(key(flag))
+		_, port, err := net.SplitHostPort(addr)
+		if err != nil {
 			return usage(fmt.Errorf("--%s: %w (want HOST:PORT)", flag, err))
 		}
-		if err := checkListen(config.GetString(key(flag))); err != nil {
-			return fmt.Errorf("--%s %s: %w; pick another, or port 0 for a free one", flag, config.GetString(key(flag)), err)
+		if port == "0" {
+			continue // a free port is picked
+		}
+		if err := checkListen(addr); err != nil {
+			return fmt.Errorf("--%s %s: %w; pick another, or port 0 for a free one", flag, addr, err)
 		}
 	}
 	exe, err := os.Executable()
@@ -419,15 +424,8 @@ func runUp(cmd *cobra.Command, _ []string) error {
 
 var shortClient = newHTTPClient(5 * time.Second)
 
-// sleepCtx waits d, or less if ctx ends first; it reports whether it
-// waited the whole time.
-// checkListen reports whether addr can be listened on (port 0 always can).
+// checkListen reports whether addr can be listened on.
 func checkListen(addr string) error {
-	if _, port, err := net.SplitHostPort(addr); err != nil {
-		return err
-	} else if port == "0" {
-		return nil
-	}
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.EADDRINUSE) {
@@ -450,6 +448,8 @@ func notifyInterrupt(parent context.Context) (ctx context.Context, stop func()) 
 	return ctx, func() { cancel(); signal.Stop(pipe) }
 }
 
+// sleepCtx waits d, or less if ctx ends first; it reports whether it
+// waited the whole time.
 func sleepCtx(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
@@ -509,10 +509,9 @@ func startChildEnv(exe, log string, detach bool, env []string, args ...string) (
 
 // stopAll stops the engines, then the orchestrator: SIGTERM, then SIGKILL
 // after a grace period. It removes the local state when done.
-// exited, when not nil, has a channel per child of this process that
+// waits, when not nil, has a channel per child of this process that
 // closes when it ends.
-func stopAll(errw io.Writer, st *localState, exited map[int]chan struct{}) {
-	waits := exited
+func stopAll(errw io.Writer, st *localState, waits map[int]chan struct{}) {
 	stopPIDs(errw, st.Engines, waits, 15*time.Second)
 	stopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
 	os.Remove(localStatePath())
