@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/evolvellm/evolve/tui"
 	"github.com/openai/openai-go/v3"
@@ -98,6 +99,14 @@ func TestBranchesAndKVCommands(t *testing.T) {
 	}
 	if out, _ = runBinOut(t, c.env, "kv"); !strings.Contains(out, "lost KV reuse") || !strings.Contains(out, "GPU hit") || !strings.Contains(out, "blocks free, host") {
 		t.Fatalf("kv table:\n%s", out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Fatalf("kv table is %d columns wide, more than a terminal's 80:\n%s", n, out)
+		}
+	}
+	if out, _ = runBinOut(t, c.env, "kv", "-o", "wide"); !strings.Contains(out, "LAST COPY") {
+		t.Fatalf("kv -o wide:\n%s", out)
 	}
 
 	// The agent ends its session on the router: its branches end.

@@ -102,8 +102,17 @@ host tiers, the copies the directory knows and how many of them live agent
 branches reference; for the cluster, prompt tokens by where their KV came
 from (GPU hit, own host tier, fetched from a peer, recomputed), lost KV reuse
 (tokens recomputed that some engine had computed before) and bytes moved
-between nodes.`,
+between nodes.
+
+Per tier, as shares of its capacity: USE is what running sequences hold,
+CACHED the copies the directory knows there (in use or not), REF those of
+them that a live agent branch references. The cluster row is the serving
+nodes together. Counts below the table are rounded (17.2K); -o wide prints
+the per-node counts exact with each tier's capacity in BLOCKS, and adds the
+referenced copies each node evicted from each tier and how many of them
+were the cluster's last copy (that context must be recomputed).`,
 		Example: `  evolve kv
+  evolve kv -o wide
   evolve kv -o json | jq .lost_kv_reuse_tokens`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -111,26 +120,127 @@ between nodes.`,
 			if err := newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/kv", nil, &st); err != nil {
 				return err
 			}
-			return output(cmd, st, func(w *tabwriter.Writer, _ bool) {
-				fmt.Fprintln(w, "NODE\tROLE\tSTATE\tGPU USE\tGPU CACHED\tREFERENCED\tHOST USE\tHOST CACHED\tREFERENCED")
-				for _, n := range st.Nodes {
-					fmt.Fprintf(w, "%s\t%s\t%s\t%.0f%% of %d\t%d\t%d\t%.0f%% of %d\t%d\t%d\n", n.ID, n.Role, n.State,
-						n.GPUUsage*100, n.GPUCapacity, n.GPUCached, n.GPUReferenced, n.HostUsage*100, n.HostCapacity, n.HostCached, n.HostReferenced)
-				}
-				p := st.Pool
-				fmt.Fprintf(w, "cluster (serving)\t\t\t%d\t%d\t%d\t%d\t%d\t%d\n", p.GPUCapacity, p.GPUCached, p.GPUReferenced, p.HostCapacity, p.HostCached, p.HostReferenced)
-				fmt.Fprintln(w)
-				fmt.Fprintf(w, "pool\tGPU %d of %d blocks free, host %d of %d free; %d GPU and %d host copies referenced\n",
-					p.GPUFree, p.GPUCapacity, p.HostFree, p.HostCapacity, p.GPUReferenced, p.HostReferenced)
-				fmt.Fprintf(w, "directory\t%d blocks, %d copies; %d blocks referenced by %d live branches\n", st.Blocks, st.Replicas, st.ReferencedBlocks, st.LiveBranches)
-				fmt.Fprintf(w, "prompt tokens\t%d: %.1f%% GPU hit, %.1f%% host hit (%d own host, %d fetched), %d recomputed\n",
-					st.PromptTokens, st.GPUHitRate*100, st.HostHitRate*100, st.LocalHostTokens, st.RemoteHostTokens, st.RecomputedTokens)
-				fmt.Fprintf(w, "lost KV reuse\t%d tokens recomputed that had been computed before\n", st.LostKVReuse)
-				fmt.Fprintf(w, "moved\t%.1f MiB between nodes\n", float64(st.BytesMoved)/(1<<20))
-			})
+			return output(cmd, st, func(w *tabwriter.Writer, wide bool) { printKV(w, st, wide) })
 		},
 	}
 	addClientFlags(cmd)
-	addOutputFlag(cmd, "table, json or yaml")
+	addOutputFlag(cmd, "table (shares of capacity, to fit 80 columns), wide (exact counts, and the referenced copies each node evicted), json or yaml")
 	return cmd
+}
+
+// printKV prints the KV summary: a row per node and one for the serving
+// nodes together, then the cluster's figures. The table gives each tier's
+// use, cached copies and referenced copies as shares of its capacity, so
+// that it fits 80 columns at any scale, and rounds the counts below it
+// (17.2K); wide gives the counts exact, per node, with each tier's
+// capacity, and the referenced copies the node evicted and how many of
+// those were the cluster's last copy.
+func printKV(w *tabwriter.Writer, st orchestrator.KVStatus, wide bool) {
+	n := func(v int64) string { return count(v, wide) }
+	i := func(v int) string { return count(int64(v), wide) }
+	p := st.Pool
+	if wide {
+		fmt.Fprintln(w, "\t\t\tGPU\t\t\t\tHOST\t\t\t\tEVICTED")
+		fmt.Fprintln(w, "NODE\tROLE\tSTATE\tBLOCKS\tUSE\tCACHED\tREF\tBLOCKS\tUSE\tCACHED\tREF\tREF GPU\tREF HOST\tLAST COPY")
+		for _, k := range st.Nodes {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%d\t%d\t%d\n", k.ID, k.Role, k.State,
+				k.GPUCapacity, share(k.GPUUsage), k.GPUCached, k.GPUReferenced,
+				k.HostCapacity, share(k.HostUsage), k.HostCached, k.HostReferenced, k.RefEvictedGPU, k.RefEvictedHost, k.RefLost)
+		}
+		fmt.Fprintf(w, "cluster\t\tserving\t%d\t\t%d\t%d\t%d\t\t%d\t%d\n", p.GPUCapacity, p.GPUCached, p.GPUReferenced,
+			p.HostCapacity, p.HostCached, p.HostReferenced)
+	} else {
+		of := func(v, c int) string {
+			if c <= 0 {
+				return "-"
+			}
+			return share(float64(v) / float64(c))
+		}
+		fmt.Fprintln(w, "\t\t\tGPU\t\t\tHOST")
+		fmt.Fprintln(w, "NODE\tROLE\tSTATE\tUSE\tCACHED\tREF\tUSE\tCACHED\tREF")
+		var gpuUse, hostUse float64
+		for _, k := range st.Nodes {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Role, k.State,
+				share(k.GPUUsage), of(k.GPUCached, k.GPUCapacity), of(k.GPUReferenced, k.GPUCapacity),
+				share(k.HostUsage), of(k.HostCached, k.HostCapacity), of(k.HostReferenced, k.HostCapacity))
+			if k.State == orchestrator.StateServing {
+				gpuUse += k.GPUUsage * float64(k.GPUCapacity)
+				hostUse += k.HostUsage * float64(k.HostCapacity)
+			}
+		}
+		use := func(v float64, c int) string {
+			if c <= 0 {
+				return "-"
+			}
+			return share(v / float64(c))
+		}
+		fmt.Fprintf(w, "cluster\t\tserving\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			use(gpuUse, p.GPUCapacity), of(p.GPUCached, p.GPUCapacity), of(p.GPUReferenced, p.GPUCapacity),
+			use(hostUse, p.HostCapacity), of(p.HostCached, p.HostCapacity), of(p.HostReferenced, p.HostCapacity))
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintf(w, "pool\tGPU %s of %s blocks free, host %s of %s free\n", i(p.GPUFree), i(p.GPUCapacity), i(p.HostFree), i(p.HostCapacity))
+	fmt.Fprintf(w, "directory\t%s blocks in %s copies\n", i(st.Blocks), i(st.Replicas))
+	fmt.Fprintf(w, "referenced\t%s blocks by %s branches: %s GPU and %s host copies\n",
+		i(st.ReferencedBlocks), i(st.LiveBranches), i(p.GPUReferenced), i(p.HostReferenced))
+	ofPrompt := func(v int64) string {
+		if st.PromptTokens == 0 {
+			return "0%"
+		}
+		return fmt.Sprintf("%.1f%%", float64(v)*100/float64(st.PromptTokens))
+	}
+	fmt.Fprintf(w, "prompt tokens\t%s: %s GPU hit, %s host hit, %s recomputed\n", n(st.PromptTokens),
+		ofPrompt(st.GPUHitTokens), ofPrompt(st.LocalHostTokens+st.RemoteHostTokens), ofPrompt(st.RecomputedTokens))
+	fmt.Fprintf(w, "host hits\t%s from the node's own host tier, %s fetched from peers\n", n(st.LocalHostTokens), n(st.RemoteHostTokens))
+	fmt.Fprintf(w, "lost KV reuse\t%s tokens recomputed that had been computed before\n", n(st.LostKVReuse))
+	fmt.Fprintf(w, "moved\t%s between nodes\n", bytesIEC(st.BytesMoved))
+}
+
+// share shows a fraction as a percentage in at most five characters, with
+// a decimal under 10% so that a little is not shown as none: 0%, <0.1%,
+// 0.3%, 42%.
+func share(f float64) string {
+	switch {
+	case f <= 0:
+		return "0%"
+	case f < 0.0005:
+		return "<0.1%"
+	case f < 0.0995:
+		return fmt.Sprintf("%.1f%%", f*100)
+	default:
+		return fmt.Sprintf("%.0f%%", f*100)
+	}
+}
+
+// count shows a count exactly when wide or under 10,000, and otherwise in
+// at most six characters: 17.2K, 231.5M.
+func count(v int64, wide bool) string {
+	a := v
+	if a < 0 {
+		a = -a
+	}
+	switch {
+	case wide || a < 10_000:
+		return fmt.Sprint(v)
+	case a < 999_950:
+		return fmt.Sprintf("%.1fK", float64(v)/1e3)
+	case a < 999_950_000:
+		return fmt.Sprintf("%.1fM", float64(v)/1e6)
+	default:
+		return fmt.Sprintf("%.1fG", float64(v)/1e9)
+	}
+}
+
+// bytesIEC shows a byte count in binary units: 512 B, 3.2 MiB, 165.9 GiB.
+func bytesIEC(b int64) string {
+	const unit = 1024
+	if b < unit {
+		return fmt.Sprintf("%d B", b)
+	}
+	v, k := float64(b)/unit, 0
+	for v >= unit && k < 5 {
+		v /= unit
+		k++
+	}
+	return fmt.Sprintf("%.1f %ciB", v, "KMGTPE"[k])
 }
