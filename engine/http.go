@@ -55,17 +55,25 @@ func badRequest(param, format string, args ...any) *apiError {
 	return openaiapi.BadRequest(param, format, args...)
 }
 
-// submitError maps a model's refusal to an HTTP error.
-func submitError(err error) *apiError {
+// submitError maps a model's refusal to an HTTP error; a prompt too long
+// names the field that carried it (messages in a chat, else prompt).
+func submitError(err error, chat bool) *apiError {
 	switch {
 	case errors.Is(err, sim.ErrDraining):
 		return &apiError{Status: 503, Type: "service_unavailable", Code: "engine_draining", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
 	case errors.Is(err, sim.ErrWrongRole):
 		return &apiError{Status: 503, Type: "service_unavailable", Code: "wrong_role", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
 	case errors.Is(err, sim.ErrTooLong):
-		return &apiError{Status: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Param: "messages", Message: err.Error()}
+		return &apiError{Status: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Param: promptParam(chat), Message: err.Error()}
 	}
 	return &apiError{Status: 400, Type: "invalid_request_error", Message: err.Error()}
+}
+
+func promptParam(chat bool) string {
+	if chat {
+		return "messages"
+	}
+	return "prompt"
 }
 
 func (e *Engine) serveModels(w http.ResponseWriter, r *http.Request) {
@@ -150,7 +158,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		acceptErr := e.model.Accepts(false, true)
 		e.mu.Unlock()
 		if acceptErr != nil {
-			writeError(w, submitError(acceptErr))
+			writeError(w, submitError(acceptErr, chat))
 			return
 		}
 		blocks, err := e.pull(r.Context(), kvp)
@@ -164,7 +172,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	p, err := e.submit(sr)
 	if err != nil {
-		writeError(w, submitError(err))
+		writeError(w, submitError(err, chat))
 		return
 	}
 	if rid := r.Header.Get("X-Request-Id"); rid != "" {

@@ -129,22 +129,23 @@ func TestEngineRejectsBadInputAndKeepsServing(t *testing.T) {
 	for _, tc := range []struct {
 		name, path, body string
 		status           int
-		code             string
+		code, param      string
 	}{
-		{"malformed JSON", "/v1/completions", `{"prompt": "a"`, 400, ""},
-		{"not an object", "/v1/completions", `[1,2]`, 400, ""},
-		{"missing prompt", "/v1/completions", `{"max_tokens": 3}`, 400, ""},
-		{"empty prompt", "/v1/completions", `{"prompt": ""}`, 400, ""},
-		{"missing messages", "/v1/chat/completions", `{"max_tokens": 3}`, 400, ""},
-		{"message without role", "/v1/chat/completions", `{"messages": [{"content": "hi"}]}`, 400, ""},
-		{"bad content", "/v1/chat/completions", `{"messages": [{"role": "user", "content": 5}]}`, 400, ""},
-		{"token out of vocabulary", "/v1/completions", `{"prompt": [1, -4]}`, 400, ""},
-		{"zero max tokens", "/v1/completions", `{"prompt": "a", "max_tokens": 0}`, 400, ""},
-		{"n above 1", "/v1/completions", `{"prompt": "a", "n": 3}`, 400, ""},
-		{"prompt beyond context", "/v1/completions", `{"prompt": "` + long + `"}`, 400, "context_length_exceeded"},
-		{"unknown model", "/v1/completions", `{"model": "gpt-9", "prompt": "a"}`, 404, "model_not_found"},
-		{"both remote flags", "/v1/completions", `{"prompt": "a", "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": true}}`, 400, ""},
-		{"pull of unknown request", "/evolve/v1/kv/pull", `{"remote_request_id": "nope"}`, 404, "kv_not_held"},
+		{"malformed JSON", "/v1/completions", `{"prompt": "a"`, 400, "", ""},
+		{"not an object", "/v1/completions", `[1,2]`, 400, "", ""},
+		{"missing prompt", "/v1/completions", `{"max_tokens": 3}`, 400, "", ""},
+		{"empty prompt", "/v1/completions", `{"prompt": ""}`, 400, "", ""},
+		{"missing messages", "/v1/chat/completions", `{"max_tokens": 3}`, 400, "", ""},
+		{"message without role", "/v1/chat/completions", `{"messages": [{"content": "hi"}]}`, 400, "", ""},
+		{"bad content", "/v1/chat/completions", `{"messages": [{"role": "user", "content": 5}]}`, 400, "", ""},
+		{"token out of vocabulary", "/v1/completions", `{"prompt": [1, -4]}`, 400, "", ""},
+		{"zero max tokens", "/v1/completions", `{"prompt": "a", "max_tokens": 0}`, 400, "", ""},
+		{"n above 1", "/v1/completions", `{"prompt": "a", "n": 3}`, 400, "", ""},
+		{"prompt beyond context", "/v1/completions", `{"prompt": "` + long + `"}`, 400, "context_length_exceeded", "prompt"},
+		{"chat beyond context", "/v1/chat/completions", `{"messages": [{"role": "user", "content": "` + long + `"}]}`, 400, "context_length_exceeded", "messages"},
+		{"unknown model", "/v1/completions", `{"model": "gpt-9", "prompt": "a"}`, 404, "model_not_found", "model"},
+		{"both remote flags", "/v1/completions", `{"prompt": "a", "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": true}}`, 400, "", ""},
+		{"pull of unknown request", "/evolve/v1/kv/pull", `{"remote_request_id": "nope"}`, 404, "kv_not_held", ""},
 	} {
 		status, _, body := post(t, p.url+tc.path, tc.body)
 		e := obj(body["error"])
@@ -154,6 +155,9 @@ func TestEngineRejectsBadInputAndKeepsServing(t *testing.T) {
 		}
 		if tc.code != "" && e["code"] != tc.code {
 			t.Errorf("%s: code %v, want %s", tc.name, e["code"], tc.code)
+		}
+		if tc.param != "" && e["param"] != tc.param {
+			t.Errorf("%s: param %v, want %s", tc.name, e["param"], tc.param)
 		}
 	}
 	status, _, body := post(t, p.url+"/v1/completions", `{"prompt": "still alive?", "max_tokens": 2}`)
