@@ -204,25 +204,6 @@ func TestOracleIsAnUpperLimit(t *testing.T) {
 	}
 }
 
-func TestPlotDrawsEveryPolicy(t *testing.T) {
-	sc := smallScenario(t, "math")
-	res, err := Compare(sc, []string{"static:1:2", "dynamo"}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var b strings.Builder
-	if err := WritePlot(&b, res); err != nil {
-		t.Fatal(err)
-	}
-	svg := b.String()
-	if !strings.HasPrefix(svg, "<svg") || strings.Count(svg, "<polyline") < 3 || !strings.Contains(svg, ">dynamo<") || !strings.Contains(svg, ">static:1:2<") {
-		t.Fatalf("plot: %.300s", svg)
-	}
-	if err := WritePlot(&b, []Result{{Policy: "empty"}}); err == nil {
-		t.Fatal("a plot of no timeline succeeded")
-	}
-}
-
 // Dynamo's SLA planner sizes both pools every 180 s from the demand and
 // the per-engine throughput under its targets, within the budget, by
 // adding cold workers and removing others; the run is deterministic.

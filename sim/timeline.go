@@ -45,3 +45,16 @@ func plannerColumns(w Window) (recommended, predictedTTFT string) {
 	}
 	return strconv.Itoa(w.Recommended), strconv.FormatFloat(w.PredictedTTFT, 'f', 3, 64)
 }
+
+// MeanE2E is the mean end-to-end latency, in seconds, of the requests that
+// arrived in the window (0 when none did).
+func (w Window) MeanE2E() float64 {
+	if len(w.e2e) == 0 {
+		return 0
+	}
+	return meanOf(w.e2e)
+}
+
+func meanOf(xs []float64) float64 {
+	return workload.Summarize(append([]float64(nil), xs...)).Mean
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"image/png"
 	"net/http"
 	"os"
 	"os/exec"
@@ -337,9 +338,9 @@ func TestEngineDrainsOnSIGTERM(t *testing.T) {
 }
 
 func TestSimPrintsStableJSON(t *testing.T) {
-	timeline := filepath.Join(t.TempDir(), "timeline.csv")
+	timeline, plotFile := filepath.Join(t.TempDir(), "timeline.csv"), filepath.Join(t.TempDir(), "plot.png")
 	out, code := runBin(t, nil, "sim", "--gpus", "12", "--workload", "coding", "--agents", "8", "--duration", "2m", "--warmup", "1m",
-		"--policies", "static:1:2,dynamo-static:best", "--timeline", timeline, "--profile-self", "-o", "json")
+		"--policies", "static:1:2,dynamo-static:best", "--timeline", timeline, "--plot", plotFile, "--profile-self", "-o", "json")
 	if code != 0 {
 		t.Fatalf("sim: %d %s", code, out)
 	}
@@ -386,9 +387,14 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	if b, err := os.ReadFile(timeline); err != nil || !strings.HasPrefix(string(b), "policy,minute,prefill,decode") {
 		t.Fatalf("timeline: %v %.80q", err, b)
 	}
+	if f, err := os.Open(plotFile); err != nil {
+		t.Fatal(err)
+	} else if _, err := png.Decode(f); err != nil || !strings.Contains(out, "plot written to "+plotFile) {
+		t.Fatalf("--plot %s: %v\n%s", plotFile, err, out)
+	}
 	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"},
 		{"sim", "--workload", "poetry"}, {"sim", "--workload", "shift:math>poetry:1m:1m:1m"},
-		{"sim", "--timeline", filepath.Join(t.TempDir(), "missing", "t.csv")}, {"sim", "--plot", t.TempDir()}} {
+		{"sim", "--timeline", filepath.Join(t.TempDir(), "missing", "t.csv")}, {"sim", "--plot", t.TempDir()}, {"sim", "--plot", "run.gif"}} {
 		// Refused before any simulation starts.
 		if out, code := runBin(t, nil, bad...); code != 2 || strings.Contains(out, "simulating") {
 			t.Errorf("evolve %v: exit %d %s", bad, code, out)

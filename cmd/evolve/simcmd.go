@@ -19,6 +19,7 @@ import (
 	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/sim/live"
+	simplot "github.com/evolvellm/evolve/sim/plot"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
@@ -113,7 +114,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
 	f.Int64("seed", 1, "random seed")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
-	f.String("plot", "", "draw the timelines (split and latency per minute) as an SVG file")
+	f.String("plot", "", "draw the timelines (prefill engines, queued requests and mean latency per minute, a line per policy) to this file: .svg, .png or .pdf")
 	f.Duration("progress-every", 10*time.Second, "at most this often, each simulation says on stderr how far it is (at every tenth of its modelled time, with an estimate of the time left); 0: at every tenth")
 	f.Bool("profile-self", false, "report how fast each simulation ran (wall time, modelled time, passes per second) on stderr, and in -o json under profile_self")
 	f.String("live", "", "serve the simulations through the control API at this address (host:port) while they run, so that evolve top --server http://ADDR/POLICY watches them; named policies only (no :best, no oracle)")
@@ -182,6 +183,11 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	// Files written at the end must not fail after an hour of simulation.
+	if path := config.GetString(k("plot")); path != "" {
+		if _, err := simplot.FormatOf(path); err != nil {
+			return usage(fmt.Errorf("--plot %w", err))
+		}
+	}
 	for _, flag := range []string{"timeline", "plot", "memprofile"} {
 		if path := config.GetString(k(flag)); path != "" {
 			if err := checkWritable(path); err != nil {
@@ -278,7 +284,10 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	for _, file := range []struct {
 		flag  string
 		write func(io.Writer, []sim.Result) error
-	}{{"timeline", sim.WriteTimeline}, {"plot", sim.WritePlot}} {
+	}{{"timeline", sim.WriteTimeline}, {"plot", func(w io.Writer, rs []sim.Result) error {
+		format, _ := simplot.FormatOf(config.GetString(k("plot")))
+		return simplot.Write(w, format, rs, sc.Warmup)
+	}}} {
 		if path := config.GetString(k(file.flag)); path != "" {
 			if err := writeFile(path, func(w io.Writer) error { return file.write(w, results) }); err != nil {
 				fileErrs = append(fileErrs, fmt.Errorf("--%s: %w", file.flag, err))
