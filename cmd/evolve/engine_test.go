@@ -452,6 +452,58 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 	}
 }
 
+// evolve sim replays a trace (Mooncake's format) in place of agents: every
+// request is served and scored by default, the scenario names the trace,
+// and flags that only agents take are refused.
+func TestSimReplaysATrace(t *testing.T) {
+	trace := "../../workload/testdata/mooncake_conversation_head.jsonl"
+	recs, err := os.ReadFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := strings.Count(strings.TrimSpace(string(recs)), "\n") + 1
+	runOut, code := runBinOut(t, nil, "sim", "--trace", trace, "--playback", "4", "--gpus", "8", "--policies", "static:1:1,dynamo", "-o", "json")
+	var res struct {
+		Scenario struct {
+			Trace    string  `json:"trace"`
+			Requests int     `json:"trace_requests"`
+			Playback float64 `json:"playback"`
+			Warmup   float64 `json:"warmup_s"`
+			Workload *string `json:"workload"`
+		} `json:"scenario"`
+		Results []struct {
+			Policy   string  `json:"policy"`
+			Requests int     `json:"requests_completed"`
+			MeanE2E  float64 `json:"mean_e2e_s"`
+		} `json:"results"`
+	}
+	if code != 0 || json.Unmarshal([]byte(runOut), &res) != nil {
+		t.Fatalf("sim --trace: exit %d\n%s", code, runOut)
+	}
+	if res.Scenario.Trace != trace || res.Scenario.Requests != n || res.Scenario.Playback != 4 || res.Scenario.Warmup != 0 || res.Scenario.Workload != nil {
+		t.Fatalf("scenario: %+v", res.Scenario)
+	}
+	if len(res.Results) != 2 {
+		t.Fatalf("results: %+v", res.Results)
+	}
+	for _, r := range res.Results {
+		if r.Requests != n || r.MeanE2E <= 0 {
+			t.Fatalf("%s served %d of the trace's %d requests (mean E2E %.2f s)", r.Policy, r.Requests, n, r.MeanE2E)
+		}
+	}
+	// Scored too briefly, the replay says how many requests were still in flight.
+	if out, code := runBin(t, nil, "sim", "--trace", trace, "--gpus", "8", "--policies", "static:1:1", "--duration", "1m"); code != 0 ||
+		!strings.Contains(out, "static:1:1: ") || !strings.Contains(out, "scored requests finished in the scored time") {
+		t.Fatalf("a short replay: exit %d\n%s", code, out)
+	}
+	for _, bad := range [][]string{{"--trace", trace, "--agents", "8"}, {"--trace", trace, "--workload", "math"}, {"--trace", trace, "--preset", "putnam"},
+		{"--trace", trace, "--playback", "0"}, {"--playback", "2"}, {"--trace", filepath.Join(t.TempDir(), "none.jsonl")}} {
+		if out, code := runBin(t, nil, append([]string{"sim", "--gpus", "8"}, bad...)...); code != 2 || strings.Contains(out, "simulating") {
+			t.Errorf("evolve sim %v: exit %d\n%s", bad, code, out)
+		}
+	}
+}
+
 // A file that cannot be written at the end (a full disk) does not lose
 // the results: they are printed, and the exit status says what failed.
 func TestSimPrintsItsResultsWhenAFileCannotBeWritten(t *testing.T) {

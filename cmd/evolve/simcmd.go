@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -98,7 +99,8 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve
   evolve sim --preset claude-code-126x36 --policies dynamo,evolve --live 127.0.0.1:7070
     (then: evolve top --readonly --server http://127.0.0.1:7070/evolve --beside http://127.0.0.1:7070/dynamo)
-  evolve sim --gpus 16 --workload math --agents 40 --duration 20m --warmup 5m -o json`,
+  evolve sim --gpus 16 --workload math --agents 40 --duration 20m --warmup 5m -o json
+  evolve sim --trace conversation_trace.jsonl --gpus 16 --policies dynamo,static:best,evolve --plot run.png`,
 		Args: noArgs,
 		RunE: runSim,
 	}
@@ -113,6 +115,8 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
 	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
 	f.Int64("seed", 1, "random seed")
+	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench --record) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
+	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (prefill engines, queued requests and mean latency per minute, a line per policy) to this file: .svg, .png or .pdf")
 	f.Duration("progress-every", 10*time.Second, "at most this often, each simulation says on stderr how far it is (at every tenth of its modelled time, with an estimate of the time left); 0: at every tenth")
@@ -155,6 +159,20 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			warm = p.warmup
 		}
 	}
+	tr, err := readSimTrace(cmd, config.GetString(k("trace")), config.GetFloat64(k("playback")))
+	if err != nil {
+		return usage(err)
+	}
+	if tr != nil {
+		// The trace replaces the agents: it is scored from its start by
+		// default, until its last request has had time to finish.
+		if !cmd.Flags().Changed("warmup") {
+			warm = 0
+		}
+		if !cmd.Flags().Changed("duration") {
+			dur = max(tr.span-warm, 0).Truncate(time.Minute) + time.Minute + traceDrain
+		}
+	}
 	prof, err := enginesim.LoadProfile(profile)
 	if err != nil {
 		return usage(err)
@@ -170,6 +188,9 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
 		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction"))}
+	if tr != nil {
+		sc.Trace, sc.TimeScale = tr.recs, 1/tr.playback
+	}
 	if e := sc.Eviction; e != "ref" && e != "lru" {
 		return usage(fmt.Errorf("--eviction %q: want ref or lru", e))
 	}
@@ -262,7 +283,24 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		hooks.Watch = srv.Watch
 	}
 	hooks.Cancelled = func() bool { return ctx.Err() != nil }
+	scoredTrace := 0 // trace requests that arrive in the scored time and fit the model
+	if tr != nil {
+		for _, rec := range tr.recs {
+			at := time.Duration(rec.Timestamp / tr.playback * float64(time.Millisecond))
+			if at >= warm && at <= warm+dur && rec.InputLength < prof.MaxModelLen {
+				scoredTrace++
+			}
+		}
+		fmt.Fprintf(errw, "replaying %d requests from %s at %gx: they arrive over %v; %d of them arrive in the scored %v after %v\n",
+			len(tr.recs), tr.path, tr.playback, tr.span.Round(time.Second), scoredTrace, dur, warm)
+	}
 	results, err := sim.Compare(sc, names, hooks)
+	for _, r := range results {
+		if tr != nil && r.Requests < scoredTrace {
+			fmt.Fprintf(errw, "%s: %d of the %d scored requests finished in the scored time; the rest were still in flight (a longer --duration lets them finish)\n",
+				r.Policy, r.Requests, scoredTrace)
+		}
+	}
 	var cut *sim.InterruptedError
 	if errors.As(err, &cut) {
 		results = append([]sim.Result{}, results...) // [] in JSON, not null
@@ -296,9 +334,14 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(errw, "%s written to %s\n", file.flag, path)
 		}
 	}
-	out := map[string]any{"scenario": map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
-		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}, "results": results,
-		"wall_s": time.Since(start).Seconds()}
+	scenario := map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
+		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}
+	if tr != nil {
+		delete(scenario, "workload")
+		delete(scenario, "agents")
+		scenario["trace"], scenario["playback"], scenario["trace_requests"] = tr.path, tr.playback, len(tr.recs)
+	}
+	out := map[string]any{"scenario": scenario, "results": results, "wall_s": time.Since(start).Seconds()}
 	if cut != nil {
 		type unfinished struct {
 			Policy    string  `json:"policy"`
@@ -320,7 +363,11 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		if len(results) == 0 {
 			return // interrupted before any ended
 		}
-		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %d %s agents, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, agents, wl, dur, warm, sc.Seed)
+		who := fmt.Sprintf("%d %s agents", agents, wl)
+		if tr != nil {
+			who = fmt.Sprintf("%d requests of %s at %gx", len(tr.recs), filepath.Base(tr.path), tr.playback)
+		}
+		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %s, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, who, dur, warm, sc.Seed)
 		fmt.Fprint(w, "metric")
 		for _, r := range results {
 			fmt.Fprintf(w, "\t%s", r.Policy)
@@ -513,4 +560,49 @@ func (r *progressRun) left(total time.Duration) time.Duration {
 // minutes writes d to the minute: 1h10m, 5m.
 func minutes(d time.Duration) string {
 	return strings.TrimSuffix(d.Round(time.Minute).String(), "0s")
+}
+
+// traceDrain is how long a trace's replay is scored after its last request
+// arrives, by default, so that the requests still in flight finish.
+const traceDrain = 10 * time.Minute
+
+// simTrace is a trace that evolve sim replays instead of agents.
+type simTrace struct {
+	path     string
+	recs     []workload.TraceRecord
+	playback float64
+	span     time.Duration // modelled: the last request's arrival, at playback
+}
+
+// readSimTrace reads --trace (nil without one), refusing flags that only
+// agents take.
+func readSimTrace(cmd *cobra.Command, path string, playback float64) (*simTrace, error) {
+	if path == "" {
+		if cmd.Flags().Changed("playback") {
+			return nil, fmt.Errorf("--playback applies to a --trace replay")
+		}
+		return nil, nil
+	}
+	for _, f := range []string{"workload", "agents", "preset"} {
+		if cmd.Flags().Changed(f) {
+			return nil, fmt.Errorf("--trace replays recorded requests: it takes no --%s (set --gpus and --profile for the cluster)", f)
+		}
+	}
+	if playback <= 0 || math.IsInf(playback, 0) || math.IsNaN(playback) {
+		return nil, fmt.Errorf("--playback %g: want a positive factor (2 replays twice as fast as recorded)", playback)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	defer f.Close()
+	recs, err := workload.ReadTrace(f)
+	if err != nil {
+		return nil, fmt.Errorf("--trace %s: %w", path, err)
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("--trace %s: no requests in it", path)
+	}
+	span := time.Duration(recs[len(recs)-1].Timestamp / playback * float64(time.Millisecond))
+	return &simTrace{path: path, recs: recs, playback: playback, span: span}, nil
 }
