@@ -46,6 +46,9 @@ type Model struct {
 	opt  Options
 	ctx  context.Context
 	stop context.CancelFunc
+	// wrap: long texts (the planner's reasons) wrap onto more lines rather
+	// than being cut, as a printed report wants and a screen cannot afford.
+	wrap bool
 
 	width, height int
 	view          int
@@ -768,7 +771,7 @@ func Render(c Cluster, nodes []Node, p *Planner, k *KV, b []Branch, addr string,
 func RenderPlanner(p Planner, width int) string {
 	m := New(staticSource(""), Options{})
 	m.stop()
-	m.width, m.planner = width, &p
+	m.width, m.planner, m.wrap = width, &p, true
 	return m.viewPlanner()
 }
 

@@ -346,7 +346,7 @@ func (m *Model) viewPlanner() string {
 	if !p.Enabled {
 		mode = "recommends only"
 	}
-	fmt.Fprintf(&b, "%s (%s)\n  %s\n\n", stTitle.Render("planner: "+p.State), mode, truncate(p.Reason, m.width-4))
+	fmt.Fprintf(&b, "%s (%s)\n  %s\n\n", stTitle.Render("planner: "+p.State), mode, m.fitText(p.Reason, "  ", m.width))
 	for _, f := range []struct {
 		name string
 		fit  Fit
@@ -375,12 +375,12 @@ func (m *Model) viewPlanner() string {
 		b.WriteString(strings.Repeat(" ", 14) + wrapJoin([]string{fmt.Sprintf("of which %.0f prefill tok/s not seen in arrivals", p.Short.HiddenTok),
 			fmt.Sprintf("(%.0f requests queued on prefill nodes)", p.Short.PrefillQueue)}, " ", "", strings.Repeat(" ", 14), m.width) + "\n")
 	}
-	fmt.Fprintf(&b, "split         %d prefill : %d decode", p.Prefill, p.Decode)
+	split := []string{fmt.Sprintf("%d prefill : %d decode", p.Prefill, p.Decode)}
 	if p.Recommend >= 0 && p.Recommend != p.Prefill {
-		fmt.Fprintf(&b, "  ->  recommended %d : %d, held %.0fs, acts in %.0fs; gain %.0f vs cost %.0f request-s",
-			p.Recommend, p.Prefill+p.Decode-p.Recommend, p.HeldSec, p.ActsInSec, p.GainSec, p.CostSec)
+		split = append(split, fmt.Sprintf(" ->  recommended %d : %d,", p.Recommend, p.Prefill+p.Decode-p.Recommend),
+			fmt.Sprintf("held %.0fs, acts in %.0fs;", p.HeldSec, p.ActsInSec), fmt.Sprintf("gain %.0f vs cost %.0f request-s", p.GainSec, p.CostSec))
 	}
-	b.WriteString("\n")
+	fmt.Fprintf(&b, "split         %s\n", wrapJoin(split, " ", "", strings.Repeat(" ", 14), m.width))
 	pred := func(x Pred) string {
 		if x.Saturated {
 			return fmt.Sprintf("%d:%d overloaded", x.Prefill, x.Decode)
@@ -395,7 +395,7 @@ func (m *Model) viewPlanner() string {
 		if i > 0 {
 			label = ""
 		}
-		fmt.Fprintf(&b, "%-14s%s\n", label, a)
+		fmt.Fprintf(&b, "%-14s%s\n", label, m.fitText(a, strings.Repeat(" ", 14), m.width))
 	}
 	if len(m.splits) > 0 {
 		fs := make([]float64, len(m.splits))
@@ -412,7 +412,13 @@ func (m *Model) viewPlanner() string {
 		for _, mv := range d.Moves {
 			moves = append(moves, mv.Node+"->"+mv.To)
 		}
-		fmt.Fprintf(&b, "  %s %s %s: %s\n", d.Time.Local().Format("15:04:05"), d.Action, strings.Join(moves, ","), truncate(d.Reason, m.width-30))
+		head := fmt.Sprintf("  %s %s %s: ", d.Time.Local().Format("15:04:05"), d.Action, strings.Join(moves, ","))
+		if m.wrap {
+			// Continuation lines indent under the time.
+			fmt.Fprintf(&b, "  %s\n", wrapJoin(append([]string{strings.TrimSpace(head)}, strings.Fields(d.Reason)...), " ", "", "    ", m.width))
+		} else {
+			fmt.Fprintf(&b, "%s%s\n", head, truncate(d.Reason, m.width-lipgloss.Width(head)))
+		}
 	}
 	if len(p.Decisions) == 0 {
 		b.WriteString("  none yet\n")
@@ -514,6 +520,15 @@ func sparkline(v []float64, n int) string {
 		b.WriteRune(sparkChars[min(max(i, 0), len(sparkChars)-1)])
 	}
 	return b.String()
+}
+
+// fitText fits s after indent into width: wrapped at its spaces onto lines
+// that start with indent when the model wraps, else cut.
+func (m *Model) fitText(s, indent string, width int) string {
+	if !m.wrap {
+		return truncate(s, width-len(indent))
+	}
+	return wrapJoin(strings.Fields(s), " ", "", indent, width)
 }
 
 func truncate(s string, n int) string {

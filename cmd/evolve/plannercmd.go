@@ -1,8 +1,13 @@
 package main
 
 import (
+	"io"
+	"math"
+	"os"
+
 	"encoding/json"
 	"fmt"
+	"golang.org/x/term"
 	"text/tabwriter"
 
 	"github.com/evolvellm/evolve/planner"
@@ -39,10 +44,27 @@ always wins, and 'evolve role auto NODE' hands a node back.`,
 			}
 			json.Unmarshal(raw, &view)
 			// The table is evolve top's planner view.
-			return output(cmd, st, func(w *tabwriter.Writer, wide bool) { fmt.Fprint(w, tui.RenderPlanner(view, 160)) })
+			return output(cmd, st, func(w *tabwriter.Writer, wide bool) {
+				width := textWidth(cmd.OutOrStdout())
+				if wide {
+					width = math.MaxInt32 // a line per item, however long
+				}
+				fmt.Fprint(w, tui.RenderPlanner(view, width))
+			})
 		},
 	}
 	addClientFlags(cmd)
 	addOutputFlag(cmd, "table, wide, json or yaml")
 	return cmd
+}
+
+// textWidth is the width to fit a text report to: the terminal's when w is
+// one, else 80 columns.
+func textWidth(w io.Writer) int {
+	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols >= 40 {
+			return cols
+		}
+	}
+	return 80
 }

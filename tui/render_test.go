@@ -1,0 +1,40 @@
+package tui
+
+import (
+	"strings"
+	"testing"
+	"time"
+	"unicode/utf8"
+)
+
+// evolve planner prints the planner view as a report: at 80 columns every
+// line fits and no reason is cut, wrapped onto indented lines instead.
+func TestRenderPlannerWrapsRatherThanCuts(t *testing.T) {
+	reason := "2:1 -> 1:2: objective 46.61s -> 23.30s (TTFT 0.01s -> 0.01s, ITL 10.9ms -> 5.5ms), gain 475s > cost 0s, held 7s"
+	p := Planner{State: "fitted", Enabled: true, Reason: "1:2 is within 5% of the best split, and " + reason,
+		PrefillFit: Fit{Ready: true, Samples: 239, Coefs: []Coef{{Name: "base_ms", Value: 0.203, StdErr: 0.0041},
+			{Name: "per_token_us", Value: 2.07, StdErr: 0.0065}, {Name: "per_token_context_ns", Value: 0.0241, StdErr: 0.0015},
+			{Name: "per_block_us", Value: 1.63, StdErr: 0.0082}}},
+		Prefill: 2, Decode: 1, Recommend: 1, HeldSec: 40, ActsInSec: 20, GainSec: 310, CostSec: 12,
+		Avoided:   []string{"0:3 (1:2 was overloaded at this demand, and so was every split with fewer prefill nodes)"},
+		Decisions: []Decision{{Time: time.Date(2026, 11, 30, 13, 42, 49, 0, time.Local), Action: "move", Reason: reason, Moves: []Move{{Node: "engine-0", To: "decode"}}}}}
+	out := RenderPlanner(p, 80)
+	for _, line := range strings.Split(out, "\n") {
+		if n := utf8.RuneCountInString(line); n > 80 {
+			t.Fatalf("a line is %d columns:\n%s", n, out)
+		}
+	}
+	if strings.Contains(out, "…") {
+		t.Fatalf("the report cut a text:\n%s", out)
+	}
+	flat := strings.Join(strings.Fields(out), " ")
+	for _, want := range []string{"13:42:49 move engine-0->decode: " + reason, "gain 310 vs cost 12 request-s", "fewer prefill nodes)", p.Reason} {
+		if !strings.Contains(flat, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+	// One line per item when there is room.
+	if wide := RenderPlanner(p, 1<<20); !strings.Contains(wide, "  13:42:49 move engine-0->decode: "+reason+"\n") {
+		t.Fatalf("wide:\n%s", wide)
+	}
+}
