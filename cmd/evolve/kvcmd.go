@@ -27,7 +27,11 @@ X-Evolve-Branch and X-Evolve-Parent-Branch (X-Evolve-Rewrite: true when the
 branch replaces its parent, as a compaction does), or the same fields in
 the body's metadata (session, branch, parent_branch, rewrite); without a
 branch, it is inferred from the session's context. Ending a session
-(DELETE /v1/sessions/S on the router) or a branch lets its KV go first.`,
+(DELETE /v1/sessions/S on the router) or a branch lets its KV go first.
+
+WHERE names the node holding most of the branch's blocks (G: GPU copies,
+H: host copies) and how many more nodes hold some; -o wide lists every
+node, and why ended branches ended.`,
 		Example: `  evolve branches
   evolve branches --session a7-s3
   evolve branches -o json | jq '.[] | select(.state=="waiting") | .blocks'`,
@@ -85,12 +89,36 @@ func printBranches(w *tabwriter.Writer, raw []orchestrator.BranchStatus, wide bo
 		if b.State != "active" {
 			idle = time.Since(b.LastUsed).Round(time.Second).String()
 		}
-		fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth[i]), b.Branch, b.State, b.Blocks, b.Turns, idle, tui.Where(b))
+		where := tui.Where(b)
+		if !wide {
+			where = whereShort(b)
+		}
+		fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth[i]), b.Branch, b.State, b.Blocks, b.Turns, idle, where)
 		if wide {
 			fmt.Fprintf(w, "\t%s", why[b.Session+"/"+b.Branch])
 		}
 		fmt.Fprintln(w)
 	}
+}
+
+// whereShort names the node holding most of a branch's blocks, with its
+// GPU and host copies, and how many other nodes hold some: the table's
+// WHERE column, which -o wide lists in full.
+func whereShort(b tui.Branch) string {
+	if len(b.Residency) == 0 {
+		return "-"
+	}
+	best := b.Residency[0]
+	for _, r := range b.Residency[1:] {
+		if r.GPU+r.Host > best.GPU+best.Host {
+			best = r
+		}
+	}
+	s := fmt.Sprintf("%s %dG/%dH", best.Node, best.GPU, best.Host)
+	if n := len(b.Residency) - 1; n > 0 {
+		s += fmt.Sprintf(" +%d more", n)
+	}
+	return s
 }
 
 func newKVCmd() *cobra.Command {
