@@ -24,6 +24,7 @@ func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
 	p := sc.Profile
 	cfg := m.Config()
 	return planner.New(planner.Config{
+		Interval: sc.Planner.Interval, Persistence: sc.Planner.Persistence, TTFTWeight: sc.Planner.TTFTWeight,
 		Limits: planner.Limits{MaxBatchedTokens: cfg.MaxNumBatchedTokens, MaxSeqs: cfg.MaxNumSeqs,
 			GPUKVTokens: cfg.GPUBlocks * p.BlockSize},
 		HostSecPerBlock: p.BlockBytes() / (p.HostGBps * 1e9),

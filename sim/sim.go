@@ -37,6 +37,11 @@ type Scenario struct {
 	// references) or "lru" (plain LRU, to measure what references give).
 	// Dynamo's policies always use KVBM's LRU.
 	Eviction string
+	// Planner tunes evolve's planner as the orchestrator's --planner-*
+	// flags do: Interval, Persistence and TTFTWeight are taken, zero
+	// fields keep their defaults. The engines' limits come from the
+	// profile.
+	Planner planner.Config
 }
 
 // Policy is how a simulated cluster is run.

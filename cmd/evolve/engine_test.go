@@ -504,6 +504,37 @@ func TestSimReplaysATrace(t *testing.T) {
 	}
 }
 
+// The orchestrator's planner knobs can be tried in the simulator first:
+// computer-use agents move a node of a 1:2 cluster to prefill within a
+// few minutes, and a persistence longer than the run keeps it from moving.
+func TestSimTakesThePlannerKnobs(t *testing.T) {
+	run := func(extra ...string) (switches int, scenario map[string]any) {
+		t.Helper()
+		args := append([]string{"sim", "--gpus", "12", "--workload", "computer-use", "--agents", "40", "--duration", "10m", "--warmup", "0s",
+			"--policies", "evolve", "-o", "json"}, extra...)
+		out, code := runBinOut(t, nil, args...)
+		var res struct {
+			Scenario map[string]any `json:"scenario"`
+			Results  []struct {
+				Switches int `json:"role_switches"`
+			} `json:"results"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res.Results) != 1 {
+			t.Fatalf("evolve %v: exit %d\n%s", args, code, out)
+		}
+		return res.Results[0].Switches, res.Scenario
+	}
+	if n, sc := run(); n == 0 || sc["planner_persistence_s"] != nil {
+		t.Fatalf("by default the planner made %d switches (scenario %v)", n, sc)
+	}
+	if n, sc := run("--planner-persistence", "1h"); n != 0 || sc["planner_persistence_s"] != 3600.0 {
+		t.Fatalf("with a persistence of 1h the planner made %d switches (scenario %v)", n, sc)
+	}
+	if out, code := runBin(t, nil, "sim", "--planner-ttft-weight", "-1"); code != 2 || strings.Contains(out, "simulating") {
+		t.Fatalf("a negative weight: exit %d\n%s", code, out)
+	}
+}
+
 // A file that cannot be written at the end (a full disk) does not lose
 // the results: they are printed, and the exit status says what failed.
 func TestSimPrintsItsResultsWhenAFileCannotBeWritten(t *testing.T) {

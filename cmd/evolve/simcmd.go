@@ -18,6 +18,7 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/sim/live"
 	simplot "github.com/evolvellm/evolve/sim/plot"
@@ -110,6 +111,9 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("profile", "gb300-kimi-k2", "engine profile")
 	f.String("workload", "coding", "agent workload")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
+	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
+	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")
+	f.Float64("planner-ttft-weight", 0, "evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default 1: mean end-to-end latency)")
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
@@ -190,6 +194,11 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction"))}
 	if tr != nil {
 		sc.Trace, sc.TimeScale = tr.recs, 1/tr.playback
+	}
+	sc.Planner = planner.Config{Interval: config.GetDuration(k("planner-interval")), Persistence: config.GetDuration(k("planner-persistence")),
+		TTFTWeight: config.GetFloat64(k("planner-ttft-weight"))}
+	if sc.Planner.Interval < 0 || sc.Planner.Persistence < 0 || sc.Planner.TTFTWeight < 0 {
+		return usage(fmt.Errorf("--planner-interval, --planner-persistence and --planner-ttft-weight must not be negative (0: the default)"))
 	}
 	if e := sc.Eviction; e != "ref" && e != "lru" {
 		return usage(fmt.Errorf("--eviction %q: want ref or lru", e))
@@ -336,6 +345,12 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	scenario := map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}
+	for key, v := range map[string]float64{"planner_interval_s": sc.Planner.Interval.Seconds(), "planner_persistence_s": sc.Planner.Persistence.Seconds(),
+		"planner_ttft_weight": sc.Planner.TTFTWeight} {
+		if v > 0 {
+			scenario[key] = v
+		}
+	}
 	if tr != nil {
 		delete(scenario, "workload")
 		delete(scenario, "agents")
