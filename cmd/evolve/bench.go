@@ -1,15 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
@@ -52,11 +53,21 @@ that think and tool times shrink to match).`,
 			case config.GetFloat64(k("playback")) <= 0:
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--playback must be positive (2 replays twice as fast as recorded)")}
 			}
-			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt)
+			// Ctrl-C, a closed terminal or a dead pipe (| head) end the run
+			// with its summary and recording, rather than killing it.
+			ctx, stop := notifyInterrupt(cmd.Context())
 			defer stop()
 			errw := cmd.ErrOrStderr()
 			base := workload.BenchConfig{URL: strings.TrimRight(url, "/"), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed")))}
+			if config.GetString(k("url")) == "" && !cmd.Flags().Changed("speedup") && base.Speedup == 1 {
+				// Against the local cluster, think and tool times follow its
+				// engines' clock unless told otherwise.
+				if x := localEngineSpeedup(cmd); x > 0 && x != 1 {
+					base.Speedup = x
+					fmt.Fprintf(errw, "the local cluster's engines run %gx: think and tool times shrink to match (--speedup %g); latencies are wall-clock\n", x, x)
+				}
+			}
 			total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
 			base.Progress = func(s workload.Snapshot) { progressLine(errw, s, total, "") }
 			var res workload.Result
@@ -108,6 +119,9 @@ that think and tool times shrink to match).`,
 					}
 					defer os.Remove(f.Name()) // gone once renamed
 					defer f.Close()
+					if err := f.Chmod(0o644); err != nil { // as os.Create would make it
+						return fmt.Errorf("--record: %w", err)
+					}
 					tw := workload.NewTraceWriter(f)
 					base.Record = tw
 					keep = func() error {
@@ -147,7 +161,7 @@ that think and tool times shrink to match).`,
 	f.String("workload", "coding", "agent workload")
 	f.Int("agents", 8, "concurrent agents")
 	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")
-	f.Float64("speedup", 1, "divide think and tool times by this (match the engines' --speedup)")
+	f.Float64("speedup", 1, "divide think and tool times by this (match the engines' --speedup); against the local cluster, its engines' speedup unless given")
 	f.Int64("seed", 1, "random seed of the agents")
 	f.String("trace", "", "replay this JSONL trace (Mooncake format, or one recorded with --record) instead of running agents")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
@@ -214,4 +228,19 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 			fmt.Fprintf(w, "last error\t%s\n", res.LastError)
 		}
 	})
+}
+
+// localEngineSpeedup is the speedup of the local cluster's engines, from
+// its control API (0 when there is none, or it does not say).
+func localEngineSpeedup(cmd *cobra.Command) float64 {
+	if _, err := readLocalState(); err != nil {
+		return 0
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
+	defer cancel()
+	var st controlapi.Cluster
+	if err := newControlClient(cmd).do(ctx, "GET", "/api/v1/cluster", nil, &st); err != nil {
+		return 0
+	}
+	return st.Speedup
 }

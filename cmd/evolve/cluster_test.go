@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/workload"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -411,6 +414,35 @@ func TestBenchRecordsAndReplaysTraces(t *testing.T) {
 	if ents, _ := os.ReadDir(filepath.Dir(trace)); len(ents) != 1 {
 		t.Fatalf("files beside the trace: %v", ents)
 	}
+	// Without --speedup, bench follows the local cluster's engines (50x),
+	// so the recording is in modelled time; a reader of its progress that
+	// goes away (| head -1) neither kills it nor loses the recording.
+	followed := filepath.Join(t.TempDir(), "followed.jsonl")
+	// (6 s: a progress line at 5 s meets the closed pipe.)
+	cmd := exec.Command(evolveBin, "bench", "--workload", "computer-use", "--agents", "2", "--duration", "6s", "--record", followed)
+	cmd.Env = append(os.Environ(), c.env...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := bufio.NewReader(stderr).ReadString('\n')
+	stderr.Close()
+	if err := cmd.Wait(); err != nil || !strings.Contains(first, "engines run 50x") {
+		t.Fatalf("bench with its stderr closed: %v; first line %q", err, first)
+	}
+	fi, err := os.Stat(followed)
+	if err != nil || fi.Mode().Perm() != 0o644 {
+		t.Fatalf("the recording: %v %v", err, fi)
+	}
+	fb, _ := os.ReadFile(followed)
+	recs, err := workload.ReadTrace(bytes.NewReader(fb))
+	if err != nil || len(recs) < 2 || recs[len(recs)-1].Timestamp < 30_000 {
+		t.Fatalf("a 6 s run at 50x should span modelled minutes: %v %d records, last at %.0f ms", err, len(recs), recs[len(recs)-1].Timestamp)
+	}
+
 	// The first 60 requests of the Mooncake sample (12 s of trace) at 20x.
 	head, err := os.ReadFile("../../workload/testdata/mooncake_conversation_head.jsonl")
 	if err != nil {
