@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/evolvellm/evolve/kv"
 )
@@ -60,6 +62,30 @@ func ReadTrace(r io.Reader) ([]TraceRecord, error) {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
 	return out, nil
+}
+
+// ReadTraceFile reads the JSONL trace at path (see ReadTrace); an error
+// names the file.
+func ReadTraceFile(path string) ([]TraceRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	recs, err := ReadTrace(f)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return recs, nil
+}
+
+// TraceSpan is when the last of recs (sorted, as ReadTrace returns them)
+// arrives, replayed playback times faster than recorded.
+func TraceSpan(recs []TraceRecord, playback float64) time.Duration {
+	if len(recs) == 0 || playback <= 0 {
+		return 0
+	}
+	return time.Duration(recs[len(recs)-1].Timestamp / playback * float64(time.Millisecond))
 }
 
 func (r *TraceRecord) validate() error {

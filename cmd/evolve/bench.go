@@ -72,22 +72,14 @@ that think and tool times shrink to match).`,
 			base.Progress = func(s workload.Snapshot) { progressLine(errw, s, total, "") }
 			var res workload.Result
 			if path := config.GetString(k("trace")); path != "" {
-				f, err := os.Open(path)
+				recs, err := workload.ReadTraceFile(path)
 				if err != nil {
 					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
 				}
-				recs, err := workload.ReadTrace(f)
-				f.Close()
-				if err != nil {
-					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace %s: %w", path, err)}
-				}
 				playback := config.GetFloat64(k("playback"))
 				// A replay ends with its last request or --duration.
-				if n := len(recs); n > 0 {
-					span := time.Duration(recs[n-1].Timestamp / playback * float64(time.Millisecond))
-					if total == 0 || span < total {
-						total = span
-					}
+				if span := workload.TraceSpan(recs, playback); len(recs) > 0 && (total == 0 || span < total) {
+					total = span
 				}
 				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), path, playback)
 				var skipped int

@@ -606,18 +606,12 @@ func readSimTrace(cmd *cobra.Command, path string, playback float64) (*simTrace,
 	if playback <= 0 || math.IsInf(playback, 0) || math.IsNaN(playback) {
 		return nil, fmt.Errorf("--playback %g: want a positive factor (2 replays twice as fast as recorded)", playback)
 	}
-	f, err := os.Open(path)
+	recs, err := workload.ReadTraceFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--trace: %w", err)
-	}
-	defer f.Close()
-	recs, err := workload.ReadTrace(f)
-	if err != nil {
-		return nil, fmt.Errorf("--trace %s: %w", path, err)
 	}
 	if len(recs) == 0 {
 		return nil, fmt.Errorf("--trace %s: no requests in it", path)
 	}
-	span := time.Duration(recs[len(recs)-1].Timestamp / playback * float64(time.Millisecond))
-	return &simTrace{path: path, recs: recs, playback: playback, span: span}, nil
+	return &simTrace{path: path, recs: recs, playback: playback, span: workload.TraceSpan(recs, playback)}, nil
 }
