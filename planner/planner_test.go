@@ -198,7 +198,9 @@ func (c *cluster) run(dur time.Duration, rate float64, prompt, output int) {
 // Prompt-heavy work wants prefill nodes; output-heavy work wants decode
 // nodes. The split follows a shift from one to the other.
 func TestSplitFollowsAShift(t *testing.T) {
-	c := newCluster(9, 3, Config{})
+	// The mean-E2E objective: at the default TTFT weight, 1:8's gain on
+	// this steady math demand is under the 5% hysteresis.
+	c := newCluster(9, 3, Config{TTFTWeight: 1})
 	// Math-like: short prompts, long outputs.
 	c.run(10*time.Minute, 4, 1000, 4000)
 	p, d := c.split()
@@ -358,7 +360,9 @@ func TestCostModelLearnsPrefillFromMixedPasses(t *testing.T) {
 // do not.
 func TestPrefillQueueRevealsHiddenDemand(t *testing.T) {
 	for _, slow := range []bool{false, true} {
-		c := newCluster(9, 2, Config{})
+		// The mean-E2E objective, for which 3 or 4 prefill nodes are
+		// right; the default TTFT weight asks for one more.
+		c := newCluster(9, 2, Config{TTFTWeight: 1})
 		seen := runPrefillBehind(c, slow, 10*time.Minute, nil)
 		p, d := c.split()
 		st := c.p.Status()
@@ -487,5 +491,42 @@ func TestOverloadedSplitIsAvoided(t *testing.T) {
 	}
 	if _, ok := p.avoid(t0.Add(31*time.Minute), 2, same); ok {
 		t.Error("still avoided after 31 minutes")
+	}
+}
+
+// The default objective weighs TTFT 4x: for the same demand its best split
+// has at least as many prefill nodes as the mean-E2E objective's, and more
+// where prompts queue.
+func TestDefaultTTFTWeightFavoursPrefill(t *testing.T) {
+	if w := New(Config{}).Config().TTFTWeight; w != DefaultTTFTWeight || w <= 1 {
+		t.Fatalf("default TTFT weight %v", w)
+	}
+	lim := Limits{MaxBatchedTokens: 8192, MaxSeqs: 1024, GPUKVTokens: 2_000_000}
+	best := func(dm Demand, w float64) Prediction {
+		var b Prediction
+		for np := 1; np < 9; np++ {
+			if pr := predict(np, 9-np, dm, gb300.pc, gb300.dc, lim, w); np == 1 || pr.Objective < b.Objective {
+				b = pr
+			}
+		}
+		return b
+	}
+	more := 0
+	for _, shape := range [][2]float64{{2000, 300}, {4000, 500}, {1000, 1000}, {6000, 200}} {
+		for _, rate := range []float64{2, 5, 10, 20} {
+			dm := Demand{RequestsPerSec: rate, DisaggShare: 1, PrefillTokens: shape[0], PrefillCV2: 1, PrefillContext: 30000,
+				PrefillTokPerSec: rate * shape[0], OutputTokens: shape[1], OutputTokPerSec: rate * shape[1], DecodeContext: 36000}
+			b1, b4 := best(dm, 1), best(dm, DefaultTTFTWeight)
+			if b4.Prefill < b1.Prefill {
+				t.Fatalf("%v tokens in, %v out, %v req/s: the default weight picks %d prefill nodes, the mean-E2E objective %d",
+					shape[0], shape[1], rate, b4.Prefill, b1.Prefill)
+			}
+			if b4.Prefill > b1.Prefill {
+				more++
+			}
+		}
+	}
+	if more < 4 {
+		t.Fatalf("the default weight asked for more prefill nodes than the mean-E2E objective in only %d of 16 demands", more)
 	}
 }

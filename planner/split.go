@@ -42,7 +42,8 @@ func saturatedObjective(load float64) float64 { return 1e4 * (1 + load) }
 // that must produce x tokens/s with pass time base + b*k runs a batch
 // b = x*base/(1-x*k), and its ITL is that pass's time, stretched by the
 // share of time it spends prefilling short prompts locally. ttftWeight
-// trades TTFT against decode speed in the objective (1: mean E2E).
+// trades TTFT against decode speed in the objective (1: the predicted
+// mean E2E; see Config.TTFTWeight).
 func predict(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttftWeight float64) Prediction {
 	pr := Prediction{Prefill: p, Decode: d}
 	if d < 1 {

@@ -127,7 +127,7 @@ func addPlannerFlags(f *pflag.FlagSet) {
 	f.String("planner", "auto", "online planner: auto (moves auto nodes), recommend (reports only) or off")
 	f.Duration("planner-interval", 0, "time between planner steps, in the engines' modelled time (default 5s)")
 	f.Duration("planner-persistence", 0, "how long a better split must hold before the planner acts, in modelled time (default 1m)")
-	f.Float64("planner-ttft-weight", 0, "weight of TTFT against decode time in the planner's objective (default 1: mean end-to-end latency)")
+	f.Float64("planner-ttft-weight", 0, "weight of TTFT against decode time in the planner's objective, TTFT x weight + output tokens x ITL (default 4: 1 would be the predicted mean end-to-end latency, but bursts make TTFT longer than the planner's queue model predicts)")
 }
 
 func checkPlannerFlags(cmd string) error {

@@ -113,7 +113,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
 	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")
-	f.Float64("planner-ttft-weight", 0, "evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default 1: mean end-to-end latency)")
+	f.Float64("planner-ttft-weight", 0, "evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default 4)")
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
