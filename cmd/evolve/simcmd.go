@@ -403,8 +403,11 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("P50 TTFT (s)", func(r sim.Result) string { return sec(r.P50TTFT) })
 		row("P95 TTFT (s)", func(r sim.Result) string { return sec(r.P95TTFT) })
 		row("P99 TTFT (s)", func(r sim.Result) string { return sec(r.P99TTFT) })
-		row("sessions completed", func(r sim.Result) string { return fmt.Sprint(r.Sessions) })
-		row("sessions / hour", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.SessionsPerHour) })
+		// A trace without sessions (Mooncake's) has none to count.
+		if tr == nil || slices.ContainsFunc(results, func(r sim.Result) bool { return r.Sessions > 0 }) {
+			row("sessions completed", func(r sim.Result) string { return fmt.Sprint(r.Sessions) })
+			row("sessions / hour", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.SessionsPerHour) })
+		}
 		row("requests completed", func(r sim.Result) string { return fmt.Sprint(r.Requests) })
 		row("throughput (tok/s)", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.Throughput) })
 		pct := func(a, b int64) string {
