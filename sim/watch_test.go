@@ -172,19 +172,19 @@ func TestProgressChangesNothing(t *testing.T) {
 func TestCancelledComparisonKeepsWhatEnded(t *testing.T) {
 	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1)) // one simulation at a time: a known order
 	sc := smallScenario(t, "coding")
-	pol, _ := ParsePolicy("static:1:2", 3)
+	pol, _ := ParsePolicy("dynamo", 3)
 	plain, err := Run(sc, pol)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The first simulation ends; the second is stopped 2 minutes in; the
-	// third never begins.
+	// Longest first: dynamo (a planner) ends; static:1:2 (Dynamo's recipe
+	// ratio) is stopped 2 minutes in; static:2:1 never begins.
 	var cut bool
 	var started []string
 	hooks := &Hooks{
 		Start: func(p string) { started = append(started, p) },
 		Progress: func(p string, elapsed, _ time.Duration) {
-			if p == "static:2:1" && elapsed >= 2*time.Minute {
+			if p == "static:1:2" && elapsed >= 2*time.Minute {
 				cut = true
 			}
 		},
@@ -195,7 +195,7 @@ func TestCancelledComparisonKeepsWhatEnded(t *testing.T) {
 	if !errors.Is(err, ErrInterrupted) || !errors.As(err, &ie) {
 		t.Fatalf("want an interruption, got %v", err)
 	}
-	if len(res) != 1 || res[0].Policy != "static:1:2" {
+	if len(res) != 1 || res[0].Policy != "dynamo" {
 		t.Fatalf("results %+v", res)
 	}
 	ja, _ := json.Marshal(plain)
@@ -203,15 +203,15 @@ func TestCancelledComparisonKeepsWhatEnded(t *testing.T) {
 	if string(ja) != string(jb) {
 		t.Fatalf("the finished run differs from a plain one:\n%s\n%s", ja, jb)
 	}
-	if !slices.Equal(ie.Names, []string{"static:best", "dynamo"}) || len(ie.Unfinished) != 2 ||
-		ie.Unfinished[0] != (Unfinished{"static:2:1", 2 * time.Minute, sc.Warmup + sc.Duration}) ||
-		ie.Unfinished[1] != (Unfinished{"dynamo", 0, sc.Warmup + sc.Duration}) {
+	if !slices.Equal(ie.Names, []string{"static:1:2", "static:best"}) || len(ie.Unfinished) != 2 ||
+		ie.Unfinished[0] != (Unfinished{"static:1:2", 2 * time.Minute, sc.Warmup + sc.Duration}) ||
+		ie.Unfinished[1] != (Unfinished{"static:2:1", 0, sc.Warmup + sc.Duration}) {
 		t.Fatalf("interruption %+v", ie)
 	}
-	if !slices.Equal(started, []string{"static:1:2", "static:2:1"}) {
+	if !slices.Equal(started, []string{"dynamo", "static:1:2"}) {
 		t.Fatalf("started %v: a simulation began after the cancel", started)
 	}
-	if msg := err.Error(); msg != "interrupted: no result for static:best, dynamo (static:2:1 at 50%, dynamo at 0%)" {
+	if msg := err.Error(); msg != "interrupted: no result for static:1:2, static:best (static:1:2 at 50%, static:2:1 at 0%)" {
 		t.Fatalf("message %q", msg)
 	}
 }
