@@ -64,8 +64,25 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 // onStats feeds the engines' pass records to the planner's cost models.
 // Modelled durations of simulated engines are divided by their speedup:
 // the planner works in wall time, as its demand does.
+// statsBatch is the part of a protocol.StatsBatch that onStats uses.
+// Decoding only these fields skips the rest (the pass's start time above
+// all, which costs a time parse per pass): the stats are the most frequent
+// message an orchestrator decodes, a batch per engine every flush.
+type statsBatch struct {
+	Engine string `json:"engine"`
+	Passes []struct {
+		DurationSec     float64 `json:"duration_s"`
+		PrefillTokens   int     `json:"prefill_tokens"`
+		PrefillAttended float64 `json:"prefill_attended"`
+		DecodeSeqs      int     `json:"decode_seqs"`
+		DecodeContext   int     `json:"decode_context"`
+		HostLoadBlocks  int     `json:"host_load_blocks"`
+		OffloadBlocks   int     `json:"offload_blocks"`
+	} `json:"passes"`
+}
+
 func (o *Orchestrator) onStats(m *nats.Msg) {
-	var b protocol.StatsBatch
+	var b statsBatch
 	if json.Unmarshal(m.Data, &b) != nil {
 		return
 	}
