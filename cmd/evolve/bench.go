@@ -60,18 +60,25 @@ that think and tool times shrink to match).`,
 			errw := cmd.ErrOrStderr()
 			base := workload.BenchConfig{URL: strings.TrimRight(url, "/"), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed")))}
-			if config.GetString(k("url")) == "" && !cmd.Flags().Changed("speedup") && base.Speedup == 1 {
+			trace := config.GetString(k("trace"))
+			local := 0.0 // the local cluster's engine speedup, when bench runs against it
+			if config.GetString(k("url")) == "" {
+				local = localEngineSpeedup(cmd)
+			}
+			switch {
+			case local <= 0 || local == 1:
+			case trace == "" && !cmd.Flags().Changed("speedup") && base.Speedup == 1:
 				// Against the local cluster, think and tool times follow its
 				// engines' clock unless told otherwise.
-				if x := localEngineSpeedup(cmd); x > 0 && x != 1 {
-					base.Speedup = x
-					fmt.Fprintf(errw, "the local cluster's engines run %gx: think and tool times shrink to match (--speedup %g); latencies are wall-clock\n", x, x)
-				}
+				base.Speedup = local
+				fmt.Fprintf(errw, "the local cluster's engines run %gx: think and tool times shrink to match (--speedup %g); latencies are wall-clock\n", local, local)
+			case trace != "" && !cmd.Flags().Changed("playback"):
+				fmt.Fprintf(errw, "the local cluster's engines run %gx: --playback %g replays the trace in their time\n", local, local)
 			}
 			total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
 			base.Progress = func(s workload.Snapshot) { progressLine(errw, s, total, "") }
 			var res workload.Result
-			if path := config.GetString(k("trace")); path != "" {
+			if path := trace; path != "" {
 				recs, err := workload.ReadTraceFile(path)
 				if err != nil {
 					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
