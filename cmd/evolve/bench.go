@@ -198,7 +198,11 @@ func bar(frac float64, n int) string {
 
 func printBench(cmd *cobra.Command, res workload.Result) error {
 	return output(cmd, res, func(w *tabwriter.Writer, _ bool) {
-		fmt.Fprintf(w, "workload\t%s, %d agents, %.0f s\n", res.Workload, res.Agents, res.DurationSec)
+		if res.Agents > 0 {
+			fmt.Fprintf(w, "workload\t%s, %d agents, %.0f s\n", res.Workload, res.Agents, res.DurationSec)
+		} else {
+			fmt.Fprintf(w, "workload\t%s replay, %.0f s\n", res.Workload, res.DurationSec) // a trace: no agents of its own
+		}
 		fmt.Fprintf(w, "requests\t%d completed, %d errors; %d sessions completed\n", res.Requests, res.Errors, res.Sessions)
 		if res.OverContext > 0 {
 			fmt.Fprintf(w, "\t%d sessions ended early: their prompts outgrew the model's context (max_model_len %d)\n", res.OverContext, res.MaxContext)
