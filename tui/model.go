@@ -736,6 +736,33 @@ func (m *Model) selectedBranch() *Branch {
 // Where says where a branch's blocks live: node GPU/host blocks.
 func Where(b Branch) string { return residency(b) }
 
+// WhereShort names the node holding most of a branch's blocks, with its
+// GPU and host copies, and how many other nodes hold some.
+func WhereShort(b Branch) string {
+	if len(b.Residency) == 0 {
+		return "-"
+	}
+	best := b.Residency[0]
+	for _, r := range b.Residency[1:] {
+		if r.GPU+r.Host > best.GPU+best.Host {
+			best = r
+		}
+	}
+	s := fmt.Sprintf("%s %dG/%dH", best.Node, best.GPU, best.Host)
+	if n := len(b.Residency) - 1; n > 0 {
+		s += fmt.Sprintf(" +%d more", n)
+	}
+	return s
+}
+
+// fitWhere is Where when it fits width, else WhereShort (cut if need be).
+func fitWhere(b Branch, width int) string {
+	if full := residency(b); len([]rune(full)) <= width {
+		return full
+	}
+	return truncate(WhereShort(b), width)
+}
+
 func residency(b Branch) string {
 	var parts []string
 	for _, r := range b.Residency {

@@ -38,3 +38,24 @@ func TestRenderPlannerWrapsRatherThanCuts(t *testing.T) {
 		t.Fatalf("wide:\n%s", wide)
 	}
 }
+
+func TestWhereShortNamesTheLargestHolder(t *testing.T) {
+	b := Branch{Residency: []Residency{{Node: "engine-0", GPU: 437}, {Node: "engine-3", GPU: 855, Host: 44}, {Node: "engine-9", Host: 12}}}
+	if got := WhereShort(b); got != "engine-3 855G/44H +2 more" {
+		t.Fatalf("WhereShort = %q", got)
+	}
+	if got := WhereShort(Branch{Residency: b.Residency[:1]}); got != "engine-0 437G/0H" {
+		t.Fatalf("one holder: %q", got)
+	}
+	if got := WhereShort(Branch{}); got != "-" {
+		t.Fatalf("none: %q", got)
+	}
+	// evolve top lists every holder where they fit, else the summary
+	// rather than a cut list.
+	if got := fitWhere(b, 80); got != Where(b) {
+		t.Fatalf("room for all: %q", got)
+	}
+	if got := fitWhere(b, 30); got != "engine-3 855G/44H +2 more" {
+		t.Fatalf("narrow: %q", got)
+	}
+}

@@ -470,7 +470,7 @@ func (m *Model) viewBranches() string {
 		if sel != nil && br.Session == sel.Session && br.Branch == sel.Branch {
 			mark = "› "
 		}
-		line := fmt.Sprintf("%s%-*s %-8s %6d %5d  %s", mark, nameW, truncate(name, nameW), br.State, br.Blocks, br.Turns, truncate(residency(br), m.width-nameW-26))
+		line := fmt.Sprintf("%s%-*s %-8s %6d %5d  %s", mark, nameW, truncate(name, nameW), br.State, br.Blocks, br.Turns, fitWhere(br, m.width-nameW-26))
 		if br.State == "ended" {
 			line = stDim.Render(line)
 		}

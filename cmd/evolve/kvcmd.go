@@ -91,7 +91,7 @@ func printBranches(w *tabwriter.Writer, raw []orchestrator.BranchStatus, wide bo
 		}
 		where := tui.Where(b)
 		if !wide {
-			where = whereShort(b)
+			where = tui.WhereShort(b)
 		}
 		fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth[i]), b.Branch, b.State, b.Blocks, b.Turns, idle, where)
 		if wide {
@@ -99,26 +99,6 @@ func printBranches(w *tabwriter.Writer, raw []orchestrator.BranchStatus, wide bo
 		}
 		fmt.Fprintln(w)
 	}
-}
-
-// whereShort names the node holding most of a branch's blocks, with its
-// GPU and host copies, and how many other nodes hold some: the table's
-// WHERE column, which -o wide lists in full.
-func whereShort(b tui.Branch) string {
-	if len(b.Residency) == 0 {
-		return "-"
-	}
-	best := b.Residency[0]
-	for _, r := range b.Residency[1:] {
-		if r.GPU+r.Host > best.GPU+best.Host {
-			best = r
-		}
-	}
-	s := fmt.Sprintf("%s %dG/%dH", best.Node, best.GPU, best.Host)
-	if n := len(b.Residency) - 1; n > 0 {
-		s += fmt.Sprintf(" +%d more", n)
-	}
-	return s
 }
 
 func newKVCmd() *cobra.Command {

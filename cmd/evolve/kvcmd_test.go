@@ -9,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/evolvellm/evolve/orchestrator"
-	"github.com/evolvellm/evolve/tui"
 )
 
 // A large cluster's figures (64 GLM-4.6 trays, hours of traffic) still fit
@@ -85,18 +84,5 @@ func TestShare(t *testing.T) {
 		if got := share(c.f); got != c.want {
 			t.Errorf("share(%v) = %q, want %q", c.f, got, c.want)
 		}
-	}
-}
-
-func TestWhereShortNamesTheLargestHolder(t *testing.T) {
-	b := tui.Branch{Residency: []tui.Residency{{Node: "engine-0", GPU: 437}, {Node: "engine-3", GPU: 855, Host: 44}, {Node: "engine-9", Host: 12}}}
-	if got := whereShort(b); got != "engine-3 855G/44H +2 more" {
-		t.Fatalf("whereShort = %q", got)
-	}
-	if got := whereShort(tui.Branch{Residency: b.Residency[:1]}); got != "engine-0 437G/0H" {
-		t.Fatalf("one holder: %q", got)
-	}
-	if got := whereShort(tui.Branch{}); got != "-" {
-		t.Fatalf("none: %q", got)
 	}
 }
