@@ -78,8 +78,8 @@ that think and tool times shrink to match).`,
 			total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
 			base.Progress = func(s workload.Snapshot) { progressLine(errw, s, total, "") }
 			var res workload.Result
-			if path := trace; path != "" {
-				recs, err := workload.ReadTraceFile(path)
+			if trace != "" {
+				recs, err := workload.ReadTraceFile(trace)
 				if err != nil {
 					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
 				}
@@ -88,7 +88,7 @@ that think and tool times shrink to match).`,
 				if span := workload.TraceSpan(recs, playback); len(recs) > 0 && (total == 0 || span < total) {
 					total = span
 				}
-				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), path, playback)
+				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), trace, playback)
 				var skipped int
 				res, skipped, err = workload.Replay(ctx, workload.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
 				if err != nil {

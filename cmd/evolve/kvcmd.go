@@ -158,33 +158,29 @@ func printKV(w *tabwriter.Writer, st orchestrator.KVStatus, wide bool) {
 		fmt.Fprintf(w, "cluster\t\tserving\t%d\t\t%d\t%d\t%d\t\t%d\t%d\n", p.GPUCapacity, p.GPUCached, p.GPUReferenced,
 			p.HostCapacity, p.HostCached, p.HostReferenced)
 	} else {
-		of := func(v, c int) string {
-			if c <= 0 {
-				return "-"
-			}
-			return share(float64(v) / float64(c))
-		}
-		fmt.Fprintln(w, "\t\t\tGPU\t\t\tHOST")
-		fmt.Fprintln(w, "NODE\tROLE\tSTATE\tUSE\tCACHED\tREF\tUSE\tCACHED\tREF")
-		var gpuUse, hostUse float64
-		for _, k := range st.Nodes {
-			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Role, k.State,
-				share(k.GPUUsage), of(k.GPUCached, k.GPUCapacity), of(k.GPUReferenced, k.GPUCapacity),
-				share(k.HostUsage), of(k.HostCached, k.HostCapacity), of(k.HostReferenced, k.HostCapacity))
-			if k.State == orchestrator.StateServing {
-				gpuUse += k.GPUUsage * float64(k.GPUCapacity)
-				hostUse += k.HostUsage * float64(k.HostCapacity)
-			}
-		}
-		use := func(v float64, c int) string {
+		// of is v as a share of capacity c.
+		of := func(v float64, c int) string {
 			if c <= 0 {
 				return "-"
 			}
 			return share(v / float64(c))
 		}
+		ofi := func(v, c int) string { return of(float64(v), c) }
+		fmt.Fprintln(w, "\t\t\tGPU\t\t\tHOST")
+		fmt.Fprintln(w, "NODE\tROLE\tSTATE\tUSE\tCACHED\tREF\tUSE\tCACHED\tREF")
+		var gpuUse, hostUse float64
+		for _, k := range st.Nodes {
+			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", k.ID, k.Role, k.State,
+				share(k.GPUUsage), ofi(k.GPUCached, k.GPUCapacity), ofi(k.GPUReferenced, k.GPUCapacity),
+				share(k.HostUsage), ofi(k.HostCached, k.HostCapacity), ofi(k.HostReferenced, k.HostCapacity))
+			if k.State == orchestrator.StateServing {
+				gpuUse += k.GPUUsage * float64(k.GPUCapacity)
+				hostUse += k.HostUsage * float64(k.HostCapacity)
+			}
+		}
 		fmt.Fprintf(w, "cluster\t\tserving\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			use(gpuUse, p.GPUCapacity), of(p.GPUCached, p.GPUCapacity), of(p.GPUReferenced, p.GPUCapacity),
-			use(hostUse, p.HostCapacity), of(p.HostCached, p.HostCapacity), of(p.HostReferenced, p.HostCapacity))
+			of(gpuUse, p.GPUCapacity), ofi(p.GPUCached, p.GPUCapacity), ofi(p.GPUReferenced, p.GPUCapacity),
+			of(hostUse, p.HostCapacity), ofi(p.HostCached, p.HostCapacity), ofi(p.HostReferenced, p.HostCapacity))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "pool\tGPU %s of %s blocks free, host %s of %s free\n", i(p.GPUFree), i(p.GPUCapacity), i(p.HostFree), i(p.HostCapacity))

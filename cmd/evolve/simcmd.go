@@ -213,8 +213,9 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		}
 	}
 	// Files written at the end must not fail after an hour of simulation.
+	var plotFormat string
 	if path := config.GetString(k("plot")); path != "" {
-		if _, err := simplot.FormatOf(path); err != nil {
+		if plotFormat, err = simplot.FormatOf(path); err != nil {
 			return usage(fmt.Errorf("--plot %w", err))
 		}
 	}
@@ -332,8 +333,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		flag  string
 		write func(io.Writer, []sim.Result) error
 	}{{"timeline", sim.WriteTimeline}, {"plot", func(w io.Writer, rs []sim.Result) error {
-		format, _ := simplot.FormatOf(config.GetString(k("plot")))
-		return simplot.Write(w, format, rs, sc.Warmup)
+		return simplot.Write(w, plotFormat, rs, sc.Warmup)
 	}}} {
 		if path := config.GetString(k(file.flag)); path != "" {
 			if err := writeFile(path, func(w io.Writer) error { return file.write(w, results) }); err != nil {
