@@ -271,6 +271,49 @@ func TestConfigPrecedenceFlagEnvFileDefault(t *testing.T) {
 	}
 }
 
+// Values from the environment and the config file are parsed by the flags
+// they set, so a malformed one is refused with its source named, and a
+// command that reads its flag directly sees them too.
+func TestConfigValuesAreCheckedAndReachEveryFlag(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, s string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	for _, tc := range []struct {
+		env  []string
+		args []string
+		want []string
+	}{
+		// viper alone read these as --gpus 0 and a 600ns duration.
+		{[]string{"EVOLVE_SIM_GPUS=abc"}, []string{"sim"}, []string{`invalid value "abc" for --gpus from EVOLVE_SIM_GPUS`}},
+		{nil, []string{"--config", write("d.yaml", "sim:\n  duration: 600\n"), "sim"},
+			[]string{"--duration from", "d.yaml (sim.duration)", "missing unit"}},
+		{nil, []string{"--config", write("t.yaml", "sim:\n  gpus: {a: 1}\n"), "sim"}, []string{"sim.gpus: want a value for --gpus, not a table"}},
+		// up -f reads --ssh-timeout from its flag, not through config.
+		{[]string{"EVOLVE_UP_SSH_TIMEOUT=-1s"}, []string{"up", "-f", write("c.yaml", "apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: lab}\nspec:\n  hosts: [{name: a, address: 10.0.0.1}]\n"), "--dry-run"},
+			[]string{"--ssh-timeout must be positive"}},
+	} {
+		out, code := runBin(t, tc.env, tc.args...)
+		for _, w := range tc.want {
+			if code != 2 || !strings.Contains(out, w) {
+				t.Errorf("%v evolve %v: exit %d, output %q; want exit 2 mentioning %q", tc.env, tc.args, code, out, w)
+			}
+		}
+	}
+	// A list in the file sets a comma-separated flag; a misspelt key is
+	// named, with the key it was likely meant to be, and the run goes on.
+	cfg := write("ok.yaml", "sim:\n  policies: [static:1:1, evolve]\n  gpu: 2\n  gpus: 2\n  duration: 1m\n  warmup: 0s\n  agents: 2\n  workload: math\n  profile: tiny\n")
+	out, code := runBin(t, nil, "--config", cfg, "sim", "-o", "json")
+	if code != 0 || !strings.Contains(out, `unknown key "sim.gpu", ignored (did you mean "sim.gpus"?)`) ||
+		!strings.Contains(out, `"policy": "static:1:1"`) || !strings.Contains(out, `"policy": "evolve"`) {
+		t.Fatalf("sim from a config file: exit %d\n%s", code, out)
+	}
+}
+
 func TestVersionAndCompletion(t *testing.T) {
 	out, code := runBin(t, nil, "version", "-o", "json")
 	if code != 0 || !strings.Contains(out, `"go_version"`) {

@@ -39,6 +39,10 @@ EVOLVE_<COMMAND>_NAME in the environment, for example:
 
   EVOLVE_ENGINE_LISTEN=0.0.0.0:8000 evolve engine
 
+Values from the file and the environment are checked as the flag checks
+them (a duration needs its unit: 10m); a list in the file sets a
+comma-separated flag; a key no command reads is named on stderr.
+
 Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
@@ -74,23 +78,27 @@ func loadConfig(cmd *cobra.Command) error {
 		path = filepath.Join(dir, "evolve", "config.yaml")
 	}
 	config.SetConfigFile(path)
+	read := true
 	if err := config.ReadInConfig(); err != nil {
 		if explicit || !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("config file %s: %w", path, err)
 		}
+		read = false
 	}
 	var bindErr error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
-		key := f.Name
-		if cmd.Root().PersistentFlags().Lookup(f.Name) == nil {
-			key = cfgKey(cmd) + "." + f.Name
-		}
-		if err := config.BindPFlag(key, f); err != nil && bindErr == nil {
+		if err := config.BindPFlag(flagKey(cmd, f), f); err != nil && bindErr == nil {
 			bindErr = err
 		}
 	})
 	if bindErr != nil {
 		return bindErr
+	}
+	if read {
+		warnUnknownConfigKeys(cmd.Root(), path, os.Stderr)
+	}
+	if err := applyConfigToFlags(cmd, path); err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
 	return setupLogging()
 }
