@@ -159,6 +159,14 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 		t.Fatalf("evolve status -o json: speedup %v, want 20: %s", st["speedup"], out)
 	}
 
+	// The shell completes node names from the live cluster, then roles.
+	if out, _ := runBinOut(t, c.env, "__complete", "role", "set", ""); !strings.HasPrefix(out, "engine-0\tprefill, serving\nengine-1\tprefill, serving\nengine-2\tdecode, serving\nengine-3\tdecode, serving\n:4\n") {
+		t.Fatalf("completion of role set's node: %q", out)
+	}
+	if out, _ := runBinOut(t, c.env, "__complete", "role", "set", "engine-1", ""); !strings.HasPrefix(out, "prefill\ndecode\n:4\n") {
+		t.Fatalf("completion of role set's role: %q", out)
+	}
+
 	ctx := context.Background()
 	oc := c.client()
 	long := strings.Repeat("The agent reads the repository and plans the change. ", 80) // ~880 tokens: past the 512 the evolve policy keeps on a decode node

@@ -325,6 +325,29 @@ func TestVersionAndCompletion(t *testing.T) {
 	}
 }
 
+// Shells complete the values of enumerated flags: the presets, profiles
+// and workloads evolve knows, each -o's formats, and --policies item by item.
+func TestFlagValuesComplete(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", "--preset", ""}, "claude-code-126x36\n"},
+		{[]string{"sim", "--profile", ""}, "gb300-glm46\ngb300-kimi-k2\ntiny\n:0\n"},
+		{[]string{"bench", "--workload", ""}, "coding\nmath\ncomputer-use\nshift\n:4\n"},
+		{[]string{"nodes", "-o", ""}, "table\nwide\njson\nyaml\n:4\n"},
+		{[]string{"top", "-o", ""}, "table\njson\n:4\n"},
+		{[]string{"sim", "--policies", "static:best,dyn"}, "static:best,dynamo\nstatic:best,dynamo-sla\nstatic:best,dynamo:best\nstatic:best,dynamo-static:best\nstatic:best,dynamo-static:\n:6\n"},
+		{[]string{"engine", "--backend", ""}, "sim\nvllm\n:4\n"},
+		{[]string{"up", "--log-level", ""}, "debug\ninfo\nwarn\nerror\n:4\n"},
+	} {
+		out, code := runBinOut(t, nil, append([]string{"__complete"}, tc.args...)...)
+		if code != 0 || !strings.Contains(out, tc.want) {
+			t.Errorf("evolve __complete %q: exit %d, %q; want %q", tc.args, code, out, tc.want)
+		}
+	}
+}
+
 // runBin runs evolve to completion and returns its combined output and exit code.
 func runBin(t *testing.T, env []string, args ...string) (string, int) {
 	t.Helper()
