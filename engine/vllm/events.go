@@ -62,6 +62,9 @@ var eventFields = map[EventType][]string{
 // maps tagged by "type"; trailing fields a newer vLLM adds are ignored,
 // and so are events of unknown types (they are counted in unknown).
 func DecodeBatch(payload []byte) (b Batch, unknown int, err error) {
+	if err := checkShape(payload); err != nil {
+		return b, 0, fmt.Errorf("decode KV event batch: %w", err)
+	}
 	dec := msgpack.NewDecoder(bytes.NewReader(payload))
 	dec.UseLooseInterfaceDecoding(true)
 	var v any

@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"slices"
 	"testing"
 
@@ -78,6 +79,11 @@ func TestDecodeBatchRejectsGarbage(t *testing.T) {
 		"events not list": mustPack(t, []any{1.0, "x"}),
 		"bad token id":    mustPack(t, []any{1.0, []any{[]any{"BlockStored", []any{1}, nil, []any{"x"}, 1}}}),
 		"bad hash":        mustPack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{1.5}}}}),
+		// msgpack v5.4 allocates what a header declares: these killed the
+		// agent (out of memory, then a stack overflow) before checkShape.
+		"4 G elements": {0xdd, 0xff, 0xff, 0xff, 0xff},
+		"deep nesting": bytes.Repeat([]byte{0x91}, 1<<22),
+		"truncated":    mustPack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{1}}}})[:6],
 	} {
 		if _, _, err := DecodeBatch(payload); err == nil {
 			t.Errorf("%s: decoded", name)
