@@ -8,6 +8,7 @@ package sim
 import (
 	"container/heap"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -410,7 +411,11 @@ func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, p
 			r.nextReq++
 			req := &request{id: fmt.Sprintf("r%d", r.nextReq), seed: uint64(r.nextReq)*0x9e3779b97f4a7c15 | 1,
 				lane: &laneState{}, call: workload.Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Rewrite: rec.Rewrite, Tokens: rec.Tokens(), MaxTokens: out}}
-			at := epoch.Add(time.Duration(rec.Timestamp * scale * float64(time.Millisecond)))
+			ns := rec.Timestamp * scale * float64(time.Millisecond)
+			if !(ns < math.MaxInt64) { // a replay slowed past time.Duration's range
+				ns = math.MaxInt64
+			}
+			at := epoch.Add(time.Duration(ns))
 			r.push(&event{at: at, kind: evArrive, req: req})
 		}
 	} else {

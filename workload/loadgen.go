@@ -218,7 +218,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 		defer wg.Done()
 		for i := range cfg.Records {
 			rec := &cfg.Records[i]
-			at := start.Add(time.Duration(rec.Timestamp / cfg.Playback * float64(time.Millisecond)))
+			at := start.Add(rec.At(cfg.Playback))
 			select {
 			case <-ctx.Done():
 				return

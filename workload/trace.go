@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -85,7 +86,22 @@ func TraceSpan(recs []TraceRecord, playback float64) time.Duration {
 	if len(recs) == 0 || playback <= 0 {
 		return 0
 	}
-	return time.Duration(recs[len(recs)-1].Timestamp / playback * float64(time.Millisecond))
+	return recs[len(recs)-1].At(playback)
+}
+
+// MaxTraceTimestamp bounds a record's timestamp: 10^11 ms, about three
+// years, far past any recorded run and far inside time.Duration's range.
+const MaxTraceTimestamp = 1e11
+
+// At is when r arrives after the trace's start, replayed playback times
+// faster than recorded. A replay slowed so far that the time passes
+// time.Duration's range (about 292 years) arrives at its end.
+func (r *TraceRecord) At(playback float64) time.Duration {
+	ns := r.Timestamp / playback * float64(time.Millisecond)
+	if !(ns < math.MaxInt64) {
+		return math.MaxInt64
+	}
+	return time.Duration(ns)
 }
 
 func (r *TraceRecord) validate() error {
@@ -96,6 +112,8 @@ func (r *TraceRecord) validate() error {
 		return fmt.Errorf("output_length %d: want at least 1", r.OutputLength)
 	case r.Timestamp < 0:
 		return fmt.Errorf("timestamp %v is negative", r.Timestamp)
+	case r.Timestamp > MaxTraceTimestamp:
+		return fmt.Errorf("timestamp %v ms is past %g ms (about three years): timestamps are milliseconds from the trace's start", r.Timestamp, float64(MaxTraceTimestamp))
 	case len(r.HashIDs) != (r.InputLength+TraceBlockSize-1)/TraceBlockSize:
 		return fmt.Errorf("%d hash_ids for %d input tokens: want one per %d-token block", len(r.HashIDs), r.InputLength, TraceBlockSize)
 	}

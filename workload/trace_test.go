@@ -2,11 +2,13 @@ package workload
 
 import (
 	"bytes"
+	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestReadMooncakeTrace(t *testing.T) {
@@ -46,11 +48,22 @@ func TestReadTraceRejectsBadLines(t *testing.T) {
 		{"\n{\"timestamp\": 0, \"input_length\": 0, \"output_length\": 5, \"hash_ids\": []}", "line 2: input_length 0"},
 		{`{"timestamp": -3, "input_length": 10, "output_length": 5, "hash_ids": [1]}`, "negative"},
 		{`{"timestamp": 0, "input_length": 10`, "line 1:"},
+		// A timestamp past time.Duration's range arrived at a negative
+		// time, and evolve sim panicked on it.
+		{`{"timestamp": 1e300, "input_length": 10, "output_length": 5, "hash_ids": [1]}`, "line 1: timestamp 1e+300 ms is past"},
 	} {
 		_, err := ReadTrace(strings.NewReader(tc.in))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%q: error %v, want %q", tc.in, err, tc.want)
 		}
+	}
+	// Slowed past time.Duration's range, a record arrives at its end.
+	rec := TraceRecord{Timestamp: MaxTraceTimestamp}
+	if at := rec.At(1e-9); at != math.MaxInt64 {
+		t.Errorf("at %v, want the end of time.Duration", at)
+	}
+	if at := rec.At(2); at != MaxTraceTimestamp/2*time.Millisecond {
+		t.Errorf("at %v, want %v", at, MaxTraceTimestamp/2*time.Millisecond)
 	}
 }
 

@@ -296,7 +296,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	scoredTrace := 0 // trace requests that arrive in the scored time and fit the model
 	if tr != nil {
 		for _, rec := range tr.recs {
-			at := time.Duration(rec.Timestamp / tr.playback * float64(time.Millisecond))
+			at := rec.At(tr.playback)
 			if at >= warm && at <= warm+dur && rec.InputLength < prof.MaxModelLen {
 				scoredTrace++
 			}
