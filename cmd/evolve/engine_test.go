@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"image/png"
 	"net/http"
 	"os"
@@ -563,6 +564,21 @@ func TestSimReplaysATrace(t *testing.T) {
 		strings.Contains(out, "sessions completed") {
 		// (Mooncake's records name no session: no sessions row.)
 		t.Fatalf("a short replay: exit %d\n%s", code, out)
+	}
+	// Prompts longer than the model's context are left out, and counted.
+	tooLong := 0
+	all, err := workload.ReadTraceFile(trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range all {
+		if r.InputLength >= 8192 {
+			tooLong++
+		}
+	}
+	if out, code := runBin(t, nil, "sim", "--trace", trace, "--profile", "tiny", "--gpus", "2", "--policies", "static:1:1", "--duration", "1m"); code != 0 ||
+		tooLong == 0 || !strings.Contains(out, fmt.Sprintf("%d requests left out: their prompts exceed the model's context (8192 tokens in tiny)", tooLong)) {
+		t.Fatalf("a replay with prompts past the context (%d of them): exit %d\n%s", tooLong, code, out)
 	}
 	for _, bad := range [][]string{{"--trace", trace, "--agents", "8"}, {"--trace", trace, "--workload", "math"}, {"--trace", trace, "--preset", "putnam"},
 		{"--trace", trace, "--playback", "0"}, {"--playback", "2"}, {"--trace", filepath.Join(t.TempDir(), "none.jsonl")}} {

@@ -295,14 +295,22 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	hooks.Cancelled = func() bool { return ctx.Err() != nil }
 	scoredTrace := 0 // trace requests that arrive in the scored time and fit the model
 	if tr != nil {
+		tooLong := 0
 		for _, rec := range tr.recs {
-			at := rec.At(tr.playback)
-			if at >= warm && at <= warm+dur && rec.InputLength < prof.MaxModelLen {
+			if rec.InputLength >= prof.MaxModelLen {
+				tooLong++
+				continue
+			}
+			if at := rec.At(tr.playback); at >= warm && at <= warm+dur {
 				scoredTrace++
 			}
 		}
 		fmt.Fprintf(errw, "replaying %d requests from %s at %gx: they arrive over %v; %d of them arrive in the scored %v after %v\n",
 			len(tr.recs), tr.path, tr.playback, tr.span.Round(time.Second), scoredTrace, dur, warm)
+		if tooLong > 0 {
+			fmt.Fprintf(errw, "%d requests left out: their prompts exceed the model's context (%d tokens in %s), as evolve bench skips them\n",
+				tooLong, prof.MaxModelLen, prof.Name)
+		}
 	}
 	results, err := sim.Compare(sc, names, hooks)
 	for _, r := range results {
