@@ -542,48 +542,78 @@ func (a *attempt) forward(url string, body map[string]any) error {
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Request-Id", a.reqID)
-	flusher, _ := a.w.(http.Flusher)
-	rd := bufio.NewReader(resp.Body)
+	flush := func() {}
+	if f, ok := a.w.(http.Flusher); ok {
+		flush = f.Flush
+	}
 	done := false
+	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, flush, func(line []byte) {
+		if !a.started {
+			a.started = true
+			a.w.WriteHeader(200)
+		}
+		if bytes.HasPrefix(line, []byte("data: ")) {
+			a.firstToken()
+			if bytes.HasPrefix(line, []byte("data: [DONE]")) {
+				done = true
+			} else {
+				a.countChunk(line[len("data: "):])
+			}
+		}
+	})
+	switch {
+	case werr != nil:
+		return fmt.Errorf("client went away: %w", werr)
+	case done && errors.Is(rerr, io.EOF):
+		return nil
+	}
+	if a.started {
+		// Mid-stream: tell the client in the stream, never hang.
+		e := openaiapi.Unavailable("engine_failed", "the engine serving this request failed mid-stream: %v", rerr)
+		b, _ := json.Marshal(e.Body())
+		fmt.Fprintf(a.w, "data: %s\n\ndata: [DONE]\n\n", b)
+		flush()
+	}
+	return fmt.Errorf("stream from engine: %w", rerr)
+}
+
+// relaySSE copies server-sent events from rd to w line by line until rd
+// ends, calling seen on each line before writing it, and flushing at the
+// end of each event, unless the next event is already buffered whole (the
+// relay fell behind), so that one write carries both. It returns the
+// first error writing (the client went away) or else reading (io.EOF
+// when the stream ended); whatever was written is flushed, and nothing is
+// flushed when nothing was written.
+func relaySSE(rd *bufio.Reader, w io.Writer, flush func(), seen func(line []byte)) (werr, rerr error) {
+	dirty := false // written since the last flush; a relay that wrote nothing flushes nothing, so a failure can be retried
 	for {
 		line, err := rd.ReadBytes('\n')
 		if len(line) > 0 {
-			if !a.started {
-				a.started = true
-				a.w.WriteHeader(200)
+			seen(line)
+			if _, werr := w.Write(line); werr != nil {
+				return werr, nil
 			}
-			if bytes.HasPrefix(line, []byte("data: ")) {
-				a.firstToken()
-				if bytes.HasPrefix(line, []byte("data: [DONE]")) {
-					done = true
-				} else {
-					a.countChunk(line[len("data: "):])
-				}
-			}
-			if _, werr := a.w.Write(line); werr != nil {
-				return fmt.Errorf("client went away: %w", werr)
-			}
-			if len(bytes.TrimSpace(line)) == 0 && flusher != nil {
-				flusher.Flush()
+			dirty = true
+			if len(bytes.TrimSpace(line)) == 0 && !eventBuffered(rd) {
+				flush()
+				dirty = false
 			}
 		}
 		if err != nil {
-			if done && errors.Is(err, io.EOF) {
-				if flusher != nil {
-					flusher.Flush()
-				}
-				return nil
+			if dirty {
+				flush()
 			}
-			if a.started {
-				// Mid-stream: tell the client in the stream, never hang.
-				e := openaiapi.Unavailable("engine_failed", "the engine serving this request failed mid-stream: %v", err)
-				b, _ := json.Marshal(e.Body())
-				fmt.Fprintf(a.w, "data: %s\n\ndata: [DONE]\n\n", b)
-				if flusher != nil {
-					flusher.Flush()
-				}
-			}
-			return fmt.Errorf("stream from engine: %w", err)
+			return nil, err
 		}
 	}
+}
+
+// eventBuffered reports whether rd holds a whole server-sent event, ended
+// by a blank line, without reading.
+func eventBuffered(rd *bufio.Reader) bool {
+	if rd.Buffered() == 0 {
+		return false
+	}
+	b, _ := rd.Peek(rd.Buffered())
+	return bytes.Contains(b, []byte("\n\n"))
 }
