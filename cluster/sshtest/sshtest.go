@@ -125,10 +125,12 @@ func StartMute(t *testing.T) (port int, stop func()) {
 	}
 	var mu sync.Mutex
 	var held []net.Conn
+	stopped := false
 	stop = func() {
 		l.Close()
 		mu.Lock()
 		defer mu.Unlock()
+		stopped = true
 		for _, c := range held {
 			c.Close()
 		}
@@ -142,7 +144,11 @@ func StartMute(t *testing.T) (port int, stop func()) {
 				return
 			}
 			mu.Lock()
-			held = append(held, c)
+			if stopped { // accepted as it stopped: close it, as stop did the rest
+				c.Close()
+			} else {
+				held = append(held, c)
+			}
 			mu.Unlock()
 		}
 	}()
