@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/evolvellm/evolve/workload"
 )
 
 // Compare runs every named policy on the scenario, side by side. A name
@@ -105,22 +107,23 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 					hooks.Start(j.pol.Name)
 				}
 				mu.Unlock()
-				var watch func(*State)
-				var every time.Duration
-				var progress func(elapsed, total time.Duration) bool
+				var rh runHooks
 				if hooks != nil {
-					watch, every = hooks.Watch, hooks.WatchEvery
+					name := j.pol.Name
+					rh.watch, rh.every = hooks.Watch, hooks.WatchEvery
 					if hooks.Progress != nil || hooks.Cancelled != nil {
-						name := j.pol.Name
-						progress = func(elapsed, total time.Duration) bool {
+						rh.progress = func(elapsed, total time.Duration) bool {
 							if hooks.Progress != nil {
 								hooks.Progress(name, elapsed, total)
 							}
 							return hooks.Cancelled != nil && hooks.Cancelled()
 						}
 					}
+					if hooks.Call != nil {
+						rh.call = func(at time.Duration, call workload.Call) { hooks.Call(name, at, call) }
+					}
 				}
-				j.res, j.err = runWith(sc, j.pol, watch, every, progress)
+				j.res, j.err = runWith(sc, j.pol, rh)
 				if hooks != nil && hooks.Done != nil && j.err == nil {
 					mu.Lock()
 					hooks.Done(j.pol.Name, j.res)
@@ -234,6 +237,11 @@ type Hooks struct {
 	// simulation, and before each begins: true stops them, and Compare
 	// returns what ended with an *InterruptedError.
 	Cancelled func() bool
+	// Call, when set, hears every call each simulation sends (an agent's,
+	// after its output is cut to the model's context, or a trace's), with
+	// the modelled time since that simulation's start, from its goroutine
+	// (several at once). evolve sim --record writes them as a trace.
+	Call func(policy string, at time.Duration, call workload.Call)
 }
 
 // better reports whether a beats b on the primary metric: mean end-to-end

@@ -314,6 +314,8 @@ type run struct {
 	// progress, when set, hears every modelled minute how far the run is;
 	// true from it stops the run there.
 	progress func(elapsed, total time.Duration) (stop bool)
+	// onCall, when set, hears every call as it arrives.
+	onCall func(at time.Duration, call workload.Call)
 
 	e2e, ttft []float64
 	res       Result
@@ -332,15 +334,26 @@ func Run(sc Scenario, pol Policy) (Result, error) { return RunWatched(sc, pol, n
 // simulation's goroutine; it may block to pace the run. The result is the
 // same as Run's.
 func RunWatched(sc Scenario, pol Policy, watch func(*State), every time.Duration) (Result, error) {
-	return runWith(sc, pol, watch, every, nil)
+	return runWith(sc, pol, runHooks{watch: watch, every: every})
 }
 
-// runWith is RunWatched with a progress report: progress, when not nil,
-// gets the modelled time done and the run's whole span at every modelled
-// minute, in the simulation's goroutine. It changes nothing the run
-// computes, unless it answers true: the run then stops there and returns
-// an *InterruptedError.
-func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, progress func(elapsed, total time.Duration) (stop bool)) (Result, error) {
+// runHooks are what a run tells outside, in the simulation's goroutine.
+// They change nothing the run computes, unless progress answers true: the
+// run then stops there and returns an *InterruptedError.
+type runHooks struct {
+	watch func(*State) // see RunWatched
+	every time.Duration
+	// progress gets the modelled time done and the run's whole span at
+	// every modelled minute.
+	progress func(elapsed, total time.Duration) (stop bool)
+	// call gets every call as it arrives (an agent's, or a trace's), with
+	// the modelled time since the run's start.
+	call func(at time.Duration, call workload.Call)
+}
+
+// runWith is RunWatched with the other hooks.
+func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
+	watch, every, progress := hooks.watch, hooks.every, hooks.progress
 	if sc.Engines < 2 || (sc.Agents < 1 && len(sc.Trace) == 0) || sc.Duration <= 0 || sc.Profile == nil {
 		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, agents or a trace, and a duration")
 	}
@@ -436,6 +449,7 @@ func runWith(sc Scenario, pol Policy, watch func(*State), every time.Duration, p
 	r.res.Timeline = []Window{{}}
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
 	r.progress = progress
+	r.onCall = hooks.call
 	if watch != nil {
 		r.watcher, r.watchEvery = watch, every
 		if every <= 0 {
@@ -553,6 +567,9 @@ func (r *run) arrive(req *request) {
 		req.arrival = r.now
 		req.scored = !r.now.Before(r.scoreFrom)
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
+		if r.onCall != nil {
+			r.onCall(r.now.Sub(r.start), req.call)
+		}
 		r.branchBegin(req)
 		if r.pol.SLAPlanner {
 			r.slaObserve(len(req.call.Tokens), req.call.MaxTokens)

@@ -132,7 +132,7 @@ func TestWatchingAnIdleRunKeepsItsTime(t *testing.T) {
 }
 
 // Progress reports come every modelled minute, name their simulation, and
-// change nothing the run computes.
+// change nothing the run computes; nor does hearing every call.
 func TestProgressChangesNothing(t *testing.T) {
 	sc := smallScenario(t, "coding")
 	pol, _ := ParsePolicy("static:1:2", 3)
@@ -141,11 +141,18 @@ func TestProgressChangesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	var seen []time.Duration
+	calls, last := 0, time.Duration(0)
 	hooks := &Hooks{Progress: func(policy string, elapsed, total time.Duration) {
 		if policy != "static:1:2" || total != sc.Warmup+sc.Duration {
 			t.Errorf("progress of %q: total %v, want %v", policy, total, sc.Warmup+sc.Duration)
 		}
 		seen = append(seen, elapsed)
+	}, Call: func(policy string, at time.Duration, call workload.Call) {
+		// Calls, heard as they arrive, in time order (evolve sim --record).
+		if policy != "static:1:2" || at < last || len(call.Tokens) == 0 || call.Session == "" {
+			t.Errorf("call of %q at %v after %v: %d tokens, session %q", policy, at, last, len(call.Tokens), call.Session)
+		}
+		calls, last = calls+1, at
 	}}
 	res, err := Compare(sc, []string{"static:1:2"}, hooks)
 	if err != nil {
@@ -154,7 +161,10 @@ func TestProgressChangesNothing(t *testing.T) {
 	ja, _ := json.Marshal(plain)
 	jb, _ := json.Marshal(res[0])
 	if string(ja) != string(jb) {
-		t.Fatalf("reporting progress changed the run:\n%s\n%s", ja, jb)
+		t.Fatalf("reporting progress and calls changed the run:\n%s\n%s", ja, jb)
+	}
+	if calls < plain.Requests {
+		t.Fatalf("heard %d calls, and %d requests completed", calls, plain.Requests)
 	}
 	if want := int((sc.Warmup + sc.Duration) / time.Minute); len(seen) != want {
 		t.Fatalf("%d progress reports over %v, want one a minute (%d): %v", len(seen), sc.Warmup+sc.Duration, want, seen)

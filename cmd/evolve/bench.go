@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -107,37 +105,21 @@ that think and tool times shrink to match).`,
 					return usageError{cmd: cmd.CommandPath(), err: err}
 				}
 				base.Model, base.Agents = model, agents
-				var keep func() error
+				var rec *recording
 				if path := config.GetString(k("record")); path != "" {
-					// The trace is written beside path and takes its place
-					// at the end (a Ctrl-C included): a run that fails
-					// before it starts leaves an earlier recording whole.
-					f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-					if err != nil {
+					// Written beside path, and put there at the end (a
+					// Ctrl-C included).
+					if rec, err = startRecording(path); err != nil {
 						return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--record: %w", err)}
 					}
-					defer os.Remove(f.Name()) // gone once renamed
-					defer f.Close()
-					if err := f.Chmod(0o644); err != nil { // as os.Create would make it
-						return fmt.Errorf("--record: %w", err)
-					}
-					tw := workload.NewTraceWriter(f)
-					base.Record = tw
-					keep = func() error {
-						if err := tw.Flush(); err != nil {
-							return fmt.Errorf("--record %s: %w", path, err)
-						}
-						if err := f.Close(); err != nil {
-							return fmt.Errorf("--record %s: %w", path, err)
-						}
-						return os.Rename(f.Name(), path)
-					}
+					defer rec.discard() // nothing left once kept
+					base.Record = rec.w
 				}
 				if res, err = workload.Bench(ctx, base); err != nil {
 					return err
 				}
-				if keep != nil {
-					if err := keep(); err != nil {
+				if rec != nil {
+					if err := rec.keep(); err != nil {
 						return err
 					}
 				}

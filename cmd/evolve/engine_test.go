@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -709,5 +711,53 @@ func TestSimReportsProgress(t *testing.T) {
 	if len(lines) != 9 || !strings.Contains(lines[0], "10% (1m of 10m modelled)") || !strings.Contains(lines[8], "90% (9m of 10m modelled)") ||
 		!strings.Contains(lines[4], "left") {
 		t.Fatalf("progress lines:\n%s", stderr.String())
+	}
+}
+
+// evolve sim --record writes the calls of a simulated fleet as a trace
+// that bench and sim replay, the same for the same seed; it takes one
+// policy, and a path it cannot write is refused before any simulation.
+func TestSimRecordsATrace(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "fleet.jsonl")
+	args := []string{"sim", "--gpus", "2", "--profile", "tiny", "--workload", "math", "--agents", "3", "--warmup", "0s", "--duration", "2m", "--policies", "static:1:1"}
+	out, code := runBin(t, nil, append(args, "--record", path)...)
+	recs, err := workload.ReadTraceFile(path)
+	if code != 0 || err != nil || len(recs) == 0 ||
+		!strings.Contains(out, fmt.Sprintf("record: %d calls of static:1:1 written to %s", len(recs), path)) {
+		t.Fatalf("sim --record: exit %d, trace %d records (%v)\n%s", code, len(recs), err, out)
+	}
+	sessions := map[string]bool{}
+	for _, r := range recs {
+		sessions[r.Session] = true
+		if r.Timestamp > 2*60*1000 {
+			t.Fatalf("a call at %v ms, past the 2 min run", r.Timestamp)
+		}
+	}
+	if len(sessions) < 3 || sessions[""] {
+		t.Fatalf("sessions %v, want the 3 agents' (named)", sessions)
+	}
+	first, _ := os.ReadFile(path)
+	if out, code := runBin(t, nil, append(args, "--record", path)...); code != 0 {
+		t.Fatalf("second run: exit %d\n%s", code, out)
+	}
+	if again, _ := os.ReadFile(path); !bytes.Equal(first, again) {
+		t.Fatal("the same seed recorded another trace")
+	}
+	if out, code := runBin(t, nil, "sim", "--gpus", "2", "--profile", "tiny", "--trace", path, "--policies", "static:1:1"); code != 0 ||
+		!strings.Contains(out, fmt.Sprintf("replaying %d requests", len(recs))) {
+		t.Fatalf("replaying the recording: exit %d\n%s", code, out)
+	}
+	for _, bad := range [][]string{{"--policies", "static:1:1,evolve"}, {"--policies", "static:best"}, {"--policies", "static:1:1", "--record", filepath.Join(dir, "none", "x.jsonl")}} {
+		a := append(append([]string{}, args[:len(args)-2]...), bad...)
+		if !slices.Contains(bad, "--record") {
+			a = append(a, "--record", filepath.Join(dir, "other.jsonl"))
+		}
+		if out, code := runBin(t, nil, a...); code != 2 || strings.Contains(out, "simulating") || !strings.Contains(out, "--record") {
+			t.Errorf("evolve %v: exit %d\n%s", a, code, out)
+		}
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("left behind in the folder: %v", entries)
 	}
 }

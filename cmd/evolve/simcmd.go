@@ -121,6 +121,8 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Int64("seed", 1, "random seed")
 	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench --record) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
+	f.String("record", "", "write the calls the agents send in the one simulation named by --policies to this JSONL trace, for evolve bench --trace or sim --trace; "+
+		"a closed loop's timing follows the cluster it ran against")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (prefill engines, queued requests and mean latency per minute, a line per policy) to this file: .svg, .png or .pdf")
 	f.Duration("progress-every", 10*time.Second, "at most this often, each simulation says on stderr how far it is (at every tenth of its modelled time, with an estimate of the time left); 0: at every tenth")
@@ -226,6 +228,17 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			}
 		}
 	}
+	var rec *recording
+	if path := config.GetString(k("record")); path != "" {
+		if len(names) != 1 || strings.HasSuffix(names[0], ":best") || names[0] == "oracle" {
+			return usage(fmt.Errorf("--record writes the calls of one simulation, and --policies %s runs several: name one policy (--policies evolve)",
+				strings.Join(names, ",")))
+		}
+		if rec, err = startRecording(path); err != nil {
+			return usage(fmt.Errorf("--record: %w", err))
+		}
+		defer rec.discard() // nothing left once kept
+	}
 	errw := cmd.ErrOrStderr()
 	limitMemory()
 	var srv *live.Server
@@ -293,6 +306,11 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		hooks.Watch = srv.Watch
 	}
 	hooks.Cancelled = func() bool { return ctx.Err() != nil }
+	if rec != nil {
+		hooks.Call = func(_ string, at time.Duration, call workload.Call) {
+			rec.write(float64(at)/float64(time.Millisecond), call)
+		}
+	}
 	scoredTrace := 0 // trace requests that arrive in the scored time and fit the model
 	if tr != nil {
 		tooLong := 0
@@ -336,6 +354,14 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	if srv != nil {
 		defer holdLive(ctx, errw)
+	}
+	if rec != nil {
+		// Kept when interrupted too: what was recorded is a trace.
+		if err := rec.keep(); err != nil {
+			fileErrs = append(fileErrs, err)
+		} else {
+			fmt.Fprintf(errw, "record: %d calls of %s written to %s\n", rec.calls, names[0], rec.path)
+		}
 	}
 	for _, file := range []struct {
 		flag  string

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/evolvellm/evolve/workload"
+)
+
+// recording is a trace being written beside its path, which it takes at
+// the end: a run that fails before it starts leaves an earlier recording
+// whole.
+type recording struct {
+	path  string
+	f     *os.File
+	w     *workload.TraceWriter
+	calls int
+	err   error // the first write that failed
+}
+
+// startRecording opens a recording for path; its error is the caller's
+// usage error (a folder that does not exist, one not writable).
+func startRecording(path string) (*recording, error) {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Chmod(0o644); err != nil { // as os.Create would make it
+		f.Close()
+		os.Remove(f.Name())
+		return nil, err
+	}
+	return &recording{path: path, f: f, w: workload.NewTraceWriter(f)}, nil
+}
+
+// write records one call sent at ms milliseconds into the run.
+func (r *recording) write(ms float64, call workload.Call) {
+	if r.err != nil {
+		return
+	}
+	if r.err = r.w.Write(ms, call); r.err == nil {
+		r.calls++
+	}
+}
+
+// keep flushes the recording and puts it at its path.
+func (r *recording) keep() error {
+	err := r.err
+	if err == nil {
+		err = r.w.Flush()
+	}
+	if cerr := r.f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(r.f.Name(), r.path)
+	}
+	if err != nil {
+		os.Remove(r.f.Name())
+		return fmt.Errorf("--record %s: %w", r.path, err)
+	}
+	return nil
+}
+
+// discard removes a recording that was not kept.
+func (r *recording) discard() {
+	r.f.Close()
+	os.Remove(r.f.Name())
+}
