@@ -308,14 +308,8 @@ type run struct {
 	// planNodes is reused by every planner step.
 	planNodes []planner.NodeInfo
 
-	// A watcher of the run (see watch.go), or nil.
-	watcher    func(*State)
-	watchEvery time.Duration
-	// progress, when set, hears every modelled minute how far the run is;
-	// true from it stops the run there.
-	progress func(elapsed, total time.Duration) (stop bool)
-	// onCall, when set, hears every call as it arrives.
-	onCall func(at time.Duration, call workload.Call)
+	// What the run tells outside (watch.go for the watcher).
+	hooks runHooks
 
 	e2e, ttft []float64
 	res       Result
@@ -353,7 +347,6 @@ type runHooks struct {
 
 // runWith is RunWatched with the other hooks.
 func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
-	watch, every, progress := hooks.watch, hooks.every, hooks.progress
 	if sc.Engines < 2 || (sc.Agents < 1 && len(sc.Trace) == 0) || sc.Duration <= 0 || sc.Profile == nil {
 		return Result{}, fmt.Errorf("a scenario needs a profile, at least 2 engines, agents or a trace, and a duration")
 	}
@@ -448,12 +441,10 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	}
 	r.res.Timeline = []Window{{}}
 	r.push(&event{at: r.now.Add(time.Minute), kind: evMinute})
-	r.progress = progress
-	r.onCall = hooks.call
-	if watch != nil {
-		r.watcher, r.watchEvery = watch, every
-		if every <= 0 {
-			r.watchEvery = DefaultWatchEvery
+	r.hooks = hooks
+	if hooks.watch != nil {
+		if hooks.every <= 0 {
+			r.hooks.every = DefaultWatchEvery
 		}
 		r.push(&event{at: r.now, kind: evWatch})
 	}
@@ -487,7 +478,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 			r.remove(ev.eng)
 		case evMinute:
 			r.closeWindow()
-			if r.progress != nil && r.progress(r.now.Sub(r.start), r.scoreTo.Sub(r.start)) {
+			if r.hooks.progress != nil && r.hooks.progress(r.now.Sub(r.start), r.scoreTo.Sub(r.start)) {
 				return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: pol.Name, Elapsed: r.now.Sub(r.start), Total: r.scoreTo.Sub(r.start)}}}
 			}
 
@@ -567,8 +558,8 @@ func (r *run) arrive(req *request) {
 		req.arrival = r.now
 		req.scored = !r.now.Before(r.scoreFrom)
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
-		if r.onCall != nil {
-			r.onCall(r.now.Sub(r.start), req.call)
+		if r.hooks.call != nil {
+			r.hooks.call(r.now.Sub(r.start), req.call)
 		}
 		r.branchBegin(req)
 		if r.pol.SLAPlanner {

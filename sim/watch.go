@@ -179,8 +179,8 @@ func (r *run) noteRole(i int, from, to, reason string) {
 // watch reports the state to the watcher and schedules the next report.
 func (r *run) watch() {
 	s := r.state()
-	next := r.now.Add(r.watchEvery)
+	next := r.now.Add(r.hooks.every)
 	s.Final = next.After(r.scoreTo)
-	r.watcher(s)
+	r.hooks.watch(s)
 	r.push(&event{at: next, kind: evWatch})
 }

@@ -30,9 +30,9 @@ func flagKey(cmd *cobra.Command, f *pflag.Flag) string {
 // itself. So a malformed value is refused with its source named (viper
 // would read EVOLVE_SIM_GPUS=abc as 0, and a duration of 600 as 600ns), and
 // commands that read a flag directly see the same value as those that ask
-// config (a list in the file sets a comma-separated flag). The flag stays unchanged in cobra's sense: a value from the
-// environment or the file is a default, which a preset given on the
-// command line still overrides.
+// config (a list in the file sets a comma-separated flag). The flag stays
+// unchanged in cobra's sense: a value from the environment or the file is
+// a default, which a preset given on the command line still overrides.
 func applyConfigToFlags(cmd *cobra.Command, file string) error {
 	var err error
 	cmd.Flags().VisitAll(func(f *pflag.Flag) {
