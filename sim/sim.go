@@ -62,6 +62,9 @@ type Policy struct {
 	ColdStart time.Duration // how long an added worker loads before it serves
 }
 
+// PolicyNames are the policies Compare runs, splits written P:D.
+var PolicyNames = []string{"evolve", "dynamo", "dynamo-sla", "dynamo:best", "static:P:D", "static:best", "dynamo-static:P:D", "dynamo-static:best", "oracle"}
+
 // ParsePolicy reads a fixed-split policy for a cluster of n engines:
 // static:P:D (evolve's router and KV management), dynamo-static:P:D
 // (Dynamo's router and KVBM), or evolve (evolve's router at Dynamo's
@@ -91,7 +94,8 @@ func ParsePolicy(name string, n int) (Policy, error) {
 		p, err := split(strings.TrimPrefix(name, "dynamo-static:"))
 		return Policy{Name: name, Router: "dynamo", Prefill: p, WriteThrough: true}, err
 	}
-	return Policy{}, fmt.Errorf("unknown policy %q (want evolve, dynamo, dynamo-sla, dynamo:best, static:P:D, static:best, dynamo-static:P:D, dynamo-static:best or oracle)", name)
+	last := len(PolicyNames) - 1
+	return Policy{}, fmt.Errorf("unknown policy %q (want %s or %s)", name, strings.Join(PolicyNames[:last], ", "), PolicyNames[last])
 }
 
 // Result is one policy's outcome on a scenario. JSON names are stable.

@@ -3,7 +3,8 @@ package main
 import (
 	"strings"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -15,7 +16,7 @@ func flagChoices() map[string]func() []string {
 	fixed := func(vs ...string) func() []string { return func() []string { return vs } }
 	return map[string]func() []string{
 		"preset":     presetNames,
-		"profile":    sim.ProfileNames,
+		"profile":    enginesim.ProfileNames,
 		"workload":   workload.Names,
 		"eviction":   fixed("ref", "lru"),
 		"backend":    fixed("sim", "vllm"),
@@ -27,7 +28,13 @@ func flagChoices() map[string]func() []string {
 
 // policyChoices are the policy names `evolve sim --policies` takes; a split
 // (static:P:D) is completed as far as its prefix.
-var policyChoices = []string{"evolve", "dynamo", "dynamo-sla", "dynamo:best", "static:best", "dynamo-static:best", "oracle", "static:", "dynamo-static:"}
+func policyChoices() []string {
+	var out []string
+	for _, p := range sim.PolicyNames {
+		out = append(out, strings.TrimSuffix(p, "P:D"))
+	}
+	return out
+}
 
 // outputFormats are the formats an --output flag's help names.
 var outputFormats = []string{"table", "wide", "json", "yaml"}
@@ -55,10 +62,10 @@ func registerCompletions(c *cobra.Command) {
 			}
 			register(f, func(string) []string { return fs }, cobra.ShellCompDirectiveNoFileComp)
 		case f.Name == "policies":
-			register(f, completeList(policyChoices), cobra.ShellCompDirectiveNoFileComp|cobra.ShellCompDirectiveNoSpace)
+			register(f, completeList(policyChoices()), cobra.ShellCompDirectiveNoFileComp|cobra.ShellCompDirectiveNoSpace)
 		case f.Name == "profile":
 			// A profile may also be a YAML file of one's own.
-			register(f, func(string) []string { return sim.ProfileNames() }, cobra.ShellCompDirectiveDefault)
+			register(f, func(string) []string { return enginesim.ProfileNames() }, cobra.ShellCompDirectiveDefault)
 		case choices[f.Name] != nil:
 			values := choices[f.Name]
 			register(f, func(string) []string { return values() }, cobra.ShellCompDirectiveNoFileComp)
