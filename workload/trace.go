@@ -2,6 +2,7 @@ package workload
 
 import (
 	"bufio"
+	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -65,15 +66,24 @@ func ReadTrace(r io.Reader) ([]TraceRecord, error) {
 	return out, nil
 }
 
-// ReadTraceFile reads the JSONL trace at path (see ReadTrace); an error
-// names the file.
+// ReadTraceFile reads the JSONL trace at path (see ReadTrace), gzipped
+// when its name ends in .gz; an error names the file.
 func ReadTraceFile(path string) ([]TraceRecord, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	recs, err := ReadTrace(f)
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	recs, err := ReadTrace(r)
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}

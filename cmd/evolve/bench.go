@@ -144,9 +144,9 @@ that think and tool times shrink to match).`,
 	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")
 	f.Float64("speedup", 1, "divide think and tool times by this (match the engines' --speedup); against the local cluster, its engines' speedup unless given")
 	f.Int64("seed", 1, "random seed of the agents")
-	f.String("trace", "", "replay this JSONL trace (Mooncake format, or one recorded with --record) instead of running agents")
+	f.String("trace", "", "replay this JSONL trace (Mooncake format, or one recorded with --record; .gz read as gzip) instead of running agents")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
-	f.String("record", "", "record every call of the agents to this JSONL trace")
+	f.String("record", "", "record every call of the agents to this JSONL trace (gzipped if it ends in .gz)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }

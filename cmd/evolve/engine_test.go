@@ -744,9 +744,19 @@ func TestSimRecordsATrace(t *testing.T) {
 	if again, _ := os.ReadFile(path); !bytes.Equal(first, again) {
 		t.Fatal("the same seed recorded another trace")
 	}
-	if out, code := runBin(t, nil, "sim", "--gpus", "2", "--profile", "tiny", "--trace", path, "--policies", "static:1:1"); code != 0 ||
-		!strings.Contains(out, fmt.Sprintf("replaying %d requests", len(recs))) {
-		t.Fatalf("replaying the recording: exit %d\n%s", code, out)
+	// Named .gz, the trace is gzipped, and read back as such.
+	gz := filepath.Join(dir, "fleet.jsonl.gz")
+	if out, code := runBin(t, nil, append(args, "--record", gz)...); code != 0 {
+		t.Fatalf("sim --record %s: exit %d\n%s", gz, code, out)
+	}
+	if raw, _ := os.ReadFile(gz); len(raw) < 2 || raw[0] != 0x1f || raw[1] != 0x8b || len(raw) >= len(first) {
+		t.Fatalf("%s is not gzipped (%d bytes, plain %d)", gz, len(raw), len(first))
+	}
+	for _, p := range []string{path, gz} {
+		if out, code := runBin(t, nil, "sim", "--gpus", "2", "--profile", "tiny", "--trace", p, "--policies", "static:1:1"); code != 0 ||
+			!strings.Contains(out, fmt.Sprintf("replaying %d requests", len(recs))) {
+			t.Fatalf("replaying the recording %s: exit %d\n%s", p, code, out)
+		}
 	}
 	for _, bad := range [][]string{{"--policies", "static:1:1,evolve"}, {"--policies", "static:best"}, {"--policies", "static:1:1", "--record", filepath.Join(dir, "none", "x.jsonl")}} {
 		a := append(append([]string{}, args[:len(args)-2]...), bad...)
@@ -757,7 +767,7 @@ func TestSimRecordsATrace(t *testing.T) {
 			t.Errorf("evolve %v: exit %d\n%s", a, code, out)
 		}
 	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
 		t.Fatalf("left behind in the folder: %v", entries)
 	}
 }

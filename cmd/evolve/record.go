@@ -1,9 +1,11 @@
 package main
 
 import (
+	"compress/gzip"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/evolvellm/evolve/workload"
 )
@@ -14,12 +16,14 @@ import (
 type recording struct {
 	path  string
 	f     *os.File
+	zw    *gzip.Writer // for a path ending in .gz
 	w     *workload.TraceWriter
 	calls int
 	err   error // the first write that failed
 }
 
-// startRecording opens a recording for path; its error is the caller's
+// startRecording opens a recording for path, gzipped when path ends in
+// .gz; its error is the caller's
 // usage error (a folder that does not exist, one not writable).
 func startRecording(path string) (*recording, error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
@@ -31,7 +35,14 @@ func startRecording(path string) (*recording, error) {
 		os.Remove(f.Name())
 		return nil, err
 	}
-	return &recording{path: path, f: f, w: workload.NewTraceWriter(f)}, nil
+	r := &recording{path: path, f: f}
+	if strings.HasSuffix(path, ".gz") {
+		r.zw = gzip.NewWriter(f)
+		r.w = workload.NewTraceWriter(r.zw)
+	} else {
+		r.w = workload.NewTraceWriter(f)
+	}
+	return r, nil
 }
 
 // write records one call sent at ms milliseconds into the run.
@@ -49,6 +60,9 @@ func (r *recording) keep() error {
 	err := r.err
 	if err == nil {
 		err = r.w.Flush()
+	}
+	if err == nil && r.zw != nil {
+		err = r.zw.Close()
 	}
 	if cerr := r.f.Close(); err == nil {
 		err = cerr

@@ -119,9 +119,9 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
 	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
 	f.Int64("seed", 1, "random seed")
-	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench --record) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
+	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench or sim --record; .gz read as gzip) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
-	f.String("record", "", "write the calls the agents send in the one simulation named by --policies to this JSONL trace, for evolve bench --trace or sim --trace; "+
+	f.String("record", "", "write the calls the agents send in the one simulation named by --policies to this JSONL trace (gzipped if it ends in .gz), for evolve bench --trace or sim --trace; "+
 		"a closed loop's timing follows the cluster it ran against")
 	f.String("timeline", "", "write a CSV per policy and minute (split, queue, latency, throughput) to this file")
 	f.String("plot", "", "draw the timelines (prefill engines, queued requests and mean latency per minute, a line per policy) to this file: .svg, .png or .pdf")
