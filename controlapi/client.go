@@ -67,16 +67,35 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 				Message string `json:"message"`
 			} `json:"error"`
 		}
-		msg := strings.TrimSpace(string(b))
+		var msg string
 		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
 			msg = e.Error.Message
+		} else {
+			msg = resp.Status + c.foreign(resp, b)
 		}
 		return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("%s %s: %s", method, path, msg)}
 	}
 	if out != nil {
-		return json.Unmarshal(b, out)
+		if err := json.Unmarshal(b, out); err != nil {
+			return fmt.Errorf("%s %s: the answer is not the control API's JSON%s (%v)", method, path, c.foreign(resp, nil), err)
+		}
 	}
 	return nil
+}
+
+// foreign describes an answer that is not the control API's: a short
+// plain-text body as it is; anything else (an HTML page, say) by its type,
+// with the question an operator should ask.
+func (c *Client) foreign(resp *http.Response, body []byte) string {
+	text := strings.TrimSpace(string(body))
+	ct := resp.Header.Get("Content-Type")
+	if text != "" && len(text) <= 200 && !strings.ContainsAny(text, "\n<") {
+		return ": " + text
+	}
+	if ct == "" {
+		ct = "no content type"
+	}
+	return fmt.Sprintf(" (%s): is %s evolve's control address (evolve orchestrator --control-addr)?", ct, c.Base)
 }
 
 // NewRequest builds a request to the API with the token set.

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,7 +39,12 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.met.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)}).Write(w)
+		msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)
+		if strings.HasPrefix(r.URL.Path, "/api/") {
+			// An operator's command pointed at the wrong port.
+			msg += ": this is evolve's router (the OpenAI API); the control API is served on the orchestrator's control address (--control-addr)"
+		}
+		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
 	})
 	return mux
 }

@@ -159,6 +159,10 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 		t.Fatalf("evolve status -o json: speedup %v, want 20: %s", st["speedup"], out)
 	}
 
+	// Pointed at the router's port by mistake, a command says so.
+	if out, code := runBin(t, c.env, "nodes", "--server", c.state.RouterURL); code != 1 || !strings.Contains(out, "this is evolve's router") {
+		t.Fatalf("evolve nodes --server ROUTER: exit %d\n%s", code, out)
+	}
 	// The shell completes node names from the live cluster, then roles.
 	if out, _ := runBinOut(t, c.env, "__complete", "role", "set", ""); !strings.HasPrefix(out, "engine-0\tprefill, serving\nengine-1\tprefill, serving\nengine-2\tdecode, serving\nengine-3\tdecode, serving\n:4\n") {
 		t.Fatalf("completion of role set's node: %q", out)
