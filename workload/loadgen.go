@@ -258,8 +258,17 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 			MaxModelLen int    `json:"max_model_len"`
 		} `json:"data"`
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || len(out.Data) == 0 {
-		return "", 0, fmt.Errorf("%s serves no model yet", cfg.URL)
+	notRouter := func(what string) error {
+		return fmt.Errorf("%s answered GET /v1/models with %s: is it an OpenAI-compatible router? (evolve's is the orchestrator's --router-addr, :8000 by default)", cfg.URL, what)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", 0, notRouter(resp.Status)
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&out); err != nil {
+		return "", 0, notRouter("something other than a model list")
+	}
+	if len(out.Data) == 0 {
+		return "", 0, fmt.Errorf("%s serves no model yet (no engine has registered)", cfg.URL)
 	}
 	return out.Data[0].ID, out.Data[0].MaxModelLen, nil
 }

@@ -56,7 +56,8 @@ that think and tool times shrink to match).`,
 			ctx, stop := notifyInterrupt(cmd.Context())
 			defer stop()
 			errw := cmd.ErrOrStderr()
-			base := workload.BenchConfig{URL: strings.TrimRight(url, "/"), Duration: config.GetDuration(k("duration")),
+			// OpenAI clients take a base URL ending in /v1: take that too.
+			base := workload.BenchConfig{URL: strings.TrimSuffix(strings.TrimRight(url, "/"), "/v1"), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed")))}
 			trace := config.GetString(k("trace"))
 			local := 0.0 // the local cluster's engine speedup, when bench runs against it
@@ -138,7 +139,7 @@ that think and tool times shrink to match).`,
 		},
 	}
 	f := cmd.Flags()
-	f.String("url", "", "router base URL (default: the local cluster's, else http://127.0.0.1:8000)")
+	f.String("url", "", "router base URL, with or without /v1 (default: the local cluster's, else http://127.0.0.1:8000)")
 	f.String("workload", "coding", "agent workload")
 	f.Int("agents", 8, "concurrent agents")
 	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")

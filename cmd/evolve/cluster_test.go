@@ -356,7 +356,8 @@ func TestOrchestratorRestartKeepsPins(t *testing.T) {
 
 func TestBenchAgainstLocalCluster(t *testing.T) {
 	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "gb300-kimi-k2", "--speedup", "50")
-	out, code := runBinOut(t, c.env, "bench", "--workload", "coding", "--agents", "3", "--duration", "4s", "--speedup", "50", "-o", "json")
+	// An OpenAI client's base URL, /v1 included, names the router too.
+	out, code := runBinOut(t, c.env, "bench", "--url", c.state.RouterURL+"/v1/", "--workload", "coding", "--agents", "3", "--duration", "4s", "--speedup", "50", "-o", "json")
 	if code != 0 {
 		t.Fatalf("bench: exit %d: %s", code, out)
 	}
@@ -383,6 +384,11 @@ func TestBenchAgainstLocalCluster(t *testing.T) {
 	// Coding agents share a 20K-token system prompt: most prompt tokens are cached.
 	if res.Cached*2 < res.PromptTokens {
 		t.Fatalf("only %d of %d prompt tokens cached", res.Cached, res.PromptTokens)
+	}
+	// The control address is not a router: bench says what it found.
+	if out, code := runBin(t, c.env, "bench", "--url", c.state.ControlURL, "--duration", "2s"); code != 1 ||
+		!strings.Contains(out, "answered GET /v1/models with 404 Not Found: is it an OpenAI-compatible router?") {
+		t.Errorf("bench --url CONTROL: exit %d\n%s", code, out)
 	}
 	for _, bad := range [][]string{{"--workload", "poetry"}, {"--duration", "-1s"}, {"--speedup", "0"}, {"--trace", "/dev/null", "--playback", "0"}} {
 		// Refused: --playback 0 or --speedup 0 once ran at 1x unasked.
