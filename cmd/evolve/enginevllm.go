@@ -21,7 +21,7 @@ import (
 )
 
 func addVLLMFlags(f *pflag.FlagSet) {
-	f.String("vllm-url", "", "vllm: join the vLLM server at this base URL instead of starting one")
+	f.String("vllm-url", "", "vllm: join the vLLM server at this base URL (with or without /v1) instead of starting one")
 	f.String("kv-events", "", "vllm: where the server publishes KV events (default: tcp://<vllm host>:5557, or from the command's --kv-events-config)")
 	f.String("kv-replay", "", "vllm: the server's KV event replay endpoint (default: tcp://<vllm host>:5558; \"none\" for none)")
 	f.String("kv-events-topic", "", "vllm: KV event topic prefix to follow (default: all)")
@@ -72,7 +72,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			return usage(fmt.Errorf("--vllm-url %q: want http://HOST:PORT", attach))
 		}
-		base = strings.TrimRight(attach, "/")
+		base = strings.TrimSuffix(strings.TrimRight(attach, "/"), "/v1") // an OpenAI base URL names the server too
 		advertise = base
 		events, replay = "tcp://"+net.JoinHostPort(u.Hostname(), "5557"), "tcp://"+net.JoinHostPort(u.Hostname(), "5558")
 	} else {

@@ -277,7 +277,11 @@ func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer srv.Close()
-		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+		base := srv.URL
+		if role == "decode" {
+			base += "/v1/" // an OpenAI client's base URL names the server too
+		}
+		startEngine(t, "--backend", "vllm", "--vllm-url", base, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 			"--id", "v-"+role, "--role", role, "--nats", orch.NATSURL)
 	}
 	eventually(t, 20*time.Second, "both serving", func() bool {
