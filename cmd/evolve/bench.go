@@ -182,7 +182,7 @@ func bar(frac float64, n int) string {
 func printBench(cmd *cobra.Command, res workload.Result) error {
 	return output(cmd, res, func(w *tabwriter.Writer, _ bool) {
 		if res.Agents > 0 {
-			fmt.Fprintf(w, "workload\t%s, %d agents, %.0f s\n", res.Workload, res.Agents, res.DurationSec)
+			fmt.Fprintf(w, "workload\t%s, %s, %.0f s\n", res.Workload, counted(res.Agents, "agent"), res.DurationSec)
 		} else {
 			fmt.Fprintf(w, "workload\t%s replay, %.0f s\n", res.Workload, res.DurationSec) // a trace: no agents of its own
 		}

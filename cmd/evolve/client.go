@@ -101,3 +101,11 @@ func addOutputFlag(cmd *cobra.Command, formats string) {
 }
 
 func newHTTPClient(timeout time.Duration) *http.Client { return &http.Client{Timeout: timeout} }
+
+// counted writes n and the noun, plural unless n is 1: "1 engine", "4 engines".
+func counted(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}

@@ -86,3 +86,11 @@ func TestShare(t *testing.T) {
 		}
 	}
 }
+
+func TestCounted(t *testing.T) {
+	for n, want := range map[int]string{0: "0 math agents", 1: "1 math agent", 24: "24 math agents"} {
+		if got := counted(n, "math agent"); got != want {
+			t.Errorf("counted(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

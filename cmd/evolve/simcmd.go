@@ -412,7 +412,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		if len(results) == 0 {
 			return // interrupted before any ended
 		}
-		who := fmt.Sprintf("%d %s agents", agents, wl)
+		who := counted(agents, wl+" agent")
 		if tr != nil {
 			who = fmt.Sprintf("%d requests of %s at %gx", len(tr.recs), filepath.Base(tr.path), tr.playback)
 		}

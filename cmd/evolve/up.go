@@ -349,7 +349,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		cleanup()
 		return fmt.Errorf("record the local cluster: %w", err)
 	}
-	fmt.Fprintf(errw, "starting %d engines (%d prefill, %d decode)", engines, prefill, engines-prefill)
+	fmt.Fprintf(errw, "starting %s (%d prefill, %d decode)", counted(engines, "engine"), prefill, engines-prefill)
 	client := &controlClient{base: info.ControlURL, http: shortClient}
 	for {
 		var nodes []orchestrator.NodeStatus
@@ -396,7 +396,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		return err
 	}
 	if agents > 0 {
-		fmt.Fprintf(errw, "running %d %s agents (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", agents, model.Name(),
+		fmt.Fprintf(errw, "running %s (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", counted(agents, model.Name()+" agent"),
 			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
 		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
