@@ -8,7 +8,6 @@ package sim
 import (
 	"container/heap"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -421,11 +420,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 			r.nextReq++
 			req := &request{id: fmt.Sprintf("r%d", r.nextReq), seed: uint64(r.nextReq)*0x9e3779b97f4a7c15 | 1,
 				lane: &laneState{}, call: workload.Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Rewrite: rec.Rewrite, Tokens: rec.Tokens(), MaxTokens: out}}
-			ns := rec.Timestamp * scale * float64(time.Millisecond)
-			if !(ns < math.MaxInt64) { // a replay slowed past time.Duration's range
-				ns = math.MaxInt64
-			}
-			at := epoch.Add(time.Duration(ns))
+			at := epoch.Add(workload.TraceDuration(rec.Timestamp * scale))
 			r.push(&event{at: at, kind: evArrive, req: req})
 		}
 	} else {

@@ -104,10 +104,15 @@ func TraceSpan(recs []TraceRecord, playback float64) time.Duration {
 const MaxTraceTimestamp = 1e11
 
 // At is when r arrives after the trace's start, replayed playback times
-// faster than recorded. A replay slowed so far that the time passes
-// time.Duration's range (about 292 years) arrives at its end.
+// faster than recorded (see TraceDuration).
 func (r *TraceRecord) At(playback float64) time.Duration {
-	ns := r.Timestamp / playback * float64(time.Millisecond)
+	return TraceDuration(r.Timestamp / playback)
+}
+
+// TraceDuration is ms milliseconds as a duration; past time.Duration's
+// range (about 292 years, a replay slowed that far) it is the range's end.
+func TraceDuration(ms float64) time.Duration {
+	ns := ms * float64(time.Millisecond)
 	if !(ns < math.MaxInt64) {
 		return math.MaxInt64
 	}

@@ -56,8 +56,7 @@ that think and tool times shrink to match).`,
 			ctx, stop := notifyInterrupt(cmd.Context())
 			defer stop()
 			errw := cmd.ErrOrStderr()
-			// OpenAI clients take a base URL ending in /v1: take that too.
-			base := workload.BenchConfig{URL: strings.TrimSuffix(strings.TrimRight(url, "/"), "/v1"), Duration: config.GetDuration(k("duration")),
+			base := workload.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed")))}
 			trace := config.GetString(k("trace"))
 			local := 0.0 // the local cluster's engine speedup, when bench runs against it

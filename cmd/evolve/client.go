@@ -109,3 +109,9 @@ func counted(n int, noun string) string {
 	}
 	return fmt.Sprintf("%d %ss", n, noun)
 }
+
+// serverBase is an OpenAI-compatible server's base URL as given, without
+// a trailing slash or the /v1 that OpenAI clients' base URLs end in.
+func serverBase(url string) string {
+	return strings.TrimSuffix(strings.TrimRight(url, "/"), "/v1")
+}

@@ -11,9 +11,13 @@ import (
 	"github.com/spf13/pflag"
 )
 
+// envKeys maps a config key to its environment variable's name, after
+// EVOLVE_: viper and envName both use it.
+var envKeys = strings.NewReplacer(".", "_", "-", "_")
+
 // envName is the environment variable that sets the config key key.
 func envName(key string) string {
-	return "EVOLVE_" + strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(key))
+	return "EVOLVE_" + strings.ToUpper(envKeys.Replace(key))
 }
 
 // flagKey is the config key of cmd's flag f: its bare name for the root's

@@ -72,7 +72,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
 			return usage(fmt.Errorf("--vllm-url %q: want http://HOST:PORT", attach))
 		}
-		base = strings.TrimSuffix(strings.TrimRight(attach, "/"), "/v1") // an OpenAI base URL names the server too
+		base = serverBase(attach)
 		advertise = base
 		events, replay = "tcp://"+net.JoinHostPort(u.Hostname(), "5557"), "tcp://"+net.JoinHostPort(u.Hostname(), "5558")
 	} else {

@@ -23,8 +23,8 @@ type recording struct {
 }
 
 // startRecording opens a recording for path, gzipped when path ends in
-// .gz; its error is the caller's
-// usage error (a folder that does not exist, one not writable).
+// .gz; its error is the caller's usage error (a folder that does not
+// exist, one not writable).
 func startRecording(path string) (*recording, error) {
 	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
 	if err != nil {

@@ -61,7 +61,7 @@ Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 // command's flags, then sets up logging.
 func loadConfig(cmd *cobra.Command) error {
 	config.SetEnvPrefix("EVOLVE")
-	config.SetEnvKeyReplacer(strings.NewReplacer(".", "_", "-", "_"))
+	config.SetEnvKeyReplacer(envKeys)
 	config.AutomaticEnv()
 	path, explicit := config.GetString("config"), false
 	if f := cmd.Flags().Lookup("config"); f != nil && f.Changed {

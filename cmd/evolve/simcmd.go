@@ -207,7 +207,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	names := strings.Split(config.GetString(k("policies")), ",")
 	for _, n := range names {
-		if strings.HasSuffix(n, ":best") || n == "oracle" {
+		if isSweep(n) {
 			continue
 		}
 		if _, err := sim.ParsePolicy(n, sc.Engines); err != nil {
@@ -230,7 +230,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	}
 	var rec *recording
 	if path := config.GetString(k("record")); path != "" {
-		if len(names) != 1 || strings.HasSuffix(names[0], ":best") || names[0] == "oracle" {
+		if len(names) != 1 || isSweep(names[0]) {
 			return usage(fmt.Errorf("--record writes the calls of one simulation, and --policies %s runs several: name one policy (--policies evolve)",
 				strings.Join(names, ",")))
 		}
@@ -244,7 +244,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	var srv *live.Server
 	if addr := config.GetString(k("live")); addr != "" {
 		for _, n := range names {
-			if strings.HasSuffix(n, ":best") || n == "oracle" {
+			if isSweep(n) {
 				return usage(fmt.Errorf("--live watches named policies, and %s runs a sweep of simulations: name its split (static:3:6)", n))
 			}
 		}
@@ -652,3 +652,7 @@ func readSimTrace(cmd *cobra.Command, path string, playback float64) (*simTrace,
 	}
 	return &simTrace{path: path, recs: recs, playback: playback, span: workload.TraceSpan(recs, playback)}, nil
 }
+
+// isSweep reports whether a policy name runs several simulations (a :best
+// sweep, or the oracle over every split) rather than one.
+func isSweep(name string) bool { return strings.HasSuffix(name, ":best") || name == "oracle" }
