@@ -88,7 +88,8 @@ func (r *run) slaReplicas(rate, isl, osl float64) (p, d int) {
 	// Prefill: full passes of the token budget over prompts of length isl
 	// (the profiler runs without prefix caching).
 	b := float64(cfg.MaxNumBatchedTokens)
-	perTok := pr.Prefill.PerTokenUs*1e-6 + pr.Prefill.PerTokenContextNs*1e-9*isl/2
+	all, topK := pr.PrefillPairs(0, int(isl))
+	perTok := pr.Prefill.PerTokenUs*1e-6 + pr.PrefillAttentionSec(all, topK)/max(isl, 1)
 	prefillTput := b / (pr.Prefill.BaseMs*1e-3 + b*perTok)
 	// A prompt must also meet the TTFT target alone; longer ones cannot,
 	// and the profiler's throughput is what it is.
@@ -96,7 +97,7 @@ func (r *run) slaReplicas(rate, isl, osl float64) (p, d int) {
 	// Decode: the largest batch whose pass stays under the ITL target at
 	// the mean context, within max_num_seqs and the KV capacity.
 	ctx := isl + osl/2
-	perSeq := pr.Decode.PerSeqUs*1e-6 + ctx*float64(pr.KVBytesPerToken)/(pr.HBMGBps*1e9*pr.Decode.KVReadEfficiency)
+	perSeq := pr.Decode.PerSeqUs*1e-6 + pr.DecodeReadSec(ctx, float64(pr.DecodeTopK(int(ctx))))
 	batch := (slaITL.Seconds() - pr.Decode.BaseMs*1e-3) / perSeq
 	batch = min(batch, float64(cfg.MaxNumSeqs), float64(cfg.GPUBlocks*pr.BlockSize)/ctx)
 	batch = max(batch, 1)

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
@@ -127,10 +128,12 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 	}
 	var base PassStats
 	m.fillQueueStats(&base)
+	topK := m.newTopKSum(ctx)
 	passes := 0
 	for passes < k && now.Before(until) {
 		st := base
 		st.DecodeSeqs, st.DecodeContext = b, ctx+passes*b
+		st.DecodeTopK = topK.at(passes)
 		d := m.passTime(&st)
 		ao.Passes = append(ao.Passes, Pass{Start: now, Duration: d, Stats: st})
 		m.pass++
@@ -172,4 +175,47 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 	ao.Events = append(ao.Events, m.out.Events...)
 	m.delivered = true
 	return now
+}
+
+// topKSum gives, for the running sequences, the sum over them of
+// min(context, top_k) after j more decode passes (Profile.DecodeTopK), in
+// amortised constant time per pass when j only grows.
+type topKSum struct {
+	k     int
+	b     int   // sequences
+	below []int // contexts under top_k, ascending
+	n     int   // of those, how many are still under it at the last j
+	sum   int   // their sum
+}
+
+// newTopKSum starts a topKSum over the running sequences, whose contexts
+// add up to ctx.
+func (m *Model) newTopKSum(ctx int) topKSum {
+	t := topKSum{k: m.p.Sparse.TopK, b: len(m.running)}
+	if t.k <= 0 {
+		t.sum = ctx // dense: every context token is read
+		return t
+	}
+	t.below = m.topKScratch[:0]
+	for _, s := range m.running {
+		if c := s.ntok(); c < t.k {
+			t.below = append(t.below, c)
+			t.sum += c
+		}
+	}
+	slices.Sort(t.below)
+	t.n = len(t.below)
+	m.topKScratch = t.below
+	return t
+}
+
+func (t *topKSum) at(j int) int {
+	if t.k <= 0 {
+		return t.sum + j*t.b
+	}
+	for t.n > 0 && t.below[t.n-1]+j >= t.k {
+		t.n--
+		t.sum -= t.below[t.n]
+	}
+	return t.sum + j*t.n + (t.b-t.n)*t.k
 }

@@ -94,9 +94,19 @@ func byAdvance(t *testing.T, m *Model, arr []arrival) (map[string]Finished, int)
 }
 
 func TestAdvanceMatchesStepLoop(t *testing.T) {
-	for _, gpuBlocks := range []int{0, 120} { // roomy, and tight enough to preempt
-		t.Run(fmt.Sprint("gpu", gpuBlocks), func(t *testing.T) {
+	for _, tc := range []struct {
+		gpuBlocks int
+		sparse    bool
+	}{
+		{0, false}, {120, false}, // roomy, and tight enough to preempt
+		{0, true}, // sparse attention: contexts cross top_k inside bulk runs
+	} {
+		gpuBlocks := tc.gpuBlocks
+		t.Run(fmt.Sprintf("gpu%d,sparse=%t", gpuBlocks, tc.sparse), func(t *testing.T) {
 			p := tinyProfile(t)
+			if tc.sparse {
+				p.Sparse = SparseAttention{TopK: 256, SelectedKVBytesPerToken: p.KVBytesPerToken * 3 / 4, IndexerPairCost: 0.1}
+			}
 			a, b := NewModel(p, Config{GPUBlocks: gpuBlocks}), NewModel(p, Config{GPUBlocks: gpuBlocks})
 			arr := mixedArrivals()
 			want := byStep(t, a, arr)

@@ -140,8 +140,13 @@ type PassStats struct {
 	PrefillAttended float64 // sum over prefill chunks of new tokens x average context attended
 	DecodeSeqs      int     // sequences that got one decode token
 	DecodeContext   int     // total context of those sequences
-	HostLoadBlocks  int     // blocks copied host -> GPU for prefix hits
-	OffloadBlocks   int     // blocks copied GPU -> host on eviction
+	// With sparse attention (Profile.Sparse), the parts of PrefillAttended
+	// and DecodeContext within each query's top_k keys; equal to them for
+	// dense attention, and read only by the pass's cost.
+	PrefillTopK     float64
+	DecodeTopK      int
+	HostLoadBlocks  int // blocks copied host -> GPU for prefix hits
+	OffloadBlocks   int // blocks copied GPU -> host on eviction
 	Preemptions     int
 	Waiting         int
 	Running         int
@@ -257,7 +262,8 @@ type Model struct {
 	advPasses   []Pass
 	advFinished []Finished
 	advEvents   []kv.Event
-	bulkPasses  int // passes computed in bulk by Advance (for tests)
+	topKScratch []int // bulkDecode's contexts under the sparse top_k
+	bulkPasses  int   // passes computed in bulk by Advance (for tests)
 }
 
 // NewModel returns an idle engine for profile p.

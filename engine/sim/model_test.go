@@ -531,6 +531,81 @@ func TestGB300ProfilesMatchAnchors(t *testing.T) {
 	}
 }
 
+// Sparse attention counts, per new token, the pairs within its top_k keys;
+// chunks add up to the whole prompt, and dense attention counts them all.
+func TestPrefillPairs(t *testing.T) {
+	dense := &Profile{}
+	sparse := &Profile{Sparse: SparseAttention{TopK: 1000}}
+	for _, tc := range []struct {
+		c, n          int
+		all, topK     float64
+		denseTopKSame bool
+	}{
+		{0, 800, 800 * 400, 800 * 400, true},                           // under top_k: the same
+		{2000, 500, 500 * 2250, 500 * 1000, true},                      // past it: top_k each
+		{600, 800, 800 * 1000, (1000*1000-600*600)/2 + 400*1000, true}, // across it
+	} {
+		all, topK := sparse.PrefillPairs(tc.c, tc.n)
+		if all != tc.all || topK != tc.topK {
+			t.Errorf("sparse PrefillPairs(%d, %d) = %v, %v; want %v, %v", tc.c, tc.n, all, topK, tc.all, tc.topK)
+		}
+		if a, k := dense.PrefillPairs(tc.c, tc.n); a != tc.all || k != a {
+			t.Errorf("dense PrefillPairs(%d, %d) = %v, %v; want %v twice", tc.c, tc.n, a, k, tc.all)
+		}
+	}
+	// Chunked or whole, the same pairs.
+	var sumAll, sumTopK float64
+	for c := 0; c < 5000; c += 700 {
+		a, k := sparse.PrefillPairs(c, min(700, 5000-c))
+		sumAll, sumTopK = sumAll+a, sumTopK+k
+	}
+	if a, k := sparse.PrefillPairs(0, 5000); a != sumAll || k != sumTopK {
+		t.Errorf("whole %v, %v; chunked %v, %v", a, k, sumAll, sumTopK)
+	}
+	if sparse.DecodeTopK(300) != 300 || sparse.DecodeTopK(5000) != 1000 || dense.DecodeTopK(5000) != 5000 {
+		t.Error("DecodeTopK")
+	}
+}
+
+// GLM-5's sparse attention makes long contexts cheap where Kimi K2's dense
+// MLA pays for every pair, and costs the same as dense (plus the indexer)
+// on short ones.
+func TestGLM5SparseAttention(t *testing.T) {
+	p, err := LoadProfile("gb300-glm5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.IsSparse() {
+		t.Fatal("gb300-glm5 is not sparse")
+	}
+	dense := *p
+	dense.Sparse = SparseAttention{}
+	prefill := func(p *Profile, tokens int) time.Duration {
+		m := NewModel(p, Config{})
+		submit(t, m, t0, Request{ID: "x", Tokens: prompt(tokens, 1), MaxTokens: 1})
+		run(t, m, t0, 1000)
+		return m.Counters().BusyTime
+	}
+	// 128K tokens: dense MLA would take about 8 s as for DeepSeek; sparse
+	// attention leaves mostly the per-token work.
+	s, d := prefill(p, 128*1024), prefill(&dense, 128*1024)
+	if !(s < d/3) || s < 2000*time.Millisecond || s > 2600*time.Millisecond {
+		t.Errorf("128K prefill: sparse %v, dense %v; want about 2.3 s and under a third", s, d)
+	}
+	// 1,500 tokens, all within top_k: dense plus the indexer's share.
+	s, d = prefill(p, 1500), prefill(&dense, 1500)
+	if s < d || s > d+d/50 {
+		t.Errorf("1.5K prefill: sparse %v, dense %v; want dense plus at most 2%%", s, d)
+	}
+	// A decode step at 64K context reads top_k latents and every indexer key.
+	m := NewModel(p, Config{})
+	st := PassStats{DecodeSeqs: 100, DecodeContext: 100 * 65536, DecodeTopK: 100 * 2048}
+	itl := m.passTime(&st)
+	if itl < 14*time.Millisecond || itl > 17*time.Millisecond {
+		t.Errorf("decode, 100 sequences at 64K: %v, want about 15.4 ms", itl)
+	}
+}
+
 func TestSubmitUsesGivenChain(t *testing.T) {
 	p := tinyProfile(t)
 	tokens := prompt(200, 9)

@@ -39,6 +39,76 @@ type Profile struct {
 
 	Prefill PrefillCost `yaml:"prefill"`
 	Decode  DecodeCost  `yaml:"decode"`
+
+	// Sparse, when its top_k is set, makes attention sparse: each query
+	// attends to the top_k keys an indexer picks, and the indexer scores
+	// every key of the context at a smaller cost per pair.
+	Sparse SparseAttention `yaml:"sparse_attention"`
+}
+
+// SparseAttention describes DeepSeek Sparse Attention (DSA), which
+// DeepSeek-V3.2 and GLM-5 use: a lightweight indexer scores every key of a
+// query's context, and the attention proper reads only the top_k it picks.
+// Prefill then costs per_token_context_ns per pair within each token's top_k
+// plus indexer_pair_cost of that per pair over the whole context; a decode
+// step reads selected_kv_bytes_per_token for at most top_k tokens and the
+// rest of kv_bytes_per_token (the indexer's keys) for every token.
+type SparseAttention struct {
+	TopK                    int     `yaml:"top_k"`                       // keys each query attends to; 0: dense attention
+	SelectedKVBytesPerToken int     `yaml:"selected_kv_bytes_per_token"` // of kv_bytes_per_token, the part read only for selected keys
+	IndexerPairCost         float64 `yaml:"indexer_pair_cost"`           // an indexer pair's cost, as a share of a dense attention pair's
+}
+
+// IsSparse reports whether attention is sparse (top_k set).
+func (p *Profile) IsSparse() bool { return p.Sparse.TopK > 0 }
+
+// PrefillPairs returns the query-key pairs of n new tokens that follow c
+// computed ones: all of them (each token attends to everything before it,
+// counted at the chunk's midpoint, n * (c + n/2)), and those within each
+// token's top_k keys (the same for dense attention).
+func (p *Profile) PrefillPairs(c, n int) (all, topK float64) {
+	fc, fn := float64(c), float64(n)
+	all = fn * (fc + fn/2)
+	k := p.Sparse.TopK
+	switch {
+	case k <= 0 || c+n <= k:
+		return all, all
+	case c >= k:
+		return all, fn * float64(k)
+	default: // the chunk crosses top_k: the integral of min(x, k) over [c, c+n)
+		fk := float64(k)
+		return all, (fk*fk-fc*fc)/2 + (fc+fn-fk)*fk
+	}
+}
+
+// DecodeTopK is how many of a decode step's ctx context tokens the
+// attention proper reads: min(ctx, top_k), or ctx for dense attention.
+func (p *Profile) DecodeTopK(ctx int) int {
+	if k := p.Sparse.TopK; k > 0 && ctx > k {
+		return k
+	}
+	return ctx
+}
+
+// PrefillAttentionSec is the attention time of a prefill whose pairs are
+// all and, within each token's top_k, topK (see PrefillPairs).
+func (p *Profile) PrefillAttentionSec(all, topK float64) float64 {
+	pair := p.Prefill.PerTokenContextNs * 1e-9
+	if !p.IsSparse() {
+		return pair * all
+	}
+	return pair * (topK + p.Sparse.IndexerPairCost*all)
+}
+
+// DecodeReadSec is the time a decode step spends reading the KV of ctx
+// context tokens, topK of them selected (see DecodeTopK).
+func (p *Profile) DecodeReadSec(ctx, topK float64) float64 {
+	bytes := ctx * float64(p.KVBytesPerToken)
+	if p.IsSparse() {
+		sel := float64(p.Sparse.SelectedKVBytesPerToken)
+		bytes = topK*sel + ctx*(float64(p.KVBytesPerToken)-sel)
+	}
+	return bytes / (p.HBMGBps * 1e9 * p.Decode.KVReadEfficiency)
 }
 
 // PrefillCost is the prefill part of a pass:
@@ -99,6 +169,10 @@ func (p *Profile) Validate() error {
 		{p.MaxNumSeqs >= 0 && p.MaxNumBatchedTokens >= 0, "max_num_seqs and max_num_batched_tokens must not be negative"},
 		{p.Prefill.BaseMs >= 0 && p.Prefill.PerTokenUs > 0 && p.Prefill.PerTokenContextNs >= 0, "prefill costs: base_ms >= 0, per_token_us > 0, per_token_context_ns >= 0"},
 		{p.Decode.BaseMs > 0 && p.Decode.PerSeqUs >= 0 && p.Decode.KVReadEfficiency > 0 && p.Decode.KVReadEfficiency <= 1, "decode costs: base_ms > 0, per_seq_us >= 0, 0 < kv_read_efficiency <= 1"},
+		{p.Sparse.TopK >= 0, "sparse_attention.top_k must not be negative"},
+		{!p.IsSparse() || p.Sparse.SelectedKVBytesPerToken > 0 && p.Sparse.SelectedKVBytesPerToken <= p.KVBytesPerToken,
+			"sparse_attention.selected_kv_bytes_per_token must be positive and at most kv_bytes_per_token"},
+		{!p.IsSparse() || p.Sparse.IndexerPairCost >= 0 && p.Sparse.IndexerPairCost <= 1, "sparse_attention.indexer_pair_cost must be between 0 and 1"},
 	}
 	for _, c := range checks {
 		if !c.ok {

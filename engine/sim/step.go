@@ -221,9 +221,12 @@ func (m *Model) account(s *seq, n int, st *PassStats) {
 	if decode {
 		st.DecodeSeqs++
 		st.DecodeContext += s.ntok()
+		st.DecodeTopK += m.p.DecodeTopK(s.ntok())
 	} else {
+		all, topK := m.p.PrefillPairs(s.computed, n)
 		st.PrefillTokens += n
-		st.PrefillAttended += float64(n) * (float64(s.computed) + float64(n)/2)
+		st.PrefillAttended += all
+		st.PrefillTopK += topK
 		s.usage.ComputedTokens += n
 	}
 	before := s.computed >> m.bsShift
@@ -250,9 +253,9 @@ func (m *Model) passTime(st *PassStats) time.Duration {
 	}
 	t := base +
 		p.Prefill.PerTokenUs*1e-6*float64(st.PrefillTokens) +
-		p.Prefill.PerTokenContextNs*1e-9*st.PrefillAttended +
+		p.PrefillAttentionSec(st.PrefillAttended, st.PrefillTopK) +
 		p.Decode.PerSeqUs*1e-6*float64(st.DecodeSeqs) +
-		float64(st.DecodeContext)*float64(p.KVBytesPerToken)/(p.HBMGBps*1e9*p.Decode.KVReadEfficiency) +
+		p.DecodeReadSec(float64(st.DecodeContext), float64(st.DecodeTopK)) +
 		float64(st.HostLoadBlocks+st.OffloadBlocks)*p.BlockBytes()/(p.HostGBps*1e9)
 	return seconds(t)
 }
