@@ -336,7 +336,7 @@ func TestFlagValuesComplete(t *testing.T) {
 		want string
 	}{
 		{[]string{"sim", "--preset", ""}, "claude-code-126x36\n"},
-		{[]string{"sim", "--profile", ""}, "gb300-glm46\ngb300-kimi-k2\ntiny\n:0\n"},
+		{[]string{"sim", "--profile", ""}, "gb300-glm46\ngb300-glm5\ngb300-kimi-k2\ntiny\n:0\n"},
 		{[]string{"bench", "--workload", ""}, "coding\nmath\ncomputer-use\nshift\n:4\n"},
 		{[]string{"nodes", "-o", ""}, "table\nwide\njson\nyaml\n:4\n"},
 		{[]string{"top", "-o", ""}, "table\njson\n:4\n"},
@@ -503,20 +503,28 @@ func TestSimInterruptedSaysHowFarItGot(t *testing.T) {
 }
 
 // The experiments' own names are presets too: putnam and osworld run
-// their middle concurrency.
+// their middle concurrency. Each preset runs the workload, fleet and profile
+// workloads.md gives it.
 func TestSimPresetsByExperimentName(t *testing.T) {
-	for name, want := range map[string]string{"putnam": "math", "osworld": "computer-use"} {
+	type scenario struct {
+		Workload string `json:"workload"`
+		Agents   int    `json:"agents"`
+		GPUs     int    `json:"gpus"`
+		Profile  string `json:"profile"`
+	}
+	for name, want := range map[string]scenario{
+		"putnam":             {"math", 160, 36, "gb300-glm5"},
+		"osworld":            {"computer-use", 160, 36, "gb300-kimi-k2"},
+		"claude-code-126x36": {"coding", 126, 36, "gb300-glm5"},
+		"claude-code-high":   {"coding", 160, 36, "gb300-glm5"},
+		"shift-math-cu-3h":   {"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2"},
+	} {
 		out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", "static:4:5", "-o", "json")
 		var res struct {
-			Scenario struct {
-				Workload string `json:"workload"`
-				Agents   int    `json:"agents"`
-				GPUs     int    `json:"gpus"`
-			} `json:"scenario"`
+			Scenario scenario `json:"scenario"`
 		}
-		if code != 0 || json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res) != nil || res.Scenario.Workload != want ||
-			res.Scenario.Agents != 160 || res.Scenario.GPUs != 36 {
-			t.Fatalf("--preset %s: exit %d\n%s", name, code, out)
+		if code != 0 || json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res) != nil || res.Scenario != want {
+			t.Fatalf("--preset %s: exit %d, want %+v\n%s", name, code, want, out)
 		}
 	}
 }

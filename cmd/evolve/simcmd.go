@@ -41,14 +41,14 @@ var presets = map[string]preset{}
 
 func init() {
 	add := func(name string, p preset) { presets[name] = p }
-	add("claude-code-126x36", preset{"coding", 126, 36, "gb300-kimi-k2", 30 * time.Minute, time.Hour})
+	add("claude-code-126x36", preset{"coding", 126, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
 	add("shift-math-cu-3h", preset{"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2", 10 * time.Minute, 3 * time.Hour})
 	for _, lvl := range []struct {
 		name          string
 		math, cc, osw int
 	}{{"low", 96, 96, 96}, {"mid", 160, 126, 160}, {"high", 224, 160, 224}} {
-		add("putnam-"+lvl.name, preset{"math", lvl.math, 36, "gb300-kimi-k2", 10 * time.Minute, time.Hour})
-		add("claude-code-"+lvl.name, preset{"coding", lvl.cc, 36, "gb300-kimi-k2", 30 * time.Minute, time.Hour})
+		add("putnam-"+lvl.name, preset{"math", lvl.math, 36, "gb300-glm5", 10 * time.Minute, time.Hour})
+		add("claude-code-"+lvl.name, preset{"coding", lvl.cc, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
 		add("osworld-"+lvl.name, preset{"computer-use", lvl.osw, 36, "gb300-kimi-k2", 10 * time.Minute, time.Hour})
 	}
 	// The experiments' own names run their middle level.
@@ -108,7 +108,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f := cmd.Flags()
 	f.String("preset", "", "scenario preset, named after the research system's experiments: claude-code-126x36, shift-math-cu-3h, and putnam, osworld, claude-code at -low, -mid or -high concurrency (putnam and osworld alone: -mid); flags given alongside override it")
 	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
-	f.String("profile", "gb300-kimi-k2", "engine profile")
+	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
