@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 )
 
@@ -80,11 +81,16 @@ func (r *run) freeSlot() bool {
 	return false
 }
 
-// slaReplicas is Dynamo's formula: replicas = demand / per-engine
-// throughput under the SLA, rounded up, then fitted into the budget.
+// slaReplicas is Dynamo's formula for this run's cluster (see
+// dynamoReplicas).
 func (r *run) slaReplicas(rate, isl, osl float64) (p, d int) {
-	pr := r.sc.Profile
-	cfg := r.engines[0].model.Config()
+	return dynamoReplicas(r.sc.Profile, r.engines[0].model.Config(), len(r.engines), rate, isl, osl)
+}
+
+// dynamoReplicas is Dynamo's formula: replicas = demand / per-engine
+// throughput under the SLA, rounded up, then fitted into a budget of total
+// engines configured as cfg.
+func dynamoReplicas(pr *enginesim.Profile, cfg enginesim.Config, total int, rate, isl, osl float64) (p, d int) {
 	// Prefill: full passes of the token budget over prompts of length isl
 	// (the profiler runs without prefix caching).
 	b := float64(cfg.MaxNumBatchedTokens)
@@ -105,7 +111,7 @@ func (r *run) slaReplicas(rate, isl, osl float64) (p, d int) {
 	decodeTput := batch / itl
 	d = int(math.Ceil(rate * osl / decodeTput))
 	p, d = max(p, 1), max(d, 1)
-	if total := len(r.engines); p+d > total {
+	if p+d > total {
 		// Over budget: scale both down in proportion, at least one each.
 		p = max(1, min(total-1, int(math.Round(float64(total)*float64(p)/float64(p+d)))))
 		d = total - p

@@ -57,18 +57,24 @@ type Policy struct {
 	// SLAPlanner runs Dynamo's older SLA planner (dynamosla.go).
 	SLAPlanner bool
 	// Planner runs evolve's online planner, starting from the fixed split.
-	Planner   bool
-	ColdStart time.Duration // how long an added worker loads before it serves
+	Planner bool
+	// ProfiledSplit replaces Prefill, before the run, with the split
+	// Dynamo's throughput formulas give for the scenario (dynamo-static;
+	// see DynamoStaticSplit).
+	ProfiledSplit bool
+	ColdStart     time.Duration // how long an added worker loads before it serves
 }
 
 // PolicyNames are the policies Compare runs, splits written P:D.
-var PolicyNames = []string{"evolve", "dynamo", "dynamo-sla", "dynamo:best", "static:P:D", "static:best", "dynamo-static:P:D", "dynamo-static:best", "oracle"}
+var PolicyNames = []string{"evolve", "dynamo", "dynamo-static", "dynamo-sla", "dynamo:best", "static:P:D", "static:best", "dynamo-static:P:D", "dynamo-static:best", "oracle"}
 
-// ParsePolicy reads a fixed-split policy for a cluster of n engines:
-// static:P:D (evolve's router and KV management), dynamo-static:P:D
-// (Dynamo's router and KVBM), or evolve (evolve's router at Dynamo's
-// recipe ratio of one prefill engine for two decode, until the planner
-// moves nodes). Sweeps (static:best, dynamo-static:best) are resolved by Run.
+// ParsePolicy reads a policy for a cluster of n engines: static:P:D
+// (evolve's router and KV management), dynamo-static:P:D (Dynamo's router
+// and KVBM), dynamo-static (the same at the split Dynamo's formulas give,
+// resolved when it runs), dynamo and dynamo-sla (with Dynamo's planners),
+// or evolve (evolve's router at Dynamo's recipe ratio of one prefill
+// engine for two decode, until the planner moves nodes). Sweeps
+// (static:best, dynamo-static:best, dynamo:best) are resolved by Compare.
 func ParsePolicy(name string, n int) (Policy, error) {
 	split := func(spec string) (int, error) {
 		p, d, ok := strings.Cut(spec, ":")
@@ -86,6 +92,8 @@ func ParsePolicy(name string, n int) (Policy, error) {
 		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, SLAPlanner: true, ColdStart: 60 * time.Second}, nil
 	case name == "dynamo":
 		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, DynamoPlanner: true, ColdStart: 60 * time.Second}, nil
+	case name == "dynamo-static":
+		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, ProfiledSplit: true}, nil
 	case strings.HasPrefix(name, "static:"):
 		p, err := split(strings.TrimPrefix(name, "static:"))
 		return Policy{Name: name, Router: "evolve", Prefill: p}, err
@@ -355,6 +363,13 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	}
 	if sc.Workload == "" {
 		sc.Workload = "coding"
+	}
+	if pol.ProfiledSplit {
+		p, err := dynamoStaticSplit(sc, pol.Name, hooks)
+		if err != nil {
+			return Result{}, err
+		}
+		pol.Prefill, pol.ProfiledSplit = p, false
 	}
 	if pol.Prefill < 1 || pol.Prefill >= sc.Engines {
 		return Result{}, fmt.Errorf("policy %s: %d prefill engines of %d", pol.Name, pol.Prefill, sc.Engines)

@@ -2,6 +2,9 @@ package sim
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -237,5 +240,53 @@ func TestDynamoSLAPlannerSizesPools(t *testing.T) {
 	mp, md := r.slaReplicas(20, 1000, 8000)
 	if pp+pd > 6 || mp+md > 6 || pp <= mp || md <= pd || pp < 1 || md < 1 {
 		t.Fatalf("prompt-heavy %d:%d, output-heavy %d:%d", pp, pd, mp, md)
+	}
+}
+
+// dynamo-static runs Dynamo at the split its throughput formulas give for
+// the demand observed in the warm-up, using every engine: a prompt-heavy
+// fleet gets more prefill engines than an output-heavy one, the run keeps
+// that split, and the same seed gives the same split.
+func TestDynamoStaticUsesProfiledSplit(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, err := ParsePolicy("dynamo-static", 6)
+	if err != nil || !pol.ProfiledSplit || pol.Router != "dynamo" || !pol.WriteThrough || pol.Planner || pol.DynamoPlanner || pol.SLAPlanner {
+		t.Fatalf("policy %+v, %v", pol, err)
+	}
+	split := map[string]int{}
+	for _, wl := range []string{"computer-use", "math"} {
+		sc := Scenario{Profile: p, Engines: 6, Workload: wl, Agents: 40, Warmup: 8 * time.Minute, Duration: 2 * time.Minute, Seed: 3}
+		want, err := dynamoStaticSplit(sc, pol.Name, runHooks{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(sc, pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Split != fmt.Sprintf("%d:%d", want, 6-want) || res.RoleSwitches != 0 || res.Requests == 0 {
+			t.Fatalf("%s: split %q, %d switches, %d requests; the formulas gave %d prefill engines", wl, res.Split, res.RoleSwitches, res.Requests, want)
+		}
+		split[wl] = want
+	}
+	if split["computer-use"] <= split["math"] {
+		t.Fatalf("prefill engines: computer-use %d, math %d; want more for the prompt-heavy fleet", split["computer-use"], split["math"])
+	}
+	// Stopped while it measures the demand: no result, named as asked.
+	sc := Scenario{Profile: p, Engines: 6, Workload: "math", Agents: 40, Warmup: 8 * time.Minute, Duration: 2 * time.Minute, Seed: 3}
+	asked := 0
+	_, err = Compare(sc, []string{"dynamo-static"}, &Hooks{Cancelled: func() bool { asked++; return asked > 3 }})
+	var ie *InterruptedError
+	if !errors.As(err, &ie) || len(ie.Unfinished) != 1 || ie.Unfinished[0].Policy != "dynamo-static" || ie.Unfinished[0].Elapsed != 0 ||
+		!slices.Equal(ie.Names, []string{"dynamo-static"}) {
+		t.Fatalf("interrupted while measuring: %v", err)
+	}
+	for _, tc := range [][4]int{{1, 2, 9, 3}, {1, 1, 9, 5}, {5, 1, 6, 5}, {1, 30, 9, 1}, {30, 1, 9, 8}} {
+		if got := scaleSplit(tc[0], tc[1], tc[2]); got != tc[3] {
+			t.Errorf("scaleSplit(%d, %d, %d) = %d, want %d", tc[0], tc[1], tc[2], got, tc[3])
+		}
 	}
 }

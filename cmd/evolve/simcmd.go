@@ -89,6 +89,9 @@ Policies (comma-separated):
                       from the last interval's rate, ISL and OSL and the
                       per-engine throughput under TTFT 0.5 s / ITL 50 ms targets
                       (taken from the engine cost model), cold starts, removals
+  dynamo-static       Dynamo without a planner, at the split the SLA planner's
+                      formulas give for the demand seen in the warm-up's second
+                      half (a run at 1:2 measures it), scaled to every engine
   dynamo-static:P:D   the same with a fixed split and no planner
   dynamo-static:best  every fixed Dynamo split, the best
   dynamo:best         the best of dynamo, dynamo-sla and every fixed Dynamo split
