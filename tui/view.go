@@ -2,6 +2,7 @@ package tui
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -353,7 +354,7 @@ func (m *Model) viewPlanner() string {
 	}{{"prefill cost", p.PrefillFit}, {"decode cost", p.DecodeFit}} {
 		var parts []string
 		for _, c := range f.fit.Coefs {
-			parts = append(parts, fmt.Sprintf("%s %.3g±%.2g", c.Name, c.Value, c.StdErr))
+			parts = append(parts, coefText(c))
 		}
 		conf := "trusted"
 		if !f.fit.Ready {
@@ -585,5 +586,21 @@ func rate(v float64) string {
 		return fmt.Sprintf("%.1fk", v/1e3)
 	default:
 		return fmt.Sprintf("%.1fM", v/1e6)
+	}
+}
+
+// coefText is a learned coefficient and its standard error, the error as a
+// share of the value ("per_token_us 6.5 ±0.2%") so that a tiny error reads
+// at a glance instead of as 6.8e-07; in absolute terms when the value is 0
+// or the error dwarfs it.
+func coefText(c Coef) string {
+	v := math.Abs(c.Value)
+	switch rel := 100 * c.StdErr / v; {
+	case v == 0 || rel >= 1000 || math.IsNaN(rel):
+		return fmt.Sprintf("%s %.3g ±%.2g", c.Name, c.Value, c.StdErr)
+	case rel < 0.1:
+		return fmt.Sprintf("%s %.3g ±<0.1%%", c.Name, c.Value)
+	default:
+		return fmt.Sprintf("%s %.3g ±%.2g%%", c.Name, c.Value, rel)
 	}
 }
