@@ -120,7 +120,7 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
-	f.String("policies", "dynamo,dynamo:best,static:best,evolve", "policies to compare")
+	f.String("policies", "dynamo,dynamo-static,dynamo-sla,dynamo:best,static:best,evolve", "policies to compare (by default Dynamo as shipped, at its profiled split, with its SLA planner and at its best, against evolve and the best static split)")
 	f.Int64("seed", 1, "random seed")
 	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench or sim --record; .gz read as gzip) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
