@@ -40,7 +40,10 @@ func dynamoStaticSplit(sc Scenario, name string, hooks runHooks) (int, error) {
 		total := sc.Warmup + sc.Duration
 		ph.progress = func(time.Duration, time.Duration) bool { return hooks.progress(0, total) }
 	}
-	pol := Policy{Name: fmt.Sprintf("dynamo-static:%d:%d", recipe, sc.Engines-recipe), Router: "dynamo", Prefill: recipe, WriteThrough: true}
+	pol, err := ParsePolicy(fmt.Sprintf("dynamo-static:%d:%d", recipe, sc.Engines-recipe), sc.Engines)
+	if err != nil {
+		return 0, err
+	}
 	if _, err := runWith(probe, pol, ph); errors.Is(err, ErrInterrupted) {
 		return 0, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Total: sc.Warmup + sc.Duration}}}
 	} else if err != nil {
@@ -49,7 +52,7 @@ func dynamoStaticSplit(sc Scenario, name string, hooks runHooks) (int, error) {
 	if calls == 0 {
 		return recipe, nil // no demand to size for
 	}
-	cfg := enginesim.NewModel(sc.Profile, enginesim.Config{WriteThrough: true}).Config()
+	cfg := enginesim.Config{WriteThrough: pol.WriteThrough}.WithDefaults(sc.Profile)
 	n := float64(calls)
 	p, d := dynamoReplicas(sc.Profile, cfg, sc.Engines, n/(probe.Duration-from).Seconds(), float64(isl)/n, float64(osl)/n)
 	return scaleSplit(p, d, sc.Engines), nil

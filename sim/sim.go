@@ -60,7 +60,7 @@ type Policy struct {
 	Planner bool
 	// ProfiledSplit replaces Prefill, before the run, with the split
 	// Dynamo's throughput formulas give for the scenario (dynamo-static;
-	// see DynamoStaticSplit).
+	// see dynamoStaticSplit).
 	ProfiledSplit bool
 	ColdStart     time.Duration // how long an added worker loads before it serves
 }

@@ -209,6 +209,8 @@ func (m *Model) newTopKSum(ctx int) topKSum {
 	return t
 }
 
+// at is the sum after j passes; j must not decrease from one call to the
+// next.
 func (t *topKSum) at(j int) int {
 	if t.k <= 0 {
 		return t.sum + j*t.b

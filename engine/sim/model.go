@@ -266,8 +266,9 @@ type Model struct {
 	bulkPasses  int   // passes computed in bulk by Advance (for tests)
 }
 
-// NewModel returns an idle engine for profile p.
-func NewModel(p *Profile, c Config) *Model {
+// WithDefaults is c with what it leaves unset taken from profile p, else
+// from vLLM's defaults: the configuration a model made with c runs.
+func (c Config) WithDefaults(p *Profile) Config {
 	if c.MaxNumSeqs <= 0 {
 		c.MaxNumSeqs = p.MaxNumSeqs
 		if c.MaxNumSeqs <= 0 {
@@ -292,6 +293,12 @@ func NewModel(p *Profile, c Config) *Model {
 	if c.NewPolicy == nil {
 		c.NewPolicy = NewLRUPolicy
 	}
+	return c
+}
+
+// NewModel returns an idle engine for profile p.
+func NewModel(p *Profile, c Config) *Model {
+	c = c.WithDefaults(p)
 	m := &Model{
 		p: *p, cfg: c, bs: p.BlockSize, bsShift: bits.TrailingZeros(uint(p.BlockSize)),
 		byID:       map[string]*seq{},
