@@ -19,9 +19,10 @@ import (
 // half of the scenario's warm-up (at least the SLA planner's 180 s
 // interval), served by Dynamo at its recipe ratio. The observation runs
 // the same code as the run itself, so the split is the same for the same
-// seed; hooks' progress can stop it, which stops the run named name
-// before it began.
-func dynamoStaticSplit(sc Scenario, name string, hooks runHooks) (int, error) {
+// seed. It also returns the modelled time it measured for. hooks' progress
+// hears the measurement as the first part of the run named name (which
+// then follows it), and can stop it, as part of that run.
+func dynamoStaticSplit(sc Scenario, name string, hooks runHooks) (prefill int, probed time.Duration, err error) {
 	recipe := max(1, sc.Engines/3)
 	probe := sc
 	probe.Warmup, probe.Duration = 0, max(sc.Warmup, 2*slaInterval)
@@ -36,26 +37,27 @@ func dynamoStaticSplit(sc Scenario, name string, hooks runHooks) (int, error) {
 		}
 	}}
 	if hooks.progress != nil {
-		// The run has not begun: report none of it done, and stop when told.
-		total := sc.Warmup + sc.Duration
-		ph.progress = func(time.Duration, time.Duration) bool { return hooks.progress(0, total) }
+		total := probe.Duration + sc.Warmup + sc.Duration
+		ph.progress = func(elapsed, _ time.Duration) bool { return hooks.progress(elapsed, total) }
 	}
 	pol, err := ParsePolicy(fmt.Sprintf("dynamo-static:%d:%d", recipe, sc.Engines-recipe), sc.Engines)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	if _, err := runWith(probe, pol, ph); errors.Is(err, ErrInterrupted) {
-		return 0, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Total: sc.Warmup + sc.Duration}}}
+	var ie *InterruptedError
+	if _, err := runWith(probe, pol, ph); errors.As(err, &ie) && len(ie.Unfinished) == 1 {
+		u := ie.Unfinished[0]
+		return 0, 0, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Elapsed: u.Elapsed, Total: probe.Duration + sc.Warmup + sc.Duration}}}
 	} else if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	if calls == 0 {
-		return recipe, nil // no demand to size for
+		return recipe, probe.Duration, nil // no demand to size for
 	}
 	cfg := enginesim.Config{WriteThrough: pol.WriteThrough}.WithDefaults(sc.Profile)
 	n := float64(calls)
 	p, d := dynamoReplicas(sc.Profile, cfg, sc.Engines, n/(probe.Duration-from).Seconds(), float64(isl)/n, float64(osl)/n)
-	return scaleSplit(p, d, sc.Engines), nil
+	return scaleSplit(p, d, sc.Engines), probe.Duration, nil
 }
 
 // scaleSplit scales a p:d split to total engines in proportion, at least

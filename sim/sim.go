@@ -364,12 +364,19 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	if sc.Workload == "" {
 		sc.Workload = "coding"
 	}
+	var probed time.Duration // modelled time spent measuring before the run (dynamo-static)
 	if pol.ProfiledSplit {
-		p, err := dynamoStaticSplit(sc, pol.Name, hooks)
+		var p int
+		var err error
+		p, probed, err = dynamoStaticSplit(sc, pol.Name, hooks)
 		if err != nil {
 			return Result{}, err
 		}
 		pol.Prefill, pol.ProfiledSplit = p, false
+		if progress := hooks.progress; progress != nil {
+			// Progress counts the measurement and the run as one span.
+			hooks.progress = func(elapsed, total time.Duration) bool { return progress(probed+elapsed, probed+total) }
+		}
 	}
 	if pol.Prefill < 1 || pol.Prefill >= sc.Engines {
 		return Result{}, fmt.Errorf("policy %s: %d prefill engines of %d", pol.Name, pol.Prefill, sc.Engines)
@@ -493,7 +500,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		case evMinute:
 			r.closeWindow()
 			if r.hooks.progress != nil && r.hooks.progress(r.now.Sub(r.start), r.scoreTo.Sub(r.start)) {
-				return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: pol.Name, Elapsed: r.now.Sub(r.start), Total: r.scoreTo.Sub(r.start)}}}
+				return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: pol.Name, Elapsed: probed + r.now.Sub(r.start), Total: probed + r.scoreTo.Sub(r.start)}}}
 			}
 
 		case evPlanStep:

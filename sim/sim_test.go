@@ -259,7 +259,7 @@ func TestDynamoStaticUsesProfiledSplit(t *testing.T) {
 	split := map[string]int{}
 	for _, wl := range []string{"computer-use", "math"} {
 		sc := Scenario{Profile: p, Engines: 4, Workload: wl, Agents: 30, Warmup: 6 * time.Minute, Duration: time.Minute, Seed: 3}
-		want, err := dynamoStaticSplit(sc, pol.Name, runHooks{})
+		want, _, err := dynamoStaticSplit(sc, pol.Name, runHooks{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -278,12 +278,14 @@ func TestDynamoStaticUsesProfiledSplit(t *testing.T) {
 	if split["computer-use"] <= split["math"] {
 		t.Fatalf("prefill engines: computer-use %d, math %d; want more for the prompt-heavy fleet", split["computer-use"], split["math"])
 	}
-	// Stopped while it measures the demand: no result, named as asked.
+	// Stopped while it measures the demand: no result, named as asked,
+	// stopped early in a span that counts the measurement and the run.
 	sc := Scenario{Profile: p, Engines: 4, Workload: "math", Agents: 30, Warmup: 6 * time.Minute, Duration: time.Minute, Seed: 3}
 	asked := 0
 	_, err = Compare(sc, []string{"dynamo-static"}, &Hooks{Cancelled: func() bool { asked++; return asked > 3 }})
 	var ie *InterruptedError
-	if !errors.As(err, &ie) || len(ie.Unfinished) != 1 || ie.Unfinished[0].Policy != "dynamo-static" || ie.Unfinished[0].Elapsed != 0 ||
+	if !errors.As(err, &ie) || len(ie.Unfinished) != 1 || ie.Unfinished[0].Policy != "dynamo-static" ||
+		ie.Unfinished[0].Elapsed <= 0 || ie.Unfinished[0].Elapsed >= 6*time.Minute || ie.Unfinished[0].Total != 13*time.Minute ||
 		!slices.Equal(ie.Names, []string{"dynamo-static"}) {
 		t.Fatalf("interrupted while measuring: %v", err)
 	}
