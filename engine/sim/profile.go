@@ -3,6 +3,7 @@ package sim
 import (
 	"embed"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -179,6 +180,16 @@ func (p *Profile) Validate() error {
 			return fmt.Errorf("profile %q: %s", p.Name, c.what)
 		}
 	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"hbm_gbps", p.HBMGBps}, {"host_gbps", p.HostGBps}, {"network_gbps", p.NetworkGBps},
+		{"prefill.base_ms", p.Prefill.BaseMs}, {"prefill.per_token_us", p.Prefill.PerTokenUs}, {"prefill.per_token_context_ns", p.Prefill.PerTokenContextNs},
+		{"decode.base_ms", p.Decode.BaseMs}, {"decode.per_seq_us", p.Decode.PerSeqUs}, {"sparse_attention.indexer_pair_cost", p.Sparse.IndexerPairCost}} {
+		if math.IsInf(f.v, 0) || math.IsNaN(f.v) {
+			return fmt.Errorf("profile %q: %s must be a finite number, not %v", p.Name, f.name, f.v)
+		}
+	}
 	return nil
 }
 
@@ -229,4 +240,19 @@ func ParseProfile(data []byte) (*Profile, error) {
 	return &p, nil
 }
 
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+// MaxPass is the longest a modelled pass or transfer lasts: a profile's
+// costs are checked to be finite, but large ones multiplied together could
+// still pass time.Duration's range and run time backwards.
+const MaxPass = 1000 * time.Hour
+
+// seconds converts a modelled time to a Duration: at least 1 ns when
+// positive, so that time always moves, and at most MaxPass.
+func seconds(s float64) time.Duration {
+	switch {
+	case !(s > 0): // zero, negative or NaN
+		return 0
+	case s >= MaxPass.Seconds():
+		return MaxPass
+	}
+	return max(time.Duration(s*float64(time.Second)), 1)
+}
