@@ -41,7 +41,7 @@ type TraceRecord struct {
 func ReadTrace(r io.Reader) ([]TraceRecord, error) {
 	var out []TraceRecord
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 64<<20)
+	sc.Buffer(nil, 64<<20) // grows as long lines need, up to 64 MB
 	line := 0
 	for sc.Scan() {
 		line++
