@@ -113,7 +113,7 @@ func dynamoReplicas(pr *enginesim.Profile, cfg enginesim.Config, total int, rate
 	p, d = max(p, 1), max(d, 1)
 	if p+d > total {
 		// Over budget: scale both down in proportion, at least one each.
-		p = max(1, min(total-1, int(math.Round(float64(total)*float64(p)/float64(p+d)))))
+		p = scaleSplit(p, d, total)
 		d = total - p
 	}
 	return p, d
