@@ -527,6 +527,21 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 			t.Fatalf("--preset %s: exit %d, want %+v\n%s", name, code, want, out)
 		}
 	}
+	// --help lists every preset with what it runs, aliases beside their level.
+	help, _ := runBinOut(t, nil, "sim", "--help")
+	for _, line := range []string{
+		"  claude-code-126x36      126   36  gb300-glm5     30m + 1h         coding\n",
+		"  putnam-mid, putnam      160   36  gb300-glm5     10m + 1h         math\n",
+		"  osworld-low              96   36  gb300-kimi-k2  10m + 1h         computer-use\n",
+		"  shift-math-cu-3h        160   36  gb300-kimi-k2  10m + 3h         shift:math>computer-use:1h:1h:1h\n",
+	} {
+		if !strings.Contains(help, line) {
+			t.Errorf("sim --help lacks %q:\n%s", line, help)
+		}
+	}
+	if strings.Contains(help, "\n  putnam  ") || strings.Count(help, "putnam-mid") != 1 {
+		t.Errorf("sim --help lists the putnam alias on its own:\n%s", help)
+	}
 }
 
 // evolve sim replays a trace (Mooncake's format) in place of agents: every

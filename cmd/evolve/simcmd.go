@@ -65,6 +65,38 @@ func presetNames() []string {
 	return out
 }
 
+// presetTable lists the presets with what each runs, a line each; a name
+// that only stands for another (putnam for putnam-mid) says so.
+func presetTable() string {
+	var b strings.Builder
+	row := "  %-20s %6s %4s  %-13s  %-16s %s\n"
+	fmt.Fprintf(&b, row, "preset", "agents", "GPUs", "profile", "warm-up + scored", "workload")
+	for _, name := range presetNames() {
+		p := presets[name]
+		if alias := strings.TrimSuffix(name, "-mid"); alias != name && presets[alias] == p {
+			name += ", " + alias
+		} else if presets[name+"-mid"] == p {
+			continue // listed with the level it stands for
+		}
+		fmt.Fprintf(&b, row, name, fmt.Sprint(p.agents), fmt.Sprint(p.gpus), p.profile,
+			shortDuration(p.warmup)+" + "+shortDuration(p.scored), p.workload)
+	}
+	return b.String()
+}
+
+// shortDuration writes whole minutes and hours without their zero parts
+// (30m, 1h, 1h30m).
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 func newSimCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "sim",
@@ -98,8 +130,9 @@ Policies (comma-separated):
   oracle              per minute, the best static split, as if the future were
                       known and switches free (an optimistic upper limit)
 
-One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets:
-` + "  " + strings.Join(presetNames(), ", ") + `.`,
+One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets, after
+the research system's experiments:
+` + presetTable(),
 		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve
   evolve sim --preset claude-code-126x36 --policies dynamo,evolve --live 127.0.0.1:7070
     (then: evolve top --readonly --server http://127.0.0.1:7070/evolve --beside http://127.0.0.1:7070/dynamo)
