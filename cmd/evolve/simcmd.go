@@ -84,13 +84,10 @@ func presetTable() string {
 	return b.String()
 }
 
-// shortDuration writes whole minutes and hours without their zero parts
+// shortDuration is minutes without a zero minutes part after the hours
 // (30m, 1h, 1h30m).
 func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
+	s := minutes(d)
 	if strings.HasSuffix(s, "h0m") {
 		s = strings.TrimSuffix(s, "0m")
 	}

@@ -1,9 +1,6 @@
 package sim
 
-import (
-	"testing"
-	"time"
-)
+import "testing"
 
 // A profile is a file a user writes: whatever it says, a profile that
 // parses must run, with passes of positive, finite length, and one that
@@ -44,7 +41,7 @@ func FuzzParseProfile(f *testing.F) {
 			if out.Idle {
 				break
 			}
-			if d <= 0 || d > 1000*time.Hour {
+			if d <= 0 || d > MaxPass {
 				t.Fatalf("pass of %v from profile\n%s", d, data)
 			}
 			now = out.Start.Add(d)
