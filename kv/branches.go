@@ -119,6 +119,10 @@ func (b *Branches) Begin(now time.Time, id Identity, chain []BlockHash) Turn {
 		br.parent = parentName
 		turn.Parent = parentName
 		turn.Kind = TurnNew
+		// The new context is referenced before a rewritten parent lets go
+		// of its own, so that the prefix they share never drops to zero
+		// references: only the parent's dead tail changes priority.
+		turn.Added = b.extend(br, chain, 0)
 		if p := s.branches[parentName]; p != nil && p.state != BranchEnded {
 			turn.Kind = TurnFork
 			if id.Rewrite {
@@ -126,7 +130,6 @@ func (b *Branches) Begin(now time.Time, id Identity, chain []BlockHash) Turn {
 				turn.Dropped = b.end(p, "rewritten by "+turn.Branch)
 			}
 		}
-		turn.Added = b.extend(br, chain, 0)
 	default:
 		k := commonPrefix(br.chain, chain)
 		turn.Kind = TurnContinue

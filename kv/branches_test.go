@@ -97,6 +97,47 @@ func TestBranchesRewriteInPlace(t *testing.T) {
 	}
 }
 
+// A rewrite into a new branch (a compaction, a computer-use window that
+// drops its oldest screenshot) keeps the prefix it shares with its parent
+// referenced throughout: Changes names the parent's dead tail and the new
+// blocks only, so engines are not re-hinted the whole kept prefix.
+func TestBranchesRewriteNewBranchChanges(t *testing.T) {
+	b := NewBranches(time.Minute)
+	kept := chainOf(1, 6)
+	old := grow(kept, 2, 4)
+	b.Begin(bt0, Identity{Session: "s", Branch: "w1"}, old)
+	b.Finish(bt0, "s", "w1")
+	b.Changes()
+	next := grow(kept, 3, 3)
+	turn := b.Begin(bt0.Add(time.Second), Identity{Session: "s", Branch: "w2", Parent: "w1", Rewrite: true}, next)
+	if turn.Kind != TurnRewrite || turn.Dropped != 10 || turn.Added != 9 {
+		t.Fatalf("turn %+v", turn)
+	}
+	want := map[BlockHash]bool{}
+	for _, h := range old[6:] {
+		want[h] = true
+	}
+	for _, h := range next[6:] {
+		want[h] = true
+	}
+	ch := b.Changes()
+	got := map[BlockHash]bool{}
+	for _, h := range ch {
+		got[h] = true
+	}
+	if len(ch) != len(want) || len(got) != len(want) {
+		t.Fatalf("changes %v, want the 4 dead and 3 new blocks once each", ch)
+	}
+	for h := range want {
+		if !got[h] {
+			t.Fatalf("changes %v lack %x", ch, h)
+		}
+	}
+	if got := refsOf(b, kept); got[0] != 1 || got[5] != 1 || b.Refs(old[7]) != 0 {
+		t.Fatalf("kept prefix refs %v, dead tail %d", got, b.Refs(old[7]))
+	}
+}
+
 // Without a branch name, the branch is inferred from the session's live
 // branches: extending one continues it, diverging forks the closest.
 func TestBranchesInference(t *testing.T) {
