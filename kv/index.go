@@ -94,9 +94,18 @@ func (x *Table[V]) Prefetch(hs []BlockHash) BlockHash {
 	}
 	var sink BlockHash
 	for _, h := range hs {
-		sink ^= x.slots[uint64(h)&x.mask].key
+		sink ^= x.PrefetchOne(h)
 	}
 	return sink
+}
+
+// PrefetchOne reads the slot where h starts its probe, as Prefetch does
+// for a run of hashes, for callers whose hashes are not in one slice.
+func (x *Table[V]) PrefetchOne(h BlockHash) BlockHash {
+	if x.slots == nil {
+		return 0
+	}
+	return x.slots[uint64(h)&x.mask].key
 }
 
 // Has reports whether h is present.

@@ -581,7 +581,15 @@ func TierBit(t kv.Tier) uint8 { return 1 << (t & 1) }
 // hint for a block the engine holds no copy of waits for the block's
 // arrival; the copies carry their hint between tiers.
 func (m *Model) SetHints(hints []Hint) {
-	for _, h := range hints {
+	for i, h := range hints {
+		if i%prefetchBatch == 0 {
+			// A rewrite's dead tail hints hundreds of blocks, each a
+			// likely cache miss in both tiers' indexes: read the next
+			// batch's slots in parallel.
+			for _, x := range hints[i:min(i+prefetchBatch, len(hints))] {
+				m.sink ^= m.gpuByHash.PrefetchOne(x.Hash) ^ m.hostByHash.PrefetchOne(x.Hash)
+			}
+		}
 		var onGPU, onHost bool
 		if h.Tiers == 0 || h.Tiers&TierBit(kv.TierGPU) != 0 {
 			var gid int32
