@@ -199,7 +199,7 @@ func (c *cluster) run(dur time.Duration, rate float64, prompt, output int) {
 // nodes. The split follows a shift from one to the other.
 func TestSplitFollowsAShift(t *testing.T) {
 	// The mean-E2E objective: at the default TTFT weight, 1:8's gain on
-	// this steady math demand is under the 5% hysteresis.
+	// this steady math demand is under the hysteresis.
 	c := newCluster(9, 3, Config{TTFTWeight: 1})
 	// Math-like: short prompts, long outputs.
 	c.run(10*time.Minute, 4, 1000, 4000)
@@ -360,14 +360,16 @@ func TestCostModelLearnsPrefillFromMixedPasses(t *testing.T) {
 // do not.
 func TestPrefillQueueRevealsHiddenDemand(t *testing.T) {
 	for _, slow := range []bool{false, true} {
-		// The mean-E2E objective, for which 3 or 4 prefill nodes are
-		// right; the default TTFT weight asks for one more.
+		// The mean-E2E objective, for which 3 to 5 prefill nodes are
+		// right (4 and 5 differ by 0.1%, under the 2% hysteresis; the
+		// planner reaches 5 while the queue it revealed still drains);
+		// the default TTFT weight asks for one more.
 		c := newCluster(9, 2, Config{TTFTWeight: 1})
 		seen := runPrefillBehind(c, slow, 10*time.Minute, nil)
 		p, d := c.split()
 		st := c.p.Status()
-		if slow && (p < 3 || p > 4) {
-			t.Fatalf("two prefill nodes busy with 40 queued each: split %d:%d, want 3 or 4 prefill nodes; demand %+v, reason %s", p, d, st.Short, st.Reason)
+		if slow && (p < 3 || p > 5) {
+			t.Fatalf("two prefill nodes busy with 40 queued each: split %d:%d, want 3 to 5 prefill nodes; demand %+v, reason %s", p, d, st.Short, st.Reason)
 		}
 		if !slow && p > 2 {
 			t.Fatalf("light prefill demand and no queue: split %d:%d, want no more prefill nodes; demand %+v, reason %s", p, d, st.Short, st.Reason)
