@@ -25,6 +25,7 @@ func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
 	cfg := m.Config()
 	return planner.New(planner.Config{
 		Interval: sc.Planner.Interval, Persistence: sc.Planner.Persistence, TTFTWeight: sc.Planner.TTFTWeight,
+		MinImprovement: sc.Planner.MinImprovement,
 		Limits: planner.Limits{MaxBatchedTokens: cfg.MaxNumBatchedTokens, MaxSeqs: cfg.MaxNumSeqs,
 			GPUKVTokens: cfg.GPUBlocks * p.BlockSize},
 		HostSecPerBlock: p.BlockBytes() / (p.HostGBps * 1e9),

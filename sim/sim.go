@@ -38,9 +38,9 @@ type Scenario struct {
 	// Dynamo's policies always use KVBM's LRU.
 	Eviction string
 	// Planner tunes evolve's planner as the orchestrator's --planner-*
-	// flags do: Interval, Persistence and TTFTWeight are taken, zero
-	// fields keep their defaults. The engines' limits come from the
-	// profile.
+	// flags do: Interval, Persistence, TTFTWeight and MinImprovement are
+	// taken, zero fields keep their defaults. The engines' limits come
+	// from the profile.
 	Planner planner.Config
 }
 

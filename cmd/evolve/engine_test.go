@@ -639,8 +639,14 @@ func TestSimTakesThePlannerKnobs(t *testing.T) {
 	if n, sc := run("--planner-persistence", "1h"); n != 0 || sc["planner_persistence_s"] != 3600.0 {
 		t.Fatalf("with a persistence of 1h the planner made %d switches (scenario %v)", n, sc)
 	}
-	if out, code := runBin(t, nil, "sim", "--planner-ttft-weight", "-1"); code != 2 || strings.Contains(out, "simulating") {
-		t.Fatalf("a negative weight: exit %d\n%s", code, out)
+	// A better split must be half as costly before this planner moves.
+	if n, sc := run("--planner-min-improvement", "0.5"); n != 0 || sc["planner_min_improvement"] != 0.5 {
+		t.Fatalf("with a minimum improvement of 0.5 the planner made %d switches (scenario %v)", n, sc)
+	}
+	for _, bad := range [][]string{{"--planner-ttft-weight", "-1"}, {"--planner-min-improvement", "1"}, {"--planner-min-improvement", "-0.1"}} {
+		if out, code := runBin(t, nil, append([]string{"sim"}, bad...)...); code != 2 || strings.Contains(out, "simulating") || !strings.Contains(out, bad[0]) {
+			t.Fatalf("sim %v: exit %d\n%s", bad, code, out)
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -96,8 +97,9 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"),
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
-			Persistence: config.GetDuration("orchestrator.planner-persistence"),
-			TTFTWeight:  config.GetFloat64("orchestrator.planner-ttft-weight")},
+			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
+			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),
+			MinImprovement: config.GetFloat64("orchestrator.planner-min-improvement")},
 	})
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
@@ -128,6 +130,7 @@ func addPlannerFlags(f *pflag.FlagSet) {
 	f.Duration("planner-interval", 0, "time between planner steps, in the engines' modelled time (default 5s)")
 	f.Duration("planner-persistence", 0, "how long a better split must hold before the planner acts, in modelled time (default 1m)")
 	f.Float64("planner-ttft-weight", 0, "weight of TTFT against decode time in the planner's objective, TTFT x weight + output tokens x ITL (default 4: 1 would be the predicted mean end-to-end latency, but bursts make TTFT longer than the planner's queue model predicts)")
+	f.Float64("planner-min-improvement", 0, "share by which a better split must lower the planner's objective before it counts, in [0, 1) (default 0.02: the persistence and the payback check stop moves that do not pay)")
 }
 
 func checkPlannerFlags(cmd string) error {
@@ -139,10 +142,21 @@ func checkPlannerFlags(cmd string) error {
 	if config.GetFloat64(cmd+".planner-ttft-weight") < 0 {
 		return fmt.Errorf("--planner-ttft-weight must not be negative")
 	}
+	if err := checkMinImprovement(config.GetFloat64(cmd + ".planner-min-improvement")); err != nil {
+		return err
+	}
 	for _, f := range []string{"planner-interval", "planner-persistence"} {
 		if config.GetDuration(cmd+"."+f) < 0 {
 			return fmt.Errorf("--%s must not be negative (0: the default)", f)
 		}
+	}
+	return nil
+}
+
+// checkMinImprovement checks --planner-min-improvement (0: the default).
+func checkMinImprovement(v float64) error {
+	if v < 0 || v >= 1 || math.IsNaN(v) {
+		return fmt.Errorf("--planner-min-improvement %g: want a share in [0, 1), 0 for the default (0.02)", v)
 	}
 	return nil
 }

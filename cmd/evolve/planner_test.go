@@ -98,7 +98,8 @@ func TestPlannerOff(t *testing.T) {
 		t.Fatalf("planner with --planner off: exit %d: %s", code, out)
 	}
 	for _, bad := range [][]string{{"up", "--planner", "sometimes"}, {"up", "--planner-interval", "-1s"}, {"up", "--planner-persistence", "-5s"},
-		{"up", "--timeout", "-1s"}, {"up", "--duration", "-1s", "--agents", "2"}, {"orchestrator", "--planner-interval", "-1s"}} {
+		{"up", "--timeout", "-1s"}, {"up", "--duration", "-1s", "--agents", "2"}, {"orchestrator", "--planner-interval", "-1s"},
+		{"up", "--planner-min-improvement", "1"}, {"orchestrator", "--planner-min-improvement", "-0.5"}} {
 		flag := bad[1]
 		if out, code := runBinOut(t, c.env, bad...); code != 2 || !strings.Contains(out, flag) {
 			t.Errorf("%v: exit %d: %s", bad, code, out)

@@ -147,6 +147,7 @@ the research system's experiments:
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
 	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")
 	f.Float64("planner-ttft-weight", 0, "evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default 4)")
+	f.Float64("planner-min-improvement", 0, "evolve's planner: share by which a better split must lower its objective, as the orchestrator's flag (default 0.02)")
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
@@ -231,9 +232,12 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		sc.Trace, sc.TimeScale = tr.recs, 1/tr.playback
 	}
 	sc.Planner = planner.Config{Interval: config.GetDuration(k("planner-interval")), Persistence: config.GetDuration(k("planner-persistence")),
-		TTFTWeight: config.GetFloat64(k("planner-ttft-weight"))}
+		TTFTWeight: config.GetFloat64(k("planner-ttft-weight")), MinImprovement: config.GetFloat64(k("planner-min-improvement"))}
 	if sc.Planner.Interval < 0 || sc.Planner.Persistence < 0 || sc.Planner.TTFTWeight < 0 {
 		return usage(fmt.Errorf("--planner-interval, --planner-persistence and --planner-ttft-weight must not be negative (0: the default)"))
+	}
+	if err := checkMinImprovement(sc.Planner.MinImprovement); err != nil {
+		return usage(err)
 	}
 	if e := sc.Eviction; e != "ref" && e != "lru" {
 		return usage(fmt.Errorf("--eviction %q: want ref or lru", e))
@@ -413,7 +417,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	scenario := map[string]any{"gpus": gpus, "engines": sc.Engines, "profile": profile, "workload": wl,
 		"agents": agents, "warmup_s": warm.Seconds(), "duration_s": dur.Seconds(), "seed": sc.Seed}
 	for key, v := range map[string]float64{"planner_interval_s": sc.Planner.Interval.Seconds(), "planner_persistence_s": sc.Planner.Persistence.Seconds(),
-		"planner_ttft_weight": sc.Planner.TTFTWeight} {
+		"planner_ttft_weight": sc.Planner.TTFTWeight, "planner_min_improvement": sc.Planner.MinImprovement} {
 		if v > 0 {
 			scenario[key] = v
 		}

@@ -296,7 +296,8 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		"--ready-file", ready, "--log-format", "json", "--planner", config.GetString(key("planner")),
 		"--planner-interval", config.GetDuration(key("planner-interval")).String(),
 		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
-		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64))
+		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64),
+		"--planner-min-improvement", strconv.FormatFloat(config.GetFloat64(key("planner-min-improvement")), 'g', -1, 64))
 	if err != nil {
 		return err
 	}
