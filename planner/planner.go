@@ -71,6 +71,9 @@ type Config struct {
 // DefaultTTFTWeight is Config.TTFTWeight's default.
 const DefaultTTFTWeight = 4
 
+// DefaultMinImprovement is Config.MinImprovement's default.
+const DefaultMinImprovement = 0.02
+
 func (c *Config) defaults() {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {
@@ -85,7 +88,7 @@ func (c *Config) defaults() {
 	def(&c.GainHorizon, 5*time.Minute)
 	def(&c.CostTau, 10*time.Minute)
 	if c.MinImprovement <= 0 {
-		c.MinImprovement = 0.02
+		c.MinImprovement = DefaultMinImprovement
 	}
 	if c.MinPerRole <= 0 {
 		c.MinPerRole = 1
