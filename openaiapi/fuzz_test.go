@@ -1,6 +1,13 @@
 package openaiapi
 
-import "testing"
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"testing"
+
+	"github.com/evolvellm/evolve/tokenizer"
+)
 
 // FuzzParse sends arbitrary bodies through the parser both front doors
 // share: it answers every one with a request or an OpenAI-shaped 4xx,
@@ -26,6 +33,64 @@ func FuzzParse(f *testing.F) {
 		}
 		if len(p.Tokens) == 0 || p.MaxTokens < 1 {
 			t.Fatalf("accepted %d prompt tokens, max_tokens %d", len(p.Tokens), p.MaxTokens)
+		}
+	})
+}
+
+// referencePromptTokens reads a prompt with encoding/json alone, trying
+// each shape a completion prompt may have in turn: what promptTokens did
+// before it read token ids itself.
+func referencePromptTokens(raw json.RawMessage) ([]uint32, *Error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, BadRequest("prompt", "prompt is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		if s == "" {
+			return nil, BadRequest("prompt", "prompt is empty")
+		}
+		return tokenizer.Encode(s), nil
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		if len(ss) != 1 || ss[0] == "" {
+			return nil, BadRequest("prompt", "a list prompt must hold exactly one non-empty string (batched prompts are not supported)")
+		}
+		return tokenizer.Encode(ss[0]), nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return checkIDs(ids)
+	}
+	var idss [][]int64
+	if json.Unmarshal(raw, &idss) == nil {
+		if len(idss) != 1 {
+			return nil, BadRequest("prompt", "a list of token lists must hold exactly one list (batched prompts are not supported)")
+		}
+		return checkIDs(idss[0])
+	}
+	return nil, BadRequest("prompt", "prompt must be a string or a list of token ids")
+}
+
+// FuzzPromptTokens: reading token ids in one pass gives what encoding/json
+// gives, ids and errors alike, for any prompt a valid body can carry.
+func FuzzPromptTokens(f *testing.F) {
+	for _, s := range []string{
+		`[1, 2, 3]`, `[[1,2,3]]`, ` [ [ 7 ] ] `, `[]`, `[[]]`, `[[1],[2]]`, `[0]`, `[00]`, `[-1]`, `[1.0]`, `[1e3]`,
+		`[131071]`, `[131072]`, `[99999999999999999999]`, `["a"]`, `"hi"`, `""`, `[1, "a"]`, `[[1], 2]`, `[1]  `, `{"a": 1}`,
+		`[ 1 ,2 , 3 ]`, "[1,\n2\t,3\r]", `[[1, 2]  ]`, `null`, `true`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		if !json.Valid(raw) {
+			return // a prompt comes out of a body encoding/json read
+		}
+		got, gerr := promptTokens(raw)
+		want, werr := referencePromptTokens(raw)
+		if !slices.Equal(got, want) || (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Message != werr.Message) {
+			t.Fatalf("prompt %q: got %v %v, want %v %v", raw, got, gerr, want, werr)
 		}
 	})
 }

@@ -174,13 +174,23 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 
 // promptTokens reads the prompt of a completion request: a string, a list
 // of one string, a list of token ids, or a list of one list of token ids.
+// The prompt's first bytes say which it is; token ids (an agent's whole
+// context, often 100K of them) are read in one pass.
 func promptTokens(raw json.RawMessage) ([]uint32, *Error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, BadRequest("prompt", "prompt is required")
 	}
+	if ids, ok := scanIDs(raw); ok {
+		return ids, nil
+	}
+	if inner := bytes.TrimLeft(raw[1:], jsonSpace); raw[0] == '[' && len(inner) > 0 && inner[0] == '[' {
+		if ids, ok := scanIDs(inner); ok && len(bytes.TrimLeft(inner[idsLen(inner):], jsonSpace)) == 1 {
+			return ids, nil
+		}
+	}
 	var s string
-	if json.Unmarshal(raw, &s) == nil {
+	if raw[0] == '"' && json.Unmarshal(raw, &s) == nil {
 		if s == "" {
 			return nil, BadRequest("prompt", "prompt is empty")
 		}
@@ -205,6 +215,62 @@ func promptTokens(raw json.RawMessage) ([]uint32, *Error) {
 		return checkIDs(idss[0])
 	}
 	return nil, BadRequest("prompt", "prompt must be a string or a list of token ids")
+}
+
+const jsonSpace = " \t\r\n"
+
+// maxScanDigits bounds the numbers scanIDs reads itself; longer ones
+// (never a token id: the vocabulary is far smaller) go to encoding/json,
+// which says what is wrong with them.
+const maxScanDigits = 9
+
+// scanIDs reads a JSON list of token ids at the start of b (valid JSON, as
+// a json.RawMessage is) in one pass, without reflection. ok is false for
+// anything else (a string, a nested list, a negative or fractional number,
+// an id outside the vocabulary) and for an empty list: the caller then
+// decodes with encoding/json, which gives the same ids and the errors
+// that say what is wrong. b may continue after the list.
+func scanIDs(b []byte) (ids []uint32, ok bool) {
+	if len(b) == 0 || b[0] != '[' {
+		return nil, false
+	}
+	// An id and its comma take about as many bytes as a uint32.
+	ids = make([]uint32, 0, len(b)/4+1)
+	for i := skipSpace(b, 1); i < len(b); {
+		start := i
+		var v int64
+		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+			v = v*10 + int64(b[i]-'0')
+			i++
+		}
+		if i == start || i-start > maxScanDigits || (b[start] == '0' && i-start > 1) || v >= tokenizer.VocabSize {
+			return nil, false
+		}
+		ids = append(ids, uint32(v))
+		i = skipSpace(b, i)
+		if i >= len(b) {
+			return nil, false
+		}
+		switch b[i] {
+		case ']':
+			return ids, true
+		case ',':
+			i = skipSpace(b, i+1)
+		default:
+			return nil, false
+		}
+	}
+	return nil, false
+}
+
+// idsLen is the length of the list scanIDs read at the start of b.
+func idsLen(b []byte) int { return bytes.IndexByte(b, ']') + 1 }
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
 }
 
 func checkIDs(ids []int64) ([]uint32, *Error) {

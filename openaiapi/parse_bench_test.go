@@ -1,0 +1,51 @@
+package openaiapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+)
+
+// benchBody is a completion request carrying n prompt token ids, as evolve
+// bench's agents send their contexts.
+func benchBody(n int) []byte {
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = 1000 + (i*7919)%120000
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "max_tokens": 512, "stream": true,
+		"stream_options": map[string]bool{"include_usage": true}})
+	return b
+}
+
+// chatBody is a chat request whose history holds about n words.
+func chatBody(n int) []byte {
+	var sb strings.Builder
+	for i := range n {
+		fmt.Fprintf(&sb, " w%d", i%5000)
+	}
+	b, _ := json.Marshal(map[string]any{"model": "m", "messages": []map[string]string{
+		{"role": "system", "content": "You are a coding agent."}, {"role": "user", "content": sb.String()}}, "max_tokens": 512})
+	return b
+}
+
+// BenchmarkParse: what each front door (router, engine) spends reading a
+// request, for a 32K-token context given as ids and as chat text.
+func BenchmarkParse(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		body []byte
+		chat bool
+	}{{"ids-32k", benchBody(32768), false}, {"chat-32k-words", chatBody(32768), true}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := Parse(c.body, c.chat, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
