@@ -110,7 +110,7 @@ type attempt struct {
 	w        http.ResponseWriter
 	r        *http.Request
 	p        *openaiapi.Parsed
-	raw      map[string]any // the client's body, re-sent to engines
+	body     relayBody // the client's body, re-sent to engines
 	path     string
 	reqID    string
 	dec      routing.Decision
@@ -142,8 +142,8 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		perr.Write(w)
 		return
 	}
-	var raw map[string]any
-	if err := json.Unmarshal(body, &raw); err != nil {
+	rb, err := parseRelayBody(body)
+	if err != nil {
 		openaiapi.BadRequest("", "body must be a JSON object").Write(w)
 		return
 	}
@@ -159,7 +159,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)}).Write(w)
 		return
 	}
-	if terr := o.engineTokens(r.Context(), p, raw, model); terr != nil {
+	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {
 		outcome := "bad_request"
 		if terr.Status >= 500 {
 			outcome = "no_engine"
@@ -204,7 +204,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, raw: raw, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1}
+		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1}
 		if try == 0 && len(p.Tokens) > 0 {
 			// An engine computes at least the prompt's last token (the
 			// simulated one its last block).
@@ -349,7 +349,6 @@ func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) 
 // failed and why, or nil when the client got its answer.
 func (a *attempt) run() (string, error) {
 	defer a.o.release(a.dec)
-	body := a.raw
 	if a.dec.Disaggregated {
 		params, err := a.prefill()
 		var ce *clientError
@@ -363,9 +362,7 @@ func (a *attempt) run() (string, error) {
 		if err != nil {
 			return a.dec.Prefill, err
 		}
-		body = cloneMap(a.raw)
-		body["kv_transfer_params"] = params
-		err = a.forward(a.urls[a.dec.Decode], body)
+		err = a.forward(a.urls[a.dec.Decode], a.body.with(map[string]json.RawMessage{"kv_transfer_params": params}))
 		if err != nil && !a.started {
 			// The decode leg never pulled the KV: free it on the prefill
 			// engine now rather than when its hold times out.
@@ -373,16 +370,18 @@ func (a *attempt) run() (string, error) {
 		}
 		return a.dec.Decode, err
 	}
-	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], body)
+	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], a.body.raw)
 }
 
 // releaseHold takes (and drops) the KV a prefill leg holds.
-func (a *attempt) releaseHold(params any) {
-	p, _ := params.(map[string]any)
-	id, _ := p["remote_request_id"].(string)
-	if id == "" {
+func (a *attempt) releaseHold(params json.RawMessage) {
+	var p struct {
+		ID string `json:"remote_request_id"`
+	}
+	if json.Unmarshal(params, &p) != nil || p.ID == "" {
 		return
 	}
+	id := p.ID
 	b, _ := json.Marshal(map[string]string{"remote_request_id": id})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -397,27 +396,22 @@ func (a *attempt) releaseHold(params any) {
 	}
 }
 
-func cloneMap(m map[string]any) map[string]any {
-	out := make(map[string]any, len(m)+1)
-	for k, v := range m {
-		out[k] = v
-	}
-	return out
-}
+// The members a prefill leg changes: one token, not streamed, and vLLM's
+// request that the engine hold the KV for a decode engine to pull.
+var (
+	one       = json.RawMessage("1")
+	jsonFalse = json.RawMessage("false")
+	prefillKV = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_block_ids":null,"remote_engine_id":null,"remote_host":null,"remote_port":null}`)
+)
 
 // prefill runs the prefill leg (vLLM's step 1) and returns the
 // kv_transfer_params the decode leg needs.
-func (a *attempt) prefill() (any, error) {
-	leg := cloneMap(a.raw)
-	leg["max_tokens"] = 1
-	if _, ok := leg["max_completion_tokens"]; ok {
-		leg["max_completion_tokens"] = 1
+func (a *attempt) prefill() (json.RawMessage, error) {
+	set := map[string]json.RawMessage{"max_tokens": one, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
+	if a.body.has("max_completion_tokens") {
+		set["max_completion_tokens"] = one
 	}
-	leg["stream"] = false
-	delete(leg, "stream_options")
-	leg["kv_transfer_params"] = map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
-		"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
-	resp, err := a.post(a.urls[a.dec.Prefill], leg)
+	resp, err := a.post(a.urls[a.dec.Prefill], a.body.with(set))
 	if err != nil {
 		return nil, err
 	}
@@ -426,13 +420,13 @@ func (a *attempt) prefill() (any, error) {
 		return nil, err
 	}
 	var out struct {
-		KV    any    `json:"kv_transfer_params"`
-		Usage *usage `json:"usage"`
+		KV    json.RawMessage `json:"kv_transfer_params"`
+		Usage *usage          `json:"usage"`
 	}
 	if err := json.Unmarshal(b, &out); err == nil && out.Usage != nil {
 		a.countComputed(out.Usage)
 	}
-	if out.KV == nil {
+	if len(out.KV) == 0 || string(out.KV) == "null" {
 		// vLLM answers so when no KV connector hands its KV to a peer.
 		return nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
 	}
@@ -463,15 +457,11 @@ func (a *attempt) firstToken() {
 	a.o.recent.addTTFT(time.Now(), time.Since(a.arrival).Seconds())
 }
 
-func (a *attempt) post(url string, body map[string]any) (*http.Response, error) {
+func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	if url == "" {
 		return nil, errors.New("node has no address")
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+a.path, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+a.path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -512,7 +502,7 @@ func engineError(status int, body []byte) error {
 
 // forward sends body to the node and passes its answer to the client as it
 // arrives. Whole answers are read first, so a failure can still be retried.
-func (a *attempt) forward(url string, body map[string]any) error {
+func (a *attempt) forward(url string, body []byte) error {
 	resp, err := a.post(url, body)
 	if err != nil {
 		return err
