@@ -293,14 +293,15 @@ func TestReferencedEvictionsAreEvents(t *testing.T) {
 	}
 }
 
-// Engines at --speedup: the router's latencies are wall-clock while the
-// planner's predictions are modelled time, and the header says so rather
-// than setting 0.45 s measured beside 0.003 s predicted as if alike.
+// Engines at --speedup: the router's latencies are wall-clock, as are the
+// planner's predictions (its pass costs are modelled ones over the
+// speedup), and the header says so: an operator who knows the profile's
+// modelled costs must not read them as modelled.
 func TestMeasuredLatenciesSayTheyAreWallClockAtSpeedup(t *testing.T) {
 	m := New(&fakeSource{watch: make(chan WatchEvent)}, Options{Now: func() time.Time { return t0 }, Poll: time.Hour})
 	m.cluster = Cluster{Model: "m", Speedup: 10,
 		Recent: &Recent{WindowSec: 60, Requests: 144, RequestsSec: 2.4, TTFTP50: 0.45, TTFTP95: 1.43, E2EP50: 14.2}}
-	if s := m.summary(); !strings.Contains(s, "TTFT P50 0.45s") || !strings.Contains(s, "wall clock: engines run 10x, predictions are modelled time") {
+	if s := m.summary(); !strings.Contains(s, "TTFT P50 0.45s") || !strings.Contains(s, "wall clock, predictions too: engines run 10x (modelled times are 10x these)") {
 		t.Fatalf("at 10x:\n%s", s)
 	}
 	m.cluster.Speedup = 0
@@ -373,7 +374,7 @@ func TestNarrowTerminalShowsEveryFigure(t *testing.T) {
 			t.Fatalf("a line was cut:\n%s", v)
 		}
 	}
-	for _, want := range []string{"KV hits: GPU 89%", "predicted TTFT 0.02s", "5.6 req/s", "E2E P50 1.1s", "wall clock: engines run 10x", "HOST-KV", "REF", "42%", "7%"} {
+	for _, want := range []string{"KV hits: GPU 89%", "predicted TTFT 0.02s", "5.6 req/s", "E2E P50 1.1s", "engines run 10x (modelled times are 10x these)", "HOST-KV", "REF", "42%", "7%"} {
 		if !strings.Contains(v, want) {
 			t.Fatalf("no %q at 80 columns:\n%s", want, v)
 		}

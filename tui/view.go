@@ -200,8 +200,9 @@ func (m *Model) summary() string {
 			fmtDur(r.WindowSec), r.Requests, r.RequestsSec, r.TTFTP50, r.TTFTP95, r.E2EP50))
 		if x := m.cluster.Speedup; x > 0 && x != 1 {
 			// Engines at --speedup: what the router measured is
-			// wall-clock, what the planner predicts is modelled.
-			measured = append(measured, fmt.Sprintf("wall clock: engines run %gx, predictions are modelled time", x))
+			// wall-clock, and so is what the planner predicts (it learns
+			// pass costs in wall time: modelled ones over the speedup).
+			measured = append(measured, fmt.Sprintf("wall clock, predictions too: engines run %gx (modelled times are %gx these)", x, x))
 		}
 	}
 	if len(measured) > 0 {
