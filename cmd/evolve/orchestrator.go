@@ -129,7 +129,7 @@ func addPlannerFlags(f *pflag.FlagSet) {
 	f.String("planner", "auto", "online planner: auto (moves auto nodes), recommend (reports only) or off")
 	f.Duration("planner-interval", 0, "time between planner steps, in the engines' modelled time (default 5s)")
 	f.Duration("planner-persistence", 0, "how long a better split must hold before the planner acts, in modelled time (default 1m)")
-	f.Float64("planner-ttft-weight", 0, "weight of TTFT against decode time in the planner's objective, TTFT x weight + output tokens x ITL (default 4: 1 would be the predicted mean end-to-end latency, but bursts make TTFT longer than the planner's queue model predicts)")
+	f.Float64("planner-ttft-weight", 0, fmt.Sprintf("weight of TTFT against decode time in the planner's objective, TTFT x weight + output tokens x ITL (default %g: 1 would be the predicted mean end-to-end latency, but bursts make TTFT longer than the planner's queue model predicts)", float64(planner.DefaultTTFTWeight)))
 	f.Float64("planner-min-improvement", 0, fmt.Sprintf("share by which a better split must lower the planner's objective before it counts, in [0, 1) (default %g: the persistence and the payback check stop moves that do not pay)", planner.DefaultMinImprovement))
 }
 

@@ -146,7 +146,7 @@ the research system's experiments:
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
 	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")
-	f.Float64("planner-ttft-weight", 0, "evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default 4)")
+	f.Float64("planner-ttft-weight", 0, fmt.Sprintf("evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default %g)", float64(planner.DefaultTTFTWeight)))
 	f.Float64("planner-min-improvement", 0, fmt.Sprintf("evolve's planner: share by which a better split must lower its objective, as the orchestrator's flag (default %g)", planner.DefaultMinImprovement))
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
