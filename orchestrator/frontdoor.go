@@ -118,7 +118,10 @@ type attempt struct {
 	started  bool // bytes reached the client: no more retries
 	first    bool // the prefill is over
 	ttftSeen bool // the client got its first token
-	arrival  time.Time
+	// prefillKV: the prefill leg's "evolve" object, added to the decode
+	// leg's answer (protocol.ResponseKV.Prefill).
+	prefillKV json.RawMessage
+	arrival   time.Time
 	// outTokens: output tokens the client got, from the answer's usage
 	// or, in a stream without usage, one per content chunk.
 	outTokens int
@@ -420,8 +423,9 @@ func (a *attempt) prefill() (json.RawMessage, error) {
 		return nil, err
 	}
 	var out struct {
-		KV    json.RawMessage `json:"kv_transfer_params"`
-		Usage *usage          `json:"usage"`
+		KV     json.RawMessage `json:"kv_transfer_params"`
+		Usage  *usage          `json:"usage"`
+		Evolve json.RawMessage `json:"evolve"`
 	}
 	if err := json.Unmarshal(b, &out); err == nil && out.Usage != nil {
 		a.countComputed(out.Usage)
@@ -429,6 +433,9 @@ func (a *attempt) prefill() (json.RawMessage, error) {
 	if len(out.KV) == 0 || string(out.KV) == "null" {
 		// vLLM answers so when no KV connector hands its KV to a peer.
 		return nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
+	}
+	if len(out.Evolve) > 0 && string(out.Evolve) != "null" {
+		a.prefillKV = out.Evolve
 	}
 	a.prefillDone()
 	return out.KV, nil
@@ -527,6 +534,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		}
 		a.firstToken()
 		a.countUsage(b)
+		b = withPrefillKV(b, a.prefillKV)
 		a.started = true
 		a.w.Header().Set("Content-Type", "application/json")
 		a.w.Header().Set("X-Request-Id", a.reqID)
@@ -543,7 +551,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		flush = f.Flush
 	}
 	done := false
-	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, flush, func(line []byte) {
+	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, flush, func(line []byte) []byte {
 		if !a.started {
 			a.started = true
 			a.w.WriteHeader(200)
@@ -554,8 +562,13 @@ func (a *attempt) forward(url string, body []byte) error {
 				done = true
 			} else {
 				a.countChunk(line[len("data: "):])
+				if a.prefillKV != nil && bytes.Contains(line, []byte(`"evolve":`)) {
+					ext := withPrefillKV(line[len("data: "):], a.prefillKV)
+					line = append(append([]byte("data: "), ext...), '\n')
+				}
 			}
 		}
+		return line
 	})
 	switch {
 	case werr != nil:
@@ -574,18 +587,18 @@ func (a *attempt) forward(url string, body []byte) error {
 }
 
 // relaySSE copies server-sent events from rd to w line by line until rd
-// ends, calling seen on each line before writing it, and flushing at the
+// ends, writing what seen makes of each line, and flushing at the
 // end of each event, unless the next event is already buffered whole (the
 // relay fell behind), so that one write carries both. It returns the
 // first error writing (the client went away) or else reading (io.EOF
 // when the stream ended); whatever was written is flushed, and nothing is
 // flushed when nothing was written.
-func relaySSE(rd *bufio.Reader, w io.Writer, flush func(), seen func(line []byte)) (werr, rerr error) {
+func relaySSE(rd *bufio.Reader, w io.Writer, flush func(), seen func(line []byte) []byte) (werr, rerr error) {
 	dirty := false // written since the last flush; a relay that wrote nothing flushes nothing, so a failure can be retried
 	for {
 		line, err := rd.ReadBytes('\n')
 		if len(line) > 0 {
-			seen(line)
+			line = seen(line)
 			if _, werr := w.Write(line); werr != nil {
 				return werr, nil
 			}

@@ -136,6 +136,33 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	if status != 200 || ev == nil || ev["transferred_tokens"].(float64) == 0 {
 		t.Fatalf("disaggregated request: %d %v", status, body)
 	}
+	// Where the prompt's KV came from is the prefill leg's story: a new
+	// prompt was computed there, and the router says so beside the decode
+	// leg's handoff.
+	pre, _ := ev["prefill"].(map[string]any)
+	if pre == nil || pre["engine"] != "e0" || pre["computed_tokens"].(float64) == 0 || pre["prefill"] != nil || ev["engine"] == "e0" {
+		t.Fatalf("disaggregated request's evolve object: %v", ev)
+	}
+	// Streamed, the chunk that carries the object carries it too.
+	resp, err := http.Post(router+"/v1/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 4, "stream": true}`, long+" once more")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var streamed map[string]any
+	for _, l := range strings.Split(string(stream), "\n") {
+		if strings.HasPrefix(l, "data: {") && strings.Contains(l, `"evolve":`) {
+			if err := json.Unmarshal([]byte(l[len("data: "):]), &streamed); err != nil {
+				t.Fatalf("chunk %q: %v", l, err)
+			}
+		}
+	}
+	ev, _ = streamed["evolve"].(map[string]any)
+	if pre, _ := ev["prefill"].(map[string]any); pre == nil || pre["engine"] != "e0" || ev["engine"] == "e0" {
+		t.Fatalf("streamed disaggregated request: %s", stream)
+	}
 	// The directory learned the prompt's blocks from the prefill engine.
 	eventually(t, "directory holds the prompt", func() bool { return tc.o.Status().KVReplicas > 0 })
 

@@ -25,7 +25,7 @@ func TestRelaySSEFlushesEachEventUnlessTheNextIsHere(t *testing.T) {
 	// Behind: three whole events already buffered go out in one flush.
 	var rec flushRecorder
 	var lines int
-	werr, rerr := relaySSE(bufio.NewReader(strings.NewReader(ev1+ev2+ev3)), &rec, rec.flush, func([]byte) { lines++ })
+	werr, rerr := relaySSE(bufio.NewReader(strings.NewReader(ev1+ev2+ev3)), &rec, rec.flush, func(l []byte) []byte { lines++; return l })
 	if werr != nil || !errors.Is(rerr, io.EOF) || rec.buf.String() != ev1+ev2+ev3 || lines != 6 {
 		t.Fatalf("relayed %q (%d lines seen), errors %v %v", rec.buf.String(), lines, werr, rerr)
 	}
@@ -39,7 +39,7 @@ func TestRelaySSEFlushesEachEventUnlessTheNextIsHere(t *testing.T) {
 	rec = flushRecorder{}
 	got := make(chan error, 1)
 	go func() {
-		_, rerr := relaySSE(bufio.NewReader(pr), &rec, rec.flush, func([]byte) {})
+		_, rerr := relaySSE(bufio.NewReader(pr), &rec, rec.flush, func(l []byte) []byte { return l })
 		got <- rerr
 	}()
 	pw.Write([]byte(ev1 + "data: {\"a\""))
@@ -58,7 +58,7 @@ func TestRelaySSEFlushesEachEventUnlessTheNextIsHere(t *testing.T) {
 	rec = flushRecorder{}
 	pr, pw = io.Pipe()
 	pw.CloseWithError(errors.New("engine died"))
-	if _, rerr := relaySSE(bufio.NewReader(pr), &rec, rec.flush, func([]byte) {}); rerr == nil || len(rec.flushed) != 0 {
+	if _, rerr := relaySSE(bufio.NewReader(pr), &rec, rec.flush, func(l []byte) []byte { return l }); rerr == nil || len(rec.flushed) != 0 {
 		t.Fatalf("error %v, flushes %q", rerr, rec.flushed)
 	}
 }

@@ -66,3 +66,22 @@ func (b relayBody) with(set map[string]json.RawMessage) []byte {
 	}
 	return append(out, '}')
 }
+
+// withPrefillKV adds a prefill leg's "evolve" object to the one in a
+// decode leg's answer (or streamed chunk), as its "prefill" member. An
+// answer without that object, or one that does not parse, is returned as
+// it is.
+func withPrefillKV(answer []byte, prefill json.RawMessage) []byte {
+	if prefill == nil {
+		return answer
+	}
+	rb, err := parseRelayBody(answer)
+	if err != nil || !rb.has("evolve") {
+		return answer
+	}
+	ev, err := parseRelayBody(rb.members["evolve"])
+	if err != nil || ev.members == nil {
+		return answer
+	}
+	return rb.with(map[string]json.RawMessage{"evolve": ev.with(map[string]json.RawMessage{"prefill": prefill})})
+}

@@ -243,4 +243,9 @@ type ResponseKV struct {
 	TTFTSec           float64 `json:"ttft_s"`  // modelled
 	E2ESec            float64 `json:"e2e_s"`   // modelled
 	PullError         string  `json:"pull_error,omitempty"`
+	// Prefill is the prefill leg's object when a router split the request
+	// between a prefill and a decode engine: where the prompt's KV came
+	// from is its story (the decode leg's transferred tokens are the
+	// handoff). Routers add it; engines never set it.
+	Prefill *ResponseKV `json:"prefill,omitempty"`
 }

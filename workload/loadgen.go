@@ -40,23 +40,27 @@ type BenchConfig struct {
 // Result is what a run measured. Latencies are wall seconds as agents saw
 // them (multiply by the engines' speedup for modelled time).
 type Result struct {
-	Workload          string  `json:"workload"`
-	Agents            int     `json:"agents"`
-	DurationSec       float64 `json:"duration_s"`
-	Requests          int     `json:"requests_completed"`
-	Errors            int     `json:"errors"`
-	Sessions          int     `json:"sessions_completed"`
-	E2E               Dist    `json:"e2e"`
-	TTFT              Dist    `json:"ttft"`
-	ITL               Dist    `json:"itl"`
-	PromptTokens      int64   `json:"prompt_tokens"`
-	OutputTokens      int64   `json:"output_tokens"`
-	TokensPerSec      float64 `json:"output_tokens_per_s"`
-	CachedTokens      int64   `json:"cached_tokens"`
-	GPUHitTokens      int64   `json:"gpu_hit_tokens"`
-	HostHitTokens     int64   `json:"host_hit_tokens"`
-	TransferredTokens int64   `json:"transferred_tokens"`
-	ComputedTokens    int64   `json:"computed_tokens"`
+	Workload     string  `json:"workload"`
+	Agents       int     `json:"agents"`
+	DurationSec  float64 `json:"duration_s"`
+	Requests     int     `json:"requests_completed"`
+	Errors       int     `json:"errors"`
+	Sessions     int     `json:"sessions_completed"`
+	E2E          Dist    `json:"e2e"`
+	TTFT         Dist    `json:"ttft"`
+	ITL          Dist    `json:"itl"`
+	PromptTokens int64   `json:"prompt_tokens"`
+	OutputTokens int64   `json:"output_tokens"`
+	TokensPerSec float64 `json:"output_tokens_per_s"`
+	CachedTokens int64   `json:"cached_tokens"`
+	// Where the prompts' KV came from, as evolve's engines say: a GPU hit,
+	// a host hit or computed on the engine that prefilled it (these three
+	// add up to the prompt tokens), and, of those, how many a decode engine
+	// then pulled from the prefill engine (as in evolve sim's results).
+	GPUHitTokens      int64 `json:"gpu_hit_tokens"`
+	HostHitTokens     int64 `json:"host_hit_tokens"`
+	TransferredTokens int64 `json:"transferred_tokens"`
+	ComputedTokens    int64 `json:"computed_tokens"`
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.
 	OverContext int    `json:"sessions_over_context"`
@@ -415,10 +419,8 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 			Usage  *json.RawMessage `json:"usage"`
 			Error  *json.RawMessage `json:"error"`
 			Evolve *struct {
-				GPU         int64 `json:"gpu_hit_tokens"`
-				Host        int64 `json:"host_hit_tokens"`
-				Transferred int64 `json:"transferred_tokens"`
-				Computed    int64 `json:"computed_tokens"`
+				kvSource
+				Prefill *kvSource `json:"prefill"` // added by evolve's router
 			} `json:"evolve"`
 		}
 		if err := json.Unmarshal([]byte(line), &chunk); err != nil {
@@ -439,7 +441,15 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 			json.Unmarshal(*chunk.Usage, &usage)
 		}
 		if chunk.Evolve != nil {
-			ext.GPU, ext.Host, ext.Transferred, ext.Computed = chunk.Evolve.GPU, chunk.Evolve.Host, chunk.Evolve.Transferred, chunk.Evolve.Computed
+			src := chunk.Evolve.kvSource
+			if pre := chunk.Evolve.Prefill; pre != nil {
+				// Split between a prefill and a decode engine: the
+				// prefill engine found or computed the prompt's KV; the
+				// decode leg's transferred tokens are the handoff, as
+				// evolve sim counts them.
+				src.GPU, src.Host, src.Computed = pre.GPU, pre.Host, pre.Computed
+			}
+			ext.GPU, ext.Host, ext.Transferred, ext.Computed = src.GPU, src.Host, src.Transferred, src.Computed
 		}
 	}
 	if !done {
@@ -491,4 +501,13 @@ func (c *collector) fail(ctx context.Context, err error) error {
 	c.res.LastError = err.Error()
 	c.mu.Unlock()
 	return err
+}
+
+// kvSource is where a prompt's KV came from, as an engine's "evolve"
+// object says (protocol.ResponseKV).
+type kvSource struct {
+	GPU         int64 `json:"gpu_hit_tokens"`
+	Host        int64 `json:"host_hit_tokens"`
+	Transferred int64 `json:"transferred_tokens"`
+	Computed    int64 `json:"computed_tokens"`
 }
