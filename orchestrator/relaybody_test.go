@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"encoding/json"
+	"fmt"
 	"reflect"
 	"testing"
 
@@ -51,27 +52,31 @@ func TestRelayBodyLegs(t *testing.T) {
 // BenchmarkFrontDoorBody is what the router spends on a disaggregated
 // request's body before any engine sees it: reading it (openaiapi.Parse,
 // as the engines do too), keeping its members, and writing the prefill and
-// decode legs. The prompt is a 32K-token context given as ids, as evolve
-// bench's agents send theirs.
+// decode legs. The prompt is a context given as token ids, as evolve
+// bench's agents send theirs: 32K tokens, and 128K (a long coding session).
 func BenchmarkFrontDoorBody(b *testing.B) {
-	ids := make([]int, 32768)
-	for i := range ids {
-		ids[i] = 1000 + (i*7919)%120000
-	}
-	body, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "max_tokens": 512, "stream": true,
-		"stream_options": map[string]bool{"include_usage": true}})
-	kvp := json.RawMessage(`{"do_remote_prefill": true, "remote_request_id": "cmpl-e0-1", "remote_host": "127.0.0.1", "remote_port": 8100}`)
-	b.SetBytes(int64(len(body)))
-	b.ReportAllocs()
-	for b.Loop() {
-		if _, err := openaiapi.Parse(body, false, 0); err != nil {
-			b.Fatal(err)
+	for _, n := range []int{32 << 10, 128 << 10} {
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = 1000 + (i*7919)%120000
 		}
-		rb, err := parseRelayBody(body)
-		if err != nil {
-			b.Fatal(err)
-		}
-		rb.with(map[string]json.RawMessage{"max_tokens": one, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
-		rb.with(map[string]json.RawMessage{"kv_transfer_params": kvp})
+		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "max_tokens": 512, "stream": true,
+			"stream_options": map[string]bool{"include_usage": true}})
+		kvp := json.RawMessage(`{"do_remote_prefill": true, "remote_request_id": "cmpl-e0-1", "remote_host": "127.0.0.1", "remote_port": 8100}`)
+		b.Run(fmt.Sprintf("%dk", n>>10), func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := openaiapi.Parse(body, false, 0); err != nil {
+					b.Fatal(err)
+				}
+				rb, err := parseRelayBody(body)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rb.with(map[string]json.RawMessage{"max_tokens": one, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
+				rb.with(map[string]json.RawMessage{"kv_transfer_params": kvp})
+			}
+		})
 	}
 }
