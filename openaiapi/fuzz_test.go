@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"slices"
 	"testing"
-
-	"github.com/evolvellm/evolve/tokenizer"
 )
 
 // FuzzParse sends arbitrary bodies through the parser both front doors
@@ -37,40 +35,14 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
-// referencePromptTokens reads a prompt with encoding/json alone, trying
-// each shape a completion prompt may have in turn: what promptTokens did
-// before it read token ids itself.
+// referencePromptTokens reads a prompt with encoding/json alone: what
+// promptTokens did before it read token ids itself.
 func referencePromptTokens(raw json.RawMessage) ([]uint32, *Error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, BadRequest("prompt", "prompt is required")
 	}
-	var s string
-	if json.Unmarshal(raw, &s) == nil {
-		if s == "" {
-			return nil, BadRequest("prompt", "prompt is empty")
-		}
-		return tokenizer.Encode(s), nil
-	}
-	var ss []string
-	if json.Unmarshal(raw, &ss) == nil {
-		if len(ss) != 1 || ss[0] == "" {
-			return nil, BadRequest("prompt", "a list prompt must hold exactly one non-empty string (batched prompts are not supported)")
-		}
-		return tokenizer.Encode(ss[0]), nil
-	}
-	var ids []int64
-	if json.Unmarshal(raw, &ids) == nil {
-		return checkIDs(ids)
-	}
-	var idss [][]int64
-	if json.Unmarshal(raw, &idss) == nil {
-		if len(idss) != 1 {
-			return nil, BadRequest("prompt", "a list of token lists must hold exactly one list (batched prompts are not supported)")
-		}
-		return checkIDs(idss[0])
-	}
-	return nil, BadRequest("prompt", "prompt must be a string or a list of token ids")
+	return decodePrompt(raw)
 }
 
 // FuzzPromptTokens: reading token ids in one pass gives what encoding/json

@@ -189,8 +189,14 @@ func promptTokens(raw json.RawMessage) ([]uint32, *Error) {
 			return ids, nil
 		}
 	}
+	return decodePrompt(raw)
+}
+
+// decodePrompt reads a prompt (trimmed, not null) with encoding/json alone,
+// trying each shape a completion prompt may have in turn.
+func decodePrompt(raw json.RawMessage) ([]uint32, *Error) {
 	var s string
-	if raw[0] == '"' && json.Unmarshal(raw, &s) == nil {
+	if json.Unmarshal(raw, &s) == nil {
 		if s == "" {
 			return nil, BadRequest("prompt", "prompt is empty")
 		}
