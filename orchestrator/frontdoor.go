@@ -384,8 +384,7 @@ func (a *attempt) releaseHold(params json.RawMessage) {
 	if json.Unmarshal(params, &p) != nil || p.ID == "" {
 		return
 	}
-	id := p.ID
-	b, _ := json.Marshal(map[string]string{"remote_request_id": id})
+	b, _ := json.Marshal(map[string]string{"remote_request_id": p.ID})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, "POST", a.urls[a.dec.Prefill]+"/evolve/v1/kv/pull", bytes.NewReader(b))
@@ -402,7 +401,7 @@ func (a *attempt) releaseHold(params json.RawMessage) {
 // The members a prefill leg changes: one token, not streamed, and vLLM's
 // request that the engine hold the KV for a decode engine to pull.
 var (
-	one       = json.RawMessage("1")
+	jsonOne   = json.RawMessage("1")
 	jsonFalse = json.RawMessage("false")
 	prefillKV = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_block_ids":null,"remote_engine_id":null,"remote_host":null,"remote_port":null}`)
 )
@@ -410,9 +409,9 @@ var (
 // prefill runs the prefill leg (vLLM's step 1) and returns the
 // kv_transfer_params the decode leg needs.
 func (a *attempt) prefill() (json.RawMessage, error) {
-	set := map[string]json.RawMessage{"max_tokens": one, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
+	set := map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
 	if a.body.has("max_completion_tokens") {
-		set["max_completion_tokens"] = one
+		set["max_completion_tokens"] = jsonOne
 	}
 	resp, err := a.post(a.urls[a.dec.Prefill], a.body.with(set))
 	if err != nil {

@@ -19,7 +19,7 @@ func TestRelayBodyLegs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leg := rb.with(map[string]json.RawMessage{"max_completion_tokens": one, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
+	leg := rb.with(map[string]json.RawMessage{"max_completion_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
 	var got, want map[string]any
 	if err := json.Unmarshal(leg, &got); err != nil {
 		t.Fatalf("prefill leg is not JSON: %v\n%s", err, leg)
@@ -74,7 +74,7 @@ func BenchmarkFrontDoorBody(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				rb.with(map[string]json.RawMessage{"max_tokens": one, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
+				rb.with(map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
 				rb.with(map[string]json.RawMessage{"kv_transfer_params": kvp})
 			}
 		})

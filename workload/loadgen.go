@@ -397,9 +397,7 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 			CachedTokens int `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	}
-	var ext struct {
-		GPU, Host, Transferred, Computed int64
-	}
+	var ext kvSource
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	done := false
@@ -441,15 +439,14 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 			json.Unmarshal(*chunk.Usage, &usage)
 		}
 		if chunk.Evolve != nil {
-			src := chunk.Evolve.kvSource
+			ext = chunk.Evolve.kvSource
 			if pre := chunk.Evolve.Prefill; pre != nil {
 				// Split between a prefill and a decode engine: the
 				// prefill engine found or computed the prompt's KV; the
 				// decode leg's transferred tokens are the handoff, as
 				// evolve sim counts them.
-				src.GPU, src.Host, src.Computed = pre.GPU, pre.Host, pre.Computed
+				ext.GPU, ext.Host, ext.Computed = pre.GPU, pre.Host, pre.Computed
 			}
-			ext.GPU, ext.Host, ext.Transferred, ext.Computed = src.GPU, src.Host, src.Transferred, src.Computed
 		}
 	}
 	if !done {
