@@ -153,6 +153,7 @@ type Planner struct {
 	nextStep time.Time
 	log      []Decision
 	status   Status
+	speedup  float64 // SetSpeedup's; 0 when the planner runs in real time
 	moves    int
 	// decodeSeqs: sequences on decode nodes, smoothed.
 	decodeSeqs float64
@@ -253,6 +254,7 @@ func (p *Planner) SetSpeedup(s float64) {
 	if s <= 0 || s == 1 {
 		return
 	}
+	p.speedup = s
 	c := &p.cfg
 	for _, d := range []*time.Duration{&c.Interval, &c.ShortHorizon, &c.LongHorizon, &c.Persistence, &c.ReverseHold, &c.GainHorizon, &c.CostTau} {
 		*d = time.Duration(float64(*d) / s)
@@ -323,7 +325,7 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 		return nil
 	}
 	p.nextStep = now.Add(p.cfg.Interval)
-	st := Status{Time: now, Enabled: !p.cfg.Disabled, Recommended: -1}
+	st := Status{Time: now, Enabled: !p.cfg.Disabled, Recommended: -1, Speedup: p.speedup}
 	st.PrefillFit, st.DecodeFit = p.costs.Status()
 	st.Short = p.demand.short.demand(now)
 	st.Long = p.demand.long.demand(now)
@@ -603,6 +605,10 @@ type Status struct {
 	// the stage that was overloaded, were overloaded in the last 30
 	// minutes at a demand like this one.
 	Avoided []string `json:"avoided,omitempty"`
+	// Speedup is set when the engines model time this many times faster
+	// than the wall clock (SetSpeedup): the costs, demand and predictions
+	// above are then wall-clock, and modelled ones are Speedup times them.
+	Speedup float64 `json:"speedup,omitempty"`
 }
 
 func sign(x int) int {

@@ -37,6 +37,15 @@ func TestRenderPlannerWrapsRatherThanCuts(t *testing.T) {
 	if wide := RenderPlanner(p, 1<<20); !strings.Contains(wide, "  13:42:49 move engine-0->decode: "+reason+"\n") {
 		t.Fatalf("wide:\n%s", wide)
 	}
+	// Real time: no word of a clock; engines at 10x: the costs and
+	// predictions are wall-clock, and the report says so.
+	if strings.Contains(out, "wall clock") {
+		t.Fatalf("real time:\n%s", out)
+	}
+	p.Speedup = 10
+	if fast := RenderPlanner(p, 80); !strings.Contains(strings.Join(strings.Fields(fast), " "), "wall clock: engines run 10x, so modelled costs and times are 10x those below") {
+		t.Fatalf("at 10x:\n%s", fast)
+	}
 }
 
 func TestWhereShortNamesTheLargestHolder(t *testing.T) {

@@ -50,6 +50,7 @@ type Planner struct {
 	ActsInSec  float64    `json:"acts_in_s"`
 	Decisions  []Decision `json:"decisions"`
 	Avoided    []string   `json:"avoided"`
+	Speedup    float64    `json:"speedup"` // set when the engines run faster than the wall clock
 }
 
 // Decision is one of the planner's decisions.

@@ -348,7 +348,13 @@ func (m *Model) viewPlanner() string {
 	if !p.Enabled {
 		mode = "recommends only"
 	}
-	fmt.Fprintf(&b, "%s (%s)\n  %s\n\n", stTitle.Render("planner: "+p.State), mode, m.fitText(p.Reason, "  ", m.width))
+	fmt.Fprintf(&b, "%s (%s)\n  %s\n", stTitle.Render("planner: "+p.State), mode, m.fitText(p.Reason, "  ", m.width))
+	if x := p.Speedup; x > 0 && x != 1 {
+		// Simulated engines at --speedup: the planner learned their
+		// passes in wall time, and so predicts.
+		fmt.Fprintf(&b, "  %s\n", m.fitText(fmt.Sprintf("wall clock: engines run %gx, so modelled costs and times are %gx those below", x, x), "  ", m.width))
+	}
+	b.WriteString("\n")
 	for _, f := range []struct {
 		name string
 		fit  Fit

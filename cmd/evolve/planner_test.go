@@ -37,7 +37,8 @@ func TestPlannerMovesANodeLiveWithoutFailures(t *testing.T) {
 		t.Fatalf("planner: exit %d: %s", code, out)
 	}
 	var st struct {
-		State      string `json:"state"`
+		State      string  `json:"state"`
+		Speedup    float64 `json:"speedup"`
 		DecodeCost struct {
 			Ready bool `json:"ready"`
 			Coefs []struct {
@@ -55,6 +56,11 @@ func TestPlannerMovesANodeLiveWithoutFailures(t *testing.T) {
 	}
 	if err := json.Unmarshal([]byte(out), &st); err != nil {
 		t.Fatalf("planner -o json: %v\n%s", err, out)
+	}
+	// Engines at 20x: what the planner learned and predicts is wall time,
+	// and its status says by how much modelled time runs faster.
+	if st.Speedup != 20 {
+		t.Fatalf("planner status speedup %v, want 20", st.Speedup)
 	}
 	if !st.DecodeCost.Ready || len(st.DecodeCost.Coefs) != 4 || st.DecodeCost.Coefs[0].Value <= 0 {
 		t.Fatalf("decode cost not learned: %+v", st.DecodeCost)
@@ -83,7 +89,7 @@ func TestPlannerMovesANodeLiveWithoutFailures(t *testing.T) {
 	}
 	// The table form names the learned costs and the decision.
 	out, _ = runBinOut(t, c.env, "planner")
-	for _, want := range []string{"decode cost", "per_seq_us", "trusted", "decision", toDecode + "->decode"} {
+	for _, want := range []string{"decode cost", "per_seq_us", "trusted", "decision", toDecode + "->decode", "engines run 20x"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("evolve planner lacks %q:\n%s", want, out)
 		}
