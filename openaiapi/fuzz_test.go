@@ -3,6 +3,7 @@ package openaiapi
 import (
 	"bytes"
 	"encoding/json"
+	"reflect"
 	"slices"
 	"testing"
 )
@@ -63,6 +64,40 @@ func FuzzPromptTokens(f *testing.F) {
 		want, werr := referencePromptTokens(raw)
 		if !slices.Equal(got, want) || (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Message != werr.Message) {
 			t.Fatalf("prompt %q: got %v %v, want %v %v", raw, got, gerr, want, werr)
+		}
+	})
+}
+
+// FuzzParseBody: the router's ParseBody reads a body as the engines' Parse
+// does, accepting and refusing the same bodies with the same words, and
+// keeps every member the client sent.
+func FuzzParseBody(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt": [1, 2, 3], "max_tokens": 8, "stream": true, "temperature": 0.2}`,
+		`{"prompt": "Hello", "Prompt": [4, 5]}`, `{"PROMPT": [1]}`, `{"prompt": null}`, `{"prompt": [1], "prompt": [2, 3]}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 4}`, `null`, `[1]`, `"x"`, `{}`,
+		`{"prompt": [1], "max_tokens": "8"}`, `{"prompt": [[7, 8]], "kv_transfer_params": {"do_remote_decode": true}}`,
+		`{"prompt": [1], "metadata": {"session": "s"}, "n": 2}`, `{"prompt": [1] `,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		want, werr := Parse(body, chat, 0)
+		got, b, gerr := ParseBody(body, chat, 0)
+		if (werr == nil) != (gerr == nil) || (werr != nil && *werr != *gerr) {
+			t.Fatalf("body %q: ParseBody says %v, Parse %v", body, gerr, werr)
+		}
+		if werr != nil {
+			return
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("body %q: ParseBody read %+v, Parse %+v", body, got, want)
+		}
+		var members map[string]json.RawMessage
+		json.Unmarshal(body, &members)
+		if !bytes.Equal(b.Raw, body) || !reflect.DeepEqual(b.Members, members) {
+			t.Fatalf("body %q: kept %q %v", body, b.Raw, b.Members)
 		}
 	})
 }

@@ -67,10 +67,18 @@ type Parsed struct {
 // /v1/chat/completions, tokenizes the prompt with evolve's tokenizer, and
 // applies defaultMaxTokens (0: 16 for completions, as OpenAI; 256 for chat).
 func Parse(body []byte, chat bool, defaultMaxTokens int) (*Parsed, *Error) {
+	return parse(body, chat, defaultMaxTokens, nil)
+}
+
+// parse is Parse; a prompt given apart (ParseBody's) replaces the body's.
+func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage) (*Parsed, *Error) {
 	p := &Parsed{Chat: chat}
 	r := &p.Req
 	if err := json.Unmarshal(body, r); err != nil {
 		return nil, BadRequest("", "malformed JSON body: %v", err)
+	}
+	if prompt != nil {
+		r.Prompt = prompt
 	}
 	var err *Error
 	if chat {

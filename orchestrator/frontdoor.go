@@ -110,7 +110,7 @@ type attempt struct {
 	w        http.ResponseWriter
 	r        *http.Request
 	p        *openaiapi.Parsed
-	body     relayBody // the client's body, re-sent to engines
+	body     openaiapi.Body // the client's body, re-sent to engines
 	path     string
 	reqID    string
 	dec      routing.Decision
@@ -139,15 +139,10 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		openaiapi.BadRequest("", "read body: %v", err).Write(w)
 		return
 	}
-	p, perr := openaiapi.Parse(body, chat, 0)
+	p, rb, perr := openaiapi.ParseBody(body, chat, 0)
 	if perr != nil {
 		o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
 		perr.Write(w)
-		return
-	}
-	rb, err := parseRelayBody(body)
-	if err != nil {
-		openaiapi.BadRequest("", "body must be a JSON object").Write(w)
 		return
 	}
 	o.c.mu.Lock()
@@ -365,7 +360,7 @@ func (a *attempt) run() (string, error) {
 		if err != nil {
 			return a.dec.Prefill, err
 		}
-		err = a.forward(a.urls[a.dec.Decode], a.body.with(map[string]json.RawMessage{"kv_transfer_params": params}))
+		err = a.forward(a.urls[a.dec.Decode], a.body.With(map[string]json.RawMessage{"kv_transfer_params": params}))
 		if err != nil && !a.started {
 			// The decode leg never pulled the KV: free it on the prefill
 			// engine now rather than when its hold times out.
@@ -373,7 +368,7 @@ func (a *attempt) run() (string, error) {
 		}
 		return a.dec.Decode, err
 	}
-	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], a.body.raw)
+	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], a.body.Raw)
 }
 
 // releaseHold takes (and drops) the KV a prefill leg holds.
@@ -410,10 +405,10 @@ var (
 // kv_transfer_params the decode leg needs.
 func (a *attempt) prefill() (json.RawMessage, error) {
 	set := map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
-	if a.body.has("max_completion_tokens") {
+	if a.body.Has("max_completion_tokens") {
 		set["max_completion_tokens"] = jsonOne
 	}
-	resp, err := a.post(a.urls[a.dec.Prefill], a.body.with(set))
+	resp, err := a.post(a.urls[a.dec.Prefill], a.body.With(set))
 	if err != nil {
 		return nil, err
 	}

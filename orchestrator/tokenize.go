@@ -57,27 +57,27 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 // ids, and so must the router's block chains be. A completion prompt given
 // as token ids needs no call, nor does a cluster whose engines all use
 // evolve's tokenizer.
-func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb relayBody, model string) *openaiapi.Error {
+func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb openaiapi.Body, model string) *openaiapi.Error {
 	urls, needed := o.tokenizerURLs()
 	if !needed {
 		return nil
 	}
 	body := map[string]any{"model": model}
 	if p.Chat {
-		body["messages"] = rb.members["messages"]
+		body["messages"] = rb.Members["messages"]
 		body["add_generation_prompt"] = true
 		for _, k := range chatTokenizeFields {
-			if v, ok := rb.members[k]; ok {
+			if v, ok := rb.Members[k]; ok {
 				body[k] = v
 			}
 		}
 	} else {
 		var s string
-		if prompt := bytes.TrimSpace(rb.members["prompt"]); len(prompt) == 0 || prompt[0] != '"' || json.Unmarshal(prompt, &s) != nil {
+		if prompt := bytes.TrimSpace(rb.Members["prompt"]); len(prompt) == 0 || prompt[0] != '"' || json.Unmarshal(prompt, &s) != nil {
 			return nil // token ids (or a list): Parse took them as given
 		}
 		body["prompt"] = s
-		if v, ok := rb.members["add_special_tokens"]; ok {
+		if v, ok := rb.Members["add_special_tokens"]; ok {
 			body["add_special_tokens"] = v
 		}
 	}

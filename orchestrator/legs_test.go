@@ -15,11 +15,11 @@ import (
 func TestRelayBodyLegs(t *testing.T) {
 	body := []byte(` {"model": "m", "prompt": [1, 2,3], "stream": true, "stream_options": {"include_usage": true},
 		"max_completion_tokens": 40, "metadata": {"session": "s1", "branch": "b"}, "temperature": 0.7} `)
-	rb, err := parseRelayBody(body)
+	rb, err := openaiapi.ParseObject(body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	leg := rb.with(map[string]json.RawMessage{"max_completion_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
+	leg := rb.With(map[string]json.RawMessage{"max_completion_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
 	var got, want map[string]any
 	if err := json.Unmarshal(leg, &got); err != nil {
 		t.Fatalf("prefill leg is not JSON: %v\n%s", err, leg)
@@ -36,7 +36,7 @@ func TestRelayBodyLegs(t *testing.T) {
 		t.Fatalf("an engine reads the prefill leg as %+v, %v", p, perr)
 	}
 
-	dec := rb.with(map[string]json.RawMessage{"kv_transfer_params": json.RawMessage(`{"remote_request_id": "r1"}`)})
+	dec := rb.With(map[string]json.RawMessage{"kv_transfer_params": json.RawMessage(`{"remote_request_id": "r1"}`)})
 	got = nil
 	if err := json.Unmarshal(dec, &got); err != nil {
 		t.Fatalf("decode leg is not JSON: %v\n%s", err, dec)
@@ -44,16 +44,16 @@ func TestRelayBodyLegs(t *testing.T) {
 	if got["stream"] != true || got["max_completion_tokens"] != 40.0 || got["kv_transfer_params"].(map[string]any)["remote_request_id"] != "r1" || len(got) != 8 {
 		t.Fatalf("decode leg %v", got)
 	}
-	if _, err := parseRelayBody([]byte(`[1, 2]`)); err == nil {
+	if _, err := openaiapi.ParseObject([]byte(`[1, 2]`)); err == nil {
 		t.Fatal("a list is not a request body")
 	}
 }
 
 // BenchmarkFrontDoorBody is what the router spends on a disaggregated
-// request's body before any engine sees it: reading it (openaiapi.Parse,
-// as the engines do too), keeping its members, and writing the prefill and
-// decode legs. The prompt is a context given as token ids, as evolve
-// bench's agents send theirs: 32K tokens, and 128K (a long coding session).
+// request's body before any engine sees it: reading it and keeping its
+// members (openaiapi.ParseBody), and writing the prefill and decode legs.
+// The prompt is a context given as token ids, as evolve bench's agents
+// send theirs: 32K tokens, and 128K (a long coding session).
 func BenchmarkFrontDoorBody(b *testing.B) {
 	for _, n := range []int{32 << 10, 128 << 10} {
 		ids := make([]int, n)
@@ -67,15 +67,12 @@ func BenchmarkFrontDoorBody(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := openaiapi.Parse(body, false, 0); err != nil {
-					b.Fatal(err)
-				}
-				rb, err := parseRelayBody(body)
+				_, rb, err := openaiapi.ParseBody(body, false, 0)
 				if err != nil {
 					b.Fatal(err)
 				}
-				rb.with(map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
-				rb.with(map[string]json.RawMessage{"kv_transfer_params": kvp})
+				rb.With(map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV})
+				rb.With(map[string]json.RawMessage{"kv_transfer_params": kvp})
 			}
 		})
 	}
