@@ -201,7 +201,7 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 			p := float64(res.PromptTokens)
 			switch {
 			case res.GPUHitTokens+res.HostHitTokens+res.TransferredTokens+res.ComputedTokens > 0:
-				fmt.Fprintf(w, "prompt KV\t%.1f%% GPU hit, %.1f%% host hit, %.1f%% computed; %.1f%% handed from prefill to decode engines\n",
+				fmt.Fprintf(w, "prompt KV\t%.1f%% GPU hit, %.1f%% host hit, %.1f%% computed; %.1f%% moved from prefill to decode engines\n",
 					100*float64(res.GPUHitTokens)/p, 100*float64(res.HostHitTokens)/p, 100*float64(res.ComputedTokens)/p, 100*float64(res.TransferredTokens)/p)
 			case res.CachedTokens > 0: // engines without evolve's breakdown (vLLM)
 				fmt.Fprintf(w, "prompt KV\t%.1f%% cached, as the engines report it (no breakdown by tier)\n", 100*float64(res.CachedTokens)/p)

@@ -490,6 +490,9 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		row("prompt KV: GPU hit", func(r sim.Result) string { return pct(r.GPUHitTokens, r.PromptTokens) })
 		row("prompt KV: host hit", func(r sim.Result) string { return pct(r.HostHitTokens, r.PromptTokens) })
 		row("prompt KV: computed", func(r sim.Result) string { return pct(r.ComputedTokens, r.PromptTokens) })
+		// Of those, what decode engines pulled from prefill engines (evolve
+		// bench's "moved from prefill to decode engines").
+		row("prompt KV: moved P->D", func(r sim.Result) string { return pct(r.TransferredTokens, r.PromptTokens) })
 		row("lost KV reuse (tokens)", func(r sim.Result) string { return fmt.Sprint(r.LostKVReuse) })
 		row("role switches", func(r sim.Result) string { return fmt.Sprint(r.RoleSwitches) })
 		row("requests retried", func(r sim.Result) string { return fmt.Sprint(r.Retried) })
