@@ -86,14 +86,11 @@ func ParseBody(body []byte, chat bool, defaultMaxTokens int) (*Parsed, Body, *Er
 	}
 	prompt, ok := b.Members["prompt"]
 	for k := range b.Members {
-		if k != "prompt" && strings.EqualFold(k, "prompt") {
-			// encoding/json matches names whatever their case, the last
-			// one written winning: leave that to it.
-			p, perr := Parse(body, chat, defaultMaxTokens)
-			return p, b, perr
-		}
+		// encoding/json matches names whatever their case, the last one
+		// written winning: a body with "Prompt" too is left to it.
+		ok = ok && (k == "prompt" || !strings.EqualFold(k, "prompt"))
 	}
-	if !ok {
+	if !ok { // a chat request, or a prompt spelt another way
 		p, perr := Parse(body, chat, defaultMaxTokens)
 		return p, b, perr
 	}
