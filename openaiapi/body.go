@@ -76,12 +76,8 @@ func (b Body) With(set map[string]json.RawMessage) []byte {
 // accepts and refuses, and how it says so, are Parse's.
 func ParseBody(body []byte, chat bool, defaultMaxTokens int) (*Parsed, Body, *Error) {
 	b, err := ParseObject(body)
-	if err != nil {
-		p, perr := Parse(body, chat, defaultMaxTokens) // Parse's words for what is wrong
-		if perr == nil {
-			perr = BadRequest("", "body must be a JSON object")
-			p = nil
-		}
+	if err != nil { // not an object: Parse refuses it too, in its words
+		p, perr := Parse(body, chat, defaultMaxTokens)
 		return p, Body{}, perr
 	}
 	prompt, ok := b.Members["prompt"]
