@@ -371,3 +371,38 @@ func TestEvolveQueuesWhenNoDecodeNodeHasRoom(t *testing.T) {
 		t.Fatalf("decision %+v, err %v: want d2, the roomiest", dec, err)
 	}
 }
+
+// An agent's next turn decodes where its context is, unless that node is
+// much busier: a few more sequences do not outweigh sending the whole
+// context again, a share of the node's sequence limit does.
+func TestEvolveDecodeStaysWithContextUnlessMuchBusier(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		holderLoad   int
+		heldBlocks   int
+		wantDecodeOn string
+	}{
+		// MaxSeqs 256: holding the whole prompt counts as 8 sequences, and
+		// these 100 of its 162 blocks as 4.9.
+		{"slightly busier", 3, 100, "d2"},
+		{"much busier", 20, 100, "d1"},
+		{"holds a sliver", 3, 10, "d1"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cl := newCluster(t)
+			cl.node("p", Prefill)
+			cl.node("d1", Decode)
+			cl.node("d2", Decode).Running = c.holderLoad
+			r := cl.request("r", 16*100+1000, 12) // 100 full blocks and 1,000 new tokens
+			cl.holds("d2", r.Chain, 0, c.heldBlocks, kv.TierGPU)
+			cl.rematch(r)
+			dec, err := NewEvolve(EvolveConfig{}).Route(t0, r, &cl.v)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if dec.Decode != c.wantDecodeOn {
+				t.Fatalf("decoded on %s, want %s (%+v)", dec.Decode, c.wantDecodeOn, dec)
+			}
+		})
+	}
+}
