@@ -178,11 +178,10 @@ const decodeAffinityShare = 1.0 / 32
 // decodeAffinity is how many sequences fewer a decode node holding held of
 // a prompt's full blocks counts as running: in proportion to the share it
 // holds, up to 1/32 of its sequence limit (32 on an engine of 1,024; at
-// least 1). An agent's next turn then decodes where its last one did, while
-// that node is not much busier than the rest, and the prefill node sends
-// only the blocks the turn added instead of the whole context again, and
-// the decode engines stop filling their KV with second copies. In evolve
-// sim it cut the KV moved from prefill to decode engines by 79% on
+// least 1). An agent's next turn then decodes where its last one did while
+// that node is not much busier than the rest: the prefill node sends only
+// the blocks the turn added, not the whole context again, and the decode
+// engines stop filling their KV with second copies. In evolve sim it cut the KV moved from prefill to decode engines by 79% on
 // claude-code-126x36 and by 98% on putnam, with mean TTFT 5% and 17% lower
 // and end-to-end latency the same or better; with coding on GLM-4.6, whose
 // KV runs short, mean TTFT fell 30% and lost KV reuse halved. osworld,
