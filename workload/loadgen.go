@@ -253,7 +253,7 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", cfg.URL+"/v1/models", nil)
 	resp, err := cfg.Client.Do(req)
 	if err != nil {
-		return "", 0, fmt.Errorf("reach %s: %w", cfg.URL, err)
+		return "", 0, fmt.Errorf("cannot reach a router at %s (is a cluster up? evolve's router is the orchestrator's --router-addr, :8000 by default): %w", cfg.URL, err)
 	}
 	defer resp.Body.Close()
 	var out struct {

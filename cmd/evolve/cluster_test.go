@@ -390,6 +390,17 @@ func TestBenchAgainstLocalCluster(t *testing.T) {
 		!strings.Contains(out, "answered GET /v1/models with 404 Not Found: is it an OpenAI-compatible router?") {
 		t.Errorf("bench --url CONTROL: exit %d\n%s", code, out)
 	}
+	// Nothing listening: bench says so, and where evolve's router would be.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String()
+	ln.Close()
+	if out, code := runBin(t, c.env, "bench", "--url", closed, "--duration", "2s"); code != 1 ||
+		!strings.Contains(out, "cannot reach a router at "+closed+" (is a cluster up?") {
+		t.Errorf("bench --url CLOSED: exit %d\n%s", code, out)
+	}
 	for _, bad := range [][]string{{"--workload", "poetry"}, {"--duration", "-1s"}, {"--speedup", "0"}, {"--trace", "/dev/null", "--playback", "0"}} {
 		// Refused: --playback 0 or --speedup 0 once ran at 1x unasked.
 		if out, code := runBinOut(t, c.env, append([]string{"bench"}, bad...)...); code != 2 || strings.Contains(out, "requests") {
