@@ -258,27 +258,45 @@ type request struct {
 type laneState struct {
 	lane    workload.Lane
 	session *sessionState
-	// The lane's last prompt and its block chain: the next prompt mostly
-	// extends it, so only the new blocks need hashing.
-	lastTokens []uint32
-	lastChain  []kv.BlockHash
+	// The lane's last two prompts and their block chains, newest first: the
+	// next prompt mostly extends one of them (a coding lane alternates
+	// between its main branch and a sub-agent's), so only its new blocks
+	// need hashing.
+	recent [2]promptChain
 }
 
-// chain returns the block hashes of tokens, reusing the lane's last chain
-// for the prefix the two prompts share.
+type promptChain struct {
+	tokens []uint32
+	chain  []kv.BlockHash
+}
+
+// chain returns the block hashes of tokens, reusing the chain of the
+// lane's recent prompt that shares the longest prefix with it.
 func (ls *laneState) chain(tokens []uint32, bs int) []kv.BlockHash {
-	n := 0
-	if k := len(ls.lastTokens); k > 0 && len(tokens) >= k && &tokens[0] == &ls.lastTokens[0] {
-		// The same array: a lane never modifies a prompt it returned
-		// (workload.Call.Tokens), so the last prompt is this one's prefix.
-		n = k
+	best, n := 0, -1
+	for i, pc := range ls.recent {
+		if k := len(pc.tokens); k > 0 && len(tokens) >= k && &tokens[0] == &pc.tokens[0] {
+			// The same array: a lane never modifies a prompt it returned
+			// (workload.Call.Tokens), so that prompt is this one's prefix.
+			best, n = i, k
+			break
+		}
 	}
-	for n < len(tokens) && n < len(ls.lastTokens) && tokens[n] == ls.lastTokens[n] {
-		n++
+	if n < 0 {
+		for i, pc := range ls.recent {
+			k := 0
+			for k < len(tokens) && k < len(pc.tokens) && tokens[k] == pc.tokens[k] {
+				k++
+			}
+			if k > n {
+				best, n = i, k
+			}
+		}
 	}
-	reuse := min(n/bs, len(ls.lastChain))
-	c := kv.ExtendChain(append([]kv.BlockHash(nil), ls.lastChain[:reuse]...), tokens, bs)
-	ls.lastTokens, ls.lastChain = tokens, c
+	prev := ls.recent[best]
+	reuse := min(n/bs, len(prev.chain))
+	c := kv.ExtendChain(append(make([]kv.BlockHash, 0, len(tokens)/bs), prev.chain[:reuse]...), tokens, bs)
+	ls.recent = [2]promptChain{{tokens, c}, ls.recent[1-best]}
 	return c
 }
 
