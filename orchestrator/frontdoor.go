@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -198,6 +199,11 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			return
 		}
 		o.met.decisions.WithLabelValues(o.policy.Name(), strconv.FormatBool(dec.Disaggregated)).Inc()
+		if o.log.Enabled(r.Context(), slog.LevelDebug) {
+			o.log.Debug("routed", "request", reqID, "try", try+1, "prefill", dec.Prefill, "decode", dec.Decode,
+				"disaggregated", dec.Disaggregated, "fetches", len(dec.Fetches), "prompt_tokens", len(p.Tokens),
+				"compute_tokens", dec.ComputeTokens, "est_ttft", dec.EstTTFT, "why", dec.Reason)
+		}
 		computed := o.countHits(&match, v, dec, bs, len(p.Tokens), chain, try == 0)
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
@@ -352,7 +358,7 @@ func (a *attempt) run() (string, error) {
 		var ce *clientError
 		if errors.As(err, &ce) { // the request's fault: every engine would say so
 			a.started = true
-			a.w.Header().Set("Content-Type", "application/json")
+			a.answerHeaders("application/json")
 			a.w.WriteHeader(ce.status)
 			a.w.Write(ce.body)
 			return a.dec.Prefill, err
@@ -369,6 +375,24 @@ func (a *attempt) run() (string, error) {
 		return a.dec.Decode, err
 	}
 	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], a.body.Raw)
+}
+
+// Headers of an answer that say where the router sent the request, for
+// an operator asking why a request was slow or where an agent's context
+// lives (the engines' node ids, as evolve nodes lists them).
+const (
+	HeaderPrefillNode = "X-Evolve-Prefill-Node"
+	HeaderDecodeNode  = "X-Evolve-Decode-Node"
+)
+
+// answerHeaders sets the headers of the answer the client gets from an
+// engine: its type, the request's id and the nodes that served it.
+func (a *attempt) answerHeaders(contentType string) {
+	h := a.w.Header()
+	h.Set("Content-Type", contentType)
+	h.Set("X-Request-Id", a.reqID)
+	h.Set(HeaderPrefillNode, a.dec.Prefill)
+	h.Set(HeaderDecodeNode, a.dec.Decode)
 }
 
 // releaseHold takes (and drops) the KV a prefill leg holds.
@@ -515,7 +539,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		var ce *clientError
 		if errors.As(err, &ce) {
 			a.started = true
-			a.w.Header().Set("Content-Type", "application/json")
+			a.answerHeaders("application/json")
 			a.w.WriteHeader(ce.status)
 			a.w.Write(ce.body)
 		}
@@ -530,16 +554,13 @@ func (a *attempt) forward(url string, body []byte) error {
 		a.countUsage(b)
 		b = withPrefillKV(b, a.prefillKV)
 		a.started = true
-		a.w.Header().Set("Content-Type", "application/json")
-		a.w.Header().Set("X-Request-Id", a.reqID)
+		a.answerHeaders("application/json")
 		a.w.WriteHeader(200)
 		a.w.Write(b)
 		return nil
 	}
-	h := a.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Request-Id", a.reqID)
+	a.answerHeaders("text/event-stream")
+	a.w.Header().Set("Cache-Control", "no-cache")
 	flush := func() {}
 	if f, ok := a.w.(http.Flusher); ok {
 		flush = f.Flush

@@ -1,10 +1,12 @@
 package orchestrator
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -39,7 +41,14 @@ func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
 // (nil: all tiny); it waits for the tiny ones to serve.
 func startTestClusterProfiles(t *testing.T, profiles []string, roles ...sim.Role) *testCluster {
 	t.Helper()
-	o, err := New(Config{RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "evolve"})
+	return startTestClusterLogged(t, nil, profiles, roles...)
+}
+
+// startTestClusterLogged is startTestClusterProfiles with the
+// orchestrator logging to log (nil: slog's default).
+func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, roles ...sim.Role) *testCluster {
+	t.Helper()
+	o, err := New(Config{RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "evolve", Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,6 +171,11 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	ev, _ = streamed["evolve"].(map[string]any)
 	if pre, _ := ev["prefill"].(map[string]any); pre == nil || pre["engine"] != "e0" || ev["engine"] == "e0" {
 		t.Fatalf("streamed disaggregated request: %s", stream)
+	}
+	// The answer's headers name the nodes that served it.
+	if p, d := resp.Header.Get(HeaderPrefillNode), resp.Header.Get(HeaderDecodeNode); p != "e0" || d != ev["engine"] || resp.Header.Get("X-Request-Id") == "" {
+		t.Fatalf("streamed answer's headers name prefill %q and decode %q (id %q); the engines were e0 and %v",
+			p, d, resp.Header.Get("X-Request-Id"), ev["engine"])
 	}
 	// The directory learned the prompt's blocks from the prefill engine.
 	eventually(t, "directory holds the prompt", func() bool { return tc.o.Status().KVReplicas > 0 })
@@ -338,4 +352,66 @@ func TestPlannerSaysWhenNoEngineReportsPasses(t *testing.T) {
 		st, ok := tc.o.PlannerStatus()
 		return ok && strings.Contains(st.Reason, "no engine publishes per-pass statistics")
 	})
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// An operator asking where a request went finds it in the answer's
+// headers, on success and on the engine's refusal alike, and, at debug
+// level, in the router's log with the policy's reason.
+func TestAnswerSaysWhereItWasServed(t *testing.T) {
+	var logs syncBuffer
+	log := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	tc := startTestClusterLogged(t, log, nil, sim.RolePrefill, sim.RoleDecode)
+	router := tc.o.RouterURL()
+	post := func(body string) *http.Response {
+		t.Helper()
+		resp, err := http.Post(router+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	long := strings.Repeat("the repository's context, read again ", 100)
+	resp := post(fmt.Sprintf(`{"prompt": %q, "max_tokens": 3}`, long))
+	id := resp.Header.Get("X-Request-Id")
+	if resp.StatusCode != 200 || resp.Header.Get(HeaderPrefillNode) != "e0" || resp.Header.Get(HeaderDecodeNode) != "e1" || id == "" {
+		t.Fatalf("answer %d with headers %v: want prefill e0, decode e1 and a request id", resp.StatusCode, resp.Header)
+	}
+	var routed map[string]any
+	for _, l := range strings.Split(logs.String(), "\n") {
+		var rec map[string]any
+		if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "routed" && rec["request"] == id {
+			routed = rec
+		}
+	}
+	if routed == nil || routed["prefill"] != "e0" || routed["decode"] != "e1" || routed["disaggregated"] != true ||
+		!strings.HasPrefix(fmt.Sprint(routed["why"]), "evolve: ") || routed["prompt_tokens"].(float64) == 0 {
+		t.Fatalf("the debug log's line for %s: %v\n%s", id, routed, logs.String())
+	}
+
+	// An engine's refusal (more output than the model's context holds) is
+	// the request's fault: passed on, with the same headers.
+	resp = post(`{"prompt": "hello", "max_tokens": 100000000}`)
+	if resp.StatusCode/100 != 4 || resp.Header.Get(HeaderPrefillNode) == "" || resp.Header.Get("X-Request-Id") == "" {
+		t.Fatalf("refused request answered %d with headers %v", resp.StatusCode, resp.Header)
+	}
 }

@@ -139,11 +139,15 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 			dec, decScore, decLocal = n, load, local
 		}
 	}
+	var decWhy string
 	if dec == nil {
 		dec = roomiest
 		if r.Match != nil {
 			decLocal = r.Match.For(dec.Dir).Local
 		}
+		decWhy = fmt.Sprintf("decode on %s, the roomiest: no decode node has room, it queues there", dec.ID)
+	} else {
+		decWhy = fmt.Sprintf("decode on %s, the least loaded (%.1f, holding %d of the prompt's %d blocks)", dec.ID, decScore, decLocal, r.Tokens/bs)
 	}
 
 	// A short part missing from the decode node's own tiers: do it all there,
@@ -152,7 +156,7 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 		local := e.estimate(dec, r, bs, nil)
 		e.admit(r.ID, evolveReq{prefill: dec.ID, decode: dec.ID, prefillSec: local.compute})
 		return Decision{Prefill: dec.ID, Decode: dec.ID, EstTTFT: seconds(local.ttft), ComputeTokens: local.uncached,
-			Reason: fmt.Sprintf("evolve: %d tokens missing on the decode node, prefilled there", missing)}, nil
+			Reason: fmt.Sprintf("evolve: %s; %d tokens missing there, prefilled there", decWhy, missing)}, nil
 	}
 
 	var best plan
@@ -166,8 +170,8 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 	return Decision{
 		Prefill: best.node.ID, Decode: dec.ID, Disaggregated: best.node.ID != dec.ID, Fetches: best.fetches,
 		EstTTFT: seconds(best.ttft), ComputeTokens: best.uncached,
-		Reason: fmt.Sprintf("evolve: least TTFT %.3fs (%d GPU, %d host, %d fetched blocks, %d tokens computed)",
-			best.ttft, best.localHits, best.ownHost, fetched(best.fetches), best.uncached),
+		Reason: fmt.Sprintf("evolve: prefill on the least TTFT %.3fs (%d GPU, %d host, %d fetched blocks, %d tokens computed); %s",
+			best.ttft, best.localHits, best.ownHost, fetched(best.fetches), best.uncached, decWhy),
 	}, nil
 }
 

@@ -3,6 +3,7 @@ package routing
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -402,6 +403,16 @@ func TestEvolveDecodeStaysWithContextUnlessMuchBusier(t *testing.T) {
 			}
 			if dec.Decode != c.wantDecodeOn {
 				t.Fatalf("decoded on %s, want %s (%+v)", dec.Decode, c.wantDecodeOn, dec)
+			}
+			// The reason an operator reads (evolve orchestrator --log-level
+			// debug) names the decode node and the context it holds.
+			held := 0
+			if c.wantDecodeOn == "d2" {
+				held = c.heldBlocks
+			}
+			if want := fmt.Sprintf("decode on %s, the least loaded (", dec.Decode); !strings.Contains(dec.Reason, want) ||
+				!strings.Contains(dec.Reason, fmt.Sprintf("holding %d of the prompt's 162 blocks)", held)) {
+				t.Fatalf("reason %q does not say why %s decodes", dec.Reason, dec.Decode)
 			}
 		})
 	}
