@@ -63,9 +63,15 @@ type Result struct {
 	ComputedTokens    int64 `json:"computed_tokens"`
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.
-	OverContext int    `json:"sessions_over_context"`
-	MaxContext  int    `json:"max_model_len,omitempty"`
-	LastError   string `json:"last_error,omitempty"`
+	OverContext int `json:"sessions_over_context"`
+	MaxContext  int `json:"max_model_len,omitempty"`
+	// The first and the last failed request: what went wrong and when, in
+	// wall seconds from the start (to line them up with a role switch or
+	// an engine's log).
+	FirstError    string  `json:"first_error,omitempty"`
+	FirstErrorAtS float64 `json:"first_error_at_s,omitempty"`
+	LastError     string  `json:"last_error,omitempty"`
+	LastErrorAtS  float64 `json:"last_error_at_s,omitempty"`
 }
 
 // Snapshot is the progress of a run so far.
@@ -494,8 +500,12 @@ func (c *collector) fail(ctx context.Context, err error) error {
 		return err // the run ended; not the server's fault
 	}
 	c.mu.Lock()
+	at := time.Since(c.start).Seconds()
+	if c.res.Errors == 0 {
+		c.res.FirstError, c.res.FirstErrorAtS = err.Error(), at
+	}
 	c.res.Errors++
-	c.res.LastError = err.Error()
+	c.res.LastError, c.res.LastErrorAtS = err.Error(), at
 	c.mu.Unlock()
 	return err
 }

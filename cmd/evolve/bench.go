@@ -209,8 +209,11 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 				fmt.Fprintln(w, "prompt KV\tnot reported by the engines (vLLM: --enable-prompt-tokens-details)")
 			}
 		}
+		if res.Errors > 1 {
+			fmt.Fprintf(w, "first error\tat %.1fs: %s\n", res.FirstErrorAtS, res.FirstError)
+		}
 		if res.LastError != "" {
-			fmt.Fprintf(w, "last error\t%s\n", res.LastError)
+			fmt.Fprintf(w, "last error\tat %.1fs: %s\n", res.LastErrorAtS, res.LastError)
 		}
 	})
 }

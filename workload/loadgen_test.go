@@ -1,0 +1,54 @@
+package workload
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// A run whose server refuses some requests counts them and says which
+// went wrong first and last, and when, so that an operator can line the
+// failures up with what the cluster did then.
+func TestBenchReportsFirstAndLastError(t *testing.T) {
+	var n atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == "GET" && r.URL.Path == "/v1/models":
+			fmt.Fprint(w, `{"object": "list", "data": [{"id": "m", "max_model_len": 1000000}]}`)
+		case r.Method == "POST" && r.URL.Path == "/v1/completions":
+			i := n.Add(1)
+			if i%3 == 0 {
+				http.Error(w, fmt.Sprintf(`{"error": {"message": "refusal %d"}}`, i), http.StatusServiceUnavailable)
+				return
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"the answer\"}]}\n\n")
+			fmt.Fprint(w, "data: [DONE]\n\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	model, err := New("math", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Bench(context.Background(), BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 1500 * time.Millisecond, Speedup: 1000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors < 2 || res.Requests < 2*res.Errors-2 {
+		t.Fatalf("%d requests and %d errors: want every third refused", res.Requests, res.Errors)
+	}
+	if !strings.Contains(res.FirstError, "503") || !strings.Contains(res.LastError, "refusal") || res.FirstError == res.LastError {
+		t.Fatalf("first error %q, last %q: want two different refusals", res.FirstError, res.LastError)
+	}
+	if res.FirstErrorAtS <= 0 || res.LastErrorAtS < res.FirstErrorAtS || res.LastErrorAtS > res.DurationSec {
+		t.Fatalf("errors at %.3fs and %.3fs of a %.3fs run", res.FirstErrorAtS, res.LastErrorAtS, res.DurationSec)
+	}
+}
