@@ -51,6 +51,13 @@ type Engine struct {
 	nextID  uint64
 	snap    snapshot
 
+	// passEnd is where the model's timeline stands while the loop is busy:
+	// the end of the pass in progress. Passes run back to back on that
+	// timeline even when the loop wakes a little late (see Run), so what
+	// the model is told happened in between is dated no later than this.
+	passEnd time.Time
+	busy    bool
+
 	sink  EventSink
 	met   *metrics
 	start time.Time
@@ -185,6 +192,7 @@ func (e *Engine) Run(ctx context.Context) {
 		d, out := e.model.Step(now)
 		busy = !out.Idle
 		prevEnd = out.Start.Add(d)
+		e.busy, e.passEnd = busy, prevEnd
 		tokens = append(tokens[:0], out.Tokens...)
 		finished = append(finished[:0], out.Finished...)
 		for i := range finished { // the model reuses its buffers
@@ -333,11 +341,25 @@ func (p *pending) take(buf []uint32) ([]uint32, *sim.Finished, error) {
 	return buf, p.finished, p.err
 }
 
+// modelNow is the time to tell the model of something happening now, on
+// its timeline: the clock's time, but no later than the end of the pass in
+// progress. A loop that wakes late runs its next pass from where the last
+// one ended (Run), and a request that arrived in that slack would
+// otherwise be scheduled before it arrived (a negative queue time). Call
+// with e.mu held.
+func (e *Engine) modelNow() time.Time {
+	now := e.clock.Now()
+	if e.busy && now.After(e.passEnd) && now.Sub(e.passEnd) < maxLag {
+		return e.passEnd
+	}
+	return now
+}
+
 // submit queues a request with the model and registers its handler.
 func (e *Engine) submit(r sim.Request) (*pending, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if err := e.model.Submit(e.clock.Now(), r); err != nil {
+	if err := e.model.Submit(e.modelNow(), r); err != nil {
 		return nil, err
 	}
 	p := newPending()
@@ -350,7 +372,7 @@ func (e *Engine) submit(r sim.Request) (*pending, error) {
 func (e *Engine) abort(id string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if _, ok := e.model.Abort(e.clock.Now(), id); ok {
+	if _, ok := e.model.Abort(e.modelNow(), id); ok {
 		e.met.aborted.Inc()
 	}
 	delete(e.pending, id)
@@ -431,7 +453,7 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 		return nil
 	case protocol.OpOffload:
 		e.mu.Lock()
-		n, d := e.model.OffloadGPU(e.clock.Now())
+		n, d := e.model.OffloadGPU(e.modelNow())
 		e.mu.Unlock()
 		e.poke()
 		rep.Blocks, rep.Seconds = n, d.Seconds()
@@ -473,7 +495,7 @@ func (e *Engine) fetch(ctx context.Context, peer string, blocks []kv.BlockHash, 
 		return 0, 0, nil
 	}
 	e.mu.Lock()
-	now := e.clock.Now()
+	now := e.modelNow()
 	ready, n := e.model.Fetch(now, blocks[:rep.Local], from, 0)
 	e.mu.Unlock()
 	e.poke()

@@ -165,3 +165,44 @@ func TestSpeedupScalesWallTime(t *testing.T) {
 		t.Fatalf("wall time %v not shorter than modelled %.3f s at 100x", wall, out.Evolve.E2ESec)
 	}
 }
+
+// Requests that arrive while passes run back to back are dated on the
+// model's timeline: each one's queue time, TTFT and end-to-end latency
+// are in order and none is negative, even when the loop wakes late (as it
+// does at a high speedup, where timer slack is large against a pass).
+func TestLatenciesOfRequestsArrivingMidPass(t *testing.T) {
+	_, srv, _ := startInProcess(t, 200)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var bad []string
+	for i := 0; i < 48; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			time.Sleep(time.Duration(i%12) * time.Millisecond) // arrive during passes
+			body := fmt.Sprintf(`{"prompt": "%s %d", "max_tokens": 30}`, strings.Repeat("context ", 200), i)
+			resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			var out struct {
+				Evolve protocol.ResponseKV `json:"evolve"`
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+				t.Error(err)
+				return
+			}
+			if ev := out.Evolve; ev.QueueSec < 0 || ev.TTFTSec < ev.QueueSec || ev.E2ESec < ev.TTFTSec {
+				mu.Lock()
+				bad = append(bad, fmt.Sprintf("request %d: queue %.4fs, TTFT %.4fs, E2E %.4fs", i, ev.QueueSec, ev.TTFTSec, ev.E2ESec))
+				mu.Unlock()
+			}
+		}(i)
+	}
+	wg.Wait()
+	if len(bad) > 0 {
+		t.Fatalf("%d of 48 requests with latencies out of order:\n%s", len(bad), strings.Join(bad, "\n"))
+	}
+}
