@@ -123,7 +123,7 @@ func runBinOut(t *testing.T, env []string, args ...string) (string, int) {
 }
 
 func TestLocalClusterEndToEnd(t *testing.T) {
-	c := upCluster(t, "--engines", "4", "--prefill", "2", "--speedup", "20")
+	c := upCluster(t, "--engines", "4", "--prefill", "2", "--speedup", "20", "--log-level", "debug")
 	for _, k := range []string{"router_url", "control_url"} {
 		if c.up[k] == "" || c.up[k] == nil {
 			t.Fatalf("evolve up -o json lacks %s: %v", k, c.up)
@@ -186,6 +186,30 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 	json.Unmarshal([]byte(resp.JSON.ExtraFields["evolve"].Raw()), &ext)
 	if resp.Usage.CompletionTokens != 10 || ext.Transferred == 0 {
 		t.Fatalf("a long prompt should be prefilled on a prefill node and its KV moved: %+v, transferred %d", resp.Usage, ext.Transferred)
+	}
+	// The answer names the nodes that served it, and at --log-level debug
+	// (passed on to the cluster's processes) the orchestrator's log says
+	// why the router chose them.
+	status, hdr, _ := post(t, c.state.RouterURL+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 3}`, long+" again"))
+	reqID, pre, dec := hdr.Get("X-Request-Id"), hdr.Get("X-Evolve-Prefill-Node"), hdr.Get("X-Evolve-Decode-Node")
+	if status != 200 || reqID == "" || !strings.HasPrefix(pre, "engine-") || !strings.HasPrefix(dec, "engine-") {
+		t.Fatalf("answer %d with headers %v", status, hdr)
+	}
+	eventually(t, 5*time.Second, "the orchestrator logs the routing at debug level", func() bool {
+		b, _ := os.ReadFile(filepath.Join(c.state.LogDir, "orchestrator.log"))
+		for _, l := range strings.Split(string(b), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(l), &rec) == nil && rec["msg"] == "routed" && rec["request"] == reqID &&
+				rec["prefill"] == pre && rec["decode"] == dec && strings.HasPrefix(fmt.Sprint(rec["why"]), "evolve: ") {
+				return true
+			}
+		}
+		return false
+	})
+	for _, pid := range c.state.Engines {
+		if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid)); err == nil && !bytes.Contains(b, []byte("--log-level\x00debug\x00")) {
+			t.Errorf("engine %d was not given --log-level debug: %q", pid, b)
+		}
 	}
 	// Streamed chat through the router.
 	stream := oc.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{

@@ -293,7 +293,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	orch, err := startChild(exe, filepath.Join(logDir, "orchestrator.log"), detach, "orchestrator",
 		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
 		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"), "--policy", config.GetString(key("policy")),
-		"--ready-file", ready, "--log-format", "json", "--planner", config.GetString(key("planner")),
+		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level"), "--planner", config.GetString(key("planner")),
 		"--planner-interval", config.GetDuration(key("planner-interval")).String(),
 		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
 		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64),
@@ -330,7 +330,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		p, err := startChild(exe, log, detach, "engine", "--listen", "127.0.0.1:0", "--nats", info.NATSURL, "--id", id,
 			"--role", role, "--profile", config.GetString(key("profile")),
 			"--speedup", strconv.FormatFloat(config.GetFloat64(key("speedup")), 'g', -1, 64),
-			"--shutdown-grace", "10s", "--log-format", "json")
+			"--shutdown-grace", "10s", "--log-format", "json", "--log-level", config.GetString("log-level"))
 		if err != nil {
 			cleanup()
 			return err
