@@ -53,7 +53,6 @@ type cuLane struct {
 	head    []uint32
 	history []cuStep
 	steps   int
-	prompt  []uint32
 	rewrote int
 }
 
@@ -64,14 +63,22 @@ func (l *cuLane) Next() (Call, bool) {
 	}
 	obs := content(nil, fmt.Sprintf("cu/screen/%s/%d", l.session, n), 0, l.c.Screenshot+l.c.Accessibility.Int(l.r, 100))
 	l.history = append(l.history, cuStep{observation: obs})
-	// The prompt: head, every earlier action, observations of the last Window steps.
-	l.prompt = append(l.prompt[:0], l.head...)
+	// The prompt: head, every earlier action, observations of the last
+	// Window steps; sized first and written once (a call owns its tokens).
 	first := max(0, len(l.history)-l.c.Window)
+	size := len(l.head)
 	for i, s := range l.history {
 		if i >= first {
-			l.prompt = append(l.prompt, s.observation...)
+			size += len(s.observation)
 		}
-		l.prompt = append(l.prompt, s.action...)
+		size += len(s.action)
+	}
+	p := append(make([]uint32, 0, size), l.head...)
+	for i, s := range l.history {
+		if i >= first {
+			p = append(p, s.observation...)
+		}
+		p = append(p, s.action...)
 	}
 	branch, parent, rewrite := "main", "", false
 	if first > 0 {
@@ -87,7 +94,6 @@ func (l *cuLane) Next() (Call, bool) {
 	if n > 0 {
 		think = l.c.ActionTime.Duration(l.r)
 	}
-	p := append([]uint32(nil), l.prompt...)
 	return Call{Session: l.session, Branch: branch, Parent: parent, Rewrite: rewrite, Tokens: p, MaxTokens: l.c.Output.Int(l.r, 1), Think: think}, true
 }
 
