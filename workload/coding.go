@@ -120,7 +120,7 @@ func (l *codingLane) Answer(out []uint32) {
 		l.sub.Answer(out)
 		return
 	}
-	l.ctx = append(l.ctx, out...)
+	l.ctx = append(room(l.ctx, len(out)), out...)
 	l.answered = true
 	for _, at := range l.subAt {
 		if at == l.calls-1 && l.branch != "" {

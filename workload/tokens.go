@@ -1,6 +1,8 @@
 package workload
 
 import (
+	"slices"
+
 	"github.com/zeebo/xxh3"
 )
 
@@ -15,6 +17,7 @@ const (
 
 // content appends n tokens of the content named by (stream, key).
 func content(dst []uint32, stream string, key uint64, n int) []uint32 {
+	dst = room(dst, n)
 	x := xxh3.HashStringSeed(stream, key) | 1
 	for i := 0; i < n; i++ {
 		x ^= x << 13
@@ -23,4 +26,17 @@ func content(dst []uint32, stream string, key uint64, n int) []uint32 {
 		dst = append(dst, contentLo+uint32(x%(contentHi-contentLo)))
 	}
 	return dst
+}
+
+// room returns dst with room for n more tokens. A growing context at least
+// doubles its array when it moves (append grows large slices by a quarter),
+// so an agent's context moves a few times rather than a dozen on its way
+// to 160K tokens: each move copies the whole context, and the simulator
+// then compares the new prompt with the last token by token instead of
+// finding it in the same array.
+func room(dst []uint32, n int) []uint32 {
+	if cap(dst)-len(dst) >= n {
+		return dst
+	}
+	return slices.Grow(dst, max(n, len(dst)))
 }
