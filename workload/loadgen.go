@@ -61,6 +61,10 @@ type Result struct {
 	HostHitTokens     int64 `json:"host_hit_tokens"`
 	TransferredTokens int64 `json:"transferred_tokens"`
 	ComputedTokens    int64 `json:"computed_tokens"`
+	// Preemptions is how often engines preempted the requests for KV
+	// (both legs of a split request): each recomputes what it had, and
+	// that recomputation counts in ComputedTokens.
+	Preemptions int64 `json:"preemptions"`
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.
 	OverContext int `json:"sessions_over_context"`
@@ -452,6 +456,7 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 				// decode leg's transferred tokens are the handoff, as
 				// evolve sim counts them.
 				ext.GPU, ext.Host, ext.Computed = pre.GPU, pre.Host, pre.Computed
+				ext.Preemptions += pre.Preemptions
 			}
 		}
 	}
@@ -475,6 +480,7 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	r.HostHitTokens += ext.Host
 	r.TransferredTokens += ext.Transferred
 	r.ComputedTokens += ext.Computed
+	r.Preemptions += ext.Preemptions
 	e2e := secs(end.Sub(start))
 	c.e2e = append(c.e2e, e2e)
 	c.winE2E = append(c.winE2E, e2e)
@@ -517,4 +523,5 @@ type kvSource struct {
 	Host        int64 `json:"host_hit_tokens"`
 	Transferred int64 `json:"transferred_tokens"`
 	Computed    int64 `json:"computed_tokens"`
+	Preemptions int64 `json:"preemptions"`
 }

@@ -13,8 +13,9 @@ import (
 
 // A run whose server refuses some requests counts them and says which
 // went wrong first and last, and when, so that an operator can line the
-// failures up with what the cluster did then.
-func TestBenchReportsFirstAndLastError(t *testing.T) {
+// failures up with what the cluster did then; the answered requests'
+// KV sources and preemptions are summed over both legs of a split.
+func TestBenchReportsErrorsAndKVSources(t *testing.T) {
 	var n atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
@@ -28,6 +29,10 @@ func TestBenchReportsFirstAndLastError(t *testing.T) {
 			}
 			w.Header().Set("Content-Type", "text/event-stream")
 			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"the answer\"}]}\n\n")
+			// A split request: the decode leg was preempted twice, the
+			// prefill leg once.
+			fmt.Fprint(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 100, \"completion_tokens\": 2},"+
+				" \"evolve\": {\"transferred_tokens\": 96, \"preemptions\": 2, \"prefill\": {\"gpu_hit_tokens\": 64, \"computed_tokens\": 36, \"preemptions\": 1}}}\n\n")
 			fmt.Fprint(w, "data: [DONE]\n\n")
 		default:
 			http.NotFound(w, r)
@@ -50,5 +55,11 @@ func TestBenchReportsFirstAndLastError(t *testing.T) {
 	}
 	if res.FirstErrorAtS <= 0 || res.LastErrorAtS < res.FirstErrorAtS || res.LastErrorAtS > res.DurationSec {
 		t.Fatalf("errors at %.3fs and %.3fs of a %.3fs run", res.FirstErrorAtS, res.LastErrorAtS, res.DurationSec)
+	}
+	// Where the answered prompts' KV came from, and both legs' preemptions.
+	k := int64(res.Requests)
+	if res.PromptTokens != 100*k || res.GPUHitTokens != 64*k || res.ComputedTokens != 36*k || res.TransferredTokens != 96*k || res.Preemptions != 3*k {
+		t.Fatalf("%d requests: prompt %d, GPU hit %d, computed %d, moved %d, preemptions %d", k,
+			res.PromptTokens, res.GPUHitTokens, res.ComputedTokens, res.TransferredTokens, res.Preemptions)
 	}
 }

@@ -203,6 +203,9 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 			case res.GPUHitTokens+res.HostHitTokens+res.TransferredTokens+res.ComputedTokens > 0:
 				fmt.Fprintf(w, "prompt KV\t%.1f%% GPU hit, %.1f%% host hit, %.1f%% computed; %.1f%% moved from prefill to decode engines\n",
 					100*float64(res.GPUHitTokens)/p, 100*float64(res.HostHitTokens)/p, 100*float64(res.ComputedTokens)/p, 100*float64(res.TransferredTokens)/p)
+				if res.Preemptions > 0 {
+					fmt.Fprintf(w, "preemptions\t%d: engines ran out of KV and recomputed what those requests had (counted as computed)\n", res.Preemptions)
+				}
 			case res.CachedTokens > 0: // engines without evolve's breakdown (vLLM)
 				fmt.Fprintf(w, "prompt KV\t%.1f%% cached, as the engines report it (no breakdown by tier)\n", 100*float64(res.CachedTokens)/p)
 			default:
