@@ -119,6 +119,9 @@ type attempt struct {
 	started  bool // bytes reached the client: no more retries
 	first    bool // the prefill is over
 	ttftSeen bool // the client got its first token
+	// prefillFreed: the prefill node's in-flight count no longer has
+	// this split request (freePrefill).
+	prefillFreed bool
 	// prefillKV: the prefill leg's "evolve" object, added to the decode
 	// leg's answer (protocol.ResponseKV.Prefill).
 	prefillKV json.RawMessage
@@ -296,13 +299,34 @@ func (o *Orchestrator) urls(dec routing.Decision) map[string]string {
 	return out
 }
 
-func (o *Orchestrator) release(dec routing.Decision) {
+func (o *Orchestrator) release(dec routing.Decision, prefillFreed bool) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
-	for _, id := range []string{dec.Prefill, dec.Decode} {
+	for i, id := range []string{dec.Prefill, dec.Decode} {
+		if i == 0 && prefillFreed {
+			continue
+		}
 		if n := o.c.nodes[id]; n != nil && n.inFlight > 0 {
 			n.inFlight--
 		}
+	}
+}
+
+// freePrefill ends a split request's claim on its prefill node once the
+// decode leg answers: the decode engine pulled the KV before its first
+// token, so the prefill node holds nothing of the request any more. A
+// node switching away from prefill then waits only for the prefills it
+// still serves and the KV it still holds, not for the decodes that
+// follow them elsewhere (math's run for minutes).
+func (a *attempt) freePrefill() {
+	if !a.dec.Disaggregated || a.prefillFreed {
+		return
+	}
+	a.prefillFreed = true
+	a.o.c.mu.Lock()
+	defer a.o.c.mu.Unlock()
+	if n := a.o.c.nodes[a.dec.Prefill]; n != nil && n.inFlight > 0 {
+		n.inFlight--
 	}
 }
 
@@ -352,7 +376,7 @@ func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) 
 // run serves the request on the decision's nodes. It returns the node that
 // failed and why, or nil when the client got its answer.
 func (a *attempt) run() (string, error) {
-	defer a.o.release(a.dec)
+	defer func() { a.o.release(a.dec, a.prefillFreed) }()
 	if a.dec.Disaggregated {
 		params, err := a.prefill()
 		var ce *clientError
@@ -551,6 +575,7 @@ func (a *attempt) forward(url string, body []byte) error {
 			return fmt.Errorf("read answer: %w", err)
 		}
 		a.firstToken()
+		a.freePrefill()
 		a.countUsage(b)
 		b = withPrefillKV(b, a.prefillKV)
 		a.started = true
@@ -573,6 +598,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		}
 		if bytes.HasPrefix(line, []byte("data: ")) {
 			a.firstToken()
+			a.freePrefill()
 			if bytes.HasPrefix(line, []byte("data: [DONE]")) {
 				done = true
 			} else {

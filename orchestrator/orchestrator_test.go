@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -421,4 +422,42 @@ func TestAnswerSaysWhereItWasServed(t *testing.T) {
 	if resp.StatusCode/100 != 4 || resp.Header.Get(HeaderPrefillNode) == "" || resp.Header.Get("X-Request-Id") == "" {
 		t.Fatalf("refused request answered %d with headers %v", resp.StatusCode, resp.Header)
 	}
+}
+
+// A prefill node switching to decode waits for the prefills it serves,
+// not for the decodes that follow them on other nodes: once a split
+// request's decode leg answers, its KV has left the prefill node. (Math
+// agents' decodes run for minutes; the switch used to wait for all.)
+func TestPrefillSwitchDoesNotWaitForDecodesElsewhere(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode)
+	long := strings.Repeat("a problem to reason about at length ", 200)
+	resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 6000, "stream": true}`, long)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	if !sc.Scan() || resp.Header.Get(HeaderPrefillNode) != "e0" || resp.Header.Get(HeaderDecodeNode) != "e1" {
+		t.Fatalf("want a request split e0 -> e1: %v %v", sc.Err(), resp.Header)
+	}
+	ended := make(chan time.Time, 1)
+	go func() {
+		for sc.Scan() {
+		}
+		ended <- time.Now()
+	}()
+	if _, err := tc.o.SetRole("e0", "decode", true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "e0 switches to decode", func() bool {
+		st, _ := tc.o.NodeStatus("e0")
+		return st.Role == "decode" && st.State == StateServing
+	})
+	select {
+	case at := <-ended:
+		t.Fatalf("the switch finished after the decode on e1 (it ended at %s): it waited for it", at.Format("15:04:05.000"))
+	default:
+	}
+	<-ended
 }
