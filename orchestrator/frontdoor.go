@@ -299,13 +299,11 @@ func (o *Orchestrator) urls(dec routing.Decision) map[string]string {
 	return out
 }
 
-func (o *Orchestrator) release(dec routing.Decision, prefillFreed bool) {
+// release ends a request's claim on nodes (urls made it).
+func (o *Orchestrator) release(ids ...string) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
-	for i, id := range []string{dec.Prefill, dec.Decode} {
-		if i == 0 && prefillFreed {
-			continue
-		}
+	for _, id := range ids {
 		if n := o.c.nodes[id]; n != nil && n.inFlight > 0 {
 			n.inFlight--
 		}
@@ -323,11 +321,7 @@ func (a *attempt) freePrefill() {
 		return
 	}
 	a.prefillFreed = true
-	a.o.c.mu.Lock()
-	defer a.o.c.mu.Unlock()
-	if n := a.o.c.nodes[a.dec.Prefill]; n != nil && n.inFlight > 0 {
-		n.inFlight--
-	}
+	a.o.release(a.dec.Prefill)
 }
 
 // fetchStartWait bounds how long a request waits for its fetches to start
@@ -376,7 +370,13 @@ func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) 
 // run serves the request on the decision's nodes. It returns the node that
 // failed and why, or nil when the client got its answer.
 func (a *attempt) run() (string, error) {
-	defer func() { a.o.release(a.dec, a.prefillFreed) }()
+	defer func() {
+		if a.prefillFreed {
+			a.o.release(a.dec.Decode)
+		} else {
+			a.o.release(a.dec.Prefill, a.dec.Decode)
+		}
+	}()
 	if a.dec.Disaggregated {
 		params, err := a.prefill()
 		var ce *clientError

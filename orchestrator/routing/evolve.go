@@ -147,7 +147,7 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 		}
 		decWhy = fmt.Sprintf("decode on %s, the roomiest: no decode node has room, it queues there", dec.ID)
 	} else {
-		decWhy = fmt.Sprintf("decode on %s, the least loaded (%.1f, holding %d of the prompt's %d blocks)", dec.ID, decScore, decLocal, r.Tokens/bs)
+		decWhy = fmt.Sprintf("decode on %s, the least loaded (load %.1f, holding %d of the prompt's %d blocks)", dec.ID, decScore, decLocal, r.Tokens/bs)
 	}
 
 	// A short part missing from the decode node's own tiers: do it all there,
