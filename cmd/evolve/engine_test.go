@@ -696,6 +696,63 @@ func TestSimProgressEstimatesAtTheRecentPace(t *testing.T) {
 	}
 }
 
+// Under a shift, the time left prices the phases ahead at each
+// workload's pace once both have been seen, and says it cannot before:
+// here computer use runs 8x slower than math, as at 256 GPUs.
+func TestSimProgressEstimatesAShiftByItsSchedule(t *testing.T) {
+	model, err := workload.New("shift:math>computer-use:1h:1h:1h", 8)
+	if err != nil {
+		t.Fatal(err)
+	}
+	shift := model.(*workload.Shift)
+	pace := func(m int) time.Duration { // wall per modelled minute m
+		f := shift.Fraction(time.Duration(m) * time.Minute)
+		return time.Duration((1 + 7*f) * float64(time.Second))
+	}
+	const total = 190 // minutes: 10 of warm-up, then the 3-hour schedule
+	var out strings.Builder
+	p := newSimProgress(&out, 0)
+	p.shift = shift
+	began := time.Unix(1000, 0)
+	wall := began
+	p.now = func() time.Time { return wall }
+	truth := map[int]time.Duration{} // wall left after minute m
+	for m := 1; m < total; m++ {
+		wall = wall.Add(pace(m))
+		p.report("evolve", began, time.Duration(m)*time.Minute, total*time.Minute)
+	}
+	for m := total - 1; m >= 1; m-- {
+		truth[m] = truth[m+1] + pace(m+1)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 9 {
+		t.Fatalf("want a line per tenth:\n%s", out.String())
+	}
+	// 10% to 30% run math alone: computer use's pace is unknown.
+	for _, l := range lines[:3] {
+		if !strings.HasSuffix(l, "left at the pace so far (the shift to computer-use ahead may change it)") {
+			t.Fatalf("before computer use is seen: %q", l)
+		}
+	}
+	// From 40% (16 minutes into the change) both paces are known: each
+	// estimate is within a tenth of the truth (at 40% the last tenth's
+	// pace says 4.5 minutes for 13.4).
+	for i, m := range map[int]int{3: 76, 4: 95, 5: 114, 6: 133, 7: 152, 8: 171} {
+		l := lines[i]
+		at := strings.Index(l, "about ")
+		if at < 0 {
+			t.Fatalf("line %d: %q", i, l)
+		}
+		got, err := time.ParseDuration(strings.Fields(l[at+len("about "):])[0])
+		if err != nil {
+			t.Fatalf("line %d: %q: %v", i, l, err)
+		}
+		if want := truth[m]; got < want*9/10 || got > want*11/10 || strings.Contains(l, "may change") {
+			t.Errorf("at minute %d: %q, want about %s", m, l, want.Round(time.Second))
+		}
+	}
+}
+
 // A load run with a known end shows a bar and the share done; one that
 // runs until Ctrl-C shows its time alone.
 func TestBenchProgressBar(t *testing.T) {

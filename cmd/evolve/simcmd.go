@@ -223,7 +223,8 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	if agents < 1 || dur <= 0 || warm < 0 {
 		return usage(fmt.Errorf("want --agents >= 1, --duration > 0 and --warmup >= 0"))
 	}
-	if _, err := workload.New(wl, agents); err != nil {
+	model, err := workload.New(wl, agents)
+	if err != nil {
 		return usage(fmt.Errorf("--workload: %w", err))
 	}
 	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
@@ -316,6 +317,9 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	var mu sync.Mutex // simulations report progress from their goroutines
 	began := map[string]time.Time{}
 	prog := newSimProgress(errw, config.GetDuration(k("progress-every")))
+	if sh, ok := model.(*workload.Shift); ok && tr == nil {
+		prog.shift = sh
+	}
 	hooks := &sim.Hooks{
 		Start: func(p string) {
 			mu.Lock()
@@ -587,6 +591,9 @@ type simProgress struct {
 	every time.Duration
 	now   func() time.Time
 	runs  map[string]*progressRun
+	// shift, when the agents follow one, tells the estimate which
+	// workload each stretch of modelled time runs (see progressRun.left).
+	shift *workload.Shift
 }
 
 // progressRun is one simulation's progress: the last line shown, and the
@@ -625,15 +632,84 @@ func (p *simProgress) report(policy string, began time.Time, elapsed, total time
 		return
 	}
 	r.tenth, r.shownAt = tenth, now
-	fmt.Fprintf(p.w, "  %s: %d%% (%s of %s modelled) after %s, about %s left\n", policy, int(frac*100),
-		minutes(elapsed), minutes(total), now.Sub(began).Round(time.Second), r.left(total).Round(time.Second))
+	left, caveat := r.left(total, p.shift)
+	fmt.Fprintf(p.w, "  %s: %d%% (%s of %s modelled) after %s, about %s left%s\n", policy, int(frac*100),
+		minutes(elapsed), minutes(total), now.Sub(began).Round(time.Second), left.Round(time.Second), caveat)
 }
 
-// left estimates the wall time to the end at the pace of the last tenth
-// of the modelled time: a run slows as contexts grow and caches fill (and
-// a shift changes its work midway), so the pace since the start promises
-// too little.
-func (r *progressRun) left(total time.Duration) time.Duration {
+// left estimates the wall time to the end, and says when it cannot know
+// the pace ahead. Without a shift it is the pace of the last tenth of the
+// modelled time: a run slows as contexts grow and caches fill, so the
+// pace since the start promises too little.
+//
+// Under a shift the two workloads run at different paces (a 256-GPU run
+// spent 2 minutes on an hour of math and 16 minutes on an hour of
+// computer use), so the pace of the last tenth misjudges the phases
+// ahead. Once both workloads have been seen, the pace is fitted as a
+// blend of two, weighted towards recent samples, and the time ahead is
+// priced by the schedule's mix; before, the estimate says that the
+// workload ahead may change it.
+func (r *progressRun) left(total time.Duration, shift *workload.Shift) (time.Duration, string) {
+	recent := r.recentLeft(total)
+	last := r.samples[len(r.samples)-1]
+	if shift == nil || last.modelled >= total {
+		return recent, ""
+	}
+	// Modelled seconds ahead at each workload's share.
+	aheadTo := mixIntegral(shift, last.modelled, total)
+	aheadFrom := (total - last.modelled).Seconds() - aheadTo
+	// Fit wall = a * (time on the first) + b * (time on the second).
+	var s11, s12, s22, s1y, s2y, seen1, seen2 float64
+	tau := (total / 10).Seconds()
+	for i := 1; i < len(r.samples); i++ {
+		p, q := r.samples[i-1], r.samples[i]
+		dt := (q.modelled - p.modelled).Seconds()
+		if dt <= 0 {
+			continue
+		}
+		x2 := mixIntegral(shift, p.modelled, q.modelled)
+		x1 := dt - x2
+		y := q.wall.Sub(p.wall).Seconds()
+		w := math.Exp(-(last.modelled - q.modelled).Seconds() / tau)
+		s11, s12, s22 = s11+w*x1*x1, s12+w*x1*x2, s22+w*x2*x2
+		s1y, s2y = s1y+w*x1*y, s2y+w*x2*y
+		seen1, seen2 = seen1+x1, seen2+x2
+	}
+	elapsed := last.modelled.Seconds()
+	need1, need2 := aheadFrom > 0.01*elapsed, aheadTo > 0.01*elapsed
+	known1, known2 := seen1 > 0.02*elapsed, seen2 > 0.02*elapsed
+	if (need1 && !known1) || (need2 && !known2) {
+		return recent, fmt.Sprintf(" at the pace so far (the shift to %s ahead may change it)", shift.To.Name())
+	}
+	det := s11*s22 - s12*s12
+	if !known1 || !known2 || det <= 1e-9*s11*s22 {
+		return recent, "" // one workload alone, seen and ahead
+	}
+	a, b := (s1y*s22-s2y*s12)/det, (s2y*s11-s1y*s12)/det
+	if a <= 0 || b <= 0 {
+		return recent, ""
+	}
+	return time.Duration((a*aheadFrom + b*aheadTo) * float64(time.Second)), ""
+}
+
+// mixIntegral is the modelled seconds between from and to that a shift
+// gives to its second workload (its share is linear in between the
+// holds, so a fine trapezoid sum is exact enough for an estimate).
+func mixIntegral(shift *workload.Shift, from, to time.Duration) float64 {
+	const steps = 32
+	if to <= from {
+		return 0
+	}
+	h := (to - from) / steps
+	sum := (shift.Fraction(from) + shift.Fraction(to)) / 2
+	for i := 1; i < steps; i++ {
+		sum += shift.Fraction(from + time.Duration(i)*h)
+	}
+	return sum * h.Seconds()
+}
+
+// recentLeft is the wall time to the end at the pace of the last tenth.
+func (r *progressRun) recentLeft(total time.Duration) time.Duration {
 	last := r.samples[len(r.samples)-1]
 	from := r.samples[0]
 	for i := len(r.samples) - 2; i >= 0; i-- {
