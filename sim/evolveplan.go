@@ -85,7 +85,7 @@ func (r *run) planStep() {
 		if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
 			r.res.RoleSwitches++
 		}
-		if e.role == routing.Decode {
+		if e.role == routing.Decode && !r.sc.DrainSwitches {
 			r.handOver(i)
 		}
 		r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})

@@ -79,3 +79,30 @@ func mean(x []float64) float64 {
 	}
 	return s / float64(max(1, len(x)))
 }
+
+// A decode node that evolve's planner moves to prefill hands its decodes
+// over to peers; with DrainSwitches it finishes them first, as the live
+// orchestrator does, and hands nothing over.
+func TestDrainSwitchesHandsNothingOver(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pol, _ := ParsePolicy("evolve", 4)
+	var handed [2]int
+	for i, drain := range []bool{false, true} {
+		sc := Scenario{Profile: p, Engines: 4, Workload: "shift:math>computer-use:5m:5m:10m", Agents: 60,
+			Warmup: 2 * time.Minute, Duration: 18 * time.Minute, Seed: 1, DrainSwitches: drain}
+		res, err := Run(sc, pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.RoleSwitches == 0 {
+			t.Fatalf("drain %v: the planner moved no node", drain)
+		}
+		handed[i] = res.HandedOver
+	}
+	if handed[0] == 0 || handed[1] != 0 {
+		t.Fatalf("decodes handed over: %d by default, %d when switches drain", handed[0], handed[1])
+	}
+}

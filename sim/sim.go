@@ -37,6 +37,11 @@ type Scenario struct {
 	// references) or "lru" (plain LRU, to measure what references give).
 	// Dynamo's policies always use KVBM's LRU.
 	Eviction string
+	// DrainSwitches makes a decode node that evolve's planner moves to
+	// prefill finish its decodes before it switches, as the live
+	// orchestrator does (it cannot yet hand a decode over). By default
+	// the simulator hands them over to peer decode nodes (handOver).
+	DrainSwitches bool
 	// Planner tunes evolve's planner as the orchestrator's --planner-*
 	// flags do: Interval, Persistence, TTFTWeight and MinImprovement are
 	// taken, zero fields keep their defaults. The engines' limits come

@@ -107,7 +107,8 @@ Policies (comma-separated):
   evolve              evolve's router and online planner: starts at Dynamo's recipe
                       ratio (1 prefill : 2 decode), learns pass costs from the
                       engines' passes and moves nodes between roles, handing
-                      decodes over to peers instead of waiting for them
+                      decodes over to peers instead of waiting for them (the
+                      live orchestrator waits: --handover=false simulates it)
   static:P:D          evolve's router and KV management with a fixed split
   static:best         every static split, the best by mean end-to-end latency
   dynamo              Dynamo as shipped: its KV router cost, fixed-role workers,
@@ -143,6 +144,7 @@ the research system's experiments:
 	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload")
+	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes; false: the node finishes them first, as the live orchestrator does today (it cannot hand a decode over yet)")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
 	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")
@@ -228,7 +230,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		return usage(fmt.Errorf("--workload: %w", err))
 	}
 	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
-		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction"))}
+		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction")), DrainSwitches: !config.GetBool(k("handover"))}
 	if tr != nil {
 		sc.Trace, sc.TimeScale = tr.recs, 1/tr.playback
 	}
@@ -426,6 +428,12 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			scenario[key] = v
 		}
 	}
+	if sc.DrainSwitches {
+		scenario["handover"] = false
+	}
+	if sc.Eviction == "lru" {
+		scenario["eviction"] = "lru"
+	}
 	if tr != nil {
 		delete(scenario, "workload")
 		delete(scenario, "agents")
@@ -457,7 +465,14 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		if tr != nil {
 			who = fmt.Sprintf("%d requests of %s at %gx", len(tr.recs), filepath.Base(tr.path), tr.playback)
 		}
-		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %s, %v scored after %v, seed %d\n\n", gpus, sc.Engines, profile, who, dur, warm, sc.Seed)
+		var how string
+		if sc.DrainSwitches {
+			how += "; evolve's switching nodes finish their decodes (--handover=false)"
+		}
+		if sc.Eviction == "lru" {
+			how += "; evolve evicts by plain LRU (--eviction lru)"
+		}
+		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %s, %v scored after %v, seed %d%s\n\n", gpus, sc.Engines, profile, who, dur, warm, sc.Seed, how)
 		fmt.Fprint(w, "metric")
 		for _, r := range results {
 			fmt.Fprintf(w, "\t%s", r.Policy)
