@@ -88,11 +88,13 @@ func TestDrainSwitchesHandsNothingOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pol, _ := ParsePolicy("evolve", 4)
+	pol, _ := ParsePolicy("evolve", 3)
 	var handed [2]int
 	for i, drain := range []bool{false, true} {
-		sc := Scenario{Profile: p, Engines: 4, Workload: "shift:math>computer-use:5m:5m:10m", Agents: 60,
-			Warmup: 2 * time.Minute, Duration: 18 * time.Minute, Seed: 1, DrainSwitches: drain}
+		// Computer use on a 1:2 split: the planner moves a decode node
+		// to prefill within minutes.
+		sc := Scenario{Profile: p, Engines: 3, Workload: "computer-use", Agents: 30,
+			Warmup: time.Minute, Duration: 3 * time.Minute, Seed: 1, DrainSwitches: drain}
 		res, err := Run(sc, pol)
 		if err != nil {
 			t.Fatal(err)
