@@ -177,22 +177,18 @@ func (e *Engine) Run(ctx context.Context) {
 		tokens   []sim.Token
 		finished []sim.Finished
 		events   []kv.Event
-		prevEnd  time.Time // end of the last pass, while busy
-		busy     bool
 	)
 	for {
 		e.mu.Lock()
 		now := e.clock.Now()
-		if busy && now.Sub(prevEnd) < maxLag {
+		if e.busy && now.Sub(e.passEnd) < maxLag {
 			// Back-to-back passes: the next starts where the last ended.
 			// Waking late (timer slack, scheduling) must not stretch the
 			// modelled time; the absolute wall deadlines catch up.
-			now = prevEnd
+			now = e.passEnd
 		}
 		d, out := e.model.Step(now)
-		busy = !out.Idle
-		prevEnd = out.Start.Add(d)
-		e.busy, e.passEnd = busy, prevEnd
+		e.busy, e.passEnd = !out.Idle, out.Start.Add(d)
 		tokens = append(tokens[:0], out.Tokens...)
 		finished = append(finished[:0], out.Finished...)
 		for i := range finished { // the model reuses its buffers
