@@ -150,7 +150,7 @@ type PassStats struct {
 	Preemptions     int
 	Waiting         int
 	Running         int
-	Held            int // remote-decode prefills holding KV for a peer
+	Held            int // remote-decode prefills and handed-over decodes holding KV for a peer
 	GPUBlocksUsed   int // blocks in use by sequences (cached free blocks not counted)
 	GPUBlocksCached int // blocks resident on GPU, in use or not
 	GPUBlocks       int
@@ -215,7 +215,9 @@ type seq struct {
 	rng       uint64
 	state     seqState
 	holdUntil time.Time
-	admitted  bool
+	// heldBlocks is how much of chain a held sequence holds for its peer.
+	heldBlocks int
+	admitted   bool
 }
 
 type fetch struct {
@@ -430,6 +432,9 @@ type Migrated struct {
 	Output    []uint32       // the output so far (a sub-slice of Tokens)
 	Chain     []kv.BlockHash // the full blocks of Tokens whose KV this engine holds
 	Remaining int            // output tokens still to generate
+	// Sampler is the state of the output stream: a peer given it as its
+	// Request.Seed draws the tokens this engine would have drawn next.
+	Sampler uint64
 }
 
 // Migrate takes a running sequence that has started its output off the
@@ -437,20 +442,38 @@ type Migrated struct {
 // evictable, so that the peer can pull them. It reports false for a
 // sequence that is unknown or not decoding.
 func (m *Model) Migrate(now time.Time, id string) (Migrated, bool) {
+	return m.migrate(now, id, false)
+}
+
+// HandOver is Migrate for a peer that pulls the KV later, over a network
+// (a live engine's handover): the sequence's blocks are held, as a
+// prefill leg's are, until the peer takes them (Release, which returns
+// Migrated.Chain) or HoldTimeout passes.
+func (m *Model) HandOver(now time.Time, id string) (Migrated, bool) {
+	return m.migrate(now, id, true)
+}
+
+func (m *Model) migrate(now time.Time, id string, hold bool) (Migrated, bool) {
 	s, ok := m.byID[id]
-	if !ok || s.state != stRunning || s.generated == 0 {
+	if !ok || s.state != stRunning || s.generated == 0 || s.req.RemoteDecode {
 		return Migrated{}, false
 	}
 	full := min(s.computed>>m.bsShift, len(s.chain))
 	mg := Migrated{Usage: s.usage, Tokens: append(append(make([]uint32, 0, s.ntok()), s.req.Tokens...), s.out...),
 		Chain:     append([]kv.BlockHash(nil), s.chain[:full]...),
-		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok())}
+		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok()), Sampler: s.rng}
 	mg.Output = mg.Tokens[len(s.req.Tokens):]
+	mg.Usage.Finish = now
 	m.running = removeSeq(m.running, s)
+	m.counters.Migrated++
+	if hold {
+		// The blocks past the full ones hold output the peer recomputes.
+		s.state, s.holdUntil, s.heldBlocks = stHeld, now.Add(m.cfg.HoldTimeout), full
+		m.held = append(m.held, s)
+		return mg, true
+	}
 	m.freeSeq(s)
 	delete(m.byID, id)
-	mg.Usage.Finish = now
-	m.counters.Migrated++
 	return mg, true
 }
 
@@ -464,7 +487,7 @@ func (m *Model) Release(id string) ([]kv.BlockHash, bool) {
 	m.held = removeSeq(m.held, s)
 	m.freeSeq(s)
 	delete(m.byID, id)
-	return s.chain[:min(len(s.chain), len(s.req.Tokens)/m.bs)], true
+	return s.chain[:s.heldBlocks], true
 }
 
 // Lookup returns how many leading blocks of chain are on GPU, and how many

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -692,6 +693,69 @@ func TestMigrateHandsADecodeToAPeer(t *testing.T) {
 	}
 	if a.Counters().Migrated != 1 {
 		t.Fatalf("counters %+v", a.Counters())
+	}
+}
+
+// A decode handed over holds its KV until the peer takes it, and the
+// peer, given the sampler's state, continues the very output the source
+// would have written: the client cannot tell that its answer moved.
+func TestHandOverHoldsKVAndContinuesTheOutput(t *testing.T) {
+	p := tinyProfile(t)
+	whole := NewModel(p, Config{})
+	submit(t, whole, t0, Request{ID: "r", Tokens: prompt(300, 7), MaxTokens: 100, Seed: 9})
+	want := run(t, whole, t0, 1000).finished["r"].Output
+	if len(want) != 100 {
+		t.Fatalf("the reference run wrote %d tokens", len(want))
+	}
+
+	a, b := NewModel(p, Config{HoldTimeout: time.Minute}), NewModel(p, Config{})
+	submit(t, a, t0, Request{ID: "r", Tokens: prompt(300, 7), MaxTokens: 100, Seed: 9})
+	now := t0
+	for i := 0; i < 30; i++ {
+		d, _ := a.Step(now)
+		now = now.Add(d)
+	}
+	mg, ok := a.HandOver(now, "r")
+	if !ok || len(mg.Output) == 0 || len(mg.Output)+mg.Remaining != 100 {
+		t.Fatalf("hand over: ok %v, %d out, %d remaining", ok, len(mg.Output), mg.Remaining)
+	}
+	if _, again := a.HandOver(now, "r"); again {
+		t.Fatal("a held sequence was handed over twice")
+	}
+	if _, out := a.Step(now); out.Stats.Running != 0 || out.Stats.Held != 1 {
+		t.Fatalf("the source runs %d and holds %d", out.Stats.Running, out.Stats.Held)
+	}
+	held, ok := a.Release("r")
+	if !ok || len(held) != len(mg.Chain) || held[len(held)-1] != mg.Chain[len(mg.Chain)-1] {
+		t.Fatalf("release gave %d blocks, want the %d handed over", len(held), len(mg.Chain))
+	}
+	if a.InFlight() != 0 {
+		t.Fatalf("%d in flight on the source after the peer took its KV", a.InFlight())
+	}
+	submit(t, b, now, Request{ID: "r", Tokens: mg.Tokens, MaxTokens: mg.Remaining, Seed: mg.Sampler, Remote: &RemoteKV{Blocks: held}})
+	fin := run(t, b, now, 1000).finished["r"]
+	got := append(append([]uint32(nil), mg.Output...), fin.Output...)
+	if !slices.Equal(got, want) {
+		t.Fatalf("the output changed across the handover:\n got %v\nwant %v", got, want)
+	}
+	if fin.Usage.TransferredTokens != len(held)*p.BlockSize {
+		t.Fatalf("the peer pulled %d tokens, want %d", fin.Usage.TransferredTokens, len(held)*p.BlockSize)
+	}
+
+	// Unpulled, the hold expires and the blocks go back to the cache.
+	c := NewModel(p, Config{HoldTimeout: time.Second})
+	submit(t, c, t0, Request{ID: "r", Tokens: prompt(300, 7), MaxTokens: 100})
+	now = t0
+	for i := 0; i < 30; i++ {
+		d, _ := c.Step(now)
+		now = now.Add(d)
+	}
+	if _, ok := c.HandOver(now, "r"); !ok {
+		t.Fatal("hand over")
+	}
+	c.Step(now.Add(2 * time.Second))
+	if c.InFlight() != 0 {
+		t.Fatalf("an expired hold still counts: %d in flight", c.InFlight())
 	}
 }
 

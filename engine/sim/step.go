@@ -284,6 +284,7 @@ func (m *Model) sample(s *seq, end time.Time) {
 		s.usage.Finish = end
 		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
 		nb := min(len(s.chain), len(s.req.Tokens)/m.bs)
+		s.heldBlocks = nb
 		m.out.Finished = append(m.out.Finished, Finished{
 			ReqID: s.req.ID, Reason: FinishRemoteDecode, Usage: s.usage, Blocks: s.chain[:nb:nb],
 		})
