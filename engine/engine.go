@@ -57,6 +57,9 @@ type Engine struct {
 	// the model is told happened in between is dated no later than this.
 	passEnd time.Time
 	busy    bool
+	// handingOver: told to hand its decodes over (protocol.OpHandOver),
+	// the engine ends each movable request as soon as it has output.
+	handingOver bool
 
 	sink  EventSink
 	met   *metrics
@@ -132,7 +135,7 @@ func (e *Engine) Registration(version string) protocol.Registration {
 		GPUBlocks: c.GPUBlocks, HostBlocks: c.HostBlocks, KVBytesPerToken: p.KVBytesPerToken,
 		MaxModelLen: p.MaxModelLen, Speedup: e.cfg.Speedup, Version: version, StartedAt: e.start,
 		LastKVSeq: e.model.LastEventSeq(), PrefillUsPerToken: p.Prefill.PerTokenUs, HostGBps: p.HostGBps,
-		NetworkGBps: p.NetworkGBps, MaxNumSeqs: c.MaxNumSeqs,
+		NetworkGBps: p.NetworkGBps, MaxNumSeqs: c.MaxNumSeqs, CanHandOver: true,
 	}
 }
 
@@ -279,6 +282,27 @@ func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.T
 		fc := *f
 		p.push(0, &fc)
 	}
+	if e.handingOver {
+		e.handOver(end)
+	}
+}
+
+// handOver takes every movable request that has output off the model,
+// holding its KV for the peer that will continue it, and tells its
+// handler. Call with e.mu held, between passes.
+func (e *Engine) handOver(now time.Time) {
+	for id, p := range e.pending {
+		if !p.movable {
+			continue
+		}
+		mg, ok := e.model.HandOver(now, id)
+		if !ok { // not decoding yet: at a later pass
+			continue
+		}
+		delete(e.pending, id)
+		e.met.handedOver.Inc()
+		p.moved(&moved{Migrated: mg, kv: e.transferParams(id, mg.Chain)})
+	}
 }
 
 func (e *Engine) shutdown() {
@@ -293,12 +317,31 @@ func (e *Engine) shutdown() {
 // pending is a request whose handler is waiting for output.
 type pending struct {
 	lastToken time.Time // virtual time of the last token; guarded by Engine.mu
+	// movable: its client (a router) takes a handover (HeaderHandOver).
+	movable bool
 
 	mu       sync.Mutex
 	tokens   []uint32
 	finished *sim.Finished
+	handed   *moved
 	err      error
 	notify   chan struct{}
+}
+
+// moved is a request the engine handed over: what a peer needs to go on.
+type moved struct {
+	sim.Migrated
+	kv map[string]any // kv_transfer_params naming this engine's hold
+}
+
+func (p *pending) moved(m *moved) {
+	p.mu.Lock()
+	p.handed = m
+	p.mu.Unlock()
+	select {
+	case p.notify <- struct{}{}:
+	default:
+	}
 }
 
 func newPending() *pending { return &pending{notify: make(chan struct{}, 1)} }
@@ -328,13 +371,14 @@ func (p *pending) fail(err error) {
 }
 
 // take returns the tokens delivered since the last call, the finish if the
-// request is done, and an error if the engine gave up on it.
-func (p *pending) take(buf []uint32) ([]uint32, *sim.Finished, error) {
+// request is done, its handover if it moved, and an error if the engine
+// gave up on it.
+func (p *pending) take(buf []uint32) ([]uint32, *sim.Finished, *moved, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	buf = append(buf[:0], p.tokens...)
 	p.tokens = p.tokens[:0]
-	return buf, p.finished, p.err
+	return buf, p.finished, p.handed, p.err
 }
 
 // modelNow is the time to tell the model of something happening now, on
@@ -351,14 +395,16 @@ func (e *Engine) modelNow() time.Time {
 	return now
 }
 
-// submit queues a request with the model and registers its handler.
-func (e *Engine) submit(r sim.Request) (*pending, error) {
+// submit queues a request with the model and registers its handler;
+// movable says its client takes a handover.
+func (e *Engine) submit(r sim.Request, movable bool) (*pending, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.model.Submit(e.modelNow(), r); err != nil {
 		return nil, err
 	}
 	p := newPending()
+	p.movable = movable
 	e.pending[r.ID] = p
 	e.poke()
 	return p, nil
@@ -436,6 +482,7 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 		e.mu.Lock()
 		old := e.model.Role()
 		e.model.SetRole(r)
+		e.handingOver = false
 		e.mu.Unlock()
 		e.poke()
 		e.met.setRole(r)
@@ -444,8 +491,23 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 	case protocol.OpDrain, protocol.OpResume:
 		e.mu.Lock()
 		e.model.SetDraining(req.Op == protocol.OpDrain)
+		e.handingOver = false
 		e.mu.Unlock()
 		e.log.Info(req.Op)
+		return nil
+	case protocol.OpHandOver:
+		e.mu.Lock()
+		e.model.SetDraining(true)
+		e.handingOver = true
+		n := 0
+		for _, p := range e.pending {
+			if p.movable {
+				n++
+			}
+		}
+		e.mu.Unlock()
+		e.poke()
+		e.log.Info("handing decodes over", "movable_requests", n)
 		return nil
 	case protocol.OpOffload:
 		e.mu.Lock()

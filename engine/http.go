@@ -136,6 +136,27 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 
+	var resume *protocol.Resume
+	if len(req.EvolveResume) > 0 && string(req.EvolveResume) != "null" {
+		resume = new(protocol.Resume)
+		if err := json.Unmarshal(req.EvolveResume, resume); err != nil {
+			writeError(w, badRequest("evolve_resume", "evolve_resume: %v", err))
+			return
+		}
+		if kvp.DoRemoteDecode {
+			writeError(w, badRequest("evolve_resume", "a resumed answer cannot be a prefill leg (do_remote_decode)"))
+			return
+		}
+		if len(resume.Output) >= maxTokens {
+			writeError(w, badRequest("evolve_resume", "evolve_resume has %d output tokens; max_tokens %d leaves none to write", len(resume.Output), maxTokens))
+			return
+		}
+		// The prompt now ends with the output so far, whose KV the
+		// engine that handed the answer over holds.
+		tokens = append(append(make([]uint32, 0, len(tokens)+len(resume.Output)), tokens...), resume.Output...)
+		maxTokens -= len(resume.Output)
+	}
+
 	prefix := "cmpl"
 	if chat {
 		prefix = "chatcmpl"
@@ -149,6 +170,9 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		// The same seed and prompt give the same output; without one every
 		// request draws its own stream (as sampling with temperature would).
 		sr.Seed = uint64(*req.Seed)*0x9e3779b97f4a7c15 + uint64(len(tokens)) | 1
+	}
+	if resume != nil && resume.Sampler != 0 {
+		sr.Seed = resume.Sampler // the stream the first engine was writing
 	}
 	var pullErr string
 	if kvp.DoRemotePrefill {
@@ -170,7 +194,9 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 			e.met.xfer.Add(float64(len(blocks) * e.cfg.Profile.BlockSize * e.cfg.Profile.KVBytesPerToken))
 		}
 	}
-	p, err := e.submit(sr)
+	// A prefill leg ends at its first token: there is nothing to hand over.
+	movable := r.Header.Get(protocol.HeaderHandOver) == "1" && !kvp.DoRemoteDecode
+	p, err := e.submit(sr, movable)
 	if err != nil {
 		writeError(w, submitError(err, chat))
 		return
@@ -178,8 +204,19 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	if rid := r.Header.Get("X-Request-Id"); rid != "" {
 		w.Header().Set("X-Request-Id", rid)
 	}
-	g := generation{e: e, w: w, id: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
-		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr}
+	g := generation{e: e, w: w, id: id, reqID: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr,
+		promptLen: len(tokens), resume: resume}
+	if resume != nil {
+		// The answer goes on as the client has seen it begin.
+		g.id, g.created, g.promptLen = resume.ID, resume.Created, len(tokens)-len(resume.Output)
+		g.sent = len(resume.Output)
+		if !g.stream {
+			for _, t := range resume.Output {
+				g.text.WriteString(tokenizer.TokenText(t))
+			}
+		}
+	}
 	g.run(r.Context(), p)
 }
 
@@ -227,13 +264,16 @@ func postJSON(ctx context.Context, url string, in, out any) error {
 type generation struct {
 	e            *Engine
 	w            http.ResponseWriter
-	id           string
+	id           string // the answer's id (a resumed answer keeps its first engine's)
+	reqID        string // the model's request id
 	chat         bool
 	created      int64
 	stream       bool
 	includeUsage bool
 	remoteDecode bool
 	pullErr      string
+	promptLen    int              // the client's prompt, without output resumed
+	resume       *protocol.Resume // the answer so far, when another engine began it
 
 	bw   *bufio.Writer
 	text strings.Builder
@@ -253,11 +293,11 @@ func (g *generation) run(ctx context.Context, p *pending) {
 	for {
 		select {
 		case <-ctx.Done():
-			g.e.abort(g.id) // the client went away: free its KV
+			g.e.abort(g.reqID) // the client went away: free its KV
 			return
 		case <-p.notify:
 		}
-		toks, fin, err := p.take(buf)
+		toks, fin, mv, err := p.take(buf)
 		buf = toks
 		if len(toks) > 0 {
 			if g.stream {
@@ -265,7 +305,7 @@ func (g *generation) run(ctx context.Context, p *pending) {
 				// reader lets several accumulate.
 				for _, t := range toks {
 					if werr := g.chunk(tokenizer.TokenText(t), nil); werr != nil {
-						g.e.abort(g.id)
+						g.e.abort(g.reqID)
 						return
 					}
 					g.sent++
@@ -289,7 +329,56 @@ func (g *generation) run(ctx context.Context, p *pending) {
 			g.finish(fin)
 			return
 		}
+		if mv != nil {
+			g.handOver(mv)
+			return
+		}
 	}
+}
+
+// handOver ends the answer with what a peer needs to go on with it
+// (protocol.HandOver); the client's router sends it on. Every token the
+// model wrote before it moved has been written out.
+func (g *generation) handOver(mv *moved) {
+	h := protocol.HandOver{KVTransferParams: mv.kv, Resume: protocol.Resume{
+		ID: g.id, Created: g.created, Output: mv.Tokens[g.promptLen:], Sampler: mv.Sampler, Prior: *g.story(mv.Usage),
+	}}
+	msg := struct {
+		HandOver protocol.HandOver `json:"evolve_handover"`
+		Object   string            `json:"object,omitempty"`
+	}{HandOver: h}
+	if g.stream {
+		_ = g.event(msg)
+		return
+	}
+	msg.Object = "evolve.handover"
+	writeJSON(g.w, 200, msg)
+}
+
+// story is the answer's "evolve" object, given this engine's usage: with
+// the legs before this one summed in when it resumes another's answer.
+func (g *generation) story(u sim.Usage) *protocol.ResponseKV {
+	ext := &protocol.ResponseKV{
+		Engine: g.e.cfg.ID, GPUHitTokens: u.GPUHitTokens, HostHitTokens: u.HostHitTokens, TransferredTokens: u.TransferredTokens,
+		ComputedTokens: u.ComputedTokens, Preemptions: u.Preemptions, PullError: g.pullErr,
+		QueueSec: u.FirstScheduled.Sub(u.Arrival).Seconds(), TTFTSec: u.FirstToken.Sub(u.Arrival).Seconds(), E2ESec: u.Finish.Sub(u.Arrival).Seconds(),
+	}
+	if g.resume == nil {
+		return ext
+	}
+	// The prompt's KV is the first leg's story; what this leg pulled or
+	// recomputed of the output so far is the handover's cost.
+	p := &g.resume.Prior
+	ext.GPUHitTokens, ext.HostHitTokens, ext.TransferredTokens = p.GPUHitTokens, p.HostHitTokens, p.TransferredTokens
+	ext.ComputedTokens += p.ComputedTokens
+	ext.Preemptions += p.Preemptions
+	ext.QueueSec, ext.TTFTSec = p.QueueSec, p.TTFTSec
+	ext.E2ESec += p.E2ESec
+	ext.HandedOver = p.HandedOver + 1
+	if ext.PullError == "" {
+		ext.PullError = p.PullError
+	}
+	return ext
 }
 
 func (g *generation) object(chunk bool) string {
@@ -347,18 +436,20 @@ func (g *generation) streamError(err error) {
 }
 
 func (g *generation) finish(f *sim.Finished) {
+	ext := g.story(f.Usage)
 	u := f.Usage
-	usage := &usageJSON{PromptTokens: u.PromptTokens, CompletionTokens: u.CompletionTokens, TotalTokens: u.PromptTokens + u.CompletionTokens}
-	usage.PromptTokensDetails.CachedTokens = u.CachedTokens()
-	reason := "length"
-	ext := &protocol.ResponseKV{
-		Engine: g.e.cfg.ID, GPUHitTokens: u.GPUHitTokens, HostHitTokens: u.HostHitTokens, TransferredTokens: u.TransferredTokens,
-		ComputedTokens: u.ComputedTokens, Preemptions: u.Preemptions, PullError: g.pullErr,
-		QueueSec: u.FirstScheduled.Sub(u.Arrival).Seconds(), TTFTSec: u.FirstToken.Sub(u.Arrival).Seconds(), E2ESec: u.Finish.Sub(u.Arrival).Seconds(),
+	usage := &usageJSON{PromptTokens: g.promptLen, CompletionTokens: u.CompletionTokens}
+	cached := u.CachedTokens()
+	if g.resume != nil { // the whole answer's, as its first engine found the prompt
+		usage.CompletionTokens += len(g.resume.Output)
+		cached = ext.GPUHitTokens + ext.HostHitTokens + ext.TransferredTokens
 	}
+	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
+	usage.PromptTokensDetails.CachedTokens = cached
+	reason := "length"
 	var kvp map[string]any
 	if g.remoteDecode {
-		kvp = g.e.transferParams(g.id, f.Blocks)
+		kvp = g.e.transferParams(g.reqID, f.Blocks)
 	}
 	if !g.stream {
 		resp := apiResponse{ID: g.id, Object: g.object(false), Created: g.created, Model: g.e.cfg.ServedModelName,

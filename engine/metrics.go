@@ -18,8 +18,10 @@ type metrics struct {
 	queue   prometheus.Histogram
 	pass    prometheus.Histogram
 	aborted prometheus.Counter
-	role    *prometheus.GaugeVec
-	xfer    prometheus.Counter
+	// handedOver counts decodes this engine handed to peers (OpHandOver).
+	handedOver prometheus.Counter
+	role       *prometheus.GaugeVec
+	xfer       prometheus.Counter
 }
 
 var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 320, 640}
@@ -41,7 +43,8 @@ func newMetrics(e *Engine) *metrics {
 	m.aborted = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_engine_aborted_requests_total", Help: "Requests aborted by their client.", ConstLabels: labels})
 	m.xfer = prometheus.NewCounter(prometheus.CounterOpts{Name: "vllm:nixl_bytes_transferred", Help: "KV bytes pulled from peers.", ConstLabels: labels})
 	m.role = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_engine_role", Help: "1 for the engine's current role.", ConstLabels: labels}, []string{"role"})
-	reg.MustRegister(m.aborted, m.xfer, m.role)
+	m.handedOver = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_engine_handed_over_requests_total", Help: "Running decodes handed to a peer engine before a role switch.", ConstLabels: labels})
+	reg.MustRegister(m.aborted, m.handedOver, m.xfer, m.role)
 	m.setRole(e.cfg.Role)
 
 	gauge := func(name, help string, f func(s *snapshot) float64) {

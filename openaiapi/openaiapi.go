@@ -35,6 +35,9 @@ type Request struct {
 	Seed             *int64          `json:"seed"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	Metadata         map[string]any  `json:"metadata"`
+	// EvolveResume continues an answer another engine handed over
+	// (protocol.Resume); only evolve's router sends it.
+	EvolveResume json.RawMessage `json:"evolve_resume"`
 }
 
 // ChatMessage is one message of a chat request.

@@ -108,9 +108,12 @@ type Registration struct {
 	Tokenizer string `json:"tokenizer,omitempty"`
 	// SelfManagedKV says the engine manages its own KV tiers: it reports
 	// KV events but takes no offload, fetch or eviction-hint requests.
-	SelfManagedKV bool      `json:"self_managed_kv,omitempty"`
-	Version       string    `json:"version"`
-	StartedAt     time.Time `json:"started_at"`
+	SelfManagedKV bool `json:"self_managed_kv,omitempty"`
+	// CanHandOver says the engine takes OpHandOver: a switching decode
+	// engine hands its running decodes to peers instead of finishing them.
+	CanHandOver bool      `json:"can_hand_over,omitempty"`
+	Version     string    `json:"version"`
+	StartedAt   time.Time `json:"started_at"`
 	// LastKVSeq is the sequence of the last KV event published, so that a
 	// consumer joining late knows where the stream stands.
 	LastKVSeq uint64 `json:"last_kv_seq"`
@@ -179,6 +182,10 @@ const (
 	OpFetch   = "fetch"    // pull Blocks[From:] from Peer into the host tier
 	OpHints   = "hints"    // eviction priorities for blocks
 	OpResync  = "resync"   // publish AllBlocksCleared then every resident block again
+	// OpHandOver drains the engine (as OpDrain) and, until set_role or
+	// resume, ends every request that allows it (HeaderHandOver) as soon
+	// as it has output, with a HandOver for a peer to continue it.
+	OpHandOver = "hand_over"
 )
 
 // Hint is an eviction priority for a block: lower goes first, 0 clears.
@@ -243,9 +250,48 @@ type ResponseKV struct {
 	TTFTSec           float64 `json:"ttft_s"`  // modelled
 	E2ESec            float64 `json:"e2e_s"`   // modelled
 	PullError         string  `json:"pull_error,omitempty"`
+	// HandedOver is how often the request's decode moved to another
+	// engine (a role switch's handover); the fields above then tell the
+	// whole request: the prompt's KV as its first decode engine found it,
+	// computed tokens and preemptions summed, E2E summed over the legs.
+	HandedOver int `json:"handed_over,omitempty"`
 	// Prefill is the prefill leg's object when a router split the request
 	// between a prefill and a decode engine: where the prompt's KV came
 	// from is its story (the decode leg's transferred tokens are the
 	// handoff). Routers add it; engines never set it.
 	Prefill *ResponseKV `json:"prefill,omitempty"`
+}
+
+// HeaderHandOver, set to "1" on a request by a router, allows the engine
+// to end the request's answer with a HandOver when it is told to hand its
+// decodes over (OpHandOver). Without it the request runs to its end
+// where it is: a client that is not a router never sees a handover.
+const HeaderHandOver = "X-Evolve-Hand-Over"
+
+// HandOver ends an answer whose decode an engine handed over: in a
+// stream, the event `data: {"evolve_handover": {...}}` in place of the
+// rest of the answer (no finish, usage or [DONE]); otherwise a 200 answer
+// whose body is {"object": "evolve.handover", "evolve_handover": {...}}.
+// A router sends the client's request again to a peer decode engine with
+// KVTransferParams and Resume as its kv_transfer_params and evolve_resume
+// members, and passes the peer's answer on: the client gets one answer,
+// as if nothing had moved.
+type HandOver struct {
+	// KVTransferParams name the engine that holds the request's KV
+	// (prompt and output so far), as a prefill leg's answer does.
+	KVTransferParams map[string]any `json:"kv_transfer_params"`
+	Resume           Resume         `json:"evolve_resume"`
+}
+
+// Resume is how an engine continues another's answer: the output so
+// far, the state of its sampler, and the answer's identity and story.
+type Resume struct {
+	ID      string   `json:"id"`      // the answer's id, kept
+	Created int64    `json:"created"` // and its creation time
+	Output  []uint32 `json:"output_token_ids"`
+	// Sampler is the output stream's state: the continuation is the
+	// output the first engine would have written.
+	Sampler uint64 `json:"sampler_state"`
+	// Prior is the "evolve" object of the answer so far.
+	Prior ResponseKV `json:"prior"`
 }

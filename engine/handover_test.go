@@ -1,0 +1,274 @@
+package engine
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// startEngine runs engine id with the tiny profile behind an HTTP server.
+func startEngine(t *testing.T, id string, role sim.Role, speedup float64) (*Engine, *httptest.Server) {
+	t.Helper()
+	p, err := sim.LoadProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(Config{ID: id, Profile: p, Role: role, Speedup: speedup})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { e.Run(ctx); close(done) }()
+	srv := httptest.NewServer(e.Handler())
+	e.cfg.AdvertiseURL = srv.URL
+	t.Cleanup(func() { srv.Close(); cancel(); <-done })
+	return e, srv
+}
+
+// chatStream is what a streamed chat answer said, chunk by chunk.
+type chatStream struct {
+	lines    []string // every data line, [DONE] included
+	content  []string // each chunk's content, in order
+	roles    int      // chunks that named the role
+	ids      map[string]bool
+	usage    map[string]any
+	evolve   *protocol.ResponseKV
+	handOver *protocol.HandOver
+	done     bool
+}
+
+// readChat reads a streamed chat answer; after each content chunk it
+// calls each (when not nil) with the count so far.
+func readChat(t *testing.T, body io.Reader, each func(n int)) chatStream {
+	t.Helper()
+	s := chatStream{ids: map[string]bool{}}
+	sc := bufio.NewScanner(body)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		s.lines = append(s.lines, line)
+		if line == "[DONE]" {
+			s.done = true
+			continue
+		}
+		var c struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Delta struct {
+					Role    string  `json:"role"`
+					Content *string `json:"content"`
+				} `json:"delta"`
+				Finish *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage    map[string]any       `json:"usage"`
+			Evolve   *protocol.ResponseKV `json:"evolve"`
+			HandOver *protocol.HandOver   `json:"evolve_handover"`
+		}
+		if err := json.Unmarshal([]byte(line), &c); err != nil {
+			t.Fatalf("chunk %q: %v", line, err)
+		}
+		if c.HandOver != nil {
+			s.handOver = c.HandOver
+			continue
+		}
+		s.ids[c.ID] = true
+		if c.Usage != nil {
+			s.usage = c.Usage
+		}
+		if c.Evolve != nil {
+			s.evolve = c.Evolve
+		}
+		for _, ch := range c.Choices {
+			if ch.Delta.Role != "" {
+				s.roles++
+			}
+			if ch.Finish == nil && ch.Delta.Content != nil {
+				s.content = append(s.content, *ch.Delta.Content)
+				if each != nil {
+					each(len(s.content))
+				}
+			}
+		}
+	}
+	return s
+}
+
+func postRaw(t *testing.T, url string, body []byte, movable bool) *http.Response {
+	t.Helper()
+	req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if movable {
+		req.Header.Set(protocol.HeaderHandOver, "1")
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("%s: %d %s", url, resp.StatusCode, b)
+	}
+	return resp
+}
+
+// A decode engine told to hand over ends a router's streams and answers
+// with what a peer needs, holds their KV until the peer pulls it, and the
+// peer continues each answer as the first engine would have: the same
+// tokens, the same id, the role named once, usage and the KV story
+// summed. A request without the router's header runs to its end where it
+// is.
+func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
+	a, srvA := startEngine(t, "a", sim.RoleDecode, 1)
+	_, srvB := startEngine(t, "b", sim.RoleDecode, 1)
+	const n = 300
+	body := []byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat("the long context of an agent ", 30) +
+		`"}], "max_tokens": 300, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`)
+	whole := []byte(strings.Replace(string(body), `"stream": true, "stream_options": {"include_usage": true}`, `"stream": false`, 1))
+
+	// The answers as one engine writes them.
+	ref := readChat(t, postRaw(t, srvB.URL+"/v1/chat/completions", body, false).Body, nil)
+	var refWhole struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+	}
+	resp := postRaw(t, srvB.URL+"/v1/chat/completions", whole, false)
+	json.NewDecoder(resp.Body).Decode(&refWhole)
+	resp.Body.Close()
+	if len(ref.content) != n || !ref.done || len(refWhole.Choices) != 1 {
+		t.Fatalf("reference: %d chunks, done %v", len(ref.content), ref.done)
+	}
+
+	// On engine a: a movable stream, a movable whole answer and a stream
+	// from a client that is not a router.
+	stay := make(chan chatStream, 1)
+	go func() {
+		r := postRaw(t, srvA.URL+"/v1/chat/completions", body, false)
+		defer r.Body.Close()
+		stay <- readChat(t, r.Body, nil)
+	}()
+	wholeMoved := make(chan []byte, 1)
+	go func() {
+		r := postRaw(t, srvA.URL+"/v1/chat/completions", whole, true)
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		wholeMoved <- b
+	}()
+	moving := postRaw(t, srvA.URL+"/v1/chat/completions", body, true)
+	told := false
+	first := readChat(t, moving.Body, func(k int) {
+		if k == 20 && !told {
+			told = true
+			if rep := a.Control(context.Background(), protocol.ControlRequest{Op: protocol.OpHandOver}); !rep.OK || !rep.Draining {
+				t.Errorf("hand over: %+v", rep)
+			}
+		}
+	})
+	moving.Body.Close()
+	if first.done || first.handOver == nil || first.usage != nil || first.evolve != nil {
+		t.Fatalf("the moved stream ended: done %v, handover %v, usage %v", first.done, first.handOver != nil, first.usage)
+	}
+	h := first.handOver
+	if len(h.Resume.Output) != len(first.content) || len(first.content) < 20 || len(first.content) >= n {
+		t.Fatalf("handed over after %d chunks with %d output tokens", len(first.content), len(h.Resume.Output))
+	}
+	if hb := a.Heartbeat(); !hb.Draining {
+		t.Fatal("an engine handing over still takes requests")
+	}
+
+	// The peer goes on.
+	rb, err := openaiapi.ParseObject(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kvp, _ := json.Marshal(h.KVTransferParams)
+	res, _ := json.Marshal(h.Resume)
+	cont := readChat(t, postRaw(t, srvB.URL+"/v1/chat/completions", rb.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res}), true).Body, nil)
+	if !cont.done || cont.handOver != nil {
+		t.Fatalf("continuation: done %v", cont.done)
+	}
+	got := append(append([]string(nil), first.content...), cont.content...)
+	if strings.Join(got, "") != strings.Join(ref.content, "") || len(got) != n {
+		t.Fatalf("the answer changed across the handover: %d chunks\n got %q\nwant %q", len(got), strings.Join(got, ""), strings.Join(ref.content, ""))
+	}
+	if len(first.ids) != 1 || len(cont.ids) != 1 || !first.ids[h.Resume.ID] || !cont.ids[h.Resume.ID] || first.roles+cont.roles != 1 {
+		t.Fatalf("ids %v then %v, role named %d times", first.ids, cont.ids, first.roles+cont.roles)
+	}
+	if cont.usage["completion_tokens"] != float64(n) || cont.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
+		t.Fatalf("usage %v, want %v", cont.usage, ref.usage)
+	}
+	ev := cont.evolve
+	if ev == nil || ev.HandedOver != 1 || ev.Engine != "b" || ev.ComputedTokens < h.Resume.Prior.ComputedTokens || ev.E2ESec <= h.Resume.Prior.E2ESec {
+		t.Fatalf("the answer's story: %+v after %+v", ev, h.Resume.Prior)
+	}
+	if ev.PullError != "" {
+		t.Fatalf("the peer did not pull the held KV: %s", ev.PullError)
+	}
+
+	// The whole answer moves too, and reads as one.
+	var wm struct {
+		Object   string             `json:"object"`
+		HandOver *protocol.HandOver `json:"evolve_handover"`
+	}
+	if err := json.Unmarshal(<-wholeMoved, &wm); err != nil || wm.HandOver == nil || wm.Object != "evolve.handover" {
+		t.Fatalf("the whole answer was not handed over: %v %+v", err, wm)
+	}
+	kvp, _ = json.Marshal(wm.HandOver.KVTransferParams)
+	res, _ = json.Marshal(wm.HandOver.Resume)
+	wb, _ := openaiapi.ParseObject(whole)
+	resp = postRaw(t, srvB.URL+"/v1/chat/completions", wb.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res}), true)
+	var wholeOut struct {
+		ID      string `json:"id"`
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+		Usage struct {
+			CompletionTokens int `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	json.NewDecoder(resp.Body).Decode(&wholeOut)
+	resp.Body.Close()
+	if wholeOut.ID != wm.HandOver.Resume.ID || wholeOut.Usage.CompletionTokens != n || len(wholeOut.Choices) != 1 ||
+		wholeOut.Choices[0].Message.Content != refWhole.Choices[0].Message.Content {
+		t.Fatalf("the whole answer changed: %+v", wholeOut)
+	}
+
+	// The client that is not a router got its whole answer from a.
+	s := <-stay
+	if !s.done || s.handOver != nil || len(s.content) != n {
+		t.Fatalf("a plain client's stream: done %v, handed over %v, %d chunks", s.done, s.handOver != nil, len(s.content))
+	}
+	// Both holds were pulled: a holds nothing for anyone.
+	deadline := time.Now().Add(5 * time.Second)
+	for a.Control(context.Background(), protocol.ControlRequest{Op: protocol.OpStatus}).InFlight != 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("engine a still holds handed-over KV")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// A resume that leaves nothing to write is refused.
+	bad, _ := json.Marshal(protocol.Resume{ID: "x", Output: make([]uint32, n)})
+	r, err := http.Post(srvB.URL+"/v1/chat/completions", "application/json", bytes.NewReader(rb.With(map[string]json.RawMessage{"evolve_resume": bad})))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode != 400 {
+		t.Fatalf("a resume with nothing left: %d", r.StatusCode)
+	}
+}
