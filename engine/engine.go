@@ -496,8 +496,10 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 		e.log.Info(req.Op)
 		return nil
 	case protocol.OpHandOver:
+		// No drain: a decode leg its router sent before the switch began
+		// is still taken, and handed over at its first token, rather
+		// than refused and its prompt prefilled again elsewhere.
 		e.mu.Lock()
-		e.model.SetDraining(true)
 		e.handingOver = true
 		n := 0
 		for _, p := range e.pending {

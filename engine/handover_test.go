@@ -174,7 +174,7 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 	first := readChat(t, moving.Body, func(k int) {
 		if k == 20 && !told {
 			told = true
-			if rep := a.Control(context.Background(), protocol.ControlRequest{Op: protocol.OpHandOver}); !rep.OK || !rep.Draining {
+			if rep := a.Control(context.Background(), protocol.ControlRequest{Op: protocol.OpHandOver}); !rep.OK {
 				t.Errorf("hand over: %+v", rep)
 			}
 		}
@@ -187,8 +187,18 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 	if len(h.Resume.Output) != len(first.content) || len(first.content) < 20 || len(first.content) >= n {
 		t.Fatalf("handed over after %d chunks with %d output tokens", len(first.content), len(h.Resume.Output))
 	}
-	if hb := a.Heartbeat(); !hb.Draining {
-		t.Fatal("an engine handing over still takes requests")
+	// A request its router sent before the switch began is still taken,
+	// and moves on at its first token.
+	late := readChat(t, postRaw(t, srvA.URL+"/v1/chat/completions", body, true).Body, nil)
+	if late.handOver == nil || len(late.content) < 1 || len(late.content) > 3 || len(late.handOver.Resume.Output) != len(late.content) {
+		t.Fatalf("a late request: %d chunks, handed over %v", len(late.content), late.handOver != nil)
+	}
+	if _, ok := late.handOver.KVTransferParams["remote_request_id"].(string); !ok {
+		t.Fatalf("kv_transfer_params %v", late.handOver.KVTransferParams)
+	}
+	b, _ := json.Marshal(protocol.PullRequest{RemoteRequestID: late.handOver.KVTransferParams["remote_request_id"].(string)})
+	if r, err := http.Post(srvA.URL+"/evolve/v1/kv/pull", "application/json", bytes.NewReader(b)); err != nil || r.StatusCode != 200 {
+		t.Fatalf("pull the late request's KV: %v %v", err, r)
 	}
 
 	// The peer goes on.

@@ -182,9 +182,10 @@ const (
 	OpFetch   = "fetch"    // pull Blocks[From:] from Peer into the host tier
 	OpHints   = "hints"    // eviction priorities for blocks
 	OpResync  = "resync"   // publish AllBlocksCleared then every resident block again
-	// OpHandOver drains the engine (as OpDrain) and, until set_role or
-	// resume, ends every request that allows it (HeaderHandOver) as soon
-	// as it has output, with a HandOver for a peer to continue it.
+	// OpHandOver: until set_role, drain or resume, the engine ends every
+	// request that allows it (HeaderHandOver) as soon as it has output,
+	// with a HandOver for a peer to continue it. It still takes requests:
+	// those a router sent before it stopped routing there move on too.
 	OpHandOver = "hand_over"
 )
 
