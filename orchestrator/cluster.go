@@ -88,9 +88,12 @@ type node struct {
 	lastSeen time.Time
 	inFlight int
 	sw       *Switch
-	history  []RoleChange
-	resyncAt time.Time // when a resync was last asked for
-	reason   string
+	// handingOver: the node's engine hands its decodes to peers (a
+	// switch away from decode); new decode legs go elsewhere.
+	handingOver bool
+	history     []RoleChange
+	resyncAt    time.Time // when a resync was last asked for
+	reason      string
 	// Copies of blocks a live branch referenced that the node evicted,
 	// per tier, and of those the last copy anywhere (context lost).
 	refEvicted [2]int64

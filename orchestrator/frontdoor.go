@@ -132,6 +132,16 @@ type attempt struct {
 	// planned: prompt tokens the placement left to compute, on the first
 	// routing; -1 on later ones and once counted (never counted twice).
 	planned int
+	// decode is the node decoding the request now: dec.Decode until a
+	// switching node hands the request over (moveOn), then its peer.
+	decode string
+	// leaving is the node that handed the request over; its claim ends
+	// when the peer answers (the peer has pulled the KV by then).
+	leaving string
+	// handOver is the continuation the last leg ended with, if it moved.
+	handOver *protocol.HandOver
+	moves    int  // handovers so far
+	answered bool // the current leg sent its first byte
 }
 
 var reqCounter atomic.Uint64
@@ -211,7 +221,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1}
+		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode}
 		if try == 0 && len(p.Tokens) > 0 {
 			// An engine computes at least the prompt's last token (the
 			// simulated one its last block).
@@ -371,12 +381,13 @@ func (o *Orchestrator) startFetches(dec routing.Decision, chain []kv.BlockHash) 
 // failed and why, or nil when the client got its answer.
 func (a *attempt) run() (string, error) {
 	defer func() {
-		if a.prefillFreed {
-			a.o.release(a.dec.Decode)
-		} else {
-			a.o.release(a.dec.Prefill, a.dec.Decode)
+		ids := []string{a.decode, a.leaving}
+		if !a.prefillFreed {
+			ids = append(ids, a.dec.Prefill)
 		}
+		a.o.release(ids...)
 	}()
+	body := a.body.Raw
 	if a.dec.Disaggregated {
 		params, err := a.prefill()
 		var ce *clientError
@@ -390,15 +401,90 @@ func (a *attempt) run() (string, error) {
 		if err != nil {
 			return a.dec.Prefill, err
 		}
-		err = a.forward(a.urls[a.dec.Decode], a.body.With(map[string]json.RawMessage{"kv_transfer_params": params}))
+		// The decode node may have begun handing its decodes over while
+		// the prompt was prefilled: the leg goes to a peer at once
+		// rather than there and on again.
+		a.avoidHandingOver()
+		body = a.body.With(map[string]json.RawMessage{"kv_transfer_params": params})
+		err = a.forward(a.urls[a.decode], body)
 		if err != nil && !a.started {
 			// The decode leg never pulled the KV: free it on the prefill
 			// engine now rather than when its hold times out.
-			a.releaseHold(params)
+			a.releaseHold(a.urls[a.dec.Prefill], params)
 		}
-		return a.dec.Decode, err
+		if !errors.Is(err, errHandedOver) {
+			return a.decode, err
+		}
+	} else if err := a.forward(a.urls[a.decode], body); !errors.Is(err, errHandedOver) {
+		return a.decode, err
 	}
-	return a.dec.Decode, a.forward(a.urls[a.dec.Decode], a.body.Raw)
+	for {
+		if err := a.moveOn(); !errors.Is(err, errHandedOver) {
+			return a.decode, err
+		}
+	}
+}
+
+// errHandedOver: the leg ended with a continuation (attempt.handOver).
+var errHandedOver = errors.New("the engine handed the request over")
+
+// avoidHandingOver moves a decode leg not yet sent away from a node that
+// is handing its decodes over, when a peer can take it.
+func (a *attempt) avoidHandingOver() {
+	if !a.o.handingOver(a.decode) {
+		return
+	}
+	to, url := a.o.claimDecodePeer(map[string]bool{a.decode: true})
+	if to == "" {
+		return // it goes there and moves on at its first token
+	}
+	a.o.release(a.decode)
+	a.decode, a.urls[to] = to, url
+}
+
+// moveOn continues a request its decode node handed over (a role
+// switch) on a peer decode node: the client's request again, with the
+// continuation, whose answer goes on in the client's answer. It tries
+// up to maxAttempts peers; when none can go on, the client is told in
+// its stream, or (nothing having reached it) the request is routed again.
+func (a *attempt) moveOn() error {
+	h := a.handOver
+	a.handOver = nil
+	a.moves++
+	from := a.decode
+	kvp, _ := json.Marshal(h.KVTransferParams)
+	res, _ := json.Marshal(h.Resume)
+	body := a.body.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res})
+	tried := map[string]bool{from: true}
+	var err error
+	for try := 0; try < maxAttempts; try++ {
+		to, url := a.o.claimDecodePeer(tried)
+		if to == "" {
+			break
+		}
+		tried[to] = true
+		a.urls[to] = url
+		a.decode, a.leaving = to, from
+		a.o.log.Debug("handed over", "request", a.reqID, "from", from, "to", to, "output_tokens", len(h.Resume.Output))
+		err = a.forward(url, body)
+		if err == nil || errors.Is(err, errHandedOver) || a.answered || a.r.Context().Err() != nil {
+			a.o.met.handOvers.WithLabelValues("continued").Inc()
+			return err
+		}
+		a.o.log.Warn("peer refused a handed-over request", "request", a.reqID, "node", to, "err", err)
+		a.o.release(to)
+		a.decode, a.leaving = from, ""
+	}
+	a.o.met.handOvers.WithLabelValues("failed").Inc()
+	a.releaseHold(a.urls[from], kvp)
+	if err == nil {
+		err = errors.New("no serving decode node to continue on")
+	}
+	err = fmt.Errorf("node %s handed the request over and no peer went on with it: %w", from, err)
+	if a.started {
+		a.streamError(err)
+	}
+	return err
 }
 
 // Headers of an answer that say where the router sent the request, for
@@ -416,11 +502,12 @@ func (a *attempt) answerHeaders(contentType string) {
 	h.Set("Content-Type", contentType)
 	h.Set("X-Request-Id", a.reqID)
 	h.Set(HeaderPrefillNode, a.dec.Prefill)
-	h.Set(HeaderDecodeNode, a.dec.Decode)
+	h.Set(HeaderDecodeNode, a.decode)
 }
 
-// releaseHold takes (and drops) the KV a prefill leg holds.
-func (a *attempt) releaseHold(params json.RawMessage) {
+// releaseHold takes (and drops) the KV an engine at url holds for the
+// request (a prefill leg's, or a handed-over decode's).
+func (a *attempt) releaseHold(url string, params json.RawMessage) {
 	var p struct {
 		ID string `json:"remote_request_id"`
 	}
@@ -430,7 +517,7 @@ func (a *attempt) releaseHold(params json.RawMessage) {
 	b, _ := json.Marshal(map[string]string{"remote_request_id": p.ID})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", a.urls[a.dec.Prefill]+"/evolve/v1/kv/pull", bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"/evolve/v1/kv/pull", bytes.NewReader(b))
 	if err != nil {
 		return
 	}
@@ -516,6 +603,7 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", a.reqID)
+	req.Header.Set(protocol.HeaderHandOver, "1") // this router continues a moved answer
 	return a.o.http.Do(req)
 }
 
@@ -552,6 +640,7 @@ func engineError(status int, body []byte) error {
 // forward sends body to the node and passes its answer to the client as it
 // arrives. Whole answers are read first, so a failure can still be retried.
 func (a *attempt) forward(url string, body []byte) error {
+	a.answered = false
 	resp, err := a.post(url, body)
 	if err != nil {
 		return err
@@ -561,7 +650,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		err := engineError(resp.StatusCode, b)
 		var ce *clientError
-		if errors.As(err, &ce) {
+		if errors.As(err, &ce) && a.moves == 0 { // a peer refusing a continuation is not the client's fault
 			a.started = true
 			a.answerHeaders("application/json")
 			a.w.WriteHeader(ce.status)
@@ -574,8 +663,10 @@ func (a *attempt) forward(url string, body []byte) error {
 		if err != nil {
 			return fmt.Errorf("read answer: %w", err)
 		}
-		a.firstToken()
-		a.freePrefill()
+		a.legAnswers()
+		if isHandOver(b) {
+			return a.takeHandOver(b)
+		}
 		a.countUsage(b)
 		b = withPrefillKV(b, a.prefillKV)
 		a.started = true
@@ -584,21 +675,29 @@ func (a *attempt) forward(url string, body []byte) error {
 		a.w.Write(b)
 		return nil
 	}
-	a.answerHeaders("text/event-stream")
-	a.w.Header().Set("Cache-Control", "no-cache")
-	flush := func() {}
-	if f, ok := a.w.(http.Flusher); ok {
-		flush = f.Flush
+	if !a.started {
+		a.answerHeaders("text/event-stream")
+		a.w.Header().Set("Cache-Control", "no-cache")
 	}
-	done := false
-	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, flush, func(line []byte) []byte {
+	done, handedOver, skipBlank := false, false, false
+	var herr error
+	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, a.flush, func(line []byte) []byte {
+		if skipBlank && len(bytes.TrimSpace(line)) == 0 {
+			skipBlank = false
+			return nil // the end of the continuation's event
+		}
 		if !a.started {
 			a.started = true
 			a.w.WriteHeader(200)
 		}
-		if bytes.HasPrefix(line, []byte("data: ")) {
-			a.firstToken()
-			a.freePrefill()
+		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+			a.legAnswers()
+			if isHandOver(data) {
+				// The client never sees it: the answer goes on elsewhere.
+				handedOver, skipBlank = true, true
+				herr = a.takeHandOver(data)
+				return nil
+			}
 			if bytes.HasPrefix(line, []byte("data: [DONE]")) {
 				done = true
 			} else {
@@ -616,15 +715,69 @@ func (a *attempt) forward(url string, body []byte) error {
 		return fmt.Errorf("client went away: %w", werr)
 	case done && errors.Is(rerr, io.EOF):
 		return nil
+	case handedOver && errors.Is(rerr, io.EOF):
+		if !errors.Is(herr, errHandedOver) {
+			a.streamError(herr)
+		}
+		return herr
 	}
+	err = fmt.Errorf("the engine serving this request failed mid-stream: %v", rerr)
 	if a.started {
-		// Mid-stream: tell the client in the stream, never hang.
-		e := openaiapi.Unavailable("engine_failed", "the engine serving this request failed mid-stream: %v", rerr)
-		b, _ := json.Marshal(e.Body())
-		fmt.Fprintf(a.w, "data: %s\n\ndata: [DONE]\n\n", b)
-		flush()
+		a.streamError(err)
 	}
 	return fmt.Errorf("stream from engine: %w", rerr)
+}
+
+// flush sends what was written to the client.
+func (a *attempt) flush() {
+	if f, ok := a.w.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// streamError ends a stream the client is reading with an error event:
+// mid-stream, the client is told in the stream and never left hanging.
+func (a *attempt) streamError(err error) {
+	e := openaiapi.Unavailable("engine_failed", "%v", err)
+	b, _ := json.Marshal(e.Body())
+	fmt.Fprintf(a.w, "data: %s\n\ndata: [DONE]\n\n", b)
+	a.flush()
+}
+
+// legAnswers notes the current leg's first byte: the prefill is over,
+// and a node that handed the request over, or its prefill node, holds
+// nothing of it any more (the engine pulled the KV before answering).
+func (a *attempt) legAnswers() {
+	a.answered = true
+	a.firstToken()
+	a.freePrefill()
+	if a.leaving != "" {
+		a.o.release(a.leaving)
+		if !a.dec.Disaggregated && !a.prefillFreed && a.dec.Prefill == a.leaving {
+			// Served whole there, the request held that node twice
+			// (urls): as its prefill and as its decode.
+			a.prefillFreed = true
+			a.o.release(a.leaving)
+		}
+		a.leaving = ""
+	}
+}
+
+// isHandOver says whether an answer, or a streamed event's data, is an
+// engine's continuation (protocol.HandOver) rather than the answer.
+func isHandOver(b []byte) bool { return bytes.HasPrefix(b, []byte(`{"evolve_handover":`)) }
+
+// takeHandOver reads a continuation into a.handOver; it returns
+// errHandedOver, or why the continuation cannot be read.
+func (a *attempt) takeHandOver(b []byte) error {
+	var m struct {
+		H *protocol.HandOver `json:"evolve_handover"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.H == nil {
+		return fmt.Errorf("the engine handed the request over in a continuation that cannot be read: %v", err)
+	}
+	a.handOver = m.H
+	return errHandedOver
 }
 
 // relaySSE copies server-sent events from rd to w line by line until rd

@@ -76,6 +76,7 @@ type metrics struct {
 	decisions *prometheus.CounterVec
 	hitTokens *prometheus.CounterVec
 	switches  *prometheus.CounterVec
+	handOvers *prometheus.CounterVec
 	ttft, e2e prometheus.Histogram
 	// The planner's view, as of its last step.
 	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
@@ -92,6 +93,7 @@ func newMetrics() *metrics {
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_decisions_total", Help: "Routing decisions by policy and whether disaggregated."}, []string{"policy", "disaggregated"})
 	m.hitTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_prompt_tokens_total", Help: "Prompt tokens by where their KV came from at routing: gpu, local_host, remote_host, recomputed."}, []string{"source"})
 	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})
+	m.handOvers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_handovers_total", Help: "Requests a switching decode node handed over, by outcome: continued on a peer, or failed (no peer went on)."}, []string{"outcome"})
 	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "evolve_router_time_to_first_token_seconds", Help: "Wall time from arrival to the first token passing the router.", Buckets: buckets})
 	m.e2e = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "evolve_router_e2e_request_latency_seconds", Help: "Wall time from arrival to the last byte.", Buckets: buckets})
 	m.planSplit = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_planner_nodes", Help: "Nodes per role: the current split and the planner's recommendation."}, []string{"role", "kind"})
@@ -99,7 +101,7 @@ func newMetrics() *metrics {
 	m.planPredicted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_planner_predicted_seconds", Help: "Predicted latency of the current and the best split."}, []string{"split", "metric"})
 	m.planGain = prometheus.NewGauge(prometheus.GaugeOpts{Name: "evolve_planner_gain_seconds", Help: "Predicted request-seconds a move saves over the gain horizon."})
 	m.planMoves = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_planner_moves_total", Help: "Role moves the planner asked for."})
-	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.ttft, m.e2e,
+	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.handOvers, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }

@@ -95,8 +95,10 @@ func (o *Orchestrator) phase(id, phase string) {
 func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
 	ctx, cancel := context.WithTimeout(o.ctx, o.cfg.DrainTimeout)
 	defer cancel()
+	handOver := o.startHandOver(id, to)
 	// Drain: the node is out of routing while switching; wait for the work
-	// the router sent it.
+	// the router sent it (handed over, a decode's claim ends when its peer
+	// answers).
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -130,11 +132,16 @@ func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
 		return
 	}
 	from := n.role
-	n.sw = nil
+	n.sw, n.handingOver = nil, false
 	if n.state == StateSwitching {
 		n.state = StateServing
 	}
 	if err != nil {
+		if handOver {
+			// The engine keeps its role: it must stop handing its decodes
+			// over (set_role would have ended that).
+			go o.control(id, protocol.ControlRequest{Op: protocol.OpResume})
+		}
 		o.log.Error("role switch failed; the node keeps its role", "id", id, "err", err)
 		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: from.String(), Reason: "switch failed: " + err.Error()})
 	} else {
@@ -152,4 +159,71 @@ func appendHistory(h []RoleChange, c RoleChange) []RoleChange {
 		h = h[len(h)-20:]
 	}
 	return h
+}
+
+// startHandOver asks a decode node switching to prefill to hand its
+// decodes over to peers rather than finish them (they can run for
+// minutes on reasoning work), when its engine can and a peer decode node
+// serves. It reports whether the engine took it on.
+func (o *Orchestrator) startHandOver(id string, to routing.Role) bool {
+	o.c.mu.Lock()
+	n := o.c.nodes[id]
+	ok := n != nil && n.role == routing.Decode && to == routing.Prefill && n.reg.CanHandOver && n.inFlight > 0
+	peers := 0
+	for pid, p := range o.c.nodes {
+		if pid != id && p.role == routing.Decode && p.state == StateServing {
+			peers++
+		}
+	}
+	o.c.mu.Unlock()
+	if !ok || peers == 0 {
+		return false
+	}
+	o.phase(id, "handing over")
+	if _, err := o.control(id, protocol.ControlRequest{Op: protocol.OpHandOver}); err != nil {
+		o.log.Warn("hand over failed; draining instead", "id", id, "err", err)
+		o.phase(id, "draining")
+		return false
+	}
+	o.c.mu.Lock()
+	if n := o.c.nodes[id]; n != nil && n.sw != nil {
+		n.handingOver = true
+	}
+	o.c.mu.Unlock()
+	o.log.Info("handing decodes over to peers", "id", id, "peers", peers)
+	return true
+}
+
+// handingOver reports whether node id hands its decodes over.
+func (o *Orchestrator) handingOver(id string) bool {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := o.c.nodes[id]
+	return n != nil && n.handingOver
+}
+
+// claimDecodePeer picks the serving decode node, not in exclude, with the
+// fewest requests the router sent it (then the fewest its engine last
+// reported, then by id), and claims it for a request: the node a
+// handed-over decode continues on, as the simulator picks it. It returns
+// "" when no decode node serves.
+func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	var best *node
+	for nid, n := range o.c.nodes {
+		if exclude[nid] || n.role != routing.Decode || n.state != StateServing || n.reg.URL == "" {
+			continue
+		}
+		if best == nil || n.inFlight < best.inFlight ||
+			n.inFlight == best.inFlight && (n.hb.Running+n.hb.Waiting < best.hb.Running+best.hb.Waiting ||
+				n.hb.Running+n.hb.Waiting == best.hb.Running+best.hb.Waiting && nid < id) {
+			best, id = n, nid
+		}
+	}
+	if best == nil {
+		return "", ""
+	}
+	best.inFlight++
+	return id, best.reg.URL
 }

@@ -1,0 +1,191 @@
+package orchestrator
+
+import (
+	"bufio"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// routedChat is a streamed chat answer as a client reads it through the
+// router.
+type routedChat struct {
+	header     http.Header
+	content    strings.Builder
+	chunks     int
+	ids        map[string]bool
+	roles      int
+	usage      map[string]any
+	handedOver int // the evolve object's handed_over
+	done       bool
+	errors     []string
+}
+
+// readRoutedChat reads a stream to its end, calling atFirst after the
+// first content chunk.
+func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedChat {
+	t.Helper()
+	defer resp.Body.Close()
+	c := &routedChat{header: resp.Header, ids: map[string]bool{}}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			if sc.Text() != "" {
+				c.errors = append(c.errors, "not an event: "+sc.Text())
+			}
+			continue
+		}
+		if line == "[DONE]" {
+			c.done = true
+			continue
+		}
+		var ch struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Delta struct {
+					Role    string  `json:"role"`
+					Content *string `json:"content"`
+				} `json:"delta"`
+				Finish *string `json:"finish_reason"`
+			} `json:"choices"`
+			Usage  map[string]any `json:"usage"`
+			Error  any            `json:"error"`
+			Evolve *struct {
+				HandedOver int `json:"handed_over"`
+			} `json:"evolve"`
+		}
+		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
+			c.errors = append(c.errors, line)
+			continue
+		}
+		c.ids[ch.ID] = true
+		if ch.Usage != nil {
+			c.usage = ch.Usage
+		}
+		if ch.Evolve != nil {
+			c.handedOver = ch.Evolve.HandedOver
+		}
+		for _, x := range ch.Choices {
+			if x.Delta.Role != "" {
+				c.roles++
+			}
+			if x.Finish == nil && x.Delta.Content != nil {
+				c.content.WriteString(*x.Delta.Content)
+				c.chunks++
+				if c.chunks == 1 && atFirst != nil {
+					atFirst()
+				}
+			}
+		}
+	}
+	return c
+}
+
+// A decode node switching to prefill hands its running decodes over to a
+// peer decode node instead of waiting for them: the switch ends while the
+// answer is still streaming, and the client reads one answer, the very
+// one it would have read had nothing moved; whether the request was split
+// between a prefill and a decode node or served whole on one.
+func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode, sim.RoleDecode)
+	const n = 6000
+	chat := func(topic string, times int) string {
+		return `{"messages": [{"role": "user", "content": "` + strings.Repeat(topic+" ", times) +
+			`"}], "max_tokens": 6000, "seed": 11, "stream": true, "stream_options": {"include_usage": true}}`
+	}
+	post := func(body string) *http.Response {
+		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		return resp
+	}
+	// moved sends body and, at its first token, switches its decode node
+	// to prefill; it checks that the switch ended before the answer did.
+	moved := func(body string) *routedChat {
+		resp := post(body)
+		from := resp.Header.Get(HeaderDecodeNode)
+		switched := make(chan time.Time, 1)
+		got := readRoutedChat(t, resp, func() {
+			if _, err := tc.o.SetRole(from, "prefill", true, "test"); err != nil {
+				t.Error(err)
+				return
+			}
+			go func() {
+				eventually(t, from+" serves as prefill", func() bool {
+					st, _ := tc.o.NodeStatus(from)
+					return st.Role == "prefill" && st.State == StateServing
+				})
+				switched <- time.Now()
+			}()
+		})
+		ended := time.Now()
+		select {
+		case at := <-switched:
+			if at.After(ended) {
+				t.Fatalf("the switch of %s ended %v after the answer: it waited for the decode", from, at.Sub(ended))
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the switch of %s did not end", from)
+		}
+		return got
+	}
+	check := func(what string, got, ref *routedChat) {
+		t.Helper()
+		if !got.done || len(got.errors) > 0 || got.chunks != n {
+			t.Fatalf("%s: %d chunks, done %v, errors %v", what, got.chunks, got.done, got.errors)
+		}
+		if ref.handedOver != 0 || !ref.done {
+			t.Fatalf("%s: the reference answer moved (%d) or failed", what, ref.handedOver)
+		}
+		if got.content.String() != ref.content.String() {
+			t.Fatalf("%s: the answer changed when its decode moved", what)
+		}
+		if len(got.ids) != 1 || got.roles != 1 || got.handedOver != 1 {
+			t.Fatalf("%s: ids %v, role named %d times, handed over %d times", what, got.ids, got.roles, got.handedOver)
+		}
+		if got.usage["completion_tokens"] != float64(n) || got.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
+			t.Fatalf("%s: usage %v, want %v", what, got.usage, ref.usage)
+		}
+	}
+
+	// A short prompt is served whole on a decode node, a long one split.
+	// Each answer is checked against the same request sent again after.
+	short, long := chat("a question", 20), chat("a problem to reason about at length", 200)
+	whole := moved(short)
+	if p, d := whole.header.Get(HeaderPrefillNode), whole.header.Get(HeaderDecodeNode); p != d {
+		t.Fatalf("want a request served whole: prefill %s, decode %s", p, d)
+	}
+	check("whole", whole, readRoutedChat(t, post(short), nil))
+	split := moved(long)
+	if p, d := split.header.Get(HeaderPrefillNode), split.header.Get(HeaderDecodeNode); p == d {
+		t.Fatalf("want a split request: prefill %s, decode %s", p, d)
+	}
+	check("split", split, readRoutedChat(t, post(long), nil))
+
+	if v := testutil.ToFloat64(tc.o.met.handOvers.WithLabelValues("continued")); v != 2 {
+		t.Fatalf("handovers counted: %v", v)
+	}
+	// Every claim ended: the nodes are idle, and the KV handed over was
+	// pulled (no engine holds any).
+	eventually(t, "claims end", func() bool {
+		tc.o.c.mu.Lock()
+		defer tc.o.c.mu.Unlock()
+		for _, nd := range tc.o.c.nodes {
+			if nd.inFlight != 0 || nd.hb.Held != 0 {
+				return false
+			}
+		}
+		return true
+	})
+}
