@@ -38,9 +38,10 @@ type Scenario struct {
 	// Dynamo's policies always use KVBM's LRU.
 	Eviction string
 	// DrainSwitches makes a decode node that evolve's planner moves to
-	// prefill finish its decodes before it switches, as the live
-	// orchestrator does (it cannot yet hand a decode over). By default
-	// the simulator hands them over to peer decode nodes (handOver).
+	// prefill finish its decodes before it switches, as a live node
+	// running vLLM does (it cannot hand a decode over). By default the
+	// simulator hands them over to peer decode nodes (handOver), as the
+	// live orchestrator does with evolve's engines.
 	DrainSwitches bool
 	// Planner tunes evolve's planner as the orchestrator's --planner-*
 	// flags do: Interval, Persistence, TTFTWeight and MinImprovement are

@@ -65,6 +65,10 @@ type Result struct {
 	// (both legs of a split request): each recomputes what it had, and
 	// that recomputation counts in ComputedTokens.
 	Preemptions int64 `json:"preemptions"`
+	// HandedOver is how many requests' decodes moved to another engine
+	// while they streamed (a node switching role hands its decodes
+	// over); their answers went on as if nothing had moved.
+	HandedOver int `json:"requests_handed_over"`
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.
 	OverContext int `json:"sessions_over_context"`
@@ -481,6 +485,9 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	r.TransferredTokens += ext.Transferred
 	r.ComputedTokens += ext.Computed
 	r.Preemptions += ext.Preemptions
+	if ext.HandedOver > 0 {
+		r.HandedOver++
+	}
 	e2e := secs(end.Sub(start))
 	c.e2e = append(c.e2e, e2e)
 	c.winE2E = append(c.winE2E, e2e)
@@ -524,4 +531,5 @@ type kvSource struct {
 	Transferred int64 `json:"transferred_tokens"`
 	Computed    int64 `json:"computed_tokens"`
 	Preemptions int64 `json:"preemptions"`
+	HandedOver  int   `json:"handed_over"`
 }

@@ -14,9 +14,10 @@ import (
 // A run whose server refuses some requests counts them and says which
 // went wrong first and last, and when, so that an operator can line the
 // failures up with what the cluster did then; the answered requests'
-// KV sources and preemptions are summed over both legs of a split.
+// KV sources and preemptions are summed over both legs of a split, and
+// the requests handed over mid-answer are counted.
 func TestBenchReportsErrorsAndKVSources(t *testing.T) {
-	var n atomic.Int64
+	var n, moved atomic.Int64
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch {
 		case r.Method == "GET" && r.URL.Path == "/v1/models":
@@ -31,8 +32,14 @@ func TestBenchReportsErrorsAndKVSources(t *testing.T) {
 			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"the answer\"}]}\n\n")
 			// A split request: the decode leg was preempted twice, the
 			// prefill leg once.
-			fmt.Fprint(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 100, \"completion_tokens\": 2},"+
-				" \"evolve\": {\"transferred_tokens\": 96, \"preemptions\": 2, \"prefill\": {\"gpu_hit_tokens\": 64, \"computed_tokens\": 36, \"preemptions\": 1}}}\n\n")
+			// Every other one moved to another decode engine mid-answer.
+			handedOver := 0
+			if i%2 == 0 {
+				handedOver = 1
+				moved.Add(1)
+			}
+			fmt.Fprintf(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 100, \"completion_tokens\": 2},"+
+				" \"evolve\": {\"transferred_tokens\": 96, \"preemptions\": 2, \"handed_over\": %d, \"prefill\": {\"gpu_hit_tokens\": 64, \"computed_tokens\": 36, \"preemptions\": 1}}}\n\n", handedOver)
 			fmt.Fprint(w, "data: [DONE]\n\n")
 		default:
 			http.NotFound(w, r)
@@ -61,5 +68,8 @@ func TestBenchReportsErrorsAndKVSources(t *testing.T) {
 	if res.PromptTokens != 100*k || res.GPUHitTokens != 64*k || res.ComputedTokens != 36*k || res.TransferredTokens != 96*k || res.Preemptions != 3*k {
 		t.Fatalf("%d requests: prompt %d, GPU hit %d, computed %d, moved %d, preemptions %d", k,
 			res.PromptTokens, res.GPUHitTokens, res.ComputedTokens, res.TransferredTokens, res.Preemptions)
+	}
+	if res.HandedOver < 1 || int64(res.HandedOver) > moved.Load() || res.HandedOver >= res.Requests {
+		t.Fatalf("%d of %d requests handed over; the server moved %d", res.HandedOver, res.Requests, moved.Load())
 	}
 }

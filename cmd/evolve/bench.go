@@ -212,6 +212,9 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 				fmt.Fprintln(w, "prompt KV\tnot reported by the engines (vLLM: --enable-prompt-tokens-details)")
 			}
 		}
+		if res.HandedOver > 0 {
+			fmt.Fprintf(w, "handed over\t%s moved to another decode engine mid-answer (a node switched role)\n", counted(res.HandedOver, "request"))
+		}
 		if res.Errors > 1 {
 			fmt.Fprintf(w, "first error\tat %.1fs: %s\n", res.FirstErrorAtS, res.FirstError)
 		}

@@ -236,9 +236,12 @@ func newRoleCmd() *cobra.Command {
 		Use:   "set NODE prefill|decode",
 		Short: "Switch a node's role, and watch the switch until it is done",
 		Long: `Switch a node's role. The orchestrator stops routing new work of the old
-role to it, lets its requests in flight finish, offloads its GPU KV to its
-host pool (the context stays reachable), flips the engine and resumes; no
-request is dropped. The command watches until the switch is done; --detach
+role to it and lets its requests in flight end: a decode node running
+evolve's engine hands its running answers over to a peer decode node, which
+pulls their KV and writes the rest of each answer into the same stream, as
+the client would have read it anyway (vLLM's engines finish theirs where
+they are). It then offloads the node's GPU KV to its host pool (the context
+stays reachable), flips the engine and resumes; no request is dropped. The command watches until the switch is done; --detach
 returns at once, and Ctrl-C stops watching, not the switch. --pin keeps the
 planner from moving the node again ('evolve role auto NODE' undoes it).`,
 		Example: `  evolve role set engine-2 decode --pin

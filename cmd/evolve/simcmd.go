@@ -107,8 +107,9 @@ Policies (comma-separated):
   evolve              evolve's router and online planner: starts at Dynamo's recipe
                       ratio (1 prefill : 2 decode), learns pass costs from the
                       engines' passes and moves nodes between roles, handing
-                      decodes over to peers instead of waiting for them (the
-                      live orchestrator waits: --handover=false simulates it)
+                      decodes over to peers instead of waiting for them, as
+                      the live orchestrator does with evolve's engines
+                      (--handover=false: they finish first, as vLLM's do)
   static:P:D          evolve's router and KV management with a fixed split
   static:best         every static split, the best by mean end-to-end latency
   dynamo              Dynamo as shipped: its KV router cost, fixed-role workers,
@@ -144,7 +145,7 @@ the research system's experiments:
 	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload")
-	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes; false: the node finishes them first, as the live orchestrator does today (it cannot hand a decode over yet)")
+	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes, as the live orchestrator does with evolve's engines; false: the node finishes them first, as a live node running vLLM does (vLLM cannot hand a decode over)")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
 	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")

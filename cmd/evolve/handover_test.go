@@ -1,0 +1,67 @@
+package main
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// An operator switches a decode node to prefill while reasoning agents
+// stream long answers from it: the node hands its decodes over to the
+// other decode node and serves as prefill at once, and no agent sees a
+// failure; evolve bench counts the answers that moved, and the router's
+// metrics the handovers.
+func TestRoleSwitchHandsDecodesOverUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for 16 s")
+	}
+	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
+	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", "16s", "--speedup", "10", "-o", "json")
+	eventually(t, 10*time.Second, "engine-1 decoding several answers", func() bool {
+		n, _ := c.node("engine-1")["in_flight"].(float64)
+		return n >= 2
+	})
+	sw, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill", "-o", "json")
+	if code != 0 {
+		t.Fatalf("role set: exit %d %s", code, sw)
+	}
+	if n := c.node("engine-1"); n["role"] != "prefill" || n["state"] != "serving" {
+		t.Fatalf("after role set: %v", n)
+	}
+	if err := bench.Wait(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	var res struct {
+		Requests   int    `json:"requests_completed"`
+		Errors     int    `json:"errors"`
+		FirstError string `json:"first_error"`
+		HandedOver int    `json:"requests_handed_over"`
+	}
+	if err := json.Unmarshal([]byte(out.String()[strings.Index(out.String(), "{"):]), &res); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, out.String())
+	}
+	if res.Errors != 0 || res.HandedOver < 1 || res.HandedOver >= res.Requests {
+		t.Fatalf("bench: %d requests, %d handed over, %d errors (%s)", res.Requests, res.HandedOver, res.Errors, res.FirstError)
+	}
+	resp, err := http.Get(c.state.RouterURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	m := regexp.MustCompile(`(?m)^evolve_router_handovers_total\{outcome="continued"\} (\d+)$`).FindStringSubmatch(string(b))
+	if m == nil {
+		t.Fatalf("no handovers in the router's metrics:\n%s", b)
+	}
+	if n, _ := strconv.Atoi(m[1]); n < res.HandedOver {
+		t.Fatalf("the router counted %d handovers; bench saw %d answers move", n, res.HandedOver)
+	}
+	if regexp.MustCompile(`outcome="failed"\} [1-9]`).Match(b) {
+		t.Fatalf("a handover failed:\n%s", b)
+	}
+}
