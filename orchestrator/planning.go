@@ -51,11 +51,14 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 		return
 	}
 	o.plan.limited = true
-	hostSec := 0.0
+	hostSec, netSec := 0.0, 0.0
 	if reg.HostGBps > 0 {
 		hostSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.HostGBps * 1e9)
 	}
-	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: 8192, MaxSeqs: reg.MaxNumSeqs, GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec)
+	if reg.NetworkGBps > 0 {
+		netSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.NetworkGBps * 1e9)
+	}
+	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: 8192, MaxSeqs: reg.MaxNumSeqs, GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec, netSec)
 	// Simulated engines model time faster than the wall clock: the
 	// planner's windows follow their time.
 	o.plan.p.SetSpeedup(reg.Speedup)
@@ -178,7 +181,7 @@ func (o *Orchestrator) planStep(now time.Time) {
 			Serving: n.state == StateServing, Switching: n.state == StateSwitching,
 			Waiting: n.hb.Waiting, Running: n.hb.Running + n.inFlight,
 			GPUBlocksUsed:   int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
-			ReferencedShare: refShare[n.dir]})
+			ReferencedShare: refShare[n.dir], CanHandOver: n.reg.CanHandOver})
 	}
 	o.c.mu.Unlock()
 	o.plan.mu.Lock()

@@ -64,6 +64,9 @@ type Config struct {
 	Limits     Limits        // the engines' limits (all alike)
 	// HostSecPerBlock prices offloading a node's GPU KV on a switch.
 	HostSecPerBlock float64
+	// NetSecPerBlock prices moving a block to a peer: a decode node that
+	// hands its sequences over (NodeInfo.CanHandOver) sends their KV.
+	NetSecPerBlock float64
 	// Disabled: learn and recommend, never move.
 	Disabled bool
 }
@@ -121,6 +124,9 @@ type NodeInfo struct {
 	// ReferencedShare is the share of its GPU KV that live agent branches
 	// reference (0 when unknown).
 	ReferencedShare float64
+	// CanHandOver: as a decode node, it hands its running sequences to
+	// peer decode nodes when it switches, rather than finishing them.
+	CanHandOver bool
 }
 
 // Move asks for one node to change role.
@@ -236,13 +242,14 @@ func New(cfg Config) *Planner {
 	return p
 }
 
-// SetLimits sets the engines' limits and the price of offloading a block,
-// once they are known (from the engines' registrations).
-func (p *Planner) SetLimits(l Limits, hostSecPerBlock float64) {
+// SetLimits sets the engines' limits and the prices of offloading a block
+// and of sending one to a peer, once they are known (from the engines'
+// registrations).
+func (p *Planner) SetLimits(l Limits, hostSecPerBlock, netSecPerBlock float64) {
 	if l.MaxBatchedTokens <= 0 {
 		l.MaxBatchedTokens = p.cfg.Limits.MaxBatchedTokens
 	}
-	p.cfg.Limits, p.cfg.HostSecPerBlock = l, hostSecPerBlock
+	p.cfg.Limits, p.cfg.HostSecPerBlock, p.cfg.NetSecPerBlock = l, hostSecPerBlock, netSecPerBlock
 }
 
 // SetSpeedup runs the planner s times faster: every duration of its
@@ -535,11 +542,16 @@ func (p *Planner) switchCost(dm Demand, cur, total, dir int, pc PrefillCost, dc 
 	}
 	during := predict(short, total-cur-boolInt(dir > 0), dm, pc, dc, p.cfg.Limits, p.cfg.TTFTWeight)
 	// Drain: a decode node finishes its sequences (about one output's
-	// worth of passes); a prefill node its queue.
+	// worth of passes), or hands them over within a pass or two while
+	// peers pull their KV (at most all it holds); a prefill node its
+	// queue.
 	drain := 0.0
-	if n.Role == Decode {
+	switch {
+	case n.Role == Decode && n.CanHandOver:
+		drain = 2*now.ITL + float64(n.GPUBlocksUsed)*p.cfg.NetSecPerBlock
+	case n.Role == Decode:
 		drain = dm.OutputTokens * now.ITL
-	} else if n.Waiting+n.Running > 0 {
+	case n.Waiting+n.Running > 0:
 		drain = float64(n.Waiting+n.Running) * (pc.BaseSec + dm.PrefillTokens*pc.PerToken)
 	}
 	offload := float64(n.GPUBlocksUsed) * p.cfg.HostSecPerBlock

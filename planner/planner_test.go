@@ -532,3 +532,24 @@ func TestDefaultTTFTWeightFavoursPrefill(t *testing.T) {
 		t.Fatalf("the default weight asked for more prefill nodes than the mean-E2E objective in only %d of 16 demands", more)
 	}
 }
+
+// A decode node that hands its sequences over switches within a pass or
+// two and the time its KV takes to move; one that finishes them first
+// runs a node short for a whole output. Moving it costs the former far
+// less, on math's long outputs.
+func TestHandOverMakesADecodeSwitchCheap(t *testing.T) {
+	p := New(Config{})
+	p.SetLimits(Limits{MaxBatchedTokens: 8192, MaxSeqs: 256, GPUKVTokens: 2_000_000}, 2e-6, 5e-6)
+	dm := Demand{RequestsPerSec: 4, DisaggShare: 1, PrefillTokens: 1000, PrefillCV2: 1, PrefillContext: 1000,
+		PrefillTokPerSec: 4000, OutputTokens: 4000, OutputTokPerSec: 16000, DecodeContext: 3000}
+	n := NodeInfo{ID: "d", Role: Decode, Auto: true, Serving: true, Running: 60, GPUBlocksUsed: 20000}
+	drained := p.switchCost(dm, 3, 9, -1, gb300.pc, gb300.dc, []NodeInfo{n})
+	n.CanHandOver = true
+	handed := p.switchCost(dm, 3, 9, -1, gb300.pc, gb300.dc, []NodeInfo{n})
+	// Both pay to reload the 20000 blocks it offloads (0.04 s); beyond
+	// that, the time the cluster runs a node short.
+	const reload = 20000 * 2e-6
+	if handed <= reload || drained-reload < 20*(handed-reload) {
+		t.Fatalf("switch cost: %.3g finishing its decodes, %.3g handing them over", drained, handed)
+	}
+}

@@ -28,7 +28,7 @@ func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
 		MinImprovement: sc.Planner.MinImprovement,
 		Limits: planner.Limits{MaxBatchedTokens: cfg.MaxNumBatchedTokens, MaxSeqs: cfg.MaxNumSeqs,
 			GPUKVTokens: cfg.GPUBlocks * p.BlockSize},
-		HostSecPerBlock: p.BlockBytes() / (p.HostGBps * 1e9),
+		HostSecPerBlock: p.BlockBytes() / (p.HostGBps * 1e9), NetSecPerBlock: p.BlockBytes() / (p.NetworkGBps * 1e9),
 	})
 }
 
@@ -61,7 +61,7 @@ func (r *run) planStep() {
 		nodes = append(nodes, planner.NodeInfo{ID: e.id, Role: roleName(role), Auto: true,
 			Serving: e.state == engActive && !e.switching, Switching: e.switching,
 			Waiting: e.stats.Waiting, Running: e.stats.Running, GPUBlocksUsed: e.stats.GPUBlocksUsed,
-			ReferencedShare: r.referencedShare(e.dir)})
+			ReferencedShare: r.referencedShare(e.dir), CanHandOver: !r.sc.DrainSwitches})
 	}
 	r.planNodes = nodes
 	// The router prices recomputation with the learned cost.
