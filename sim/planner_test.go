@@ -81,8 +81,9 @@ func mean(x []float64) float64 {
 }
 
 // A decode node that evolve's planner moves to prefill hands its decodes
-// over to peers; with DrainSwitches it finishes them first, as the live
-// orchestrator does, and hands nothing over.
+// over to peers, as the live orchestrator does with evolve's engines;
+// with DrainSwitches it finishes them first, as a node running vLLM
+// does, and hands nothing over.
 func TestDrainSwitchesHandsNothingOver(t *testing.T) {
 	p, err := enginesim.LoadProfile("gb300-kimi-k2")
 	if err != nil {
