@@ -407,7 +407,7 @@ func (a *attempt) run() (string, error) {
 		a.avoidHandingOver()
 		body = a.body.With(map[string]json.RawMessage{"kv_transfer_params": params})
 		err = a.forward(a.urls[a.decode], body)
-		if err != nil && !a.started {
+		if err != nil && !a.started && !errors.Is(err, errHandedOver) {
 			// The decode leg never pulled the KV: free it on the prefill
 			// engine now rather than when its hold times out.
 			a.releaseHold(a.urls[a.dec.Prefill], params)

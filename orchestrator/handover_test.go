@@ -189,3 +189,119 @@ func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 		return true
 	})
 }
+
+// busyDecodeNode waits until one of ids has a request in flight and
+// returns it.
+func busyDecodeNode(t *testing.T, tc *testCluster, ids ...string) string {
+	t.Helper()
+	found := ""
+	eventually(t, "a decode node with a request in flight", func() bool {
+		for _, id := range ids {
+			if st, _ := tc.o.NodeStatus(id); st.InFlight > 0 && st.Role == "decode" {
+				found = id
+				return true
+			}
+		}
+		return false
+	})
+	return found
+}
+
+// A whole (not streamed) answer moves too: the client gets one answer,
+// the one it would have got, with the node that finished it named.
+func TestDecodeSwitchHandsAWholeAnswerOver(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	body := `{"prompt": "` + strings.Repeat("a long derivation ", 100) + `", "max_tokens": 6000, "seed": 3}`
+	type answer struct {
+		status int
+		decode string
+		out    struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Text string `json:"text"`
+			} `json:"choices"`
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+			Evolve struct {
+				HandedOver int `json:"handed_over"`
+			} `json:"evolve"`
+		}
+	}
+	send := func() *answer {
+		resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return nil
+		}
+		defer resp.Body.Close()
+		a := &answer{status: resp.StatusCode, decode: resp.Header.Get(HeaderDecodeNode)}
+		if err := json.NewDecoder(resp.Body).Decode(&a.out); err != nil {
+			t.Error(err)
+		}
+		return a
+	}
+	ch := make(chan *answer, 1)
+	go func() { ch <- send() }()
+	from := busyDecodeNode(t, tc, "e1", "e2")
+	if _, err := tc.o.SetRole(from, "prefill", true, "test"); err != nil {
+		t.Fatal(err)
+	}
+	got := <-ch
+	ref := send()
+	if got == nil || ref == nil || got.status != 200 || len(got.out.Choices) != 1 || len(ref.out.Choices) != 1 {
+		t.Fatalf("answers: %+v, reference %+v", got, ref)
+	}
+	if got.out.Evolve.HandedOver != 1 || got.decode == from || got.out.Usage.CompletionTokens != 6000 {
+		t.Fatalf("moved from %s: handed over %d times, finished on %s, %d tokens", from, got.out.Evolve.HandedOver, got.decode, got.out.Usage.CompletionTokens)
+	}
+	if got.out.Choices[0].Text != ref.out.Choices[0].Text {
+		t.Fatal("the whole answer changed when its decode moved")
+	}
+}
+
+// A node hands a stream over and the only peer cannot take it (its
+// engine's HTTP side is gone while its heartbeats go on): the client is
+// told in its stream, which ends, and the KV held for the peer is freed.
+func TestHandOverThatNoPeerTakesEndsTheStreamWithAnError(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	body := `{"prompt": "` + strings.Repeat("a long derivation ", 100) + `", "max_tokens": 6000, "stream": true}`
+	resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	from := resp.Header.Get(HeaderDecodeNode)
+	peer := map[string]int{"e1": 2, "e2": 1}[from]
+	if peer == 0 {
+		t.Fatalf("decoded on %q", from)
+	}
+	tc.servers[peer].Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	var last []string
+	for sc.Scan() {
+		if l := sc.Text(); l != "" {
+			last = append(last, l)
+			if len(last) == 3 {
+				if _, err := tc.o.SetRole(from, "prefill", true, "test"); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	n := len(last)
+	if n < 5 || last[n-1] != "data: [DONE]" || !strings.Contains(last[n-2], `"error"`) || !strings.Contains(last[n-2], "no peer went on") {
+		t.Fatalf("the stream ended with %q", last[max(0, n-3):])
+	}
+	if v := testutil.ToFloat64(tc.o.met.handOvers.WithLabelValues("failed")); v != 1 {
+		t.Fatalf("failed handovers counted: %v", v)
+	}
+	eventually(t, from+" holds nothing and switches", func() bool {
+		st, _ := tc.o.NodeStatus(from)
+		tc.o.c.mu.Lock()
+		held := tc.o.c.nodes[from].hb.Held
+		tc.o.c.mu.Unlock()
+		return st.Role == "prefill" && st.State == StateServing && held == 0
+	})
+}
