@@ -34,22 +34,8 @@ func (s *sink) Pass(protocol.PassRecord) { s.mu.Lock(); s.passes++; s.mu.Unlock(
 
 func startInProcess(t *testing.T, speedup float64) (*Engine, *httptest.Server, *sink) {
 	t.Helper()
-	p, err := sim.LoadProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := New(Config{ID: "t1", Profile: p, Speedup: speedup})
-	if err != nil {
-		t.Fatal(err)
-	}
 	sk := &sink{}
-	e.SetSink(sk)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { e.Run(ctx); close(done) }()
-	srv := httptest.NewServer(e.Handler())
-	e.cfg.AdvertiseURL = srv.URL
-	t.Cleanup(func() { srv.Close(); cancel(); <-done })
+	e, srv := startEngine(t, "t1", sim.RoleBoth, speedup, sk)
 	return e, srv, sk
 }
 

@@ -17,8 +17,9 @@ import (
 	"github.com/evolvellm/evolve/protocol"
 )
 
-// startEngine runs engine id with the tiny profile behind an HTTP server.
-func startEngine(t *testing.T, id string, role sim.Role, speedup float64) (*Engine, *httptest.Server) {
+// startEngine runs engine id with the tiny profile behind an HTTP server,
+// publishing to sk (nil: nowhere).
+func startEngine(t *testing.T, id string, role sim.Role, speedup float64, sk EventSink) (*Engine, *httptest.Server) {
 	t.Helper()
 	p, err := sim.LoadProfile("tiny")
 	if err != nil {
@@ -27,6 +28,9 @@ func startEngine(t *testing.T, id string, role sim.Role, speedup float64) (*Engi
 	e, err := New(Config{ID: id, Profile: p, Role: role, Speedup: speedup})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if sk != nil {
+		e.SetSink(sk)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -133,8 +137,8 @@ func postRaw(t *testing.T, url string, body []byte, movable bool) *http.Response
 // summed. A request without the router's header runs to its end where it
 // is.
 func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
-	a, srvA := startEngine(t, "a", sim.RoleDecode, 1)
-	_, srvB := startEngine(t, "b", sim.RoleDecode, 1)
+	a, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
+	_, srvB := startEngine(t, "b", sim.RoleDecode, 1, nil)
 	const n = 300
 	body := []byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat("the long context of an agent ", 30) +
 		`"}], "max_tokens": 300, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`)
