@@ -16,9 +16,10 @@ func (e ErrUnknownNode) Error() string { return fmt.Sprintf("no node %q", string
 
 // SetRole starts switching node id to role (and pins it when pin is set);
 // the switch runs in the background: stop routing new work to the node,
-// let its requests in flight finish, offload its GPU KV to its host pool so
-// the context stays reachable, flip the engine's role, resume. A request is
-// never dropped. It returns at once with the node's status. An operator's
+// let its requests in flight end (a decode node whose engine can hands
+// them over to peer decode nodes, where they go on; see startHandOver),
+// offload its GPU KV to its host pool so the context stays reachable,
+// flip the engine's role, resume. A request is never dropped. It returns at once with the node's status. An operator's
 // choice is stored and survives restarts.
 func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (NodeStatus, error) {
 	return o.setRole(id, role, pin, reason, true)
