@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"bufio"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strings"
 	"testing"
@@ -304,4 +305,18 @@ func TestHandOverThatNoPeerTakesEndsTheStreamWithAnError(t *testing.T) {
 		tc.o.c.mu.Unlock()
 		return st.Role == "prefill" && st.State == StateServing && held == 0
 	})
+}
+
+// The planner prices a switch's KV copies in wall time, as it learns pass
+// costs: the profile's copy times divided by the engines' speedup (tiny:
+// a 16 KiB block takes 16.4 us to host and 32.8 us to a peer, modelled).
+func TestPlannerPricesCopiesInWallTime(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode) // engines at 20x
+	tc.o.plan.mu.Lock()
+	cfg := tc.o.plan.p.Config()
+	tc.o.plan.mu.Unlock()
+	const block = 16 * 1024
+	if math.Abs(cfg.HostSecPerBlock-block/1e9/20) > 1e-12 || math.Abs(cfg.NetSecPerBlock-block/0.5e9/20) > 1e-12 {
+		t.Fatalf("host %.3g s, network %.3g s per block", cfg.HostSecPerBlock, cfg.NetSecPerBlock)
+	}
 }

@@ -51,12 +51,18 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 		return
 	}
 	o.plan.limited = true
+	// The profile's copy times are modelled; the planner prices in wall
+	// time, as it learns pass costs (onStats).
+	speedup := 1.0
+	if reg.Speedup > 0 {
+		speedup = reg.Speedup
+	}
 	hostSec, netSec := 0.0, 0.0
 	if reg.HostGBps > 0 {
-		hostSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.HostGBps * 1e9)
+		hostSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.HostGBps * 1e9) / speedup
 	}
 	if reg.NetworkGBps > 0 {
-		netSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.NetworkGBps * 1e9)
+		netSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.NetworkGBps * 1e9) / speedup
 	}
 	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: 8192, MaxSeqs: reg.MaxNumSeqs, GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec, netSec)
 	// Simulated engines model time faster than the wall clock: the
