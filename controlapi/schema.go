@@ -31,16 +31,18 @@ type Node struct {
 
 // Switch is a role switch in progress.
 type Switch struct {
-	To    string `json:"to"`
-	Phase string `json:"phase"`
+	To         string `json:"to"`
+	Phase      string `json:"phase"`
+	HandedOver int    `json:"handed_over,omitempty"`
 }
 
 // RoleChange is one entry of a node's role history.
 type RoleChange struct {
-	Time   time.Time `json:"time"`
-	From   string    `json:"from"`
-	To     string    `json:"to"`
-	Reason string    `json:"reason"`
+	Time       time.Time `json:"time"`
+	From       string    `json:"from"`
+	To         string    `json:"to"`
+	Reason     string    `json:"reason"`
+	HandedOver int       `json:"handed_over,omitempty"` // answers handed to peers on the way
 }
 
 // WatchEvent is one message of the watch stream.

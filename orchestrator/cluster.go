@@ -42,13 +42,17 @@ type RoleChange struct {
 	From   string    `json:"from"`
 	To     string    `json:"to"`
 	Reason string    `json:"reason"`
+	// HandedOver: answers the node handed to peer decode nodes on the way.
+	HandedOver int `json:"handed_over,omitempty"`
 }
 
 // Switch is a role switch in progress.
 type Switch struct {
 	To      string    `json:"to"`
-	Phase   string    `json:"phase"` // draining, offloading, flipping
+	Phase   string    `json:"phase"` // draining or handing over, offloading, flipping
 	Started time.Time `json:"started"`
+	// HandedOver: answers handed to peer decode nodes so far.
+	HandedOver int `json:"handed_over,omitempty"`
 }
 
 // NodeStatus is a node as the control API reports it. Field names are

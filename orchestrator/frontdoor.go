@@ -468,7 +468,6 @@ func (a *attempt) moveOn() error {
 		a.o.log.Debug("handed over", "request", a.reqID, "from", from, "to", to, "output_tokens", len(h.Resume.Output))
 		err = a.forward(url, body)
 		if err == nil || errors.Is(err, errHandedOver) || a.answered || a.r.Context().Err() != nil {
-			a.o.met.handOvers.WithLabelValues("continued").Inc()
 			return err
 		}
 		a.o.log.Warn("peer refused a handed-over request", "request", a.reqID, "node", to, "err", err)
@@ -752,6 +751,9 @@ func (a *attempt) legAnswers() {
 	a.firstToken()
 	a.freePrefill()
 	if a.leaving != "" {
+		// The peer went on with the answer it was handed.
+		a.o.met.handOvers.WithLabelValues("continued").Inc()
+		a.o.handedOver(a.leaving)
 		a.o.release(a.leaving)
 		if !a.dec.Disaggregated && !a.prefillFreed && a.dec.Prefill == a.leaving {
 			// Served whole there, the request held that node twice

@@ -139,6 +139,10 @@ func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("the switch of %s did not end", from)
 		}
+		st, _ := tc.o.NodeStatus(from)
+		if h := st.History; len(h) == 0 || h[len(h)-1].HandedOver != 1 {
+			t.Fatalf("%s's history: %+v", from, st.History)
+		}
 		return got
 	}
 	check := func(what string, got, ref *routedChat) {

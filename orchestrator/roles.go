@@ -132,7 +132,7 @@ func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
 	if n == nil {
 		return
 	}
-	from := n.role
+	from, handed := n.role, n.sw.HandedOver
 	n.sw, n.handingOver = nil, false
 	if n.state == StateSwitching {
 		n.state = StateServing
@@ -147,9 +147,9 @@ func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
 		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: from.String(), Reason: "switch failed: " + err.Error()})
 	} else {
 		n.role = to
-		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: to.String(), Reason: reason})
+		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: to.String(), Reason: reason, HandedOver: handed})
 		o.met.switches.WithLabelValues(to.String()).Inc()
-		o.log.Info("role switched", "id", id, "from", from.String(), "to", to.String(), "reason", reason)
+		o.log.Info("role switched", "id", id, "from", from.String(), "to", to.String(), "reason", reason, "handed_over", handed)
 	}
 	o.c.changed(id)
 }
@@ -193,6 +193,17 @@ func (o *Orchestrator) startHandOver(id string, to routing.Role) bool {
 	o.c.mu.Unlock()
 	o.log.Info("handing decodes over to peers", "id", id, "peers", peers)
 	return true
+}
+
+// handedOver counts an answer node id handed over to a peer, which went
+// on with it.
+func (o *Orchestrator) handedOver(id string) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	if n := o.c.nodes[id]; n != nil && n.sw != nil {
+		n.sw.HandedOver++
+		o.c.changed(id)
+	}
 }
 
 // handingOver reports whether node id hands its decodes over.

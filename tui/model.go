@@ -334,7 +334,14 @@ func (m *Model) noteChange(old, n *Node, now time.Time) {
 	case old.Role != n.Role:
 		reason := ""
 		if len(n.History) > 0 {
-			reason = n.History[len(n.History)-1].Reason
+			last := n.History[len(n.History)-1]
+			reason = last.Reason
+			switch {
+			case last.HandedOver == 1:
+				reason += "; handed 1 answer over"
+			case last.HandedOver > 1:
+				reason += fmt.Sprintf("; handed %d answers over", last.HandedOver)
+			}
 		}
 		m.event("switch", fmt.Sprintf("%s is now %s (%s)", n.ID, n.Role, reason))
 	}

@@ -114,6 +114,21 @@ func TestNodesViewShowsTheCluster(t *testing.T) {
 	if m.events[0].Kind != "switch" {
 		t.Fatalf("events %+v", m.events)
 	}
+	// Handing its answers over, the row says so; done, the event says
+	// how many moved.
+	n.Switch = &Switch{To: "prefill", Phase: "handing over", HandedOver: 3}
+	m.Update(watchBatch{{Type: "node", Generation: 5, Node: &n}})
+	if v := m.View(); !strings.Contains(v, "to prefill, handing over") {
+		t.Fatalf("handover not shown:\n%s", v)
+	}
+	n.State, n.Role, n.Switch = "serving", "prefill", nil
+	n.History = append(n.History, RoleChange{From: "decode", To: "prefill", Reason: "planner: 1:2 -> 2:1", HandedOver: 3})
+	m.Update(watchBatch{{Type: "node", Generation: 6, Node: &n}})
+	if e := m.events[0]; e.Kind != "switch" || !strings.Contains(e.Text, "is now prefill (planner: 1:2 -> 2:1; handed 3 answers over)") {
+		t.Fatalf("events %+v", m.events)
+	}
+	n.State, n.Role = "serving", "decode"
+	m.Update(watchBatch{{Type: "node", Generation: 7, Node: &n}}) // back, for what follows
 	// Sorting by queue puts the busiest first.
 	press(m, "s", "s")
 	if ns := m.sortedNodes(); ns[0].ID != "e1" {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"regexp"
@@ -26,12 +27,19 @@ func TestRoleSwitchHandsDecodesOverUnderLoad(t *testing.T) {
 		n, _ := c.node("engine-1")["in_flight"].(float64)
 		return n >= 2
 	})
-	sw, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill", "-o", "json")
+	sw, code := runBin(t, c.env, "role", "set", "engine-1", "prefill")
 	if code != 0 {
 		t.Fatalf("role set: exit %d %s", code, sw)
 	}
-	if n := c.node("engine-1"); n["role"] != "prefill" || n["state"] != "serving" {
-		t.Fatalf("after role set: %v", n)
+	// It says what moved; the node's history keeps it.
+	said := regexp.MustCompile(`engine-1: now prefill \(auto\); (\d+) answers? handed over to peer decode nodes on the way`).FindStringSubmatch(sw)
+	if said == nil {
+		t.Fatalf("role set said:\n%s", sw)
+	}
+	n := c.node("engine-1")
+	hist, _ := n["history"].([]any)
+	if n["role"] != "prefill" || n["state"] != "serving" || len(hist) == 0 || fmt.Sprint(obj(hist[len(hist)-1])["handed_over"]) != said[1] {
+		t.Fatalf("after role set (%s handed over): %v", said[1], n)
 	}
 	if err := bench.Wait(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())

@@ -290,7 +290,11 @@ planner from moving the node again ('evolve role auto NODE' undoes it).`,
 			if st.Role != role {
 				return fmt.Errorf("switch of %s to %s failed; it stays %s (see its history: evolve nodes -o json)", id, role, st.Role)
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "%s: now %s (%s)\n", id, st.Role, st.Mode)
+			handed := ""
+			if h := st.History; len(h) > 0 && h[len(h)-1].HandedOver > 0 {
+				handed = fmt.Sprintf("; %s handed over to peer decode nodes on the way", counted(h[len(h)-1].HandedOver, "answer"))
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "%s: now %s (%s)%s\n", id, st.Role, st.Mode, handed)
 			return output(cmd, st, func(w *tabwriter.Writer, _ bool) {
 				fmt.Fprintf(w, "%s\t%s\t%s\t%s\n", st.ID, st.Role, st.Mode, st.State)
 			})
