@@ -275,14 +275,17 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	// A resume that leaves nothing to write is refused.
-	bad, _ := json.Marshal(protocol.Resume{ID: "x", Output: make([]uint32, n)})
-	r, err := http.Post(srvB.URL+"/v1/chat/completions", "application/json", bytes.NewReader(rb.With(map[string]json.RawMessage{"evolve_resume": bad})))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Body.Close()
-	if r.StatusCode != 400 {
-		t.Fatalf("a resume with nothing left: %d", r.StatusCode)
+	// A resume that leaves nothing to write, or names no answer, is
+	// refused.
+	for _, bad := range []protocol.Resume{{ID: "x", Output: make([]uint32, n)}, {Output: []uint32{1}}, {ID: "x"}} {
+		b, _ := json.Marshal(bad)
+		r, err := http.Post(srvB.URL+"/v1/chat/completions", "application/json", bytes.NewReader(rb.With(map[string]json.RawMessage{"evolve_resume": b})))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != 400 {
+			t.Fatalf("resume %s: %d", b, r.StatusCode)
+		}
 	}
 }

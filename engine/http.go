@@ -147,6 +147,10 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 			writeError(w, badRequest("evolve_resume", "a resumed answer cannot be a prefill leg (do_remote_decode)"))
 			return
 		}
+		if resume.ID == "" || len(resume.Output) == 0 {
+			writeError(w, badRequest("evolve_resume", "evolve_resume needs the answer's id and its output so far"))
+			return
+		}
 		if len(resume.Output) >= maxTokens {
 			writeError(w, badRequest("evolve_resume", "evolve_resume has %d output tokens; max_tokens %d leaves none to write", len(resume.Output), maxTokens))
 			return

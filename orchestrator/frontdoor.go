@@ -467,7 +467,13 @@ func (a *attempt) moveOn() error {
 		a.decode, a.leaving = to, from
 		a.o.log.Debug("handed over", "request", a.reqID, "from", from, "to", to, "output_tokens", len(h.Resume.Output))
 		err = a.forward(url, body)
-		if err == nil || errors.Is(err, errHandedOver) || a.answered || a.r.Context().Err() != nil {
+		if err == nil || errors.Is(err, errHandedOver) || a.answered {
+			return err
+		}
+		if a.r.Context().Err() != nil {
+			// The client went away before the peer took the KV: free it
+			// now rather than when its hold times out.
+			a.releaseHold(a.urls[from], kvp)
 			return err
 		}
 		a.o.log.Warn("peer refused a handed-over request", "request", a.reqID, "node", to, "err", err)
