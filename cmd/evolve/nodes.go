@@ -241,9 +241,12 @@ evolve's engine hands its running answers over to a peer decode node, which
 pulls their KV and writes the rest of each answer into the same stream, as
 the client would have read it anyway (vLLM's engines finish theirs where
 they are). It then offloads the node's GPU KV to its host pool (the context
-stays reachable), flips the engine and resumes; no request is dropped. The command watches until the switch is done; --detach
-returns at once, and Ctrl-C stops watching, not the switch. --pin keeps the
-planner from moving the node again ('evolve role auto NODE' undoes it).`,
+stays reachable), flips the engine and resumes; no request is dropped.
+
+The command watches until the switch is done and says how many answers
+moved; --detach returns at once, and Ctrl-C stops watching, not the switch.
+--pin keeps the planner from moving the node again ('evolve role auto NODE'
+undoes it).`,
 		Example: `  evolve role set engine-2 decode --pin
   evolve role set engine-2 prefill --detach`,
 		Args: func(cmd *cobra.Command, args []string) error {
