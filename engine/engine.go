@@ -338,6 +338,11 @@ func (p *pending) moved(m *moved) {
 	p.mu.Lock()
 	p.handed = m
 	p.mu.Unlock()
+	p.wake()
+}
+
+// wake tells the request's handler there is something to take.
+func (p *pending) wake() {
 	select {
 	case p.notify <- struct{}{}:
 	default:
@@ -354,20 +359,14 @@ func (p *pending) push(tok uint32, f *sim.Finished) {
 		p.tokens = append(p.tokens, tok)
 	}
 	p.mu.Unlock()
-	select {
-	case p.notify <- struct{}{}:
-	default:
-	}
+	p.wake()
 }
 
 func (p *pending) fail(err error) {
 	p.mu.Lock()
 	p.err = err
 	p.mu.Unlock()
-	select {
-	case p.notify <- struct{}{}:
-	default:
-	}
+	p.wake()
 }
 
 // take returns the tokens delivered since the last call, the finish if the
