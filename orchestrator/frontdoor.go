@@ -120,7 +120,8 @@ type attempt struct {
 	first    bool // the prefill is over
 	ttftSeen bool // the client got its first token
 	// prefillFreed: the prefill node's in-flight count no longer has
-	// this split request (freePrefill).
+	// this split request (freePrefill), or never had it apart from the
+	// decode's (a request served whole on one node).
 	prefillFreed bool
 	// prefillKV: the prefill leg's "evolve" object, added to the decode
 	// leg's answer (protocol.ResponseKV.Prefill).
@@ -221,7 +222,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode}
+		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode, prefillFreed: !dec.Disaggregated}
 		if try == 0 && len(p.Tokens) > 0 {
 			// An engine computes at least the prompt's last token (the
 			// simulated one its last block).
@@ -296,8 +297,8 @@ func (o *Orchestrator) urls(dec routing.Decision) map[string]string {
 	defer o.c.mu.Unlock()
 	out := map[string]string{}
 	for _, id := range []string{dec.Prefill, dec.Decode} {
-		if n := o.c.nodes[id]; n != nil {
-			out[id] = n.reg.URL
+		if n := o.c.nodes[id]; n != nil && out[id] == "" {
+			out[id] = n.reg.URL // a request served whole claims its node once
 			n.inFlight++
 		}
 	}
@@ -327,7 +328,7 @@ func (o *Orchestrator) release(ids ...string) {
 // still serves and the KV it still holds, not for the decodes that
 // follow them elsewhere (math's run for minutes).
 func (a *attempt) freePrefill() {
-	if !a.dec.Disaggregated || a.prefillFreed {
+	if a.prefillFreed {
 		return
 	}
 	a.prefillFreed = true
@@ -761,12 +762,6 @@ func (a *attempt) legAnswers() {
 		a.o.met.handOvers.WithLabelValues("continued").Inc()
 		a.o.handedOver(a.leaving)
 		a.o.release(a.leaving)
-		if !a.dec.Disaggregated && !a.prefillFreed && a.dec.Prefill == a.leaving {
-			// Served whole there, the request held that node twice
-			// (urls): as its prefill and as its decode.
-			a.prefillFreed = true
-			a.o.release(a.leaving)
-		}
 		a.leaving = ""
 	}
 }
