@@ -268,7 +268,7 @@ func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.T
 				e.met.itl.Observe(end.Sub(p.lastToken).Seconds())
 			}
 			p.lastToken = end
-			p.push(t.ID, nil)
+			p.push(t, nil)
 		}
 	}
 	for i := range finished {
@@ -280,7 +280,7 @@ func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.T
 		delete(e.pending, f.ReqID)
 		e.met.observeFinished(f)
 		fc := *f
-		p.push(0, &fc)
+		p.push(sim.Token{}, &fc)
 	}
 	if e.handingOver {
 		e.handOver(end)
@@ -321,7 +321,7 @@ type pending struct {
 	movable bool
 
 	mu       sync.Mutex
-	tokens   []uint32
+	tokens   []sim.Token
 	finished *sim.Finished
 	handed   *moved
 	err      error
@@ -351,7 +351,7 @@ func (p *pending) wake() {
 
 func newPending() *pending { return &pending{notify: make(chan struct{}, 1)} }
 
-func (p *pending) push(tok uint32, f *sim.Finished) {
+func (p *pending) push(tok sim.Token, f *sim.Finished) {
 	p.mu.Lock()
 	if f != nil {
 		p.finished = f
@@ -372,7 +372,7 @@ func (p *pending) fail(err error) {
 // take returns the tokens delivered since the last call, the finish if the
 // request is done, its handover if it moved, and an error if the engine
 // gave up on it.
-func (p *pending) take(buf []uint32) ([]uint32, *sim.Finished, *moved, error) {
+func (p *pending) take(buf []sim.Token) ([]sim.Token, *sim.Finished, *moved, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	buf = append(buf[:0], p.tokens...)

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -15,6 +16,7 @@ import (
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/tokenizer"
 )
 
 // startEngine runs engine id with the tiny profile behind an HTTP server,
@@ -287,5 +289,89 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 		if r.StatusCode != 400 {
 			t.Fatalf("resume %s: %d", b, r.StatusCode)
 		}
+	}
+}
+
+// A stream its router sent names each token and the sampler's state after
+// it in a comment before the token's event (a plain client's stream has
+// none); from any of them, an engine given the output so far and that
+// state, and no KV, recomputes the prompt and writes the rest of the very
+// same answer, as a router does when the first engine dies mid-stream.
+func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
+	_, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
+	_, srvB := startEngine(t, "b", sim.RolePrefill, 1, nil) // a prefill engine takes whole requests too
+	const n = 200
+	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("an agent's question ", 20) +
+		`"}], "max_tokens": 200, "seed": 8, "stream": true, "stream_options": {"include_usage": true}}`
+
+	raw := func(resp *http.Response) []string {
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return strings.Split(string(b), "\n")
+	}
+	for _, l := range raw(postRaw(t, srvA.URL+"/v1/chat/completions", []byte(body), false)) {
+		if strings.HasPrefix(l, ":") {
+			t.Fatalf("a plain client's stream has a comment: %q", l)
+		}
+	}
+	lines := raw(postRaw(t, srvA.URL+"/v1/chat/completions", []byte(body), true))
+	type named struct {
+		id      uint32
+		sampler uint64
+		text    string
+	}
+	var toks []named
+	var answerID string
+	var created int64
+	for i, l := range lines {
+		rest, ok := strings.CutPrefix(l, protocol.TokenComment)
+		if !ok {
+			continue
+		}
+		var tk named
+		if _, err := fmt.Sscan(rest, &tk.id, &tk.sampler); err != nil {
+			t.Fatalf("comment %q: %v", l, err)
+		}
+		var ch struct {
+			ID      string `json:"id"`
+			Created int64  `json:"created"`
+			Choices []struct {
+				Delta struct{ Content string } `json:"delta"`
+			} `json:"choices"`
+		}
+		data, ok := strings.CutPrefix(lines[i+1], "data: ")
+		if !ok || json.Unmarshal([]byte(data), &ch) != nil || len(ch.Choices) != 1 {
+			t.Fatalf("the comment %q is not followed by its token's event but %q", l, lines[i+1])
+		}
+		tk.text = ch.Choices[0].Delta.Content
+		answerID, created = ch.ID, ch.Created
+		if tokenizer.TokenText(tk.id) != tk.text {
+			t.Fatalf("comment names token %d (%q); the event writes %q", tk.id, tokenizer.TokenText(tk.id), tk.text)
+		}
+		toks = append(toks, tk)
+	}
+	if len(toks) != n {
+		t.Fatalf("%d tokens named, want %d", len(toks), n)
+	}
+
+	// Engine b goes on after token k.
+	const k = 73
+	out := make([]uint32, k)
+	for i := range out {
+		out[i] = toks[i].id
+	}
+	res, _ := json.Marshal(protocol.Resume{ID: answerID, Created: created, Output: out, Sampler: toks[k-1].sampler})
+	resumed := strings.Replace(body, `"seed": 8,`, `"seed": 8, "evolve_resume": `+string(res)+`,`, 1)
+	rest := readChat(t, postRaw(t, srvB.URL+"/v1/chat/completions", []byte(resumed), true).Body, nil)
+	if len(rest.content) != n-k || !rest.done || len(rest.ids) != 1 || !rest.ids[answerID] || rest.roles != 0 {
+		t.Fatalf("resumed: %d chunks, done %v, ids %v, role named %d times", len(rest.content), rest.done, rest.ids, rest.roles)
+	}
+	for i, c := range rest.content {
+		if c != toks[k+i].text {
+			t.Fatalf("token %d: %q, the first engine wrote %q", k+i, c, toks[k+i].text)
+		}
+	}
+	if rest.usage["completion_tokens"] != float64(n) || rest.evolve == nil || rest.evolve.HandedOver != 1 || rest.evolve.Engine != "b" {
+		t.Fatalf("usage %v, evolve %+v", rest.usage, rest.evolve)
 	}
 }

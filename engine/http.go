@@ -199,7 +199,8 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		}
 	}
 	// A prefill leg ends at its first token: there is nothing to hand over.
-	movable := r.Header.Get(protocol.HeaderHandOver) == "1" && !kvp.DoRemoteDecode
+	routed := r.Header.Get(protocol.HeaderHandOver)
+	movable := routed == protocol.HandOverAllowed && !kvp.DoRemoteDecode
 	p, err := e.submit(sr, movable)
 	if err != nil {
 		writeError(w, submitError(err, chat))
@@ -210,7 +211,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	g := generation{e: e, w: w, id: id, reqID: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr,
-		promptLen: len(tokens), resume: resume}
+		promptLen: len(tokens), resume: resume, tokenComments: routed != "" && req.Stream}
 	if resume != nil {
 		// The answer goes on as the client has seen it begin.
 		g.id, g.created, g.promptLen = resume.ID, resume.Created, len(tokens)-len(resume.Output)
@@ -278,6 +279,9 @@ type generation struct {
 	pullErr      string
 	promptLen    int              // the client's prompt, without output resumed
 	resume       *protocol.Resume // the answer so far, when another engine began it
+	// tokenComments: the client is a router; each token's event carries
+	// protocol.TokenComment.
+	tokenComments bool
 
 	bw   *bufio.Writer
 	text strings.Builder
@@ -293,7 +297,7 @@ func (g *generation) run(ctx context.Context, p *pending) {
 		g.w.WriteHeader(200)
 		g.bw = bufio.NewWriter(g.w)
 	}
-	var buf []uint32
+	var buf []sim.Token
 	for {
 		select {
 		case <-ctx.Done():
@@ -308,7 +312,14 @@ func (g *generation) run(ctx context.Context, p *pending) {
 				// One chunk per token, as vLLM streams, even when a slow
 				// reader lets several accumulate.
 				for _, t := range toks {
-					if werr := g.chunk(tokenizer.TokenText(t), nil); werr != nil {
+					if g.tokenComments {
+						g.bw.WriteString(protocol.TokenComment)
+						g.bw.WriteString(strconv.FormatUint(uint64(t.ID), 10))
+						g.bw.WriteByte(' ')
+						g.bw.WriteString(strconv.FormatUint(t.Sampler, 10))
+						g.bw.WriteByte('\n')
+					}
+					if werr := g.chunk(tokenizer.TokenText(t.ID), nil); werr != nil {
 						g.e.abort(g.reqID)
 						return
 					}
@@ -316,7 +327,7 @@ func (g *generation) run(ctx context.Context, p *pending) {
 				}
 			} else {
 				for _, t := range toks {
-					g.text.WriteString(tokenizer.TokenText(t))
+					g.text.WriteString(tokenizer.TokenText(t.ID))
 				}
 				g.sent += len(toks)
 			}
@@ -373,6 +384,12 @@ func (g *generation) story(u sim.Usage) *protocol.ResponseKV {
 	// The prompt's KV is the first leg's story; what this leg pulled or
 	// recomputed of the output so far is the handover's cost.
 	p := &g.resume.Prior
+	if p.Engine == "" {
+		// The engine that began the answer failed and its story with it:
+		// this leg's, which recomputed the prompt, is all there is.
+		ext.HandedOver = 1
+		return ext
+	}
 	ext.GPUHitTokens, ext.HostHitTokens, ext.TransferredTokens = p.GPUHitTokens, p.HostHitTokens, p.TransferredTokens
 	ext.ComputedTokens += p.ComputedTokens
 	ext.Preemptions += p.Preemptions

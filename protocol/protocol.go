@@ -109,8 +109,11 @@ type Registration struct {
 	// SelfManagedKV says the engine manages its own KV tiers: it reports
 	// KV events but takes no offload, fetch or eviction-hint requests.
 	SelfManagedKV bool `json:"self_managed_kv,omitempty"`
-	// CanHandOver says the engine takes OpHandOver: a switching decode
-	// engine hands its running decodes to peers instead of finishing them.
+	// CanHandOver says the engine takes OpHandOver (a switching decode
+	// engine hands its running decodes to peers instead of finishing
+	// them) and continues an answer given a Resume, with or without the
+	// KV of the output so far: a router may send it an answer whose
+	// engine failed mid-stream.
 	CanHandOver bool      `json:"can_hand_over,omitempty"`
 	Version     string    `json:"version"`
 	StartedAt   time.Time `json:"started_at"`
@@ -183,7 +186,7 @@ const (
 	OpHints   = "hints"    // eviction priorities for blocks
 	OpResync  = "resync"   // publish AllBlocksCleared then every resident block again
 	// OpHandOver: until set_role, drain or resume, the engine ends every
-	// request that allows it (HeaderHandOver) as soon as it has output,
+	// request that allows it (HandOverAllowed) as soon as it has output,
 	// with a HandOver for a peer to continue it. It still takes requests:
 	// those a router sent before it stopped routing there move on too.
 	OpHandOver = "hand_over"
@@ -252,9 +255,12 @@ type ResponseKV struct {
 	E2ESec            float64 `json:"e2e_s"`   // modelled
 	PullError         string  `json:"pull_error,omitempty"`
 	// HandedOver is how often the request's decode moved to another
-	// engine (a role switch's handover); the fields above then tell the
-	// whole request: the prompt's KV as its first decode engine found it,
-	// computed tokens and preemptions summed, E2E summed over the legs.
+	// engine (a role switch's handover, or its engine failing mid-stream);
+	// the fields above then tell the whole request: the prompt's KV as its
+	// first decode engine found it, computed tokens and preemptions
+	// summed, E2E summed over the legs. After a failure, the first legs'
+	// story is lost with their engine: the fields tell the last leg's,
+	// which recomputed the prompt and the output so far.
 	HandedOver int `json:"handed_over,omitempty"`
 	// Prefill is the prefill leg's object when a router split the request
 	// between a prefill and a decode engine: where the prompt's KV came
@@ -263,11 +269,32 @@ type ResponseKV struct {
 	Prefill *ResponseKV `json:"prefill,omitempty"`
 }
 
-// HeaderHandOver, set to "1" on a request by a router, allows the engine
-// to end the request's answer with a HandOver when it is told to hand its
-// decodes over (OpHandOver). Without it the request runs to its end
-// where it is: a client that is not a router never sees a handover.
+// HeaderHandOver, set on a request by a router, says that the client can
+// continue the answer on another engine: a streamed answer then carries
+// TokenComment lines. With HandOverAllowed the engine may also end the
+// answer with a HandOver when it is told to hand its decodes over
+// (OpHandOver); with HandOverNever the answer ends where it is (a router
+// sends a handed-over answer that no peer took back to the engine that
+// holds its KV). Without the header the request runs to its end where it
+// is and its stream is plain: a client that is not a router never sees a
+// handover.
 const HeaderHandOver = "X-Evolve-Hand-Over"
+
+// Values of HeaderHandOver.
+const (
+	HandOverAllowed = "1"
+	HandOverNever   = "stay"
+)
+
+// TokenComment begins the line `: evolve-token ID SAMPLER` (decimal)
+// that precedes each token's event in a stream sent with HeaderHandOver:
+// the token's id and the sampler's state after it (Resume.Sampler). It is
+// an SSE comment, which clients ignore; a router reads it so that, should
+// the engine die mid-stream, it can continue the answer elsewhere with a
+// Resume (and no kv_transfer_params: that engine recomputes the prompt
+// and the output so far), the same tokens as the dead engine would have
+// written.
+const TokenComment = ": evolve-token "
 
 // HandOver ends an answer whose decode an engine handed over: in a
 // stream, the event `data: {"evolve_handover": {...}}` in place of the

@@ -117,6 +117,10 @@ type Token struct {
 	ReqID string
 	ID    uint32
 	Index int // 0-based position in the output
+	// Sampler is the state of the request's output stream after this
+	// token: a request submitted with it as Seed and the output so far
+	// appended to its prompt writes the same continuation.
+	Sampler uint64
 }
 
 // Finish reasons.

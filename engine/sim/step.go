@@ -274,7 +274,7 @@ func (m *Model) sample(s *seq, end time.Time) {
 	}
 	s.usage.CompletionTokens = s.generated
 	m.counters.GenerationTokens++
-	m.out.Tokens = append(m.out.Tokens, Token{ReqID: s.req.ID, ID: tok, Index: idx})
+	m.out.Tokens = append(m.out.Tokens, Token{ReqID: s.req.ID, ID: tok, Index: idx, Sampler: s.rng})
 
 	switch {
 	case s.req.RemoteDecode:
