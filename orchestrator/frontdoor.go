@@ -3,7 +3,6 @@ package orchestrator
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -143,6 +142,19 @@ type attempt struct {
 	handOver *protocol.HandOver
 	moves    int  // handovers so far
 	answered bool // the current leg sent its first byte
+	// out is the output the client has read in its stream, as its
+	// engines named it (protocol.TokenComment), and sampler the state of
+	// the output stream after it; answerID and created are the answer's.
+	// With them the answer can go on elsewhere if its engine fails.
+	out      []uint32
+	sampler  uint64
+	answerID string
+	created  int64
+	resumes  int             // times the answer went on after its engine failed or no peer took it
+	resuming string          // why the current leg continues the answer (resume), until it answers
+	failed   map[string]bool // nodes that failed this answer mid-way or refused to continue it
+	// stayURL is a node sent the answer with protocol.HandOverNever.
+	stayURL string
 }
 
 var reqCounter atomic.Uint64
@@ -222,7 +234,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode, prefillFreed: !dec.Disaggregated}
+		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}}
 		if try == 0 && len(p.Tokens) > 0 {
 			// An engine computes at least the prompt's last token (the
 			// simulated one its last block).
@@ -241,7 +253,17 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			return
 		}
 		lastErr = err
-		if a.started || r.Context().Err() != nil {
+		var ce *clientError
+		switch {
+		case r.Context().Err() != nil:
+			o.met.requests.WithLabelValues(o.policy.Name(), "client_gone").Inc()
+			return
+		case errors.As(err, &ce) && a.started:
+			// The engine refused the request itself (too long a prompt,
+			// a bad parameter) and the client has its answer.
+			o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
+			return
+		case a.started:
 			o.met.requests.WithLabelValues(o.policy.Name(), "failed").Inc()
 			return
 		}
@@ -413,84 +435,10 @@ func (a *attempt) run() (string, error) {
 			// engine now rather than when its hold times out.
 			a.releaseHold(a.urls[a.dec.Prefill], params)
 		}
-		if !errors.Is(err, errHandedOver) {
-			return a.decode, err
-		}
-	} else if err := a.forward(a.urls[a.decode], body); !errors.Is(err, errHandedOver) {
-		return a.decode, err
+		return a.decode, a.goOn(err)
 	}
-	for {
-		if err := a.moveOn(); !errors.Is(err, errHandedOver) {
-			return a.decode, err
-		}
-	}
-}
-
-// errHandedOver: the leg ended with a continuation (attempt.handOver).
-var errHandedOver = errors.New("the engine handed the request over")
-
-// avoidHandingOver moves a decode leg not yet sent away from a node that
-// is handing its decodes over, when a peer can take it.
-func (a *attempt) avoidHandingOver() {
-	if !a.o.handingOver(a.decode) {
-		return
-	}
-	to, url := a.o.claimDecodePeer(map[string]bool{a.decode: true})
-	if to == "" {
-		return // it goes there and moves on at its first token
-	}
-	a.o.release(a.decode)
-	a.decode, a.urls[to] = to, url
-}
-
-// moveOn continues a request its decode node handed over (a role
-// switch) on a peer decode node: the client's request again, with the
-// continuation, whose answer goes on in the client's answer. It tries
-// up to maxAttempts peers; when none can go on, the client is told in
-// its stream, or (nothing having reached it) the request is routed again.
-func (a *attempt) moveOn() error {
-	h := a.handOver
-	a.handOver = nil
-	a.moves++
-	from := a.decode
-	kvp, _ := json.Marshal(h.KVTransferParams)
-	res, _ := json.Marshal(h.Resume)
-	body := a.body.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res})
-	tried := map[string]bool{from: true}
-	var err error
-	for try := 0; try < maxAttempts; try++ {
-		to, url := a.o.claimDecodePeer(tried)
-		if to == "" {
-			break
-		}
-		tried[to] = true
-		a.urls[to] = url
-		a.decode, a.leaving = to, from
-		a.o.log.Debug("handed over", "request", a.reqID, "from", from, "to", to, "output_tokens", len(h.Resume.Output))
-		err = a.forward(url, body)
-		if err == nil || errors.Is(err, errHandedOver) || a.answered {
-			return err
-		}
-		if a.r.Context().Err() != nil {
-			// The client went away before the peer took the KV: free it
-			// now rather than when its hold times out.
-			a.releaseHold(a.urls[from], kvp)
-			return err
-		}
-		a.o.log.Warn("peer refused a handed-over request", "request", a.reqID, "node", to, "err", err)
-		a.o.release(to)
-		a.decode, a.leaving = from, ""
-	}
-	a.o.met.handOvers.WithLabelValues("failed").Inc()
-	a.releaseHold(a.urls[from], kvp)
-	if err == nil {
-		err = errors.New("no serving decode node to continue on")
-	}
-	err = fmt.Errorf("node %s handed the request over and no peer went on with it: %w", from, err)
-	if a.started {
-		a.streamError(err)
-	}
-	return err
+	err := a.forward(a.urls[a.decode], body)
+	return a.decode, a.goOn(err)
 }
 
 // Headers of an answer that say where the router sent the request, for
@@ -509,29 +457,6 @@ func (a *attempt) answerHeaders(contentType string) {
 	h.Set("X-Request-Id", a.reqID)
 	h.Set(HeaderPrefillNode, a.dec.Prefill)
 	h.Set(HeaderDecodeNode, a.decode)
-}
-
-// releaseHold takes (and drops) the KV an engine at url holds for the
-// request (a prefill leg's, or a handed-over decode's).
-func (a *attempt) releaseHold(url string, params json.RawMessage) {
-	var p struct {
-		ID string `json:"remote_request_id"`
-	}
-	if json.Unmarshal(params, &p) != nil || p.ID == "" {
-		return
-	}
-	b, _ := json.Marshal(map[string]string{"remote_request_id": p.ID})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "POST", url+"/evolve/v1/kv/pull", bytes.NewReader(b))
-	if err != nil {
-		return
-	}
-	req.Header.Set("Content-Type", "application/json")
-	if resp, err := a.o.http.Do(req); err == nil {
-		io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
 }
 
 // The members a prefill leg changes: one token, not streamed, and vLLM's
@@ -609,7 +534,13 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Request-Id", a.reqID)
-	req.Header.Set(protocol.HeaderHandOver, "1") // this router continues a moved answer
+	// This router continues an answer elsewhere: one handed over, or one
+	// whose engine fails mid-stream.
+	if url == a.stayURL {
+		req.Header.Set(protocol.HeaderHandOver, protocol.HandOverNever)
+	} else {
+		req.Header.Set(protocol.HeaderHandOver, protocol.HandOverAllowed)
+	}
 	return a.o.http.Do(req)
 }
 
@@ -656,7 +587,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 		err := engineError(resp.StatusCode, b)
 		var ce *clientError
-		if errors.As(err, &ce) && a.moves == 0 { // a peer refusing a continuation is not the client's fault
+		if errors.As(err, &ce) && a.moves == 0 && a.resumes == 0 { // a node refusing a continuation is not the client's fault
 			a.started = true
 			a.answerHeaders("application/json")
 			a.w.WriteHeader(ce.status)
@@ -686,17 +617,36 @@ func (a *attempt) forward(url string, body []byte) error {
 		a.w.Header().Set("Cache-Control", "no-cache")
 	}
 	done, handedOver, skipBlank := false, false, false
+	// open: the client has an event's data line, not yet its end; tok is
+	// the token that event carries (protocol.TokenComment), if named.
+	open, named := false, false
+	var tok uint32
+	var tokSampler uint64
 	var herr error
 	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, a.flush, func(line []byte) []byte {
-		if skipBlank && len(bytes.TrimSpace(line)) == 0 {
+		blank := len(bytes.TrimSpace(line)) == 0
+		if skipBlank && blank {
 			skipBlank = false
 			return nil // the end of the continuation's event
+		}
+		if id, s, ok := tokenSeen(line); ok {
+			tok, tokSampler, named = id, s, true
+			return nil // the router's alone
 		}
 		if !a.started {
 			a.started = true
 			a.w.WriteHeader(200)
 		}
+		if blank {
+			if open && named {
+				a.out, a.sampler = append(a.out, tok), tokSampler
+			}
+			open, named = false, false
+			return line
+		}
 		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
+			open = true
+			a.noteAnswer(data)
 			a.legAnswers()
 			if isHandOver(data) {
 				// The client never sees it: the answer goes on elsewhere.
@@ -727,8 +677,23 @@ func (a *attempt) forward(url string, body []byte) error {
 		}
 		return herr
 	}
+	if cerr := a.r.Context().Err(); cerr != nil {
+		return fmt.Errorf("client went away: %w", cerr) // the engine did not fail
+	}
+	if open {
+		// The client has the last event's data: end the event, so that it
+		// reads it and what follows as separate events.
+		a.w.Write([]byte("\n"))
+		a.flush()
+		if named {
+			a.out, a.sampler = append(a.out, tok), tokSampler
+		}
+	}
 	err = fmt.Errorf("the engine serving this request failed mid-stream: %v", rerr)
 	if a.started {
+		if a.canResume() {
+			return &errFailedMidStream{err: err}
+		}
 		a.streamError(err)
 	}
 	return fmt.Errorf("stream from engine: %w", rerr)
@@ -757,6 +722,10 @@ func (a *attempt) legAnswers() {
 	a.answered = true
 	a.firstToken()
 	a.freePrefill()
+	if a.resuming != "" {
+		a.o.met.resumed.WithLabelValues(a.resuming, "continued").Inc()
+		a.resuming = ""
+	}
 	if a.leaving != "" {
 		// The peer went on with the answer it was handed.
 		a.o.met.handOvers.WithLabelValues("continued").Inc()
@@ -764,23 +733,6 @@ func (a *attempt) legAnswers() {
 		a.o.release(a.leaving)
 		a.leaving = ""
 	}
-}
-
-// isHandOver says whether an answer, or a streamed event's data, is an
-// engine's continuation (protocol.HandOver) rather than the answer.
-func isHandOver(b []byte) bool { return bytes.HasPrefix(b, []byte(`{"evolve_handover":`)) }
-
-// takeHandOver reads a continuation into a.handOver; it returns
-// errHandedOver, or why the continuation cannot be read.
-func (a *attempt) takeHandOver(b []byte) error {
-	var m struct {
-		H *protocol.HandOver `json:"evolve_handover"`
-	}
-	if err := json.Unmarshal(b, &m); err != nil || m.H == nil {
-		return fmt.Errorf("the engine handed the request over in a continuation that cannot be read: %v", err)
-	}
-	a.handOver = m.H
-	return errHandedOver
 }
 
 // relaySSE copies server-sent events from rd to w line by line until rd
@@ -794,15 +746,20 @@ func relaySSE(rd *bufio.Reader, w io.Writer, flush func(), seen func(line []byte
 	dirty := false // written since the last flush; a relay that wrote nothing flushes nothing, so a failure can be retried
 	for {
 		line, err := rd.ReadBytes('\n')
-		if len(line) > 0 {
-			line = seen(line)
-			if _, werr := w.Write(line); werr != nil {
-				return werr, nil
-			}
-			dirty = true
-			if len(bytes.TrimSpace(line)) == 0 && !eventBuffered(rd) {
-				flush()
-				dirty = false
+		// A line cut short by the stream's end is never passed on: the
+		// client would join it to whatever follows.
+		if len(line) > 0 && line[len(line)-1] == '\n' {
+			// A line seen drops is not written at all: an empty write
+			// would still send the answer's header.
+			if line = seen(line); len(line) > 0 {
+				if _, werr := w.Write(line); werr != nil {
+					return werr, nil
+				}
+				dirty = true
+				if len(bytes.TrimSpace(line)) == 0 && !eventBuffered(rd) {
+					flush()
+					dirty = false
+				}
 			}
 		}
 		if err != nil {

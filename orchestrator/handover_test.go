@@ -265,52 +265,6 @@ func TestDecodeSwitchHandsAWholeAnswerOver(t *testing.T) {
 	}
 }
 
-// A node hands a stream over and the only peer cannot take it (its
-// engine's HTTP side is gone while its heartbeats go on): the client is
-// told in its stream, which ends, and the KV held for the peer is freed.
-func TestHandOverThatNoPeerTakesEndsTheStreamWithAnError(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
-	body := `{"prompt": "` + strings.Repeat("a long derivation ", 100) + `", "max_tokens": 6000, "stream": true}`
-	resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json", strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	from := resp.Header.Get(HeaderDecodeNode)
-	peer := map[string]int{"e1": 2, "e2": 1}[from]
-	if peer == 0 {
-		t.Fatalf("decoded on %q", from)
-	}
-	tc.servers[peer].Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	var last []string
-	for sc.Scan() {
-		if l := sc.Text(); l != "" {
-			last = append(last, l)
-			if len(last) == 3 {
-				if _, err := tc.o.SetRole(from, "prefill", true, "test"); err != nil {
-					t.Fatal(err)
-				}
-			}
-		}
-	}
-	n := len(last)
-	if n < 5 || last[n-1] != "data: [DONE]" || !strings.Contains(last[n-2], `"error"`) || !strings.Contains(last[n-2], "no peer went on") {
-		t.Fatalf("the stream ended with %q", last[max(0, n-3):])
-	}
-	if v := testutil.ToFloat64(tc.o.met.handOvers.WithLabelValues("failed")); v != 1 {
-		t.Fatalf("failed handovers counted: %v", v)
-	}
-	eventually(t, from+" holds nothing and switches", func() bool {
-		st, _ := tc.o.NodeStatus(from)
-		tc.o.c.mu.Lock()
-		held := tc.o.c.nodes[from].hb.Held
-		tc.o.c.mu.Unlock()
-		return st.Role == "prefill" && st.State == StateServing && held == 0
-	})
-}
-
 // The planner prices a switch's KV copies in wall time, as it learns pass
 // costs: the profile's copy times divided by the engines' speedup (tiny:
 // a 16 KiB block takes 16.4 us to host and 32.8 us to a peer, modelled).

@@ -77,6 +77,7 @@ type metrics struct {
 	hitTokens *prometheus.CounterVec
 	switches  *prometheus.CounterVec
 	handOvers *prometheus.CounterVec
+	resumed   *prometheus.CounterVec
 	ttft, e2e prometheus.Histogram
 	// The planner's view, as of its last step.
 	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
@@ -89,7 +90,7 @@ type metrics struct {
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	buckets := []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
-	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_requests_total", Help: "Requests by policy and outcome."}, []string{"policy", "outcome"})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_requests_total", Help: "Requests by policy and outcome: ok; bad_request (the router or an engine refused the request itself); client_gone (the client left first); no_engine; failed (engines failed it)."}, []string{"policy", "outcome"})
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_decisions_total", Help: "Routing decisions by policy and whether disaggregated."}, []string{"policy", "disaggregated"})
 	m.hitTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_prompt_tokens_total", Help: "Prompt tokens by where their KV came from at routing: gpu, local_host, remote_host, recomputed."}, []string{"source"})
 	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})
@@ -101,7 +102,8 @@ func newMetrics() *metrics {
 	m.planPredicted = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "evolve_planner_predicted_seconds", Help: "Predicted latency of the current and the best split."}, []string{"split", "metric"})
 	m.planGain = prometheus.NewGauge(prometheus.GaugeOpts{Name: "evolve_planner_gain_seconds", Help: "Predicted request-seconds a move saves over the gain horizon."})
 	m.planMoves = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_planner_moves_total", Help: "Role moves the planner asked for."})
-	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.handOvers, m.ttft, m.e2e,
+	m.resumed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_resumed_answers_total", Help: "Answers continued on another node from the output the client had read, by cause (engine_failed: the engine died mid-stream; no_peer: a handed-over answer no peer took, finished where its KV was) and outcome (continued, or failed: no node could)."}, []string{"cause", "outcome"})
+	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }

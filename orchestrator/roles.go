@@ -220,11 +220,28 @@ func (o *Orchestrator) handingOver(id string) bool {
 // handed-over decode continues on, as the simulator picks it. It returns
 // "" when no decode node serves.
 func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string) {
+	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode })
+}
+
+// claimResumer picks and claims, as claimDecodePeer does, a serving node
+// not in exclude that can continue an answer from its output so far
+// (evolve's engines): a decode node if one serves, else a prefill node,
+// which takes a whole request too.
+func (o *Orchestrator) claimResumer(exclude map[string]bool) (id, url string) {
+	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode && n.reg.CanHandOver }); id != "" {
+		return id, url
+	}
+	return o.claimPeer(exclude, func(n *node) bool { return n.reg.CanHandOver })
+}
+
+// claimPeer claims the least claimed serving node, not in exclude, that
+// fits.
+func (o *Orchestrator) claimPeer(exclude map[string]bool, fits func(*node) bool) (id, url string) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	var best *node
 	for nid, n := range o.c.nodes {
-		if exclude[nid] || n.role != routing.Decode || n.state != StateServing || n.reg.URL == "" {
+		if exclude[nid] || n.state != StateServing || n.reg.URL == "" || !fits(n) {
 			continue
 		}
 		if best == nil || n.inFlight < best.inFlight ||

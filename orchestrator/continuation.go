@@ -1,0 +1,260 @@
+package orchestrator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/evolvellm/evolve/protocol"
+)
+
+// An answer goes on elsewhere when its engine stops writing it. Two
+// things make it stop: the engine hands it over (a decode node switching
+// to prefill ends it with a protocol.HandOver: moveOn), or the engine
+// fails mid-stream (resume, from the tokens the client has read, which
+// an evolve engine's stream names in protocol.TokenComment lines). Either
+// way the client reads one answer: the same id, and the tokens the first
+// engine would have written.
+
+// errHandedOver: the leg ended with a continuation (attempt.handOver).
+var errHandedOver = errors.New("the engine handed the request over")
+
+// errFailedMidStream: the engine died after the client had read part of
+// the answer, which can go on elsewhere (attempt.canResume).
+type errFailedMidStream struct{ err error }
+
+func (e *errFailedMidStream) Error() string { return e.err.Error() }
+func (e *errFailedMidStream) Unwrap() error { return e.err }
+
+// goOn continues the answer while its last leg ended without finishing
+// it (err from forward), and returns how it ended: nil when the client
+// has the whole answer.
+func (a *attempt) goOn(err error) error {
+	for {
+		var mid *errFailedMidStream
+		switch {
+		case errors.Is(err, errHandedOver):
+			err = a.moveOn()
+		case errors.As(err, &mid):
+			failed := a.decode
+			a.o.release(failed)
+			a.decode = ""
+			a.o.log.Warn("engine failed mid-stream; continuing the answer on another node", "request", a.reqID, "node", failed,
+				"output_tokens", len(a.out), "err", mid.err)
+			a.failed[failed] = true
+			r := protocol.Resume{ID: a.answerID, Created: a.created, Output: a.out, Sampler: a.sampler}
+			err = a.resume(r, "", resumeEngineFailed, mid.err)
+		default:
+			return err
+		}
+	}
+}
+
+// avoidHandingOver moves a decode leg not yet sent away from a node that
+// is handing its decodes over, when a peer can take it.
+func (a *attempt) avoidHandingOver() {
+	if !a.o.handingOver(a.decode) {
+		return
+	}
+	to, url := a.o.claimDecodePeer(map[string]bool{a.decode: true})
+	if to == "" {
+		return // it goes there and moves on at its first token
+	}
+	a.o.release(a.decode)
+	a.decode, a.urls[to] = to, url
+}
+
+// moveOn continues a request its decode node handed over (a role
+// switch) on a peer decode node: the client's request again, with the
+// continuation, whose answer goes on in the client's answer. It tries up
+// to maxAttempts peers. When none goes on, the node that handed the
+// answer over finishes it where its KV is, as a node that cannot hand
+// over does; failing that, another node recomputes it (resume).
+func (a *attempt) moveOn() error {
+	h := a.handOver
+	a.handOver = nil
+	a.moves++
+	from := a.decode
+	a.out = append(a.out[:0], h.Resume.Output...)
+	a.sampler, a.answerID, a.created = h.Resume.Sampler, h.Resume.ID, h.Resume.Created
+	kvp, _ := json.Marshal(h.KVTransferParams)
+	res, _ := json.Marshal(h.Resume)
+	body := a.body.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res})
+	tried := map[string]bool{from: true}
+	for id := range a.failed {
+		tried[id] = true
+	}
+	var err error
+	for try := 0; try < maxAttempts; try++ {
+		to, url := a.o.claimDecodePeer(tried)
+		if to == "" {
+			break
+		}
+		tried[to] = true
+		a.urls[to] = url
+		a.decode, a.leaving = to, from
+		a.o.log.Debug("handed over", "request", a.reqID, "from", from, "to", to, "output_tokens", len(h.Resume.Output))
+		err = a.forward(url, body)
+		if err == nil || errors.Is(err, errHandedOver) || a.answered {
+			return err
+		}
+		if a.r.Context().Err() != nil {
+			// The client went away before the peer took the KV: free it
+			// now rather than when its hold times out.
+			a.releaseHold(a.urls[from], kvp)
+			return err
+		}
+		a.o.log.Warn("peer refused a handed-over request", "request", a.reqID, "node", to, "err", err)
+		a.o.release(to)
+		a.decode, a.leaving = from, ""
+	}
+	a.o.met.handOvers.WithLabelValues("failed").Inc()
+	// Its KV stays cached where it was held: the node that handed the
+	// answer over recomputes little of it.
+	a.releaseHold(a.urls[from], kvp)
+	if err == nil {
+		err = errors.New("no serving decode node to continue on")
+	}
+	err = fmt.Errorf("node %s handed the request over and no peer went on with it: %w", from, err)
+	a.o.log.Warn("no peer went on with a handed-over answer; finishing it where it was", "request", a.reqID, "node", from, "err", err)
+	return a.resume(h.Resume, from, resumeNoPeer, err)
+}
+
+// Why resume continues an answer (the cause label of
+// evolve_router_resumed_answers_total).
+const (
+	resumeEngineFailed = "engine_failed"
+	resumeNoPeer       = "no_peer"
+)
+
+// resume continues the answer from r on a node that recomputes the KV of
+// the prompt and the output so far: first on home when given (a.decode,
+// whose claim the request holds: the node that held that KV, which then
+// finishes the answer where it is), then on the least claimed node that
+// can (claimResumer) and has not failed the request. cause is why the
+// answer needs it; when no node goes on, the client is told so in its
+// stream.
+func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error {
+	a.resumes++
+	res, _ := json.Marshal(r)
+	body := a.body.With(map[string]json.RawMessage{"evolve_resume": res})
+	err := cause
+	if a.resumes <= maxAttempts {
+		for try := 0; try < maxAttempts; try++ {
+			to, url := home, a.urls[home]
+			if try > 0 || home == "" {
+				if to, url = a.o.claimResumer(a.failed); to == "" {
+					break
+				}
+			}
+			if to == home {
+				a.stayURL = url // not to be handed over again
+			}
+			a.urls[to], a.decode = url, to
+			a.resuming = why
+			ferr := a.forward(url, body)
+			if ferr == nil || errors.Is(ferr, errHandedOver) || a.answered {
+				return ferr
+			}
+			a.resuming = ""
+			if a.r.Context().Err() != nil {
+				return ferr
+			}
+			a.o.log.Warn("node could not continue an answer", "request", a.reqID, "node", to, "err", ferr)
+			a.failed[to] = true
+			a.o.release(to)
+			a.decode = ""
+			err = ferr
+		}
+	}
+	a.o.met.resumed.WithLabelValues(why, "failed").Inc()
+	err = fmt.Errorf("no node could continue the answer (%v)", err)
+	if a.started {
+		a.streamError(err)
+	}
+	return err
+}
+
+// canResume says whether the answer the client is reading can go on
+// elsewhere should its engine fail now: its engine named the tokens it
+// sent (protocol.TokenComment), and the answer has not moved too often.
+func (a *attempt) canResume() bool {
+	return a.p.Req.Stream && len(a.out) > 0 && a.answerID != "" && a.resumes < maxAttempts
+}
+
+// tokenSeen reads a protocol.TokenComment line's token and sampler state;
+// false if the line is not one.
+func tokenSeen(line []byte) (id uint32, sampler uint64, ok bool) {
+	rest, ok := bytes.CutPrefix(line, []byte(protocol.TokenComment))
+	if !ok {
+		return 0, 0, false
+	}
+	idText, samplerText, _ := bytes.Cut(bytes.TrimSpace(rest), []byte(" "))
+	i, err1 := strconv.ParseUint(string(idText), 10, 32)
+	s, err2 := strconv.ParseUint(string(samplerText), 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, true // an evolve comment, unreadable: dropped
+	}
+	return uint32(i), s, true
+}
+
+// noteAnswer takes the answer's id and creation time from its first
+// event's data, which a continuation keeps.
+func (a *attempt) noteAnswer(data []byte) {
+	if a.answerID != "" {
+		return
+	}
+	var m struct {
+		ID      string `json:"id"`
+		Created int64  `json:"created"`
+	}
+	if json.Unmarshal(data, &m) == nil {
+		a.answerID, a.created = m.ID, m.Created
+	}
+}
+
+// releaseHold takes (and drops) the KV an engine at url holds for the
+// request (a prefill leg's, or a handed-over decode's).
+func (a *attempt) releaseHold(url string, params json.RawMessage) {
+	var p struct {
+		ID string `json:"remote_request_id"`
+	}
+	if json.Unmarshal(params, &p) != nil || p.ID == "" {
+		return
+	}
+	b, _ := json.Marshal(map[string]string{"remote_request_id": p.ID})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, "POST", url+"/evolve/v1/kv/pull", bytes.NewReader(b))
+	if err != nil {
+		return
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if resp, err := a.o.http.Do(req); err == nil {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
+// isHandOver says whether an answer, or a streamed event's data, is an
+// engine's continuation (protocol.HandOver) rather than the answer.
+func isHandOver(b []byte) bool { return bytes.HasPrefix(b, []byte(`{"evolve_handover":`)) }
+
+// takeHandOver reads a continuation into a.handOver; it returns
+// errHandedOver, or why the continuation cannot be read.
+func (a *attempt) takeHandOver(b []byte) error {
+	var m struct {
+		H *protocol.HandOver `json:"evolve_handover"`
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.H == nil {
+		return fmt.Errorf("the engine handed the request over in a continuation that cannot be read: %v", err)
+	}
+	a.handOver = m.H
+	return errHandedOver
+}

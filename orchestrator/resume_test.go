@@ -1,0 +1,144 @@
+package orchestrator
+
+import (
+	"bufio"
+	"bytes"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// An engine that dies mid-stream does not end the client's stream: the
+// router continues the answer on another node from the tokens the client
+// has read, and the client reads the answer it would have read had
+// nothing failed: one id, every token, the same text. With every decode
+// node gone, a prefill node (which takes whole requests) finishes it.
+func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	const n = 3000
+	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("a problem to reason about at length ", 60) +
+		`"}], "max_tokens": 3000, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`
+	post := func() *http.Response {
+		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		return resp
+	}
+	ref := readRoutedChat(t, post(), nil)
+	if !ref.done || ref.chunks != n || len(ref.errors) > 0 || ref.handedOver != 0 {
+		t.Fatalf("reference: %d chunks, done %v, errors %v, handed over %d", ref.chunks, ref.done, ref.errors, ref.handedOver)
+	}
+	check := func(what string, got *routedChat, resumed float64) {
+		t.Helper()
+		if !got.done || len(got.errors) > 0 || got.chunks != n {
+			t.Fatalf("%s: %d chunks, done %v, errors %v", what, got.chunks, got.done, got.errors)
+		}
+		if got.content.String() != ref.content.String() {
+			t.Fatalf("%s: the answer changed when its engine failed", what)
+		}
+		if len(got.ids) != 1 || got.roles != 1 || got.handedOver != 1 {
+			t.Fatalf("%s: ids %v, role named %d times, moved %d times", what, got.ids, got.roles, got.handedOver)
+		}
+		if got.usage["completion_tokens"] != float64(n) || got.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
+			t.Fatalf("%s: usage %v, want %v", what, got.usage, ref.usage)
+		}
+		if v := testutil.ToFloat64(tc.o.met.resumed.WithLabelValues(resumeEngineFailed, "continued")); v != resumed {
+			t.Fatalf("%s: answers resumed: %v, want %v", what, v, resumed)
+		}
+	}
+
+	// The decode node dies at the first token: the other decode node
+	// goes on.
+	resp := post()
+	first := resp.Header.Get(HeaderDecodeNode)
+	idx := map[string]int{"e1": 1, "e2": 2}[first]
+	if idx == 0 {
+		t.Fatalf("decoded on %q", first)
+	}
+	check("a decode node died", readRoutedChat(t, resp, func() { tc.servers[idx].Close() }), 1)
+
+	// Now the last decode node dies too: the prefill node finishes it.
+	resp = post()
+	if d := resp.Header.Get(HeaderDecodeNode); d != "e1" && d != "e2" || d == first {
+		t.Fatalf("decoded on %q", d)
+	}
+	check("every decode node died", readRoutedChat(t, resp, func() { tc.servers[3-idx].Close() }), 2)
+}
+
+// A node hands a stream over and the only peer cannot take it (its
+// engine's HTTP side is gone while its heartbeats go on): the node
+// finishes the answer where its KV is, as a node that cannot hand over
+// does, recomputing almost nothing; the client reads the answer it would
+// have read had nothing moved, the KV held for the peer is freed, and the
+// switch goes through once the answer ends.
+func TestHandOverThatNoPeerTakesFinishesWhereItWas(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	const n = 3000
+	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("a long derivation ", 100) +
+		`"}], "max_tokens": 3000, "seed": 9, "stream": true, "stream_options": {"include_usage": true}}`
+	post := func() *http.Response {
+		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	ref := readRoutedChat(t, post(), nil)
+	resp := post()
+	from := resp.Header.Get(HeaderDecodeNode)
+	peer := map[string]int{"e1": 2, "e2": 1}[from]
+	if peer == 0 {
+		t.Fatalf("decoded on %q", from)
+	}
+	tc.servers[peer].Close()
+	got := readRoutedChat(t, resp, func() {
+		if _, err := tc.o.SetRole(from, "prefill", true, "test"); err != nil {
+			t.Error(err)
+		}
+	})
+	if !got.done || len(got.errors) > 0 || got.chunks != n || got.content.String() != ref.content.String() {
+		t.Fatalf("%d chunks, done %v, errors %v, same text %v", got.chunks, got.done, got.errors, got.content.String() == ref.content.String())
+	}
+	if len(got.ids) != 1 || got.roles != 1 || got.usage["completion_tokens"] != float64(n) {
+		t.Fatalf("ids %v, role named %d times, usage %v", got.ids, got.roles, got.usage)
+	}
+	if v := testutil.ToFloat64(tc.o.met.handOvers.WithLabelValues("failed")); v != 1 {
+		t.Fatalf("failed handovers counted: %v", v)
+	}
+	if v := testutil.ToFloat64(tc.o.met.resumed.WithLabelValues(resumeNoPeer, "continued")); v != 1 {
+		t.Fatalf("answers finished where they were: %v", v)
+	}
+	eventually(t, from+" holds nothing and switches", func() bool {
+		st, _ := tc.o.NodeStatus(from)
+		tc.o.c.mu.Lock()
+		held := tc.o.c.nodes[from].hb.Held
+		tc.o.c.mu.Unlock()
+		return st.Role == "prefill" && st.State == StateServing && held == 0
+	})
+	st, _ := tc.o.NodeStatus(from)
+	if h := st.History; len(h) == 0 || h[len(h)-1].HandedOver != 0 {
+		t.Fatalf("%s's history counts an answer handed over that no peer took: %+v", from, st.History)
+	}
+}
+
+// A line the engine's stream ends in the middle of never reaches the
+// client: it would join the next event's first line.
+func TestRelayDropsALineCutShort(t *testing.T) {
+	in := "data: {\"a\":1}\n\ndata: {\"b\":"
+	var out bytes.Buffer
+	werr, rerr := relaySSE(bufio.NewReader(strings.NewReader(in)), &out, func() {}, func(l []byte) []byte { return l })
+	if werr != nil || rerr != io.EOF {
+		t.Fatalf("relay: %v, %v", werr, rerr)
+	}
+	if out.String() != "data: {\"a\":1}\n\n" {
+		t.Fatalf("relayed %q", out.String())
+	}
+}
