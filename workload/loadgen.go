@@ -67,7 +67,8 @@ type Result struct {
 	Preemptions int64 `json:"preemptions"`
 	// HandedOver is how many requests' decodes moved to another engine
 	// while they streamed (a node switching role hands its decodes
-	// over); their answers went on as if nothing had moved.
+	// over; a router continues an answer whose engine failed); their
+	// answers went on as if nothing had moved.
 	HandedOver int `json:"requests_handed_over"`
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.

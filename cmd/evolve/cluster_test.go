@@ -297,32 +297,57 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 	}
 }
 
+// An engine killed mid-stream does not end the agent's stream: the router
+// goes on with the answer on the node that is left, from the tokens the
+// agent has read, and the agent reads the answer it would have read had
+// nothing died.
 func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--speedup", "1")
 	oc := c.client()
 	// A short prompt stays on a decode node: kill it mid-stream.
-	stream := oc.Completions.NewStreaming(context.Background(), openai.CompletionNewParams{
-		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("tell a very long story")}, MaxTokens: openai.Int(3000),
-	})
-	got := 0
-	killed := false
-	deadline := time.AfterFunc(30*time.Second, func() { t.Error("stream hung after the engine died") })
-	defer deadline.Stop()
-	for stream.Next() {
-		got++
-		if got == 5 && !killed {
-			killed = true
-			// Once its heartbeat says so, so that the status has load to
-			// forget.
-			eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
-			syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
+	params := openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("tell a very long story")},
+		MaxTokens: openai.Int(1500), Seed: openai.Int(7),
+	}
+	read := func(kill bool) (text string, ids map[string]bool, err error) {
+		stream := oc.Completions.NewStreaming(context.Background(), params)
+		var b strings.Builder
+		ids = map[string]bool{}
+		got, killed := 0, false
+		deadline := time.AfterFunc(60*time.Second, func() { t.Error("stream hung after the engine died") })
+		defer deadline.Stop()
+		for stream.Next() {
+			ch := stream.Current()
+			ids[ch.ID] = true
+			for _, x := range ch.Choices {
+				b.WriteString(x.Text)
+			}
+			if got++; got == 5 && kill && !killed {
+				killed = true
+				// Once its heartbeat says so, so that the status has load
+				// to forget.
+				eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
+				syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
+			}
 		}
+		if kill && !killed {
+			t.Fatalf("stream ended after %d chunks, before the kill", got)
+		}
+		return b.String(), ids, stream.Err()
 	}
-	if !killed {
-		t.Fatalf("stream ended after %d chunks, before the kill", got)
+	ref, _, err := read(false)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if stream.Err() == nil {
-		t.Fatal("the stream ended cleanly although its engine died")
+	text, ids, err := read(true)
+	if err != nil {
+		t.Fatalf("the stream failed with its engine: %v", err)
+	}
+	if text != ref || len(ids) != 1 {
+		t.Fatalf("the answer changed when its engine died (%d of %d bytes, ids %v)", len(text), len(ref), ids)
+	}
+	if v := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); v != 1 {
+		t.Fatalf("answers resumed: %v", v)
 	}
 	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node("engine-1")["state"] == "down" })
 	// Its last heartbeat said it was running this stream: no longer true.

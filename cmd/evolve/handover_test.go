@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -71,5 +72,49 @@ func TestRoleSwitchHandsDecodesOverUnderLoad(t *testing.T) {
 	}
 	if regexp.MustCompile(`outcome="failed"\} [1-9]`).Match(b) {
 		t.Fatalf("a handover failed:\n%s", b)
+	}
+}
+
+// An engine is killed (SIGKILL) while reasoning agents stream long answers
+// from it: requests it had not begun answering are routed again, answers
+// it was streaming go on on the other decode node from what the agents
+// had read, and no agent sees a failure.
+func TestEngineKilledUnderLoadFailsNoAgent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for 14 s")
+	}
+	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
+	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", "14s", "--speedup", "10", "-o", "json")
+	eventually(t, 10*time.Second, "engine-2 decoding several answers", func() bool {
+		n, _ := c.node("engine-2")["in_flight"].(float64)
+		return n >= 2
+	})
+	syscall.Kill(c.state.Engines[2], syscall.SIGKILL)
+	if err := bench.Wait(); err != nil {
+		t.Fatalf("bench: %v\n%s", err, out.String())
+	}
+	var res struct {
+		Requests   int    `json:"requests_completed"`
+		Errors     int    `json:"errors"`
+		FirstError string `json:"first_error"`
+		Moved      int    `json:"requests_handed_over"`
+	}
+	if err := json.Unmarshal([]byte(out.String()[strings.Index(out.String(), "{"):]), &res); err != nil {
+		t.Fatalf("bench -o json: %v\n%s", err, out.String())
+	}
+	resumed := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`)
+	// Answers resumed near the end may be cut short by it: the agents
+	// count only those that finished.
+	if res.Errors != 0 || resumed < 1 || res.Moved < 1 || res.Moved > int(resumed) {
+		t.Fatalf("bench: %d requests, %d errors (%s), %d moved; the router resumed %v answers", res.Requests, res.Errors, res.FirstError, res.Moved, resumed)
+	}
+	resp, err := http.Get(c.state.RouterURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if regexp.MustCompile(`outcome="failed"\} [1-9]`).Match(b) {
+		t.Fatalf("the router failed requests:\n%s", b)
 	}
 }
