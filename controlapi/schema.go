@@ -27,6 +27,10 @@ type Node struct {
 	Switch       *Switch      `json:"switch,omitempty"`
 	Reason       string       `json:"reason,omitempty"`
 	History      []RoleChange `json:"history,omitempty"`
+	// Answers it was streaming when it failed (since it last joined),
+	// which went on on other nodes, and those that could not.
+	Interrupted int `json:"answers_interrupted,omitempty"`
+	Lost        int `json:"answers_lost,omitempty"`
 }
 
 // Switch is a role switch in progress.

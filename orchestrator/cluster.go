@@ -79,6 +79,11 @@ type NodeStatus struct {
 	Switch       *Switch      `json:"switch,omitempty"`
 	Reason       string       `json:"reason,omitempty"` // why a node is rejected or down
 	History      []RoleChange `json:"history,omitempty"`
+	// Interrupted: answers the node was streaming when it failed, since
+	// it last joined, which the router then continued on other nodes;
+	// Lost: those of them no node could continue.
+	Interrupted int `json:"answers_interrupted,omitempty"`
+	Lost        int `json:"answers_lost,omitempty"`
 }
 
 // node is the orchestrator's record of one engine.
@@ -96,8 +101,11 @@ type node struct {
 	// switch away from decode); new decode legs go elsewhere.
 	handingOver bool
 	history     []RoleChange
-	resyncAt    time.Time // when a resync was last asked for
-	reason      string
+	// Answers it was streaming when it failed, since it last joined, and
+	// of those the ones no node could continue (NodeStatus).
+	interrupted, lost int
+	resyncAt          time.Time // when a resync was last asked for
+	reason            string
 	// Copies of blocks a live branch referenced that the node evicted,
 	// per tier, and of those the last copy anywhere (context lost).
 	refEvicted [2]int64
@@ -181,6 +189,7 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
 		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
+		Interrupted: n.interrupted, Lost: n.lost,
 	}
 	if n.state == StateDown {
 		// Its last heartbeat's load is no longer true (a killed engine's

@@ -48,6 +48,8 @@ func (a *attempt) goOn(err error) error {
 			a.o.log.Warn("engine failed mid-stream; continuing the answer on another node", "request", a.reqID, "node", failed,
 				"output_tokens", len(a.out), "err", mid.err)
 			a.failed[failed] = true
+			a.interruptedOn = failed
+			a.o.interrupted(failed, false)
 			r := protocol.Resume{ID: a.answerID, Created: a.created, Output: a.out, Sampler: a.sampler}
 			err = a.resume(r, "", resumeEngineFailed, mid.err)
 		default:
@@ -174,11 +176,31 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 		}
 	}
 	a.o.met.resumed.WithLabelValues(why, "failed").Inc()
+	if why == resumeEngineFailed {
+		a.o.interrupted(a.interruptedOn, true)
+	}
 	err = fmt.Errorf("no node could continue the answer (%v)", err)
 	if a.started {
 		a.streamError(err)
 	}
 	return err
+}
+
+// interrupted counts an answer node id was streaming when it failed, or
+// (lost) one of those that no node could continue.
+func (o *Orchestrator) interrupted(id string, lost bool) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := o.c.nodes[id]
+	if n == nil {
+		return
+	}
+	if lost {
+		n.lost++
+	} else {
+		n.interrupted++
+	}
+	o.c.changed(id)
 }
 
 // canResume says whether the answer the client is reading can go on

@@ -153,6 +153,8 @@ type attempt struct {
 	resumes  int             // times the answer went on after its engine failed or no peer took it
 	resuming string          // why the current leg continues the answer (resume), until it answers
 	failed   map[string]bool // nodes that failed this answer mid-way or refused to continue it
+	// interruptedOn is the node that last failed mid-stream.
+	interruptedOn string
 	// stayURL is a node sent the answer with protocol.HandOverNever.
 	stayURL string
 }

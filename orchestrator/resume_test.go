@@ -64,6 +64,9 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 		t.Fatalf("decoded on %q", first)
 	}
 	check("a decode node died", readRoutedChat(t, resp, func() { tc.servers[idx].Close() }), 1)
+	if st, _ := tc.o.NodeStatus(first); st.Interrupted != 1 || st.Lost != 0 {
+		t.Fatalf("%s: %d answers interrupted, %d lost", first, st.Interrupted, st.Lost)
+	}
 
 	// Now the last decode node dies too: the prefill node finishes it.
 	resp = post()

@@ -326,7 +326,14 @@ func (m *Model) noteChange(old, n *Node, now time.Time) {
 			m.event("up", fmt.Sprintf("%s joined as %s (%s)", n.ID, n.Role, n.State))
 		}
 	case old.State != n.State && n.State == "down":
-		m.event("down", fmt.Sprintf("%s is down: %s", n.ID, n.Reason))
+		text := fmt.Sprintf("%s is down: %s", n.ID, n.Reason)
+		switch {
+		case n.Interrupted == 1:
+			text += "; the answer it was streaming goes on on another node"
+		case n.Interrupted > 1:
+			text += fmt.Sprintf("; the %d answers it was streaming go on on other nodes", n.Interrupted)
+		}
+		m.event("down", text)
 	case old.State == "down" && n.State != "down":
 		m.event("up", fmt.Sprintf("%s is back as %s", n.ID, n.Role))
 	case old.Switch == nil && n.Switch != nil:
@@ -344,6 +351,9 @@ func (m *Model) noteChange(old, n *Node, now time.Time) {
 			}
 		}
 		m.event("switch", fmt.Sprintf("%s is now %s (%s)", n.ID, n.Role, reason))
+	}
+	if old != nil && n.Lost > old.Lost {
+		m.event("lost", fmt.Sprintf("%s: %d of the answers it was streaming when it failed could not go on on another node (%d so far)", n.ID, n.Lost-old.Lost, n.Lost))
 	}
 }
 

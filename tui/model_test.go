@@ -493,3 +493,28 @@ func TestSilentStreamIsStale(t *testing.T) {
 		t.Fatalf("a simulation sends only what changes, at its pace: quiet, not stale: %s", h)
 	}
 }
+
+// A node that fails while streaming says, when it shows down, how many of
+// its answers go on elsewhere; answers that could not are an event of
+// their own.
+func TestAFailedNodeSaysWhatBecameOfItsAnswers(t *testing.T) {
+	m, _ := newTest(t, false)
+	m.Update(snapshot(3, threeNodes()...))
+	n := threeNodes()[2]
+	n.Interrupted = 4
+	m.Update(watchBatch{{Type: "node", Generation: 4, Node: &n}})
+	n.State, n.Reason = "down", "no heartbeat for 3s"
+	m.Update(watchBatch{{Type: "node", Generation: 5, Node: &n}})
+	if e := m.events[0]; e.Kind != "down" || !strings.Contains(e.Text, n.ID+" is down: no heartbeat for 3s; the 4 answers it was streaming go on on other nodes") {
+		t.Fatalf("events %+v", m.events)
+	}
+	n.Lost = 1
+	m.Update(watchBatch{{Type: "node", Generation: 6, Node: &n}})
+	if e := m.events[0]; e.Kind != "lost" || !strings.Contains(e.Text, "1 of the answers it was streaming when it failed could not go on") {
+		t.Fatalf("events %+v", m.events)
+	}
+	press(m, "4")
+	if v := m.View(); !strings.Contains(v, "lost") || !strings.Contains(v, "go on on other nodes") {
+		t.Fatalf("events view:\n%s", v)
+	}
+}

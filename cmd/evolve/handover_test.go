@@ -85,10 +85,13 @@ func TestEngineKilledUnderLoadFailsNoAgent(t *testing.T) {
 	}
 	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
 	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", "14s", "--speedup", "10", "-o", "json")
+	// Its heartbeat says it decodes (not only that the router sent it
+	// requests, which may still wait for their first token).
 	eventually(t, 10*time.Second, "engine-2 decoding several answers", func() bool {
-		n, _ := c.node("engine-2")["in_flight"].(float64)
+		n, _ := c.node("engine-2")["running"].(float64)
 		return n >= 2
 	})
+	time.Sleep(200 * time.Millisecond) // 2 s of their output, at 10x
 	syscall.Kill(c.state.Engines[2], syscall.SIGKILL)
 	if err := bench.Wait(); err != nil {
 		t.Fatalf("bench: %v\n%s", err, out.String())
@@ -116,5 +119,12 @@ func TestEngineKilledUnderLoadFailsNoAgent(t *testing.T) {
 	resp.Body.Close()
 	if regexp.MustCompile(`outcome="failed"\} [1-9]`).Match(b) {
 		t.Fatalf("the router failed requests:\n%s", b)
+	}
+	// The node's record says what became of the answers it was streaming
+	// (counted when it failed; those the bench's end cut short before
+	// they went on are not among the router's resumed).
+	n := c.node("engine-2")
+	if cut, _ := n["answers_interrupted"].(float64); n["state"] != "down" || cut < resumed || n["answers_lost"] != nil {
+		t.Fatalf("engine-2 after the kill: %v", n)
 	}
 }
