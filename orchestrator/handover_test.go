@@ -3,6 +3,8 @@ package orchestrator
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"strings"
@@ -25,6 +27,28 @@ type routedChat struct {
 	handedOver int // the evolve object's handed_over
 	done       bool
 	errors     []string
+}
+
+// streamedChat is a streamed chat request (with usage) whose prompt says
+// topic times times, for max tokens with seed.
+func streamedChat(topic string, times, max, seed int) string {
+	return fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "seed": %d, "stream": true, "stream_options": {"include_usage": true}}`,
+		strings.Repeat(topic+" ", times), max, seed)
+}
+
+// postChat sends a chat request to the router; the answer must be 200.
+func postChat(t *testing.T, tc *testCluster, body string) *http.Response {
+	t.Helper()
+	resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("status %d: %s", resp.StatusCode, b)
+	}
+	return resp
 }
 
 // readRoutedChat reads a stream to its end, calling atFirst after the
@@ -97,20 +121,8 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode, sim.RoleDecode)
 	const n = 6000
-	chat := func(topic string, times int) string {
-		return `{"messages": [{"role": "user", "content": "` + strings.Repeat(topic+" ", times) +
-			`"}], "max_tokens": 6000, "seed": 11, "stream": true, "stream_options": {"include_usage": true}}`
-	}
-	post := func(body string) *http.Response {
-		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-		return resp
-	}
+	chat := func(topic string, times int) string { return streamedChat(topic, times, n, 11) }
+	post := func(body string) *http.Response { return postChat(t, tc, body) }
 	// moved sends body and, at its first token, switches its decode node
 	// to prefill; it checks that the switch ended before the answer did.
 	moved := func(body string) *routedChat {

@@ -20,18 +20,8 @@ import (
 func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
 	const n = 3000
-	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("a problem to reason about at length ", 60) +
-		`"}], "max_tokens": 3000, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`
-	post := func() *http.Response {
-		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if resp.StatusCode != 200 {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-		return resp
-	}
+	body := streamedChat("a problem to reason about at length", 60, n, 5)
+	post := func() *http.Response { return postChat(t, tc, body) }
 	ref := readRoutedChat(t, post(), nil)
 	if !ref.done || ref.chunks != n || len(ref.errors) > 0 || ref.handedOver != 0 {
 		t.Fatalf("reference: %d chunks, done %v, errors %v, handed over %d", ref.chunks, ref.done, ref.errors, ref.handedOver)
@@ -85,15 +75,8 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 func TestHandOverThatNoPeerTakesFinishesWhereItWas(t *testing.T) {
 	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
 	const n = 3000
-	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("a long derivation ", 100) +
-		`"}], "max_tokens": 3000, "seed": 9, "stream": true, "stream_options": {"include_usage": true}}`
-	post := func() *http.Response {
-		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return resp
-	}
+	body := streamedChat("a long derivation", 100, n, 9)
+	post := func() *http.Response { return postChat(t, tc, body) }
 	ref := readRoutedChat(t, post(), nil)
 	resp := post()
 	from := resp.Header.Get(HeaderDecodeNode)

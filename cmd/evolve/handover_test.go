@@ -13,6 +13,47 @@ import (
 	"time"
 )
 
+// reasoningLoad brings up three tiny engines (one prefill) at 10x with the
+// planner off, runs eight math agents against them for d, and waits until
+// node id's heartbeat shows it decoding at least two answers (the
+// router's in-flight count also holds requests still waiting for their
+// first token). finish waits for the agents and returns what they
+// measured; metrics is the router's metrics then.
+func reasoningLoad(t *testing.T, d, id string) (c *localCluster, finish func() (res loadResult, metrics string)) {
+	t.Helper()
+	c = upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
+	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", d, "--speedup", "10", "-o", "json")
+	eventually(t, 10*time.Second, id+" decoding several answers", func() bool {
+		n, _ := c.node(id)["running"].(float64)
+		return n >= 2
+	})
+	return c, func() (loadResult, string) {
+		t.Helper()
+		if err := bench.Wait(); err != nil {
+			t.Fatalf("bench: %v\n%s", err, out.String())
+		}
+		var res loadResult
+		if err := json.Unmarshal([]byte(out.String()[strings.Index(out.String(), "{"):]), &res); err != nil {
+			t.Fatalf("bench -o json: %v\n%s", err, out.String())
+		}
+		resp, err := http.Get(c.state.RouterURL + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return res, string(b)
+	}
+}
+
+// loadResult is what evolve bench -o json says that these tests read.
+type loadResult struct {
+	Requests   int    `json:"requests_completed"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error"`
+	Moved      int    `json:"requests_handed_over"`
+}
+
 // An operator switches a decode node to prefill while reasoning agents
 // stream long answers from it: the node hands its decodes over to the
 // other decode node and serves as prefill at once, and no agent sees a
@@ -22,12 +63,7 @@ func TestRoleSwitchHandsDecodesOverUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster for 16 s")
 	}
-	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
-	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", "16s", "--speedup", "10", "-o", "json")
-	eventually(t, 10*time.Second, "engine-1 decoding several answers", func() bool {
-		n, _ := c.node("engine-1")["in_flight"].(float64)
-		return n >= 2
-	})
+	c, finish := reasoningLoad(t, "16s", "engine-1")
 	sw, code := runBin(t, c.env, "role", "set", "engine-1", "prefill")
 	if code != 0 {
 		t.Fatalf("role set: exit %d %s", code, sw)
@@ -42,35 +78,18 @@ func TestRoleSwitchHandsDecodesOverUnderLoad(t *testing.T) {
 	if n["role"] != "prefill" || n["state"] != "serving" || len(hist) == 0 || fmt.Sprint(obj(hist[len(hist)-1])["handed_over"]) != said[1] {
 		t.Fatalf("after role set (%s handed over): %v", said[1], n)
 	}
-	if err := bench.Wait(); err != nil {
-		t.Fatalf("bench: %v\n%s", err, out.String())
+	res, b := finish()
+	if res.Errors != 0 || res.Moved < 1 || res.Moved >= res.Requests {
+		t.Fatalf("bench: %d requests, %d handed over, %d errors (%s)", res.Requests, res.Moved, res.Errors, res.FirstError)
 	}
-	var res struct {
-		Requests   int    `json:"requests_completed"`
-		Errors     int    `json:"errors"`
-		FirstError string `json:"first_error"`
-		HandedOver int    `json:"requests_handed_over"`
-	}
-	if err := json.Unmarshal([]byte(out.String()[strings.Index(out.String(), "{"):]), &res); err != nil {
-		t.Fatalf("bench -o json: %v\n%s", err, out.String())
-	}
-	if res.Errors != 0 || res.HandedOver < 1 || res.HandedOver >= res.Requests {
-		t.Fatalf("bench: %d requests, %d handed over, %d errors (%s)", res.Requests, res.HandedOver, res.Errors, res.FirstError)
-	}
-	resp, err := http.Get(c.state.RouterURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	m := regexp.MustCompile(`(?m)^evolve_router_handovers_total\{outcome="continued"\} (\d+)$`).FindStringSubmatch(string(b))
+	m := regexp.MustCompile(`(?m)^evolve_router_handovers_total\{outcome="continued"\} (\d+)$`).FindStringSubmatch(b)
 	if m == nil {
 		t.Fatalf("no handovers in the router's metrics:\n%s", b)
 	}
-	if n, _ := strconv.Atoi(m[1]); n < res.HandedOver {
-		t.Fatalf("the router counted %d handovers; bench saw %d answers move", n, res.HandedOver)
+	if n, _ := strconv.Atoi(m[1]); n < res.Moved {
+		t.Fatalf("the router counted %d handovers; bench saw %d answers move", n, res.Moved)
 	}
-	if regexp.MustCompile(`outcome="failed"\} [1-9]`).Match(b) {
+	if regexp.MustCompile(`outcome="failed"\} [1-9]`).MatchString(b) {
 		t.Fatalf("a handover failed:\n%s", b)
 	}
 }
@@ -83,41 +102,17 @@ func TestEngineKilledUnderLoadFailsNoAgent(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a cluster for 14 s")
 	}
-	c := upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
-	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", "14s", "--speedup", "10", "-o", "json")
-	// Its heartbeat says it decodes (not only that the router sent it
-	// requests, which may still wait for their first token).
-	eventually(t, 10*time.Second, "engine-2 decoding several answers", func() bool {
-		n, _ := c.node("engine-2")["running"].(float64)
-		return n >= 2
-	})
+	c, finish := reasoningLoad(t, "14s", "engine-2")
 	time.Sleep(200 * time.Millisecond) // 2 s of their output, at 10x
 	syscall.Kill(c.state.Engines[2], syscall.SIGKILL)
-	if err := bench.Wait(); err != nil {
-		t.Fatalf("bench: %v\n%s", err, out.String())
-	}
-	var res struct {
-		Requests   int    `json:"requests_completed"`
-		Errors     int    `json:"errors"`
-		FirstError string `json:"first_error"`
-		Moved      int    `json:"requests_handed_over"`
-	}
-	if err := json.Unmarshal([]byte(out.String()[strings.Index(out.String(), "{"):]), &res); err != nil {
-		t.Fatalf("bench -o json: %v\n%s", err, out.String())
-	}
+	res, b := finish()
 	resumed := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`)
 	// Answers resumed near the end may be cut short by it: the agents
 	// count only those that finished.
 	if res.Errors != 0 || resumed < 1 || res.Moved < 1 || res.Moved > int(resumed) {
 		t.Fatalf("bench: %d requests, %d errors (%s), %d moved; the router resumed %v answers", res.Requests, res.Errors, res.FirstError, res.Moved, resumed)
 	}
-	resp, err := http.Get(c.state.RouterURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if regexp.MustCompile(`outcome="failed"\} [1-9]`).Match(b) {
+	if regexp.MustCompile(`outcome="failed"\} [1-9]`).MatchString(b) {
 		t.Fatalf("the router failed requests:\n%s", b)
 	}
 	// The node's record says what became of the answers it was streaming
