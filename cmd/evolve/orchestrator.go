@@ -45,6 +45,13 @@ live statistics and moves nodes in auto mode between prefill and decode when
 a better split has held for --planner-persistence and its predicted gain
 pays for the switch; --planner recommend only reports ('evolve planner').
 
+When an engine fails, a request it had not begun to answer is routed again,
+and an answer it was streaming goes on on another node from the tokens the
+agent has read (evolve's engines name them; a vLLM engine's stream ends with
+an error event): the agent reads one answer, the one the dead engine would
+have written. 'evolve nodes -o json' keeps, per node, the answers it was
+streaming when it failed (answers_interrupted, answers_lost).
+
 Most users start it through 'evolve up'.`,
 		Example: `  evolve orchestrator --data-dir /var/lib/evolve --nats-listen 0.0.0.0:4222
   evolve engine --nats nats://ORCHESTRATOR:4222 --profile gb300-kimi-k2`,
