@@ -431,8 +431,25 @@ func (e *Engine) newRequestID(prefix string) string {
 // request in flight has finished, or ctx ends. It reports how many were
 // still in flight when it returned.
 func (e *Engine) Drain(ctx context.Context) int {
+	return e.drain(ctx, false)
+}
+
+// Leave drains the engine before it stops, as Drain does, but hands the
+// answers its router streams over (as protocol.OpHandOver does) instead
+// of finishing them: the router continues each on a peer decode node,
+// which pulls its KV, so that the engine stops in seconds rather than when
+// its longest answer ends. An answer no peer takes comes back
+// (protocol.HandOverNever) and is finished here.
+func (e *Engine) Leave(ctx context.Context) int {
+	return e.drain(ctx, true)
+}
+
+func (e *Engine) drain(ctx context.Context, handOver bool) int {
 	e.mu.Lock()
 	e.model.SetDraining(true)
+	if handOver {
+		e.handingOver = true
+	}
 	e.mu.Unlock()
 	e.poke()
 	tick := time.NewTicker(20 * time.Millisecond)

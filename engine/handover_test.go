@@ -375,3 +375,72 @@ func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 		t.Fatalf("usage %v, evolve %+v", rest.usage, rest.evolve)
 	}
 }
+
+// An engine leaving (SIGTERM) hands a router's stream over at once and
+// takes no new request, but an answer it handed over that comes back
+// (no peer took it) is finished there: the same answer, to its end.
+func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
+	a, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
+	const n = 300
+	body := []byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat("the long context of an agent ", 30) +
+		`"}], "max_tokens": 300, "seed": 6, "stream": true, "stream_options": {"include_usage": true}}`)
+	ref := readChat(t, postRaw(t, srvA.URL+"/v1/chat/completions", body, false).Body, nil)
+
+	left := make(chan int, 1)
+	moving := postRaw(t, srvA.URL+"/v1/chat/completions", body, true)
+	first := readChat(t, moving.Body, func(k int) {
+		if k == 20 {
+			go func() { left <- a.Leave(context.Background()) }()
+		}
+	})
+	moving.Body.Close()
+	h := first.handOver
+	if h == nil || first.done {
+		t.Fatalf("leaving, the engine did not hand the stream over (done %v)", first.done)
+	}
+	rb, err := openaiapi.ParseObject(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Nothing new is taken, a continuation of another engine's answer
+	// included.
+	other := h.Resume
+	other.Prior.Engine = "b"
+	res, _ := json.Marshal(other)
+	for _, b := range [][]byte{body, rb.With(map[string]json.RawMessage{"evolve_resume": res})} {
+		req, _ := http.NewRequest("POST", srvA.URL+"/v1/chat/completions", bytes.NewReader(b))
+		req.Header.Set(protocol.HeaderHandOver, protocol.HandOverNever)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil || r.StatusCode != 503 {
+			t.Fatalf("a leaving engine took a new request: %v %v", err, r)
+		}
+		r.Body.Close()
+	}
+	// Its own answer comes back, the hold released, and is finished here.
+	pull, _ := json.Marshal(protocol.PullRequest{RemoteRequestID: h.KVTransferParams["remote_request_id"].(string)})
+	if r, err := http.Post(srvA.URL+"/evolve/v1/kv/pull", "application/json", bytes.NewReader(pull)); err != nil || r.StatusCode != 200 {
+		t.Fatalf("release the hold: %v %v", err, r)
+	}
+	res, _ = json.Marshal(h.Resume)
+	req, _ := http.NewRequest("POST", srvA.URL+"/v1/chat/completions", bytes.NewReader(rb.With(map[string]json.RawMessage{"evolve_resume": res})))
+	req.Header.Set(protocol.HeaderHandOver, protocol.HandOverNever)
+	r, err := http.DefaultClient.Do(req)
+	if err != nil || r.StatusCode != 200 {
+		t.Fatalf("the answer coming back: %v %v", err, r)
+	}
+	rest := readChat(t, r.Body, nil)
+	r.Body.Close()
+	got := strings.Join(first.content, "") + strings.Join(rest.content, "")
+	if !rest.done || rest.handOver != nil || len(first.content)+len(rest.content) != n || got != strings.Join(ref.content, "") {
+		t.Fatalf("finished here: done %v, moved again %v, %d+%d chunks, same text %v", rest.done, rest.handOver != nil,
+			len(first.content), len(rest.content), got == strings.Join(ref.content, ""))
+	}
+	select {
+	case k := <-left:
+		if k != 0 {
+			t.Fatalf("Leave returned with %d in flight", k)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Leave did not return once the engine's work was done")
+	}
+}

@@ -166,7 +166,10 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		prefix = "chatcmpl"
 	}
 	id := e.newRequestID(prefix)
-	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, RemoteDecode: kvp.DoRemoteDecode}
+	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, RemoteDecode: kvp.DoRemoteDecode,
+		// An answer it handed over that no peer took comes back to be
+		// finished, even while the engine drains (Leave).
+		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && r.Header.Get(protocol.HeaderHandOver) == protocol.HandOverNever}
 	if kvp.DoRemoteDecode {
 		sr.MaxTokens = 1
 	}
@@ -333,6 +336,11 @@ func (g *generation) run(ctx context.Context, p *pending) {
 			}
 		}
 		if err != nil {
+			if g.stream && g.tokenComments {
+				// Its router continues the answer elsewhere from the tokens
+				// it named: end the stream without an end, as a failure.
+				return
+			}
 			if g.stream {
 				g.streamError(err)
 			} else {

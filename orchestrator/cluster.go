@@ -26,6 +26,7 @@ import (
 const (
 	StateServing   = "serving"
 	StateSwitching = "switching" // draining its old role, then flipping
+	StateDraining  = "draining"  // its engine takes no new requests (it is stopping)
 	StateDown      = "down"
 	StateRejected  = "rejected" // registered, but cannot serve this cluster (other model or block size)
 )

@@ -134,6 +134,14 @@ func (o *Orchestrator) onHeartbeat(m *nats.Msg) {
 	if n.state == StateDown {
 		return // it must register again
 	}
+	// An engine draining (stopping, or told to) takes no new requests:
+	// nothing is routed to it until it says otherwise.
+	switch {
+	case hb.Draining && n.state == StateServing:
+		n.state = StateDraining
+	case !hb.Draining && n.state == StateDraining:
+		n.state = StateServing
+	}
 	o.c.changed(hb.ID)
 }
 

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -127,4 +128,33 @@ func TestRelayDropsALineCutShort(t *testing.T) {
 	if out.String() != "data: {\"a\":1}\n\n" {
 		t.Fatalf("relayed %q", out.String())
 	}
+}
+
+// An engine that drains (it is stopping, or was told to) says so in its
+// heartbeats: the node shows draining and nothing is routed to it until
+// it takes requests again.
+func TestADrainingNodeGetsNoRequests(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpDrain}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "e0 shows draining", func() bool {
+		st, _ := tc.o.NodeStatus("e0")
+		return st.State == StateDraining
+	})
+	for range 4 {
+		resp := postChat(t, tc, `{"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}`)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if d := resp.Header.Get(HeaderDecodeNode); d != "e1" {
+			t.Fatalf("routed to %s while e0 drains", d)
+		}
+	}
+	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpResume}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "e0 serves again", func() bool {
+		st, _ := tc.o.NodeStatus("e0")
+		return st.State == StateServing
+	})
 }

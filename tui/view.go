@@ -165,20 +165,26 @@ func (m *Model) footer() string {
 }
 
 func (m *Model) summary() string {
-	var p, d, sw, down int
+	var p, d, sw, down, draining int
 	for _, n := range m.nodes {
 		switch {
 		case n.State == "down":
 			down++
 		case n.State == "switching":
 			sw++
+		case n.State == "draining":
+			draining++
 		case n.Role == "prefill":
 			p++
 		default:
 			d++
 		}
 	}
-	segs := []string{fmt.Sprintf("nodes %d: %d prefill, %d decode serving, %d switching, %d down", len(m.nodes), p, d, sw, down)}
+	head := fmt.Sprintf("nodes %d: %d prefill, %d decode serving, %d switching, %d down", len(m.nodes), p, d, sw, down)
+	if draining > 0 {
+		head += fmt.Sprintf(", %d draining", draining)
+	}
+	segs := []string{head}
 	if len(m.reqRate) > 0 {
 		segs = append(segs, fmt.Sprintf("%.1f req/s %s", m.reqRate[len(m.reqRate)-1], sparkline(m.reqRate, 12)))
 	}

@@ -83,7 +83,7 @@ evolve's fetches and eviction hints do not apply to it.`,
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
 	f.Int("gpu-kv-tokens", 0, "GPU KV capacity in tokens (default: profile)")
 	f.Int("host-kv-tokens", 0, "host-memory KV capacity in tokens (default: profile, else 4x GPU)")
-	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once); vllm: how long the started server may take to stop")
+	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once): the answers an evolve router streams are handed over to peer decode nodes at once, and those still unfinished when it ends go on elsewhere; vllm: how long the started server may take to stop")
 	f.Int("default-max-tokens", 0, "output tokens when a request sets none (default: 16 for completions, 256 for chat)")
 	addVLLMFlags(f)
 	return cmd
@@ -172,8 +172,9 @@ func runEngine(cmd *cobra.Command, args []string) error {
 		return usage(err)
 	}
 
-	// The first SIGINT or SIGTERM drains: no new requests, the ones in
-	// flight finish (up to --shutdown-grace). A second one kills at once.
+	// The first SIGINT or SIGTERM drains: no new requests; the answers a
+	// router streams are handed over to peers (Leave), the rest finish (up
+	// to --shutdown-grace). A second one kills at once.
 	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -210,9 +211,9 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	case <-sigCtx.Done():
 		stop()
 		grace := config.GetDuration("engine.shutdown-grace")
-		slog.Info("engine draining before shutdown", "id", id, "grace", grace)
+		slog.Info("engine draining before shutdown; answers its router streams are handed over to peers", "id", id, "grace", grace)
 		graceCtx, cancelGrace := context.WithTimeout(context.Background(), grace)
-		if left := eng.Drain(graceCtx); left > 0 {
+		if left := eng.Leave(graceCtx); left > 0 {
 			slog.Warn("shutdown grace over; aborting requests in flight", "id", id, "in_flight", left)
 		}
 		cancelGrace()

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -15,7 +17,7 @@ import (
 
 // reasoningLoad brings up three tiny engines (one prefill) at 10x with the
 // planner off, runs eight math agents against them for d, and waits until
-// node id's heartbeat shows it decoding at least two answers (the
+// node id's heartbeat shows it decoding (the
 // router's in-flight count also holds requests still waiting for their
 // first token). finish waits for the agents and returns what they
 // measured; metrics is the router's metrics then.
@@ -23,9 +25,9 @@ func reasoningLoad(t *testing.T, d, id string) (c *localCluster, finish func() (
 	t.Helper()
 	c = upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
 	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", d, "--speedup", "10", "-o", "json")
-	eventually(t, 10*time.Second, id+" decoding several answers", func() bool {
+	eventually(t, 12*time.Second, id+" decoding", func() bool {
 		n, _ := c.node(id)["running"].(float64)
-		return n >= 2
+		return n >= 1
 	})
 	return c, func() (loadResult, string) {
 		t.Helper()
@@ -121,5 +123,34 @@ func TestEngineKilledUnderLoadFailsNoAgent(t *testing.T) {
 	n := c.node("engine-2")
 	if cut, _ := n["answers_interrupted"].(float64); n["state"] != "down" || cut < resumed || n["answers_lost"] != nil {
 		t.Fatalf("engine-2 after the kill: %v", n)
+	}
+}
+
+// A decode engine stopped with SIGTERM (maintenance, a restart) while
+// reasoning agents stream long answers from it hands them over to the
+// other decode node instead of finishing them: it stops well within its
+// grace, and no agent sees a failure.
+func TestEngineStoppedUnderLoadHandsItsAnswersOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a cluster for 14 s")
+	}
+	c, finish := reasoningLoad(t, "14s", "engine-2")
+	pid := c.state.Engines[2]
+	syscall.Kill(pid, syscall.SIGTERM)
+	eventually(t, 30*time.Second, "engine-2 stops", func() bool { return !alive(pid) })
+	res, b := finish()
+	if res.Errors != 0 || res.Moved < 1 {
+		t.Fatalf("bench: %d requests, %d errors (%s), %d moved", res.Requests, res.Errors, res.FirstError, res.Moved)
+	}
+	if v := metric(t, c.state.RouterURL, `evolve_router_handovers_total{outcome="continued"}`); v < 1 {
+		t.Fatalf("handovers continued: %v", v)
+	}
+	if regexp.MustCompile(`outcome="failed"\} [1-9]`).MatchString(b) {
+		t.Fatalf("the router failed requests:\n%s", b)
+	}
+	// Nothing was left for its grace to cut short.
+	logs, _ := os.ReadFile(filepath.Join(c.state.LogDir, "engine-2.log"))
+	if strings.Contains(string(logs), "shutdown grace over") || !strings.Contains(string(logs), "engine stopping") {
+		t.Fatalf("engine-2's log:\n%s", logs)
 	}
 }

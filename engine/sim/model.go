@@ -86,6 +86,9 @@ type Request struct {
 	// Remote makes this the decode leg: its prompt's blocks are pulled from a
 	// peer before it is scheduled.
 	Remote *RemoteKV
+	// Finishing marks an answer this engine began, which comes back to
+	// be finished here: it is taken while the engine drains.
+	Finishing bool
 }
 
 // RemoteKV says which blocks a peer holds for a decode leg.
@@ -348,6 +351,10 @@ func (m *Model) Accepts(remoteDecode, remotePrefill bool) error {
 	if m.draining {
 		return ErrDraining
 	}
+	return m.acceptsRole(remoteDecode, remotePrefill)
+}
+
+func (m *Model) acceptsRole(remoteDecode, remotePrefill bool) error {
 	if m.role == RoleDecode && remoteDecode {
 		return fmt.Errorf("%w: a decode engine takes no prefill-only leg", ErrWrongRole)
 	}
@@ -359,7 +366,10 @@ func (m *Model) Accepts(remoteDecode, remotePrefill bool) error {
 
 // Submit queues a request arriving at now.
 func (m *Model) Submit(now time.Time, r Request) error {
-	if err := m.Accepts(r.RemoteDecode, r.Remote != nil); err != nil {
+	if m.draining && !r.Finishing {
+		return ErrDraining
+	}
+	if err := m.acceptsRole(r.RemoteDecode, r.Remote != nil); err != nil {
 		return err
 	}
 	if r.ID == "" || len(r.Tokens) == 0 || r.MaxTokens < 1 {
