@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"io"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -134,7 +135,8 @@ func TestRelayDropsALineCutShort(t *testing.T) {
 // heartbeats: the node shows draining and nothing is routed to it until
 // it takes requests again.
 func TestADrainingNodeGetsNoRequests(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	logs := &recordLog{}
+	tc := startTestClusterLogged(t, slog.New(logs), nil, sim.RoleDecode, sim.RoleDecode)
 	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpDrain}); err != nil {
 		t.Fatal(err)
 	}
@@ -149,6 +151,10 @@ func TestADrainingNodeGetsNoRequests(t *testing.T) {
 		if d := resp.Header.Get(HeaderDecodeNode); d != "e1" {
 			t.Fatalf("routed to %s while e0 drains", d)
 		}
+	}
+	// Not sent there and refused, either.
+	if r := logs.find("engine failed before the first token; routing again", "node", "e0"); r != nil {
+		t.Fatalf("a request went to the draining node: %v", r)
 	}
 	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpResume}); err != nil {
 		t.Fatal(err)
