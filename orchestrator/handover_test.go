@@ -24,7 +24,8 @@ type routedChat struct {
 	ids        map[string]bool
 	roles      int
 	usage      map[string]any
-	handedOver int // the evolve object's handed_over
+	handedOver int    // the evolve object's handed_over
+	engine     string // and its engine: the one that finished the answer
 	done       bool
 	errors     []string
 }
@@ -83,7 +84,8 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 			Usage  map[string]any `json:"usage"`
 			Error  any            `json:"error"`
 			Evolve *struct {
-				HandedOver int `json:"handed_over"`
+				HandedOver int    `json:"handed_over"`
+				Engine     string `json:"engine"`
 			} `json:"evolve"`
 		}
 		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
@@ -95,7 +97,7 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 			c.usage = ch.Usage
 		}
 		if ch.Evolve != nil {
-			c.handedOver = ch.Evolve.HandedOver
+			c.handedOver, c.engine = ch.Evolve.HandedOver, ch.Evolve.Engine
 		}
 		for _, x := range ch.Choices {
 			if x.Delta.Role != "" {

@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"bufio"
 	"bytes"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -28,8 +29,11 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 	if !ref.done || ref.chunks != n || len(ref.errors) > 0 || ref.handedOver != 0 {
 		t.Fatalf("reference: %d chunks, done %v, errors %v, handed over %d", ref.chunks, ref.done, ref.errors, ref.handedOver)
 	}
-	check := func(what string, got *routedChat, resumed float64) {
+	check := func(what string, got *routedChat, resumed float64, on string) {
 		t.Helper()
+		if got.engine != on {
+			t.Fatalf("%s: finished on %q, want %s", what, got.engine, on)
+		}
 		if !got.done || len(got.errors) > 0 || got.chunks != n {
 			t.Fatalf("%s: %d chunks, done %v, errors %v", what, got.chunks, got.done, got.errors)
 		}
@@ -55,7 +59,7 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 	if idx == 0 {
 		t.Fatalf("decoded on %q", first)
 	}
-	check("a decode node died", readRoutedChat(t, resp, func() { tc.servers[idx].Close() }), 1)
+	check("a decode node died", readRoutedChat(t, resp, func() { tc.servers[idx].Close() }), 1, fmt.Sprint("e", 3-idx))
 	if st, _ := tc.o.NodeStatus(first); st.Interrupted != 1 || st.Lost != 0 {
 		t.Fatalf("%s: %d answers interrupted, %d lost", first, st.Interrupted, st.Lost)
 	}
@@ -65,7 +69,7 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 	if d := resp.Header.Get(HeaderDecodeNode); d != "e1" && d != "e2" || d == first {
 		t.Fatalf("decoded on %q", d)
 	}
-	check("every decode node died", readRoutedChat(t, resp, func() { tc.servers[3-idx].Close() }), 2)
+	check("every decode node died", readRoutedChat(t, resp, func() { tc.servers[3-idx].Close() }), 2, "e0")
 }
 
 // A node hands a stream over and the only peer cannot take it (its
@@ -95,8 +99,8 @@ func TestHandOverThatNoPeerTakesFinishesWhereItWas(t *testing.T) {
 	if !got.done || len(got.errors) > 0 || got.chunks != n || got.content.String() != ref.content.String() {
 		t.Fatalf("%d chunks, done %v, errors %v, same text %v", got.chunks, got.done, got.errors, got.content.String() == ref.content.String())
 	}
-	if len(got.ids) != 1 || got.roles != 1 || got.usage["completion_tokens"] != float64(n) {
-		t.Fatalf("ids %v, role named %d times, usage %v", got.ids, got.roles, got.usage)
+	if len(got.ids) != 1 || got.roles != 1 || got.usage["completion_tokens"] != float64(n) || got.engine != from {
+		t.Fatalf("ids %v, role named %d times, usage %v, finished on %q", got.ids, got.roles, got.usage, got.engine)
 	}
 	if v := testutil.ToFloat64(tc.o.met.handOvers.WithLabelValues("failed")); v != 1 {
 		t.Fatalf("failed handovers counted: %v", v)
