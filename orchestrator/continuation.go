@@ -139,7 +139,8 @@ const (
 // the prompt and the output so far: first on home when given (a.decode,
 // whose claim the request holds: the node that held that KV, which then
 // finishes the answer where it is), then on the least claimed node that
-// can (claimResumer) and has not failed the request. cause is why the
+// can (claimResumer: the one holding most of the prompt's KV) and has not
+// failed the request. cause is why the
 // answer needs it; when no node goes on, the client is told so in its
 // stream.
 func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error {
@@ -151,7 +152,7 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 		for try := 0; try < maxAttempts; try++ {
 			to, url := home, a.urls[home]
 			if try > 0 || home == "" {
-				if to, url = a.o.claimResumer(a.failed); to == "" {
+				if to, url = a.o.claimResumer(a.failed, a.chain); to == "" {
 					break
 				}
 			}

@@ -157,6 +157,7 @@ type attempt struct {
 	interruptedOn string
 	// stayURL is a node sent the answer with protocol.HandOverNever.
 	stayURL string
+	chain   []kv.BlockHash // the prompt's blocks
 }
 
 var reqCounter atomic.Uint64
@@ -236,7 +237,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}}
+		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}
 		if try == 0 && len(p.Tokens) > 0 {
 			// An engine computes at least the prompt's last token (the
 			// simulated one its last block).

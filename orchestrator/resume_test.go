@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -167,4 +169,44 @@ func TestADrainingNodeGetsNoRequests(t *testing.T) {
 		st, _ := tc.o.NodeStatus("e0")
 		return st.State == StateServing
 	})
+}
+
+// An answer whose engine failed goes on where most of its prompt's KV
+// is, rather than on the least busy node, which would recompute it all.
+func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode, sim.RoleDecode)
+	body := streamedChat("a long shared context", 80, 8, 1)
+	resp := postChat(t, tc, body)
+	holder := resp.Header.Get(HeaderDecodeNode)
+	if got := readRoutedChat(t, resp, nil); !got.done || holder == "" || holder == "e0" {
+		t.Fatalf("decoded on %q, done %v", holder, got.done)
+	}
+	p, _, perr := openaiapi.ParseBody([]byte(body), true, 0)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	chain := kv.ChainHashes(p.Tokens, tc.o.blockSize)
+	eventually(t, holder+" holds the prompt's KV", func() bool {
+		var m kv.Match
+		tc.o.c.mu.Lock()
+		defer tc.o.c.mu.Unlock()
+		tc.o.c.dir.Match(chain, &m)
+		return m.For(tc.o.c.nodes[holder].dir).Local >= len(chain)/2
+	})
+	// The holder is the busiest decode node: the least busy would be
+	// another.
+	tc.o.c.mu.Lock()
+	tc.o.c.nodes[holder].inFlight += 2
+	tc.o.c.mu.Unlock()
+	defer tc.o.release(holder, holder)
+	if id, _ := tc.o.claimResumer(map[string]bool{}, chain); id != holder {
+		t.Fatalf("resumed on %s; %s holds the prompt", id, holder)
+	} else {
+		tc.o.release(id)
+	}
+	if id, _ := tc.o.claimResumer(map[string]bool{}, nil); id == holder || id == "e0" {
+		t.Fatalf("without a prompt, resumed on %s, not the least busy decode node", id)
+	} else {
+		tc.o.release(id)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
 )
@@ -220,34 +221,47 @@ func (o *Orchestrator) handingOver(id string) bool {
 // handed-over decode continues on, as the simulator picks it. It returns
 // "" when no decode node serves.
 func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string) {
-	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode })
+	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode }, nil)
 }
 
-// claimResumer picks and claims, as claimDecodePeer does, a serving node
-// not in exclude that can continue an answer from its output so far
-// (evolve's engines): a decode node if one serves, else a prefill node,
-// which takes a whole request too.
-func (o *Orchestrator) claimResumer(exclude map[string]bool) (id, url string) {
-	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode && n.reg.CanHandOver }); id != "" {
+// claimResumer picks and claims a serving node not in exclude that can
+// continue an answer from its output so far (evolve's engines), which
+// recomputes what it lacks of the prompt's KV (chain) and the output: a
+// decode node if one serves, else a prefill node, which takes a whole
+// request too; of those the one that holds the longest prefix of the
+// prompt (on GPU or host), then as claimDecodePeer picks.
+func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHash) (id, url string) {
+	var m kv.Match
+	o.c.mu.Lock()
+	o.c.dir.Match(chain, &m)
+	o.c.mu.Unlock()
+	held := func(n *node) int { return m.For(n.dir).Local }
+	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode && n.reg.CanHandOver }, held); id != "" {
 		return id, url
 	}
-	return o.claimPeer(exclude, func(n *node) bool { return n.reg.CanHandOver })
+	return o.claimPeer(exclude, func(n *node) bool { return n.reg.CanHandOver }, held)
 }
 
-// claimPeer claims the least claimed serving node, not in exclude, that
-// fits.
-func (o *Orchestrator) claimPeer(exclude map[string]bool, fits func(*node) bool) (id, url string) {
+// claimPeer claims a serving node, not in exclude, that fits: the one
+// holding the most of the request's KV by held (nil: none counts), then
+// the least claimed.
+func (o *Orchestrator) claimPeer(exclude map[string]bool, fits func(*node) bool, held func(*node) int) (id, url string) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	var best *node
+	bestHeld := 0
 	for nid, n := range o.c.nodes {
 		if exclude[nid] || n.state != StateServing || n.reg.URL == "" || !fits(n) {
 			continue
 		}
-		if best == nil || n.inFlight < best.inFlight ||
+		h := 0
+		if held != nil {
+			h = held(n)
+		}
+		if best == nil || h > bestHeld || h == bestHeld && (n.inFlight < best.inFlight ||
 			n.inFlight == best.inFlight && (n.hb.Running+n.hb.Waiting < best.hb.Running+best.hb.Waiting ||
-				n.hb.Running+n.hb.Waiting == best.hb.Running+best.hb.Waiting && nid < id) {
-			best, id = n, nid
+				n.hb.Running+n.hb.Waiting == best.hb.Running+best.hb.Waiting && nid < id)) {
+			best, id, bestHeld = n, nid, h
 		}
 	}
 	if best == nil {
