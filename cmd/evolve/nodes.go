@@ -65,8 +65,11 @@ func newNodesCmd() *cobra.Command {
 		Use:   "nodes",
 		Short: "List the engines with role, mode, state and load",
 		Long: `List the engines. Columns: ROLE (P prefill, D decode), MODE (auto: the
-planner may move it; pinned: only an operator), STATE (serving, switching,
-down), queue and running requests, GPU and host KV use.`,
+planner may move it; pinned: only an operator), STATE (serving; switching;
+draining: its engine is stopping and gets no new requests; down), queue and
+running requests, GPU and host KV use. -o json adds, for a node that failed,
+the answers it was streaming (answers_interrupted) and those no other node
+could continue (answers_lost).`,
 		Example: `  evolve nodes
   evolve nodes -o wide
   evolve nodes --watch                 # then a row per change of role, mode or state
