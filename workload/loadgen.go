@@ -66,9 +66,9 @@ type Result struct {
 	// that recomputation counts in ComputedTokens.
 	Preemptions int64 `json:"preemptions"`
 	// HandedOver is how many requests' decodes moved to another engine
-	// while they streamed (a node switching role hands its decodes
-	// over; a router continues an answer whose engine failed); their
-	// answers went on as if nothing had moved.
+	// while they streamed (a node switching role or stopping hands its
+	// decodes over; a router continues an answer whose engine failed);
+	// their answers went on as if nothing had moved.
 	HandedOver int `json:"requests_handed_over"`
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.

@@ -213,7 +213,7 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 			}
 		}
 		if res.HandedOver > 0 {
-			fmt.Fprintf(w, "moved\t%s continued on another engine mid-answer (a decode node switched role, or an engine failed)\n", counted(res.HandedOver, "request"))
+			fmt.Fprintf(w, "moved\t%s continued on another engine mid-answer (a decode node switched role, or an engine stopped or failed)\n", counted(res.HandedOver, "request"))
 		}
 		if res.Errors > 1 {
 			fmt.Fprintf(w, "first error\tat %.1fs: %s\n", res.FirstErrorAtS, res.FirstError)
