@@ -109,9 +109,9 @@ func TestEngineKilledUnderLoadFailsNoAgent(t *testing.T) {
 	syscall.Kill(c.state.Engines[2], syscall.SIGKILL)
 	res, b := finish()
 	resumed := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`)
-	// Answers resumed near the end may be cut short by it: the agents
-	// count only those that finished.
-	if res.Errors != 0 || resumed < 1 || res.Moved < 1 || res.Moved > int(resumed) {
+	// The agents count only the moved answers that finished before the
+	// run's end: long reasoning answers resumed may not have.
+	if res.Errors != 0 || resumed < 1 || res.Moved > int(resumed) {
 		t.Fatalf("bench: %d requests, %d errors (%s), %d moved; the router resumed %v answers", res.Requests, res.Errors, res.FirstError, res.Moved, resumed)
 	}
 	if regexp.MustCompile(`outcome="failed"\} [1-9]`).MatchString(b) {
@@ -139,11 +139,10 @@ func TestEngineStoppedUnderLoadHandsItsAnswersOver(t *testing.T) {
 	syscall.Kill(pid, syscall.SIGTERM)
 	eventually(t, 30*time.Second, "engine-2 stops", func() bool { return !alive(pid) })
 	res, b := finish()
-	if res.Errors != 0 || res.Moved < 1 {
-		t.Fatalf("bench: %d requests, %d errors (%s), %d moved", res.Requests, res.Errors, res.FirstError, res.Moved)
-	}
-	if v := metric(t, c.state.RouterURL, `evolve_router_handovers_total{outcome="continued"}`); v < 1 {
-		t.Fatalf("handovers continued: %v", v)
+	// The agents count only the moved answers that finished before the
+	// run's end; the router counts every one.
+	if v := metric(t, c.state.RouterURL, `evolve_router_handovers_total{outcome="continued"}`); res.Errors != 0 || v < 1 || res.Moved > int(v) {
+		t.Fatalf("bench: %d requests, %d errors (%s), %d moved; the router moved %v", res.Requests, res.Errors, res.FirstError, res.Moved, v)
 	}
 	if regexp.MustCompile(`outcome="failed"\} [1-9]`).MatchString(b) {
 		t.Fatalf("the router failed requests:\n%s", b)
