@@ -81,15 +81,17 @@ func TestRoleSwitchHandsDecodesOverUnderLoad(t *testing.T) {
 		t.Fatalf("after role set (%s handed over): %v", said[1], n)
 	}
 	res, b := finish()
-	if res.Errors != 0 || res.Moved < 1 || res.Moved >= res.Requests {
+	if res.Errors != 0 || res.Moved >= res.Requests {
 		t.Fatalf("bench: %d requests, %d handed over, %d errors (%s)", res.Requests, res.Moved, res.Errors, res.FirstError)
 	}
 	m := regexp.MustCompile(`(?m)^evolve_router_handovers_total\{outcome="continued"\} (\d+)$`).FindStringSubmatch(b)
 	if m == nil {
 		t.Fatalf("no handovers in the router's metrics:\n%s", b)
 	}
-	if n, _ := strconv.Atoi(m[1]); n < res.Moved {
-		t.Fatalf("the router counted %d handovers; bench saw %d answers move", n, res.Moved)
+	// The agents count only the moved answers that finished before the
+	// run's end; the router counts every one, as role set did.
+	if n, _ := strconv.Atoi(m[1]); n < 1 || n < res.Moved || strconv.Itoa(n) != said[1] {
+		t.Fatalf("the router counted %d handovers; bench saw %d answers move, role set said %s", n, res.Moved, said[1])
 	}
 	if regexp.MustCompile(`outcome="failed"\} [1-9]`).MatchString(b) {
 		t.Fatalf("a handover failed:\n%s", b)
