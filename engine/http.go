@@ -166,10 +166,11 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		prefix = "chatcmpl"
 	}
 	id := e.newRequestID(prefix)
+	routed := r.Header.Get(protocol.HeaderHandOver) // the client is a router
 	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, RemoteDecode: kvp.DoRemoteDecode,
 		// An answer it handed over that no peer took comes back to be
 		// finished, even while the engine drains (Leave).
-		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && r.Header.Get(protocol.HeaderHandOver) == protocol.HandOverNever}
+		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && routed == protocol.HandOverNever}
 	if kvp.DoRemoteDecode {
 		sr.MaxTokens = 1
 	}
@@ -202,7 +203,6 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		}
 	}
 	// A prefill leg ends at its first token: there is nothing to hand over.
-	routed := r.Header.Get(protocol.HeaderHandOver)
 	movable := routed == protocol.HandOverAllowed && !kvp.DoRemoteDecode
 	p, err := e.submit(sr, movable)
 	if err != nil {

@@ -208,23 +208,23 @@ func (o *Orchestrator) interrupted(id string, lost bool) {
 // elsewhere should its engine fail now: its engine named the tokens it
 // sent (protocol.TokenComment), and the answer has not moved too often.
 func (a *attempt) canResume() bool {
-	return a.p.Req.Stream && len(a.out) > 0 && a.answerID != "" && a.resumes < maxAttempts
+	return a.p.Req.Stream && len(a.out) > 0 && !a.outLost && a.answerID != "" && a.resumes < maxAttempts
 }
 
-// tokenSeen reads a protocol.TokenComment line's token and sampler state;
-// false if the line is not one.
-func tokenSeen(line []byte) (id uint32, sampler uint64, ok bool) {
-	rest, ok := bytes.CutPrefix(line, []byte(protocol.TokenComment))
-	if !ok {
-		return 0, 0, false
+// tokenSeen reads a protocol.TokenComment line: comment says whether the
+// line is one, readable whether its token and sampler state could be read.
+func tokenSeen(line []byte) (id uint32, sampler uint64, comment, readable bool) {
+	rest, comment := bytes.CutPrefix(line, []byte(protocol.TokenComment))
+	if !comment {
+		return 0, 0, false, false
 	}
 	idText, samplerText, _ := bytes.Cut(bytes.TrimSpace(rest), []byte(" "))
 	i, err1 := strconv.ParseUint(string(idText), 10, 32)
 	s, err2 := strconv.ParseUint(string(samplerText), 10, 64)
 	if err1 != nil || err2 != nil {
-		return 0, 0, true // an evolve comment, unreadable: dropped
+		return 0, 0, true, false
 	}
-	return uint32(i), s, true
+	return uint32(i), s, true, true
 }
 
 // noteAnswer takes the answer's id and creation time from its first

@@ -147,6 +147,7 @@ type attempt struct {
 	// the output stream after it; answerID and created are the answer's.
 	// With them the answer can go on elsewhere if its engine fails.
 	out      []uint32
+	outLost  bool // a token comment could not be read: out is incomplete
 	sampler  uint64
 	answerID string
 	created  int64
@@ -625,6 +626,12 @@ func (a *attempt) forward(url string, body []byte) error {
 	open, named := false, false
 	var tok uint32
 	var tokSampler uint64
+	seen := func() { // the client has the named token's whole event
+		if open && named {
+			a.out, a.sampler = append(a.out, tok), tokSampler
+		}
+		open, named = false, false
+	}
 	var herr error
 	werr, rerr := relaySSE(bufio.NewReader(resp.Body), a.w, a.flush, func(line []byte) []byte {
 		blank := len(bytes.TrimSpace(line)) == 0
@@ -632,19 +639,19 @@ func (a *attempt) forward(url string, body []byte) error {
 			skipBlank = false
 			return nil // the end of the continuation's event
 		}
-		if id, s, ok := tokenSeen(line); ok {
-			tok, tokSampler, named = id, s, true
-			return nil // the router's alone
+		if id, s, comment, readable := tokenSeen(line); comment {
+			// The router's alone. One it cannot read leaves the output it
+			// keeps incomplete: the answer can no longer go on elsewhere.
+			tok, tokSampler, named = id, s, readable
+			a.outLost = a.outLost || !readable
+			return nil
 		}
 		if !a.started {
 			a.started = true
 			a.w.WriteHeader(200)
 		}
 		if blank {
-			if open && named {
-				a.out, a.sampler = append(a.out, tok), tokSampler
-			}
-			open, named = false, false
+			seen()
 			return line
 		}
 		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
@@ -688,9 +695,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		// reads it and what follows as separate events.
 		a.w.Write([]byte("\n"))
 		a.flush()
-		if named {
-			a.out, a.sampler = append(a.out, tok), tokSampler
-		}
+		seen()
 	}
 	err = fmt.Errorf("the engine serving this request failed mid-stream: %v", rerr)
 	if a.started {
