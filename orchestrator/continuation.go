@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
 )
 
@@ -160,6 +162,7 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 				a.stayURL = url // not to be handed over again
 			}
 			a.urls[to], a.decode = url, to
+			a.fetchForResume(to)
 			a.resuming = why
 			ferr := a.forward(url, body)
 			if ferr == nil || errors.Is(ferr, errHandedOver) || a.answered {
@@ -185,6 +188,48 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 		a.streamError(err)
 	}
 	return err
+}
+
+// fetchForResume starts pulling onto node to, before an answer goes on
+// there, the blocks of its prompt that peers hold beyond what to holds
+// (routing.PeerFetches: a contiguous extension, where pulling beats
+// recomputing), and waits for the pulls to start, as a routed request's
+// fetches do: to's engine then holds the answer until they land, and
+// recomputes only what no live node holds (the output so far, and any
+// rest of the prompt). A node that failed this request is no source: the
+// directory still lists what it held until its heartbeats stop.
+func (a *attempt) fetchForResume(to string) {
+	if len(a.chain) == 0 {
+		return
+	}
+	var m kv.Match
+	v := a.o.view(a.chain, &m, a.failed)
+	var target *routing.Node
+	sources := make(map[kv.NodeID]string, len(v.Nodes))
+	for i := range v.Nodes {
+		n := &v.Nodes[i]
+		if n.ID == to {
+			target = n
+		}
+		if !n.SelfManagedKV && !a.failed[n.ID] {
+			sources[n.Dir] = n.ID
+		}
+	}
+	if target == nil {
+		return
+	}
+	fs := routing.PeerFetches(target, &m, v.BlockSize, sources)
+	if len(fs) == 0 {
+		return
+	}
+	blocks := 0
+	for _, f := range fs {
+		blocks += f.End - f.From
+	}
+	a.o.kvc.fetchedBlocks.Add(int64(blocks))
+	a.o.log.Debug("fetching a resumed answer's prompt KV from peers", "request", a.reqID, "node", to,
+		"blocks", blocks, "held_there", m.For(target.Dir).Local, "prompt_blocks", len(a.chain))
+	a.o.startFetches(routing.Decision{Fetches: fs}, a.chain)
 }
 
 // interrupted counts an answer node id was streaming when it failed, or

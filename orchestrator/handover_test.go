@@ -26,8 +26,11 @@ type routedChat struct {
 	usage      map[string]any
 	handedOver int    // the evolve object's handed_over
 	engine     string // and its engine: the one that finished the answer
-	done       bool
-	errors     []string
+	// The evolve object's prompt KV story (the last leg's, after a
+	// failure): tokens found in the host tier and tokens computed.
+	hostHit, computed int
+	done              bool
+	errors            []string
 }
 
 // streamedChat is a streamed chat request (with usage) whose prompt says
@@ -86,6 +89,8 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 			Evolve *struct {
 				HandedOver int    `json:"handed_over"`
 				Engine     string `json:"engine"`
+				HostHit    int    `json:"host_hit_tokens"`
+				Computed   int    `json:"computed_tokens"`
 			} `json:"evolve"`
 		}
 		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
@@ -98,6 +103,7 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 		}
 		if ch.Evolve != nil {
 			c.handedOver, c.engine = ch.Evolve.HandedOver, ch.Evolve.Engine
+			c.hostHit, c.computed = ch.Evolve.HostHit, ch.Evolve.Computed
 		}
 		for _, x := range ch.Choices {
 			if x.Delta.Role != "" {

@@ -210,3 +210,60 @@ func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
 		tc.o.release(id)
 	}
 }
+
+// An answer whose decode node dies goes on at a node that holds none of
+// its prompt: that node pulls the prompt's KV from the prefill node that
+// computed it, while the answer waits, and recomputes only the output so
+// far and the prompt's last partial block, not the whole context. The
+// client still reads the answer it would have read.
+func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	const n = 6000
+	body := streamedChat("a long context the agent keeps coming back to", 150, n, 3)
+	p, _, perr := openaiapi.ParseBody([]byte(body), true, 0)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	bs := tc.o.blockSize
+	full := len(p.Tokens) / bs * bs
+	if full < 50*bs {
+		t.Fatalf("the prompt has %d tokens: too short to tell a pull from a recompute", len(p.Tokens))
+	}
+	resp := postChat(t, tc, body)
+	first := resp.Header.Get(HeaderDecodeNode)
+	idx := map[string]int{"e1": 1, "e2": 2}[first]
+	if idx == 0 || resp.Header.Get(HeaderPrefillNode) != "e0" {
+		t.Fatalf("prefilled on %q, decoded on %q: want a split from e0", resp.Header.Get(HeaderPrefillNode), first)
+	}
+	chain := kv.ChainHashes(p.Tokens, bs)
+	got := readRoutedChat(t, resp, func() {
+		// The prefill node's KV events reach the directory in a batch:
+		// let them land first, as they would long before a real engine
+		// failed, then fail the decode node.
+		eventually(t, "the directory knows e0 holds the prompt", func() bool {
+			var m kv.Match
+			tc.o.c.mu.Lock()
+			defer tc.o.c.mu.Unlock()
+			tc.o.c.dir.Match(chain, &m)
+			return m.For(tc.o.c.nodes["e0"].dir).Local == len(chain)
+		})
+		tc.servers[idx].Close()
+	})
+	other := fmt.Sprint("e", 3-idx)
+	if !got.done || len(got.errors) > 0 || got.chunks != n || got.engine != other || got.handedOver != 1 {
+		t.Fatalf("%d chunks, done %v, errors %v, finished on %q, moved %d times", got.chunks, got.done, got.errors, got.engine, got.handedOver)
+	}
+	// The resuming leg found the prompt's full blocks in its host tier
+	// (where pulled blocks land), save the last one, which an engine
+	// computes again when the output starts inside it.
+	if got.hostHit < full-bs {
+		t.Fatalf("the resumed leg found %d of the prompt's %d tokens in host: it recomputed the context", got.hostHit, len(p.Tokens))
+	}
+	out := int(got.usage["completion_tokens"].(float64))
+	if limit := len(p.Tokens) - full + bs + out; got.computed > limit {
+		t.Fatalf("the resumed leg computed %d tokens, more than the output so far and a block (%d)", got.computed, limit)
+	}
+	if f := tc.o.kvc.fetchedBlocks.Load(); f < int64(full/bs-1) {
+		t.Fatalf("the router counts %d blocks fetched, want the prompt's %d", f, full/bs)
+	}
+}

@@ -226,7 +226,8 @@ func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string)
 
 // claimResumer picks and claims a serving node not in exclude that can
 // continue an answer from its output so far (evolve's engines), which
-// recomputes what it lacks of the prompt's KV (chain) and the output: a
+// pulls from peers or recomputes what it lacks of the prompt's KV (chain,
+// see fetchForResume) and recomputes the output's: a
 // decode node if one serves, else a prefill node, which takes a whole
 // request too; of those the one that holds the longest prefix of the
 // prompt (on GPU or host), then as claimDecodePeer picks.

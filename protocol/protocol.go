@@ -260,7 +260,8 @@ type ResponseKV struct {
 	// first decode engine found it, computed tokens and preemptions
 	// summed, E2E summed over the legs. After a failure, the first legs'
 	// story is lost with their engine: the fields tell the last leg's,
-	// which recomputed the prompt and the output so far.
+	// which found or pulled what it could of the prompt's KV and
+	// recomputed the rest and the output so far.
 	HandedOver int `json:"handed_over,omitempty"`
 	// Prefill is the prefill leg's object when a router split the request
 	// between a prefill and a decode engine: where the prompt's KV came

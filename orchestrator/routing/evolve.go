@@ -57,30 +57,18 @@ type plan struct {
 func (e *Evolve) estimate(n *Node, r *Request, bs int, byDir map[kv.NodeID]string) plan {
 	pl := plan{node: n}
 	var m kv.NodeMatch
-	cluster := 0
 	if r.Match != nil {
 		m = r.Match.For(n.Dir)
-		cluster = r.Match.Cluster
 	}
 	pl.localHits = m.GPU
 	pl.ownHost = m.Local - m.GPU
 	covered := m.Local
-	recomputeBlock := float64(bs) * n.PrefillSecPerToken
 	fetchSec := 0.0
-	if r.Match != nil && !n.SelfManagedKV && n.NetSecPerBlock < recomputeBlock {
-		for _, s := range r.Match.Sources {
-			from, to := max(s.From, covered), min(s.To, cluster)
-			if from >= to {
-				continue
-			}
-			src, known := byDir[s.Node]
-			if from != covered || s.Node == n.Dir || !known {
-				break // fetch only a contiguous extension of what the node holds
-			}
-			pl.fetches = append(pl.fetches, Fetch{To: n.ID, Src: src, From: from, End: to, SrcTier: s.Tier,
-				EstSeconds: float64(to-from) * n.NetSecPerBlock})
-			fetchSec += float64(to-from) * n.NetSecPerBlock
-			covered = to
+	if r.Match != nil {
+		pl.fetches = PeerFetches(n, r.Match, bs, byDir)
+		for _, f := range pl.fetches {
+			fetchSec += f.EstSeconds
+			covered = f.End
 		}
 	}
 	pl.uncached = max(r.Tokens-covered*bs, 1)
@@ -89,6 +77,37 @@ func (e *Evolve) estimate(n *Node, r *Request, bs int, byDir map[kv.NodeID]strin
 	pl.compute += float64(covered-m.Local) * n.HostSecPerBlock
 	pl.ttft = max(e.queued[n.ID], fetchSec) + pl.compute
 	return pl
+}
+
+// PeerFetches plans what node n pulls from its peers, while a request
+// waits in its queue, of a chain the directory matched as m: the blocks
+// just past the prefix n holds (GPU and host), taken from the runs of
+// m.Sources that extend it without a gap, when pulling a block beats
+// recomputing it (n.NetSecPerBlock against bs tokens at
+// n.PrefillSecPerToken: Mooncake's rule). sources names, by directory id,
+// the nodes that can serve a pull; a run held by any other node ends the
+// plan, as does one held by n itself. The fetches come in chain order,
+// each priced at its transfer time.
+func PeerFetches(n *Node, m *kv.Match, bs int, sources map[kv.NodeID]string) []Fetch {
+	if n.SelfManagedKV || n.NetSecPerBlock >= float64(bs)*n.PrefillSecPerToken {
+		return nil
+	}
+	var out []Fetch
+	covered := m.For(n.Dir).Local
+	for _, s := range m.Sources {
+		from, to := max(s.From, covered), min(s.To, m.Cluster)
+		if from >= to {
+			continue
+		}
+		src, known := sources[s.Node]
+		if from != covered || s.Node == n.Dir || !known {
+			break // fetch only a contiguous extension of what the node holds
+		}
+		out = append(out, Fetch{To: n.ID, Src: src, From: from, End: to, SrcTier: s.Tier,
+			EstSeconds: float64(to-from) * n.NetSecPerBlock})
+		covered = to
+	}
+	return out
 }
 
 // Route picks the decode node by load and the prefill node by estimated

@@ -417,3 +417,48 @@ func TestEvolveDecodeStaysWithContextUnlessMuchBusier(t *testing.T) {
 		})
 	}
 }
+
+// PeerFetches plans the pulls that extend what a node holds without a
+// gap, from the nodes it is told can serve them, while pulling beats
+// recomputing; the front door uses it for a resumed answer as Route does
+// for a new request.
+func TestPeerFetchesExtendWhatTheNodeHolds(t *testing.T) {
+	c := newCluster(t)
+	c.node("to", Decode)
+	c.node("p", Prefill)
+	c.node("q", Prefill)
+	c.node("dead", Decode)
+	r := c.request("r", 16*100, 12)
+	c.holds("to", r.Chain, 0, 10, kv.TierGPU)
+	c.holds("p", r.Chain, 0, 60, kv.TierGPU)
+	c.holds("q", r.Chain, 60, 80, kv.TierHost) // q holds 60..80 only: not a prefix, still a source
+	c.rematch(r)
+	all := map[kv.NodeID]string{}
+	for _, n := range c.v.Nodes {
+		all[n.Dir] = n.ID
+	}
+	fs := PeerFetches(c.get("to"), r.Match, bs, all)
+	if len(fs) != 2 || fs[0].Src != "p" || fs[0].From != 10 || fs[0].End != 60 || fs[1].Src != "q" || fs[1].From != 60 || fs[1].End != 80 {
+		t.Fatalf("fetches %+v, want 10..60 from p, then 60..80 from q", fs)
+	}
+	if fs[0].To != "to" || fs[0].EstSeconds != 50*60e-6 || fs[1].SrcTier != kv.TierHost {
+		t.Fatalf("fetches %+v", fs)
+	}
+
+	// A source it is not told of ends the plan: nothing past the gap.
+	without := map[kv.NodeID]string{c.get("q").Dir: "q"}
+	if fs := PeerFetches(c.get("to"), r.Match, bs, without); len(fs) != 0 {
+		t.Fatalf("fetched %+v with p not a source", fs)
+	}
+	// Recomputing a block cheaper than pulling it: nothing.
+	c.get("to").NetSecPerBlock = float64(bs) * c.get("to").PrefillSecPerToken
+	if fs := PeerFetches(c.get("to"), r.Match, bs, all); len(fs) != 0 {
+		t.Fatalf("fetched %+v where recomputing is as cheap", fs)
+	}
+	c.get("to").NetSecPerBlock = 60e-6
+	// A node whose engine keeps its own KV pulls nothing.
+	c.get("to").SelfManagedKV = true
+	if fs := PeerFetches(c.get("to"), r.Match, bs, all); len(fs) != 0 {
+		t.Fatalf("fetched %+v to a self-managed node", fs)
+	}
+}
