@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 
@@ -213,7 +214,8 @@ func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
 
 // An answer whose decode node dies goes on at a node that holds none of
 // its prompt: that node pulls the prompt's KV from the prefill node that
-// computed it, while the answer waits, and recomputes only the output so
+// computed it (not from the dead node, which the directory still lists),
+// while the answer waits, and recomputes only the output so
 // far and the prompt's last partial block, not the whole context. The
 // client still reads the answer it would have read.
 func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
@@ -240,12 +242,20 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 		// The prefill node's KV events reach the directory in a batch:
 		// let them land first, as they would long before a real engine
 		// failed, then fail the decode node.
-		eventually(t, "the directory knows e0 holds the prompt", func() bool {
+		// The decode node also copies its KV to its host tier, so that
+		// the directory prefers it as the source of the prompt's blocks:
+		// the pulls must come from e0 all the same.
+		if _, err := tc.o.control(first, protocol.ControlRequest{Op: protocol.OpOffload}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the directory knows e0 holds the prompt, and "+first+" holds it in host", func() bool {
 			var m kv.Match
 			tc.o.c.mu.Lock()
 			defer tc.o.c.mu.Unlock()
 			tc.o.c.dir.Match(chain, &m)
-			return m.For(tc.o.c.nodes["e0"].dir).Local == len(chain)
+			dead := tc.o.c.nodes[first].dir
+			return m.For(tc.o.c.nodes["e0"].dir).Local == len(chain) && len(m.Sources) > 0 &&
+				m.Sources[0].Node == dead && m.Sources[0].Tier == kv.TierHost
 		})
 		tc.servers[idx].Close()
 	})
@@ -265,5 +275,50 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 	}
 	if f := tc.o.kvc.fetchedBlocks.Load(); f < int64(full/bs-1) {
 		t.Fatalf("the router counts %d blocks fetched, want the prompt's %d", f, full/bs)
+	}
+}
+
+// A resumed answer's pulls come from nodes that did not fail it: where
+// the directory still lists the failed node's copies, and Match would
+// name it the holder (its host copies are preferred), a live holder of
+// the same blocks is found instead, and the chain counts as held only as
+// far as live nodes hold it.
+func TestResumeSourcesSkipTheFailedNode(t *testing.T) {
+	d := kv.NewDirectory()
+	toks := make([]uint32, 20*16)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	chain := kv.ChainHashes(toks, 16)
+	seq := map[kv.NodeID]uint64{}
+	holds := func(name string, from, to int, tier kv.Tier) kv.NodeID {
+		n, _ := d.Node(name)
+		for _, h := range chain[from:to] {
+			seq[n]++
+			if err := d.Apply(n, kv.Event{Seq: seq[n], Kind: kv.BlockStored, Tier: tier, Hash: h}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return n
+	}
+	holds("to", 0, 5, kv.TierGPU)
+	p := holds("p", 0, 15, kv.TierGPU)
+	q := holds("q", 12, 18, kv.TierHost)
+	dead := holds("dead", 0, 20, kv.TierHost)
+	var m kv.Match
+	d.Match(chain, &m)
+	if m.Cluster != 20 || len(m.Sources) != 1 || m.Sources[0].Node != dead {
+		t.Fatalf("Match: %+v; the test wants it to name the failed node", m)
+	}
+	cluster, src := liveSources(d, chain, 5, map[kv.NodeID]bool{dead: true}, nil)
+	// p keeps its run while it has the blocks, as in Match; q goes on.
+	want := []kv.Source{{From: 5, To: 15, Node: p, Tier: kv.TierGPU}, {From: 15, To: 18, Node: q, Tier: kv.TierHost}}
+	if cluster != 18 || !slices.Equal(src, want) {
+		t.Fatalf("live sources: held to %d, %+v; want 18, %+v", cluster, src, want)
+	}
+	// Nothing failed: the failed node's host copies, as Match has them.
+	cluster, src = liveSources(d, chain, 5, nil, nil)
+	if cluster != 20 || !slices.Equal(src, []kv.Source{{From: 5, To: 20, Node: dead, Tier: kv.TierHost}}) {
+		t.Fatalf("sources with none failed: %d, %+v", cluster, src)
 	}
 }
