@@ -236,6 +236,7 @@ func (a *attempt) fetchForResume(to string) {
 		blocks += f.End - f.From
 	}
 	a.o.kvc.fetchedBlocks.Add(int64(blocks))
+	a.o.met.resumePulled.Add(float64(blocks))
 	a.o.log.Debug("fetching a resumed answer's prompt KV from peers", "request", a.reqID, "node", to,
 		"blocks", blocks, "held_there", m.For(target.Dir).Local, "prompt_blocks", len(a.chain))
 	a.o.startFetches(routing.Decision{Fetches: fs}, a.chain)

@@ -276,6 +276,9 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 	if f := tc.o.kvc.fetchedBlocks.Load(); f < int64(full/bs-1) {
 		t.Fatalf("the router counts %d blocks fetched, want the prompt's %d", f, full/bs)
 	}
+	if f := testutil.ToFloat64(tc.o.met.resumePulled); f != float64(tc.o.kvc.fetchedBlocks.Load()) {
+		t.Fatalf("evolve_router_resume_fetched_blocks_total is %v, the router fetched %d blocks", f, tc.o.kvc.fetchedBlocks.Load())
+	}
 }
 
 // A resumed answer's pulls come from nodes that did not fail it: where

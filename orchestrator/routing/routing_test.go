@@ -427,7 +427,6 @@ func TestPeerFetchesExtendWhatTheNodeHolds(t *testing.T) {
 	c.node("to", Decode)
 	c.node("p", Prefill)
 	c.node("q", Prefill)
-	c.node("dead", Decode)
 	r := c.request("r", 16*100, 12)
 	c.holds("to", r.Chain, 0, 10, kv.TierGPU)
 	c.holds("p", r.Chain, 0, 60, kv.TierGPU)
