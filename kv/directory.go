@@ -585,3 +585,45 @@ func (d *Directory) Match(chain []BlockHash, m *Match) {
 		d.gpuLen[n], d.localLen[n] = 0, 0
 	}
 }
+
+// SourcesWithout is Match's Sources for chain from block from on, as if
+// the nodes skip names held nothing: a holder for every block while some
+// other node holds it, a run keeping its holder while it has the blocks
+// and host copies preferred, as Match picks them. It returns how far the
+// chain is held so (from if block from is not) and the runs, appended to
+// out. Match names a node that has failed but whose copies the directory
+// still lists (until its heartbeats stop); this walks the blocks one by
+// one through the index, for such rare cases only.
+func (d *Directory) SourcesWithout(chain []BlockHash, from int, skip func(NodeID) bool, out []Source) (int, []Source) {
+	var cur Replica
+	have := false
+	i := from
+	for ; i < len(chain); i++ {
+		s := d.entry(chain[i])
+		if s == nil {
+			break
+		}
+		pick, found, keep := Replica(0), false, false
+		for _, r := range d.copies(s) {
+			if skip(r.Node()) {
+				continue
+			}
+			if have && r == cur {
+				keep = true
+			}
+			if !found || r.Tier() == TierHost && pick.Tier() != TierHost {
+				pick, found = r, true
+			}
+		}
+		if !found {
+			break
+		}
+		if keep {
+			out[len(out)-1].To = i + 1
+			continue
+		}
+		out = append(out, Source{From: i, To: i + 1, Node: pick.Node(), Tier: pick.Tier()})
+		cur, have = pick, true
+	}
+	return i, out
+}

@@ -322,3 +322,42 @@ func TestDirectoryNodeLimit(t *testing.T) {
 		t.Fatalf("known node: %d %v", id, err)
 	}
 }
+
+// A resumed answer's pulls come from nodes that did not fail it: where
+// the directory still lists the failed node's copies, and Match names it
+// the holder (its host copies are preferred), SourcesWithout finds a live
+// holder of the same blocks instead, and the chain counts as held only as
+// far as live nodes hold it.
+func TestDirectorySourcesWithout(t *testing.T) {
+	f := newFeeder()
+	toks := make([]uint32, 20*16)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	chain := ChainHashes(toks, 16)
+	holds := func(name string, from, to int, tier Tier) NodeID {
+		n := f.node(t, name)
+		f.ev(t, n, BlockStored, tier, chain[from:to]...)
+		return n
+	}
+	holds("to", 0, 5, TierGPU)
+	p := holds("p", 0, 15, TierGPU)
+	q := holds("q", 12, 18, TierHost)
+	dead := holds("dead", 0, 20, TierHost)
+	var m Match
+	f.d.Match(chain, &m)
+	if m.Cluster != 20 || len(m.Sources) != 1 || m.Sources[0].Node != dead {
+		t.Fatalf("Match: %+v; the test wants it to name the failed node", m)
+	}
+	cluster, src := f.d.SourcesWithout(chain, 5, func(n NodeID) bool { return n == dead }, nil)
+	// p keeps its run while it has the blocks, as in Match; q goes on.
+	want := []Source{{From: 5, To: 15, Node: p, Tier: TierGPU}, {From: 15, To: 18, Node: q, Tier: TierHost}}
+	if cluster != 18 || !slices.Equal(src, want) {
+		t.Fatalf("live sources: held to %d, %+v; want 18, %+v", cluster, src, want)
+	}
+	// Nothing skipped: the failed node's host copies, as Match has them.
+	cluster, src = f.d.SourcesWithout(chain, 5, func(NodeID) bool { return false }, nil)
+	if cluster != 20 || !slices.Equal(src, []Source{{From: 5, To: 20, Node: dead, Tier: TierHost}}) {
+		t.Fatalf("sources with none skipped: %d, %+v", cluster, src)
+	}
+}

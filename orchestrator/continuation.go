@@ -197,7 +197,8 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 // fetches do: to's engine then holds the answer until they land, and
 // recomputes only what no live node holds (the output so far, and any
 // rest of the prompt). A node that failed this request is no source: the
-// directory still lists what it held until its heartbeats stop.
+// directory still lists what it held until its heartbeats stop
+// (kv.Directory.SourcesWithout).
 func (a *attempt) fetchForResume(to string) {
 	if len(a.chain) == 0 {
 		return
@@ -206,26 +207,25 @@ func (a *attempt) fetchForResume(to string) {
 	v := a.o.view(a.chain, &m, a.failed)
 	var target *routing.Node
 	sources := make(map[kv.NodeID]string, len(v.Nodes))
+	failed := map[kv.NodeID]bool{}
 	for i := range v.Nodes {
 		n := &v.Nodes[i]
-		if n.ID == to {
+		switch {
+		case n.ID == to:
 			target = n
+		case a.failed[n.ID]:
+			failed[n.Dir] = true
 		}
-		if !n.SelfManagedKV && !a.failed[n.ID] {
+		if !n.SelfManagedKV {
 			sources[n.Dir] = n.ID
 		}
 	}
 	if target == nil {
 		return
 	}
-	failed := map[kv.NodeID]bool{}
-	for _, n := range v.Nodes {
-		if a.failed[n.ID] {
-			failed[n.Dir] = true
-		}
-	}
+	// Match may name a failed node the holder of a run: take live ones.
 	a.o.c.mu.Lock()
-	m.Cluster, m.Sources = liveSources(a.o.c.dir, a.chain, m.For(target.Dir).Local, failed, m.Sources[:0])
+	m.Cluster, m.Sources = a.o.c.dir.SourcesWithout(a.chain, m.For(target.Dir).Local, func(n kv.NodeID) bool { return failed[n] }, nil)
 	a.o.c.mu.Unlock()
 	fs := routing.PeerFetches(target, &m, v.BlockSize, sources)
 	if len(fs) == 0 {
@@ -240,45 +240,6 @@ func (a *attempt) fetchForResume(to string) {
 	a.o.log.Debug("fetching a resumed answer's prompt KV from peers", "request", a.reqID, "node", to,
 		"blocks", blocks, "held_there", m.For(target.Dir).Local, "prompt_blocks", len(a.chain))
 	a.o.startFetches(routing.Decision{Fetches: fs}, a.chain)
-}
-
-// liveSources finds a holder for each block of chain from from on that is
-// not a failed node, as Match's Sources do (a run keeps its holder while
-// it has the blocks; host copies preferred, which leave the holder's GPU
-// alone), and returns how far the chain is held and those runs, appended
-// to out. The directory lists a failed node's copies until its heartbeats
-// stop, and Match may have named it a run's holder where a live node
-// holds the blocks too. It walks the blocks one by one: for resumes only.
-func liveSources(d *kv.Directory, chain []kv.BlockHash, from int, failed map[kv.NodeID]bool, out []kv.Source) (int, []kv.Source) {
-	var holders []kv.Replica
-	var cur kv.Replica
-	have := false
-	i := from
-	for ; i < len(chain); i++ {
-		holders = d.Holders(chain[i], holders[:0])
-		pick, found, keep := kv.Replica(0), false, false
-		for _, r := range holders {
-			if failed[r.Node()] {
-				continue
-			}
-			if have && r == cur {
-				keep = true
-			}
-			if !found || r.Tier() == kv.TierHost && pick.Tier() != kv.TierHost {
-				pick, found = r, true
-			}
-		}
-		if !found {
-			break
-		}
-		if keep {
-			out[len(out)-1].To = i + 1
-			continue
-		}
-		out = append(out, kv.Source{From: i, To: i + 1, Node: pick.Node(), Tier: pick.Tier()})
-		cur, have = pick, true
-	}
-	return i, out
 }
 
 // interrupted counts an answer node id was streaming when it failed, or

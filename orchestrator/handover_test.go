@@ -55,6 +55,22 @@ func postChat(t *testing.T, tc *testCluster, body string) *http.Response {
 	return resp
 }
 
+// sameAnswerMovedOnce checks that an answer that went on elsewhere once
+// is the reference answer: the same text, one id, the role named once,
+// n output tokens and the same prompt.
+func sameAnswerMovedOnce(t *testing.T, what string, got, ref *routedChat, n int) {
+	t.Helper()
+	if got.content.String() != ref.content.String() {
+		t.Fatalf("%s: the answer changed when it moved", what)
+	}
+	if len(got.ids) != 1 || got.roles != 1 || got.handedOver != 1 {
+		t.Fatalf("%s: ids %v, role named %d times, moved %d times", what, got.ids, got.roles, got.handedOver)
+	}
+	if got.usage["completion_tokens"] != float64(n) || got.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
+		t.Fatalf("%s: usage %v, want %v", what, got.usage, ref.usage)
+	}
+}
+
 // readRoutedChat reads a stream to its end, calling atFirst after the
 // first content chunk.
 func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedChat {
@@ -173,15 +189,7 @@ func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 		if ref.handedOver != 0 || !ref.done {
 			t.Fatalf("%s: the reference answer moved (%d) or failed", what, ref.handedOver)
 		}
-		if got.content.String() != ref.content.String() {
-			t.Fatalf("%s: the answer changed when its decode moved", what)
-		}
-		if len(got.ids) != 1 || got.roles != 1 || got.handedOver != 1 {
-			t.Fatalf("%s: ids %v, role named %d times, handed over %d times", what, got.ids, got.roles, got.handedOver)
-		}
-		if got.usage["completion_tokens"] != float64(n) || got.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
-			t.Fatalf("%s: usage %v, want %v", what, got.usage, ref.usage)
-		}
+		sameAnswerMovedOnce(t, what, got, ref, n)
 	}
 
 	// A short prompt is served whole on a decode node, a long one split.

@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 
@@ -40,15 +39,7 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 		if !got.done || len(got.errors) > 0 || got.chunks != n {
 			t.Fatalf("%s: %d chunks, done %v, errors %v", what, got.chunks, got.done, got.errors)
 		}
-		if got.content.String() != ref.content.String() {
-			t.Fatalf("%s: the answer changed when its engine failed", what)
-		}
-		if len(got.ids) != 1 || got.roles != 1 || got.handedOver != 1 {
-			t.Fatalf("%s: ids %v, role named %d times, moved %d times", what, got.ids, got.roles, got.handedOver)
-		}
-		if got.usage["completion_tokens"] != float64(n) || got.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
-			t.Fatalf("%s: usage %v, want %v", what, got.usage, ref.usage)
-		}
+		sameAnswerMovedOnce(t, what, got, ref, n)
 		if v := testutil.ToFloat64(tc.o.met.resumed.WithLabelValues(resumeEngineFailed, "continued")); v != resumed {
 			t.Fatalf("%s: answers resumed: %v, want %v", what, v, resumed)
 		}
@@ -278,50 +269,5 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 	}
 	if f := testutil.ToFloat64(tc.o.met.resumePulled); f != float64(tc.o.kvc.fetchedBlocks.Load()) {
 		t.Fatalf("evolve_router_resume_fetched_blocks_total is %v, the router fetched %d blocks", f, tc.o.kvc.fetchedBlocks.Load())
-	}
-}
-
-// A resumed answer's pulls come from nodes that did not fail it: where
-// the directory still lists the failed node's copies, and Match would
-// name it the holder (its host copies are preferred), a live holder of
-// the same blocks is found instead, and the chain counts as held only as
-// far as live nodes hold it.
-func TestResumeSourcesSkipTheFailedNode(t *testing.T) {
-	d := kv.NewDirectory()
-	toks := make([]uint32, 20*16)
-	for i := range toks {
-		toks[i] = uint32(i)
-	}
-	chain := kv.ChainHashes(toks, 16)
-	seq := map[kv.NodeID]uint64{}
-	holds := func(name string, from, to int, tier kv.Tier) kv.NodeID {
-		n, _ := d.Node(name)
-		for _, h := range chain[from:to] {
-			seq[n]++
-			if err := d.Apply(n, kv.Event{Seq: seq[n], Kind: kv.BlockStored, Tier: tier, Hash: h}); err != nil {
-				t.Fatal(err)
-			}
-		}
-		return n
-	}
-	holds("to", 0, 5, kv.TierGPU)
-	p := holds("p", 0, 15, kv.TierGPU)
-	q := holds("q", 12, 18, kv.TierHost)
-	dead := holds("dead", 0, 20, kv.TierHost)
-	var m kv.Match
-	d.Match(chain, &m)
-	if m.Cluster != 20 || len(m.Sources) != 1 || m.Sources[0].Node != dead {
-		t.Fatalf("Match: %+v; the test wants it to name the failed node", m)
-	}
-	cluster, src := liveSources(d, chain, 5, map[kv.NodeID]bool{dead: true}, nil)
-	// p keeps its run while it has the blocks, as in Match; q goes on.
-	want := []kv.Source{{From: 5, To: 15, Node: p, Tier: kv.TierGPU}, {From: 15, To: 18, Node: q, Tier: kv.TierHost}}
-	if cluster != 18 || !slices.Equal(src, want) {
-		t.Fatalf("live sources: held to %d, %+v; want 18, %+v", cluster, src, want)
-	}
-	// Nothing failed: the failed node's host copies, as Match has them.
-	cluster, src = liveSources(d, chain, 5, nil, nil)
-	if cluster != 20 || !slices.Equal(src, []kv.Source{{From: 5, To: 20, Node: dead, Tier: kv.TierHost}}) {
-		t.Fatalf("sources with none failed: %d, %+v", cluster, src)
 	}
 }
