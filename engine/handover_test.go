@@ -296,7 +296,9 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 // it in a comment before the token's event (a plain client's stream has
 // none); from any of them, an engine given the output so far and that
 // state, and no KV, recomputes the prompt and writes the rest of the very
-// same answer, as a router does when the first engine dies mid-stream.
+// same answer, as a router does when the first engine dies mid-stream;
+// or a prefill engine computes that KV and a decode engine pulls it and
+// writes the rest.
 func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 	_, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
 	_, srvB := startEngine(t, "b", sim.RolePrefill, 1, nil) // a prefill engine takes whole requests too
@@ -373,6 +375,50 @@ func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 	}
 	if rest.usage["completion_tokens"] != float64(n) || rest.evolve == nil || rest.evolve.HandedOver != 1 || rest.evolve.Engine != "b" {
 		t.Fatalf("usage %v, evolve %+v", rest.usage, rest.evolve)
+	}
+
+	// Or the answer goes on in two legs, as a router splits a long one: a
+	// prefill engine computes the KV of the prompt and the output so far
+	// and holds it (a prefill leg with evolve_resume), and a decode engine
+	// pulls it and writes the rest, computing next to nothing itself.
+	_, srvP := startEngine(t, "p", sim.RolePrefill, 1, nil)
+	ec, srvC := startEngine(t, "c", sim.RoleDecode, 1, nil)
+	rb, err := openaiapi.ParseObject([]byte(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leg := postRaw(t, srvP.URL+"/v1/chat/completions", rb.With(map[string]json.RawMessage{
+		"evolve_resume": res, "max_tokens": json.RawMessage("1"), "stream": json.RawMessage("false"), "stream_options": nil,
+		"kv_transfer_params": json.RawMessage(`{"do_remote_decode": true}`),
+	}), true)
+	var pre struct {
+		KV     json.RawMessage      `json:"kv_transfer_params"`
+		Evolve *protocol.ResponseKV `json:"evolve"`
+		Usage  struct {
+			Prompt int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	err = json.NewDecoder(leg.Body).Decode(&pre)
+	leg.Body.Close()
+	prompt := int(rest.usage["prompt_tokens"].(float64))
+	if err != nil || len(pre.KV) == 0 || pre.Evolve == nil || pre.Usage.Prompt != prompt+k || pre.Evolve.ComputedTokens < k {
+		t.Fatalf("the resumed answer's prefill leg: %v, kv %s, usage %+v, evolve %+v", err, pre.KV, pre.Usage, pre.Evolve)
+	}
+	split := readChat(t, postRaw(t, srvC.URL+"/v1/chat/completions", rb.With(map[string]json.RawMessage{
+		"evolve_resume": res, "kv_transfer_params": pre.KV,
+	}), true).Body, nil)
+	if len(split.content) != n-k || !split.done || len(split.ids) != 1 || !split.ids[answerID] || split.roles != 0 {
+		t.Fatalf("split: %d chunks, done %v, ids %v, role named %d times", len(split.content), split.done, split.ids, split.roles)
+	}
+	for i, c := range split.content {
+		if c != toks[k+i].text {
+			t.Fatalf("split, token %d: %q, the first engine wrote %q", k+i, c, toks[k+i].text)
+		}
+	}
+	bs := ec.cfg.Profile.BlockSize
+	if e := split.evolve; e == nil || e.Engine != "c" || e.HandedOver != 1 || e.TransferredTokens < (prompt+k)/bs*bs-bs ||
+		e.ComputedTokens > bs || split.usage["completion_tokens"] != float64(n) || split.usage["prompt_tokens"] != float64(prompt) {
+		t.Fatalf("split: usage %v, evolve %+v", split.usage, split.evolve)
 	}
 }
 

@@ -143,15 +143,11 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 			writeError(w, badRequest("evolve_resume", "evolve_resume: %v", err))
 			return
 		}
-		if kvp.DoRemoteDecode {
-			writeError(w, badRequest("evolve_resume", "a resumed answer cannot be a prefill leg (do_remote_decode)"))
-			return
-		}
 		if resume.ID == "" || len(resume.Output) == 0 {
 			writeError(w, badRequest("evolve_resume", "evolve_resume needs the answer's id and its output so far"))
 			return
 		}
-		if len(resume.Output) >= maxTokens {
+		if !kvp.DoRemoteDecode && len(resume.Output) >= maxTokens {
 			writeError(w, badRequest("evolve_resume", "evolve_resume has %d output tokens; max_tokens %d leaves none to write", len(resume.Output), maxTokens))
 			return
 		}
@@ -159,6 +155,15 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		// engine that handed the answer over holds.
 		tokens = append(append(make([]uint32, 0, len(tokens)+len(resume.Output)), tokens...), resume.Output...)
 		maxTokens -= len(resume.Output)
+		if kvp.DoRemoteDecode {
+			// The prefill leg of a resumed answer: a router has this
+			// engine compute the KV of the prompt and the output so far
+			// (the engine that was writing the answer died with it) and
+			// hold it for the decode engine that goes on with the answer.
+			// The leg is a plain prefill of those tokens: it writes none
+			// of the answer.
+			resume = nil
+		}
 	}
 
 	prefix := "cmpl"

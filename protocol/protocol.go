@@ -314,6 +314,11 @@ type HandOver struct {
 
 // Resume is how an engine continues another's answer: the output so
 // far, the state of its sampler, and the answer's identity and story.
+// Sent with a prefill leg's kv_transfer_params (do_remote_decode), it
+// asks the engine only to compute and hold the KV of the prompt and the
+// output so far, for a decode engine that then goes on with the answer
+// from that KV: a router splits a resume so when much is to be
+// recomputed.
 type Resume struct {
 	ID      string   `json:"id"`      // the answer's id, kept
 	Created int64    `json:"created"` // and its creation time
