@@ -137,8 +137,9 @@ const (
 	resumeNoPeer       = "no_peer"
 )
 
-// resume continues the answer from r on a node that recomputes the KV of
-// the prompt and the output so far: first on home when given (a.decode,
+// resume continues the answer from r on a node that pulls or recomputes
+// the KV of the prompt and the output so far, or has a prefill node
+// compute it (placeResume): first on home when given (a.decode,
 // whose claim the request holds: the node that held that KV, which then
 // finishes the answer where it is), then on the least claimed node that
 // can (claimResumer: the one holding most of the prompt's KV) and has not
@@ -148,7 +149,6 @@ const (
 func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error {
 	a.resumes++
 	res, _ := json.Marshal(r)
-	body := a.body.With(map[string]json.RawMessage{"evolve_resume": res})
 	err := cause
 	if a.resumes <= maxAttempts {
 		for try := 0; try < maxAttempts; try++ {
@@ -162,9 +162,12 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 				a.stayURL = url // not to be handed over again
 			}
 			a.urls[to], a.decode = url, to
-			a.fetchForResume(to)
+			// Home holds the KV of the output so far: it never needs a
+			// prefill node's.
+			body := a.placeResume(to, res, len(r.Output), to != home)
 			a.resuming = why
 			ferr := a.forward(url, body)
+			a.dropResumePrefill()
 			if ferr == nil || errors.Is(ferr, errHandedOver) || a.answered {
 				return ferr
 			}
@@ -190,21 +193,99 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 	return err
 }
 
-// fetchForResume starts pulling onto node to, before an answer goes on
-// there, the blocks of its prompt that peers hold beyond what to holds
-// (routing.PeerFetches: a contiguous extension, where pulling beats
-// recomputing), and waits for the pulls to start, as a routed request's
-// fetches do: to's engine then holds the answer until they land, and
-// recomputes only what no live node holds (the output so far, and any
-// rest of the prompt). A node that failed this request is no source: the
-// directory still lists what it held until its heartbeats stop
-// (kv.Directory.SourcesWithout).
-func (a *attempt) fetchForResume(to string) {
-	if len(a.chain) == 0 {
+// placeResume readies node to to go on with the answer from res (with
+// outLen output tokens so far) and returns the body to send it. When to
+// is a decode node that would recompute more than
+// routing.DefaultLocalPrefillTokens of the prompt and the output so far,
+// even after pulling what peers hold, and split allows it, a prefill
+// node computes that KV (resumePrefill) and to pulls it, as the decode
+// leg of a split request does: the recompute does not stall the streams
+// to is decoding. Otherwise to pulls what peers hold of the prompt
+// (resumeFetches) and recomputes the rest itself.
+func (a *attempt) placeResume(to string, res json.RawMessage, outLen int, split bool) []byte {
+	plan := a.resumeFetches(to)
+	if recompute := len(a.p.Tokens) - plan.covered*plan.blockSize + outLen; split && plan.decode &&
+		recompute > routing.DefaultLocalPrefillTokens {
+		if kvp, ok := a.resumePrefill(to, res, recompute); ok {
+			return a.body.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res})
+		}
+	}
+	a.startResumeFetches(plan)
+	return a.body.With(map[string]json.RawMessage{"evolve_resume": res})
+}
+
+// resumePrefill has a serving prefill node (claimResumePrefill) compute
+// and hold the KV of the prompt and the output so far for decode node
+// to, pulling first what peers hold of the prompt; it returns the
+// kv_transfer_params of the hold, or false when no prefill node did it
+// (to then recomputes that KV itself). The prefill node's claim lasts
+// until to answers (dropResumePrefill).
+func (a *attempt) resumePrefill(to string, res json.RawMessage, recompute int) (json.RawMessage, bool) {
+	exclude := map[string]bool{to: true}
+	for id := range a.failed {
+		exclude[id] = true
+	}
+	p, url := a.o.claimResumePrefill(exclude, a.chain)
+	if p == "" {
+		return nil, false
+	}
+	a.urls[p] = url
+	a.startResumeFetches(a.resumeFetches(p))
+	kvp, story, err := a.prefillOn(url, map[string]json.RawMessage{"evolve_resume": res})
+	if err != nil {
+		// Not a failure of the answer: a node that refuses (draining)
+		// still serves its KV to the decode node.
+		a.o.log.Warn("prefill node could not compute a resumed answer's KV; the decode node recomputes it", "request", a.reqID,
+			"node", p, "decode", to, "err", err)
+		a.o.release(p)
+		return nil, false
+	}
+	a.resumePrefillNode, a.resumePrefillKV = p, kvp
+	if story != nil {
+		a.prefillKV = story
+	}
+	a.o.met.resumePrefilled.Inc()
+	a.o.log.Debug("a prefill node computed a resumed answer's KV", "request", a.reqID, "node", p, "decode", to,
+		"decode_would_recompute", recompute)
+	return kvp, true
+}
+
+// dropResumePrefill ends the claim of the prefill node that computed a
+// resumed answer's KV (resumePrefill) once the decode leg has ended or
+// answered: an engine pulls the KV before it answers, and one that never
+// answered leaves the hold to be freed now rather than when it times out.
+func (a *attempt) dropResumePrefill() {
+	if a.resumePrefillNode == "" {
 		return
 	}
+	if !a.answered {
+		a.releaseHold(a.urls[a.resumePrefillNode], a.resumePrefillKV)
+	}
+	a.o.release(a.resumePrefillNode)
+	a.resumePrefillNode, a.resumePrefillKV = "", nil
+}
+
+// resumePlan is what a node readied for a resumed answer pulls of its
+// prompt's KV (resumeFetches).
+type resumePlan struct {
+	node      string
+	decode    bool // the node decodes
+	fetches   []routing.Fetch
+	held      int // prompt blocks the node holds (GPU and host)
+	covered   int // and those with the pulls
+	blockSize int
+}
+
+// resumeFetches plans what node to pulls, before it goes on with an
+// answer or computes its KV, of the blocks of the prompt that peers hold
+// beyond what to holds (routing.PeerFetches: a contiguous extension,
+// where pulling beats recomputing). A node that failed this request is
+// no source: the directory still lists what it held until its heartbeats
+// stop (kv.Directory.SourcesWithout).
+func (a *attempt) resumeFetches(to string) resumePlan {
 	var m kv.Match
 	v := a.o.view(a.chain, &m, a.failed)
+	plan := resumePlan{node: to, blockSize: v.BlockSize}
 	var target *routing.Node
 	sources := make(map[kv.NodeID]string, len(v.Nodes))
 	failed := map[kv.NodeID]bool{}
@@ -221,25 +302,39 @@ func (a *attempt) fetchForResume(to string) {
 		}
 	}
 	if target == nil {
-		return
+		return plan
+	}
+	plan.decode = target.Role == routing.Decode
+	plan.held = m.For(target.Dir).Local
+	plan.covered = plan.held
+	if len(a.chain) == 0 {
+		return plan
 	}
 	// Match may name a failed node the holder of a run: take live ones.
 	a.o.c.mu.Lock()
-	m.Cluster, m.Sources = a.o.c.dir.SourcesWithout(a.chain, m.For(target.Dir).Local, func(n kv.NodeID) bool { return failed[n] }, nil)
+	m.Cluster, m.Sources = a.o.c.dir.SourcesWithout(a.chain, plan.held, func(n kv.NodeID) bool { return failed[n] }, nil)
 	a.o.c.mu.Unlock()
-	fs := routing.PeerFetches(target, &m, v.BlockSize, sources)
-	if len(fs) == 0 {
+	plan.fetches = routing.PeerFetches(target, &m, v.BlockSize, sources)
+	for _, f := range plan.fetches {
+		plan.covered = f.End
+	}
+	return plan
+}
+
+// startResumeFetches starts a resumeFetches plan and waits for its pulls
+// to start, as a routed request's fetches do: the node's engine then
+// holds the request until they land, and recomputes only what no live
+// node holds.
+func (a *attempt) startResumeFetches(plan resumePlan) {
+	if len(plan.fetches) == 0 {
 		return
 	}
-	blocks := 0
-	for _, f := range fs {
-		blocks += f.End - f.From
-	}
+	blocks := plan.covered - plan.held
 	a.o.kvc.fetchedBlocks.Add(int64(blocks))
 	a.o.met.resumePulled.Add(float64(blocks))
-	a.o.log.Debug("fetching a resumed answer's prompt KV from peers", "request", a.reqID, "node", to,
-		"blocks", blocks, "held_there", m.For(target.Dir).Local, "prompt_blocks", len(a.chain))
-	a.o.startFetches(routing.Decision{Fetches: fs}, a.chain)
+	a.o.log.Debug("fetching a resumed answer's prompt KV from peers", "request", a.reqID, "node", plan.node,
+		"blocks", blocks, "held_there", plan.held, "prompt_blocks", len(a.chain))
+	a.o.startFetches(routing.Decision{Fetches: plan.fetches}, a.chain)
 }
 
 // interrupted counts an answer node id was streaming when it failed, or

@@ -158,7 +158,12 @@ type attempt struct {
 	interruptedOn string
 	// stayURL is a node sent the answer with protocol.HandOverNever.
 	stayURL string
-	chain   []kv.BlockHash // the prompt's blocks
+	// resumePrefillNode computed and holds, under resumePrefillKV, the
+	// KV a resumed answer's decode leg pulls (resumePrefill); its claim
+	// ends when that leg answers or ends.
+	resumePrefillNode string
+	resumePrefillKV   json.RawMessage
+	chain             []kv.BlockHash // the prompt's blocks
 }
 
 var reqCounter atomic.Uint64
@@ -474,17 +479,35 @@ var (
 // prefill runs the prefill leg (vLLM's step 1) and returns the
 // kv_transfer_params the decode leg needs.
 func (a *attempt) prefill() (json.RawMessage, error) {
+	kvp, story, err := a.prefillOn(a.urls[a.dec.Prefill], nil)
+	if err != nil {
+		return nil, err
+	}
+	if story != nil {
+		a.prefillKV = story
+	}
+	a.prefillDone()
+	return kvp, nil
+}
+
+// prefillOn runs a prefill leg of the client's request, with the members
+// of extra added, on the node at url; it returns the kv_transfer_params
+// the decode leg needs and the leg's "evolve" object (nil if none).
+func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (kvp, story json.RawMessage, err error) {
 	set := map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
 	if a.body.Has("max_completion_tokens") {
 		set["max_completion_tokens"] = jsonOne
 	}
-	resp, err := a.post(a.urls[a.dec.Prefill], a.body.With(set))
+	for k, v := range extra {
+		set[k] = v
+	}
+	resp, err := a.post(url, a.body.With(set))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	b, err := readAnswer(resp, 16<<20, "prefill")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	var out struct {
 		KV     json.RawMessage `json:"kv_transfer_params"`
@@ -496,13 +519,12 @@ func (a *attempt) prefill() (json.RawMessage, error) {
 	}
 	if len(out.KV) == 0 || string(out.KV) == "null" {
 		// vLLM answers so when no KV connector hands its KV to a peer.
-		return nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
+		return nil, nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
 	}
 	if len(out.Evolve) > 0 && string(out.Evolve) != "null" {
-		a.prefillKV = out.Evolve
+		story = out.Evolve
 	}
-	a.prefillDone()
-	return out.KV, nil
+	return out.KV, story, nil
 }
 
 // prefillDone tells the policy the request's prefill is over (its queued
@@ -730,6 +752,7 @@ func (a *attempt) legAnswers() {
 	a.answered = true
 	a.firstToken()
 	a.freePrefill()
+	a.dropResumePrefill()
 	if a.resuming != "" {
 		a.o.met.resumed.WithLabelValues(a.resuming, "continued").Inc()
 		a.resuming = ""

@@ -27,10 +27,14 @@ type routedChat struct {
 	handedOver int    // the evolve object's handed_over
 	engine     string // and its engine: the one that finished the answer
 	// The evolve object's prompt KV story (the last leg's, after a
-	// failure): tokens found in the host tier and tokens computed.
-	hostHit, computed int
-	done              bool
-	errors            []string
+	// failure): tokens found in the host tier, pulled from the prefill
+	// leg's engine and computed; and the prefill leg's engine and
+	// computed tokens, when the router split the request.
+	hostHit, transferred, computed int
+	prefillEngine                  string
+	prefillComputed                int
+	done                           bool
+	errors                         []string
 }
 
 // streamedChat is a streamed chat request (with usage) whose prompt says
@@ -75,6 +79,13 @@ func sameAnswerMovedOnce(t *testing.T, what string, got, ref *routedChat, n int)
 // first content chunk.
 func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedChat {
 	t.Helper()
+	return readRoutedChatAt(t, resp, 1, atFirst)
+}
+
+// readRoutedChatAt reads a stream to its end, calling at after content
+// chunk k.
+func readRoutedChatAt(t *testing.T, resp *http.Response, k int, at func()) *routedChat {
+	t.Helper()
 	defer resp.Body.Close()
 	c := &routedChat{header: resp.Header, ids: map[string]bool{}}
 	sc := bufio.NewScanner(resp.Body)
@@ -103,10 +114,15 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 			Usage  map[string]any `json:"usage"`
 			Error  any            `json:"error"`
 			Evolve *struct {
-				HandedOver int    `json:"handed_over"`
-				Engine     string `json:"engine"`
-				HostHit    int    `json:"host_hit_tokens"`
-				Computed   int    `json:"computed_tokens"`
+				HandedOver  int    `json:"handed_over"`
+				Engine      string `json:"engine"`
+				HostHit     int    `json:"host_hit_tokens"`
+				Transferred int    `json:"transferred_tokens"`
+				Computed    int    `json:"computed_tokens"`
+				Prefill     *struct {
+					Engine   string `json:"engine"`
+					Computed int    `json:"computed_tokens"`
+				} `json:"prefill"`
 			} `json:"evolve"`
 		}
 		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
@@ -119,7 +135,10 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 		}
 		if ch.Evolve != nil {
 			c.handedOver, c.engine = ch.Evolve.HandedOver, ch.Evolve.Engine
-			c.hostHit, c.computed = ch.Evolve.HostHit, ch.Evolve.Computed
+			c.hostHit, c.transferred, c.computed = ch.Evolve.HostHit, ch.Evolve.Transferred, ch.Evolve.Computed
+			if p := ch.Evolve.Prefill; p != nil {
+				c.prefillEngine, c.prefillComputed = p.Engine, p.Computed
+			}
 		}
 		for _, x := range ch.Choices {
 			if x.Delta.Role != "" {
@@ -128,8 +147,8 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 			if x.Finish == nil && x.Delta.Content != nil {
 				c.content.WriteString(*x.Delta.Content)
 				c.chunks++
-				if c.chunks == 1 && atFirst != nil {
-					atFirst()
+				if c.chunks == k && at != nil {
+					at()
 				}
 			}
 		}

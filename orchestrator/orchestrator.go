@@ -81,7 +81,10 @@ type metrics struct {
 	// resumePulled: prompt blocks resuming nodes were asked to pull
 	// from peers rather than recompute.
 	resumePulled prometheus.Counter
-	ttft, e2e    prometheus.Histogram
+	// resumePrefilled: resumed answers whose KV a prefill node computed
+	// for their decode node (attempt.resumePrefill).
+	resumePrefilled prometheus.Counter
+	ttft, e2e       prometheus.Histogram
 	// The planner's view, as of its last step.
 	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
 	planCost      *prometheus.GaugeVec // model, coefficient
@@ -106,8 +109,9 @@ func newMetrics() *metrics {
 	m.planGain = prometheus.NewGauge(prometheus.GaugeOpts{Name: "evolve_planner_gain_seconds", Help: "Predicted request-seconds a move saves over the gain horizon."})
 	m.planMoves = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_planner_moves_total", Help: "Role moves the planner asked for."})
 	m.resumed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_resumed_answers_total", Help: "Answers continued on another node from the output the client had read, by cause (engine_failed: the engine died mid-stream; no_peer: a handed-over answer no peer took, finished where its KV was) and outcome (continued, or failed: no node could)."}, []string{"cause", "outcome"})
-	m.resumePulled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_fetched_blocks_total", Help: "KV blocks of resumed answers' prompts that the node continuing them was asked to pull from live peers rather than recompute."})
-	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.ttft, m.e2e,
+	m.resumePulled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_fetched_blocks_total", Help: "KV blocks of resumed answers' prompts that the node continuing them, or the prefill node computing their KV, was asked to pull from live peers rather than recompute."})
+	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
+	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }

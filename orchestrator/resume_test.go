@@ -204,7 +204,8 @@ func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
 }
 
 // An answer whose decode node dies goes on at a node that holds none of
-// its prompt: that node pulls the prompt's KV from the prefill node that
+// its prompt: with no prefill node to compute the KV for it (the only one
+// drains), that node pulls the prompt's KV from the prefill node that
 // computed it (not from the dead node, which the directory still lists),
 // while the answer waits, and recomputes only the output so
 // far and the prompt's last partial block, not the whole context. The
@@ -248,6 +249,11 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 			return m.For(tc.o.c.nodes["e0"].dir).Local == len(chain) && len(m.Sources) > 0 &&
 				m.Sources[0].Node == dead && m.Sources[0].Tier == kv.TierHost
 		})
+		// A draining node takes no prefill leg (the router may not know
+		// yet, and e0 refuses it), but it serves its KV.
+		if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpDrain}); err != nil {
+			t.Fatal(err)
+		}
 		tc.servers[idx].Close()
 	})
 	other := fmt.Sprint("e", 3-idx)
@@ -270,4 +276,56 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 	if f := testutil.ToFloat64(tc.o.met.resumePulled); f != float64(tc.o.kvc.fetchedBlocks.Load()) {
 		t.Fatalf("evolve_router_resume_fetched_blocks_total is %v, the router fetched %d blocks", f, tc.o.kvc.fetchedBlocks.Load())
 	}
+	if v := testutil.ToFloat64(tc.o.met.resumePrefilled); v != 0 {
+		t.Fatalf("%v resumes prefilled with the only prefill node draining", v)
+	}
+}
+
+// An answer whose decode node dies far into it goes on in two legs: the
+// prefill node computes the KV of the prompt and of the output so far
+// (too much for a decode node to recompute without stalling the streams
+// it decodes) and holds it, and the other decode node pulls it and
+// writes the rest, computing almost nothing. The client reads the answer
+// it would have read, and the answer's story says where its KV came from.
+func TestAResumedAnswerFarIntoItIsPrefilledElsewhere(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	const n, at = 3000, 1200
+	body := streamedChat("a problem to reason about at length", 60, n, 11)
+	ref := readRoutedChat(t, postChat(t, tc, body), nil)
+	resp := postChat(t, tc, body)
+	first := resp.Header.Get(HeaderDecodeNode)
+	idx := map[string]int{"e1": 1, "e2": 2}[first]
+	if idx == 0 {
+		t.Fatalf("decoded on %q", first)
+	}
+	got := readRoutedChatAt(t, resp, at, func() { tc.servers[idx].Close() })
+	other := fmt.Sprint("e", 3-idx)
+	if got.engine != other || !got.done || len(got.errors) > 0 || got.chunks != n {
+		t.Fatalf("finished on %q, %d chunks, done %v, errors %v", got.engine, got.chunks, got.done, got.errors)
+	}
+	sameAnswerMovedOnce(t, "resumed far into it", got, ref, n)
+	bs := tc.o.blockSize
+	prompt := int(ref.usage["prompt_tokens"].(float64))
+	// The decode leg pulled the prompt and at least the output the client
+	// had read, and computed at most a block; the prefill leg computed
+	// that output.
+	if got.transferred < (prompt+at)/bs*bs-bs || got.computed > bs {
+		t.Fatalf("the decode leg pulled %d tokens and computed %d: want the prompt (%d) and %d output tokens pulled",
+			got.transferred, got.computed, prompt, at)
+	}
+	if got.prefillEngine != "e0" || got.prefillComputed < at-bs {
+		t.Fatalf("the resume's prefill leg: on %q, computed %d tokens; want e0, the output so far (at least %d)", got.prefillEngine, got.prefillComputed, at)
+	}
+	if v := testutil.ToFloat64(tc.o.met.resumePrefilled); v != 1 {
+		t.Fatalf("evolve_router_resume_prefilled_total is %v", v)
+	}
+	if v := testutil.ToFloat64(tc.o.met.resumed.WithLabelValues(resumeEngineFailed, "continued")); v != 1 {
+		t.Fatalf("answers resumed: %v", v)
+	}
+	// Neither node is left claimed, nor e0 holding the KV.
+	eventually(t, "no claims or holds left", func() bool {
+		tc.o.c.mu.Lock()
+		defer tc.o.c.mu.Unlock()
+		return tc.o.c.nodes["e0"].inFlight == 0 && tc.o.c.nodes[other].inFlight == 0 && tc.o.c.nodes["e0"].hb.Held == 0
+	})
 }

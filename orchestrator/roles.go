@@ -227,20 +227,36 @@ func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string)
 // claimResumer picks and claims a serving node not in exclude that can
 // continue an answer from its output so far (evolve's engines), which
 // pulls from peers or recomputes what it lacks of the prompt's KV (chain,
-// see fetchForResume) and recomputes the output's: a
+// see placeResume) and recomputes the output's, or has a prefill node do
+// so: a
 // decode node if one serves, else a prefill node, which takes a whole
 // request too; of those the one that holds the longest prefix of the
 // prompt (on GPU or host), then as claimDecodePeer picks.
 func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHash) (id, url string) {
-	var m kv.Match
-	o.c.mu.Lock()
-	o.c.dir.Match(chain, &m)
-	o.c.mu.Unlock()
-	held := func(n *node) int { return m.For(n.dir).Local }
+	held := o.heldOf(chain)
 	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode && n.reg.CanHandOver }, held); id != "" {
 		return id, url
 	}
 	return o.claimPeer(exclude, func(n *node) bool { return n.reg.CanHandOver }, held)
+}
+
+// claimResumePrefill picks and claims a serving prefill node not in
+// exclude that can compute a resumed answer's KV for its decode node
+// (evolve's engines take evolve_resume on a prefill leg): the one that
+// holds the longest prefix of the prompt (chain, on GPU or host), then
+// as claimDecodePeer picks. It returns "" when none serves.
+func (o *Orchestrator) claimResumePrefill(exclude map[string]bool, chain []kv.BlockHash) (id, url string) {
+	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Prefill && n.reg.CanHandOver }, o.heldOf(chain))
+}
+
+// heldOf says how many leading blocks of chain a node holds (GPU and
+// host), as the directory knows now.
+func (o *Orchestrator) heldOf(chain []kv.BlockHash) func(*node) int {
+	var m kv.Match
+	o.c.mu.Lock()
+	o.c.dir.Match(chain, &m)
+	o.c.mu.Unlock()
+	return func(n *node) int { return m.For(n.dir).Local }
 }
 
 // claimPeer claims a serving node, not in exclude, that fits: the one

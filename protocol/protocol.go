@@ -266,7 +266,9 @@ type ResponseKV struct {
 	// Prefill is the prefill leg's object when a router split the request
 	// between a prefill and a decode engine: where the prompt's KV came
 	// from is its story (the decode leg's transferred tokens are the
-	// handoff). Routers add it; engines never set it.
+	// handoff). After a failure whose resume the router split, it is the
+	// leg that computed the KV of the prompt and the output so far.
+	// Routers add it; engines never set it.
 	Prefill *ResponseKV `json:"prefill,omitempty"`
 }
 

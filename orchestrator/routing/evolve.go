@@ -11,9 +11,15 @@ import (
 type EvolveConfig struct {
 	// LocalPrefillTokens: a request whose uncached part on its decode node is
 	// at most this many tokens is prefilled there, with no KV transfer.
-	// Default 512.
+	// Default DefaultLocalPrefillTokens.
 	LocalPrefillTokens int
 }
+
+// DefaultLocalPrefillTokens is how many tokens a decode node computes
+// itself rather than have a prefill node compute them and send their KV
+// (EvolveConfig.LocalPrefillTokens): a chunk this small barely slows the
+// streams it decodes.
+const DefaultLocalPrefillTokens = 512
 
 // Evolve routes by estimated time to first token (see the package comment).
 type Evolve struct {
@@ -32,7 +38,7 @@ type evolveReq struct {
 // NewEvolve returns the evolve policy.
 func NewEvolve(cfg EvolveConfig) *Evolve {
 	if cfg.LocalPrefillTokens <= 0 {
-		cfg.LocalPrefillTokens = 512
+		cfg.LocalPrefillTokens = DefaultLocalPrefillTokens
 	}
 	return &Evolve{cfg: cfg, queued: map[string]float64{}, decodes: map[string]int{}, reqs: map[string]evolveReq{}}
 }
