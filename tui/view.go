@@ -605,11 +605,12 @@ func rate(v float64) string {
 // coefText is a learned coefficient and its standard error, the error as a
 // share of the value ("per_token_us 6.5 ±0.2%") so that a tiny error reads
 // at a glance instead of as 6.8e-07; in absolute terms when the value is 0
-// or the error dwarfs it.
+// or the error is as large as it (a term the passes have not yet exercised,
+// "per_block_us -0.161 ±0.53", not "±3.3e+02%").
 func coefText(c Coef) string {
 	v := math.Abs(c.Value)
 	switch rel := 100 * c.StdErr / v; {
-	case v == 0 || rel >= 1000 || math.IsNaN(rel):
+	case v == 0 || rel >= 100 || math.IsNaN(rel):
 		return fmt.Sprintf("%s %.3g ±%.2g", c.Name, c.Value, c.StdErr)
 	case rel < 0.1:
 		return fmt.Sprintf("%s %.3g ±<0.1%%", c.Name, c.Value)

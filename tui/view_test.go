@@ -14,6 +14,8 @@ func TestCoefText(t *testing.T) {
 		{Coef{"per_block_us", 0, 0.2}, "per_block_us 0 ±0.2"},
 		{Coef{"base_ms", -0.002, 0.5}, "base_ms -0.002 ±0.5"},
 		{Coef{"base_ms", 12, 3}, "base_ms 12 ±25%"},
+		{Coef{"per_block_us", -0.161, 0.53}, "per_block_us -0.161 ±0.53"},
+		{Coef{"per_block_us", 0.5, 0.49}, "per_block_us 0.5 ±98%"},
 	} {
 		if got := coefText(tc.c); got != tc.want {
 			t.Errorf("coefText(%+v) = %q, want %q", tc.c, got, tc.want)
