@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/openaiapi/openaiapitest"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/tokenizer"
 )
@@ -43,75 +43,15 @@ func startEngine(t *testing.T, id string, role sim.Role, speedup float64, sk Eve
 	return e, srv
 }
 
-// chatStream is what a streamed chat answer said, chunk by chunk.
-type chatStream struct {
-	lines    []string // every data line, [DONE] included
-	content  []string // each chunk's content, in order
-	roles    int      // chunks that named the role
-	ids      map[string]bool
-	usage    map[string]any
-	evolve   *protocol.ResponseKV
-	handOver *protocol.HandOver
-	done     bool
-}
-
-// readChat reads a streamed chat answer; after each content chunk it
-// calls each (when not nil) with the count so far.
-func readChat(t *testing.T, body io.Reader, each func(n int)) chatStream {
+// readChat reads a streamed chat answer (openaiapitest.ReadChat); a
+// chunk that does not parse, or an error event, fails the test.
+func readChat(t *testing.T, body io.Reader, each func(n int)) *openaiapitest.Chat {
 	t.Helper()
-	s := chatStream{ids: map[string]bool{}}
-	sc := bufio.NewScanner(body)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			continue
-		}
-		s.lines = append(s.lines, line)
-		if line == "[DONE]" {
-			s.done = true
-			continue
-		}
-		var c struct {
-			ID      string `json:"id"`
-			Choices []struct {
-				Delta struct {
-					Role    string  `json:"role"`
-					Content *string `json:"content"`
-				} `json:"delta"`
-				Finish *string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage    map[string]any       `json:"usage"`
-			Evolve   *protocol.ResponseKV `json:"evolve"`
-			HandOver *protocol.HandOver   `json:"evolve_handover"`
-		}
-		if err := json.Unmarshal([]byte(line), &c); err != nil {
-			t.Fatalf("chunk %q: %v", line, err)
-		}
-		if c.HandOver != nil {
-			s.handOver = c.HandOver
-			continue
-		}
-		s.ids[c.ID] = true
-		if c.Usage != nil {
-			s.usage = c.Usage
-		}
-		if c.Evolve != nil {
-			s.evolve = c.Evolve
-		}
-		for _, ch := range c.Choices {
-			if ch.Delta.Role != "" {
-				s.roles++
-			}
-			if ch.Finish == nil && ch.Delta.Content != nil {
-				s.content = append(s.content, *ch.Delta.Content)
-				if each != nil {
-					each(len(s.content))
-				}
-			}
-		}
+	c := openaiapitest.ReadChat(body, each)
+	if len(c.Errors) > 0 {
+		t.Fatalf("chunks that do not parse or carry an error: %q", c.Errors)
 	}
-	return s
+	return c
 }
 
 func postRaw(t *testing.T, url string, body []byte, movable bool) *http.Response {
@@ -156,13 +96,13 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 	resp := postRaw(t, srvB.URL+"/v1/chat/completions", whole, false)
 	json.NewDecoder(resp.Body).Decode(&refWhole)
 	resp.Body.Close()
-	if len(ref.content) != n || !ref.done || len(refWhole.Choices) != 1 {
-		t.Fatalf("reference: %d chunks, done %v", len(ref.content), ref.done)
+	if len(ref.Content) != n || !ref.Done || len(refWhole.Choices) != 1 {
+		t.Fatalf("reference: %d chunks, done %v", len(ref.Content), ref.Done)
 	}
 
 	// On engine a: a movable stream, a movable whole answer and a stream
 	// from a client that is not a router.
-	stay := make(chan chatStream, 1)
+	stay := make(chan *openaiapitest.Chat, 1)
 	go func() {
 		r := postRaw(t, srvA.URL+"/v1/chat/completions", body, false)
 		defer r.Body.Close()
@@ -186,23 +126,23 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 		}
 	})
 	moving.Body.Close()
-	if first.done || first.handOver == nil || first.usage != nil || first.evolve != nil {
-		t.Fatalf("the moved stream ended: done %v, handover %v, usage %v", first.done, first.handOver != nil, first.usage)
+	if first.Done || first.HandOver == nil || first.Usage != nil || first.Evolve != nil {
+		t.Fatalf("the moved stream ended: done %v, handover %v, usage %v", first.Done, first.HandOver != nil, first.Usage)
 	}
-	h := first.handOver
-	if len(h.Resume.Output) != len(first.content) || len(first.content) < 20 || len(first.content) >= n {
-		t.Fatalf("handed over after %d chunks with %d output tokens", len(first.content), len(h.Resume.Output))
+	h := first.HandOver
+	if len(h.Resume.Output) != len(first.Content) || len(first.Content) < 20 || len(first.Content) >= n {
+		t.Fatalf("handed over after %d chunks with %d output tokens", len(first.Content), len(h.Resume.Output))
 	}
 	// A request its router sent before the switch began is still taken,
 	// and moves on at its first token.
 	late := readChat(t, postRaw(t, srvA.URL+"/v1/chat/completions", body, true).Body, nil)
-	if late.handOver == nil || len(late.content) < 1 || len(late.content) > 3 || len(late.handOver.Resume.Output) != len(late.content) {
-		t.Fatalf("a late request: %d chunks, handed over %v", len(late.content), late.handOver != nil)
+	if late.HandOver == nil || len(late.Content) < 1 || len(late.Content) > 3 || len(late.HandOver.Resume.Output) != len(late.Content) {
+		t.Fatalf("a late request: %d chunks, handed over %v", len(late.Content), late.HandOver != nil)
 	}
-	if _, ok := late.handOver.KVTransferParams["remote_request_id"].(string); !ok {
-		t.Fatalf("kv_transfer_params %v", late.handOver.KVTransferParams)
+	if _, ok := late.HandOver.KVTransferParams["remote_request_id"].(string); !ok {
+		t.Fatalf("kv_transfer_params %v", late.HandOver.KVTransferParams)
 	}
-	b, _ := json.Marshal(protocol.PullRequest{RemoteRequestID: late.handOver.KVTransferParams["remote_request_id"].(string)})
+	b, _ := json.Marshal(protocol.PullRequest{RemoteRequestID: late.HandOver.KVTransferParams["remote_request_id"].(string)})
 	if r, err := http.Post(srvA.URL+"/evolve/v1/kv/pull", "application/json", bytes.NewReader(b)); err != nil || r.StatusCode != 200 {
 		t.Fatalf("pull the late request's KV: %v %v", err, r)
 	}
@@ -215,20 +155,20 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 	kvp, _ := json.Marshal(h.KVTransferParams)
 	res, _ := json.Marshal(h.Resume)
 	cont := readChat(t, postRaw(t, srvB.URL+"/v1/chat/completions", rb.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res}), true).Body, nil)
-	if !cont.done || cont.handOver != nil {
-		t.Fatalf("continuation: done %v", cont.done)
+	if !cont.Done || cont.HandOver != nil {
+		t.Fatalf("continuation: done %v", cont.Done)
 	}
-	got := append(append([]string(nil), first.content...), cont.content...)
-	if strings.Join(got, "") != strings.Join(ref.content, "") || len(got) != n {
-		t.Fatalf("the answer changed across the handover: %d chunks\n got %q\nwant %q", len(got), strings.Join(got, ""), strings.Join(ref.content, ""))
+	got := append(append([]string(nil), first.Content...), cont.Content...)
+	if strings.Join(got, "") != strings.Join(ref.Content, "") || len(got) != n {
+		t.Fatalf("the answer changed across the handover: %d chunks\n got %q\nwant %q", len(got), strings.Join(got, ""), strings.Join(ref.Content, ""))
 	}
-	if len(first.ids) != 1 || len(cont.ids) != 1 || !first.ids[h.Resume.ID] || !cont.ids[h.Resume.ID] || first.roles+cont.roles != 1 {
-		t.Fatalf("ids %v then %v, role named %d times", first.ids, cont.ids, first.roles+cont.roles)
+	if len(first.IDs) != 1 || len(cont.IDs) != 1 || !first.IDs[h.Resume.ID] || !cont.IDs[h.Resume.ID] || first.Roles+cont.Roles != 1 {
+		t.Fatalf("ids %v then %v, role named %d times", first.IDs, cont.IDs, first.Roles+cont.Roles)
 	}
-	if cont.usage["completion_tokens"] != float64(n) || cont.usage["prompt_tokens"] != ref.usage["prompt_tokens"] {
-		t.Fatalf("usage %v, want %v", cont.usage, ref.usage)
+	if cont.Usage["completion_tokens"] != float64(n) || cont.Usage["prompt_tokens"] != ref.Usage["prompt_tokens"] {
+		t.Fatalf("usage %v, want %v", cont.Usage, ref.Usage)
 	}
-	ev := cont.evolve
+	ev := cont.Evolve
 	if ev == nil || ev.HandedOver != 1 || ev.Engine != "b" || ev.ComputedTokens < h.Resume.Prior.ComputedTokens || ev.E2ESec <= h.Resume.Prior.E2ESec {
 		t.Fatalf("the answer's story: %+v after %+v", ev, h.Resume.Prior)
 	}
@@ -266,8 +206,8 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 
 	// The client that is not a router got its whole answer from a.
 	s := <-stay
-	if !s.done || s.handOver != nil || len(s.content) != n {
-		t.Fatalf("a plain client's stream: done %v, handed over %v, %d chunks", s.done, s.handOver != nil, len(s.content))
+	if !s.Done || s.HandOver != nil || len(s.Content) != n {
+		t.Fatalf("a plain client's stream: done %v, handed over %v, %d chunks", s.Done, s.HandOver != nil, len(s.Content))
 	}
 	// Both holds were pulled: a holds nothing for anyone.
 	deadline := time.Now().Add(5 * time.Second)
@@ -365,16 +305,16 @@ func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 	res, _ := json.Marshal(protocol.Resume{ID: answerID, Created: created, Output: out, Sampler: toks[k-1].sampler})
 	resumed := strings.Replace(body, `"seed": 8,`, `"seed": 8, "evolve_resume": `+string(res)+`,`, 1)
 	rest := readChat(t, postRaw(t, srvB.URL+"/v1/chat/completions", []byte(resumed), true).Body, nil)
-	if len(rest.content) != n-k || !rest.done || len(rest.ids) != 1 || !rest.ids[answerID] || rest.roles != 0 {
-		t.Fatalf("resumed: %d chunks, done %v, ids %v, role named %d times", len(rest.content), rest.done, rest.ids, rest.roles)
+	if len(rest.Content) != n-k || !rest.Done || len(rest.IDs) != 1 || !rest.IDs[answerID] || rest.Roles != 0 {
+		t.Fatalf("resumed: %d chunks, done %v, ids %v, role named %d times", len(rest.Content), rest.Done, rest.IDs, rest.Roles)
 	}
-	for i, c := range rest.content {
+	for i, c := range rest.Content {
 		if c != toks[k+i].text {
 			t.Fatalf("token %d: %q, the first engine wrote %q", k+i, c, toks[k+i].text)
 		}
 	}
-	if rest.usage["completion_tokens"] != float64(n) || rest.evolve == nil || rest.evolve.HandedOver != 1 || rest.evolve.Engine != "b" {
-		t.Fatalf("usage %v, evolve %+v", rest.usage, rest.evolve)
+	if rest.Usage["completion_tokens"] != float64(n) || rest.Evolve == nil || rest.Evolve.HandedOver != 1 || rest.Evolve.Engine != "b" {
+		t.Fatalf("usage %v, evolve %+v", rest.Usage, rest.Evolve)
 	}
 
 	// Or the answer goes on in two legs, as a router splits a long one: a
@@ -400,25 +340,25 @@ func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 	}
 	err = json.NewDecoder(leg.Body).Decode(&pre)
 	leg.Body.Close()
-	prompt := int(rest.usage["prompt_tokens"].(float64))
+	prompt := int(rest.Usage["prompt_tokens"].(float64))
 	if err != nil || len(pre.KV) == 0 || pre.Evolve == nil || pre.Usage.Prompt != prompt+k || pre.Evolve.ComputedTokens < k {
 		t.Fatalf("the resumed answer's prefill leg: %v, kv %s, usage %+v, evolve %+v", err, pre.KV, pre.Usage, pre.Evolve)
 	}
 	split := readChat(t, postRaw(t, srvC.URL+"/v1/chat/completions", rb.With(map[string]json.RawMessage{
 		"evolve_resume": res, "kv_transfer_params": pre.KV,
 	}), true).Body, nil)
-	if len(split.content) != n-k || !split.done || len(split.ids) != 1 || !split.ids[answerID] || split.roles != 0 {
-		t.Fatalf("split: %d chunks, done %v, ids %v, role named %d times", len(split.content), split.done, split.ids, split.roles)
+	if len(split.Content) != n-k || !split.Done || len(split.IDs) != 1 || !split.IDs[answerID] || split.Roles != 0 {
+		t.Fatalf("split: %d chunks, done %v, ids %v, role named %d times", len(split.Content), split.Done, split.IDs, split.Roles)
 	}
-	for i, c := range split.content {
+	for i, c := range split.Content {
 		if c != toks[k+i].text {
 			t.Fatalf("split, token %d: %q, the first engine wrote %q", k+i, c, toks[k+i].text)
 		}
 	}
 	bs := ec.cfg.Profile.BlockSize
-	if e := split.evolve; e == nil || e.Engine != "c" || e.HandedOver != 1 || e.TransferredTokens < (prompt+k)/bs*bs-bs ||
-		e.ComputedTokens > bs || split.usage["completion_tokens"] != float64(n) || split.usage["prompt_tokens"] != float64(prompt) {
-		t.Fatalf("split: usage %v, evolve %+v", split.usage, split.evolve)
+	if e := split.Evolve; e == nil || e.Engine != "c" || e.HandedOver != 1 || e.TransferredTokens < (prompt+k)/bs*bs-bs ||
+		e.ComputedTokens > bs || split.Usage["completion_tokens"] != float64(n) || split.Usage["prompt_tokens"] != float64(prompt) {
+		t.Fatalf("split: usage %v, evolve %+v", split.Usage, split.Evolve)
 	}
 }
 
@@ -440,9 +380,9 @@ func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
 		}
 	})
 	moving.Body.Close()
-	h := first.handOver
-	if h == nil || first.done {
-		t.Fatalf("leaving, the engine did not hand the stream over (done %v)", first.done)
+	h := first.HandOver
+	if h == nil || first.Done {
+		t.Fatalf("leaving, the engine did not hand the stream over (done %v)", first.Done)
 	}
 	rb, err := openaiapi.ParseObject(body)
 	if err != nil {
@@ -476,10 +416,10 @@ func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
 	}
 	rest := readChat(t, r.Body, nil)
 	r.Body.Close()
-	got := strings.Join(first.content, "") + strings.Join(rest.content, "")
-	if !rest.done || rest.handOver != nil || len(first.content)+len(rest.content) != n || got != strings.Join(ref.content, "") {
-		t.Fatalf("finished here: done %v, moved again %v, %d+%d chunks, same text %v", rest.done, rest.handOver != nil,
-			len(first.content), len(rest.content), got == strings.Join(ref.content, ""))
+	got := strings.Join(first.Content, "") + strings.Join(rest.Content, "")
+	if !rest.Done || rest.HandOver != nil || len(first.Content)+len(rest.Content) != n || got != strings.Join(ref.Content, "") {
+		t.Fatalf("finished here: done %v, moved again %v, %d+%d chunks, same text %v", rest.Done, rest.HandOver != nil,
+			len(first.Content), len(rest.Content), got == strings.Join(ref.Content, ""))
 	}
 	select {
 	case k := <-left:

@@ -1,7 +1,6 @@
 package orchestrator
 
 import (
-	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/openaiapi/openaiapitest"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -87,70 +87,24 @@ func readRoutedChat(t *testing.T, resp *http.Response, atFirst func()) *routedCh
 func readRoutedChatAt(t *testing.T, resp *http.Response, k int, at func()) *routedChat {
 	t.Helper()
 	defer resp.Body.Close()
-	c := &routedChat{header: resp.Header, ids: map[string]bool{}}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
-		if !ok {
-			if sc.Text() != "" {
-				c.errors = append(c.errors, "not an event: "+sc.Text())
-			}
-			continue
+	s := openaiapitest.ReadChat(resp.Body, func(n int) {
+		if n == k && at != nil {
+			at()
 		}
-		if line == "[DONE]" {
-			c.done = true
-			continue
-		}
-		var ch struct {
-			ID      string `json:"id"`
-			Choices []struct {
-				Delta struct {
-					Role    string  `json:"role"`
-					Content *string `json:"content"`
-				} `json:"delta"`
-				Finish *string `json:"finish_reason"`
-			} `json:"choices"`
-			Usage  map[string]any `json:"usage"`
-			Error  any            `json:"error"`
-			Evolve *struct {
-				HandedOver  int    `json:"handed_over"`
-				Engine      string `json:"engine"`
-				HostHit     int    `json:"host_hit_tokens"`
-				Transferred int    `json:"transferred_tokens"`
-				Computed    int    `json:"computed_tokens"`
-				Prefill     *struct {
-					Engine   string `json:"engine"`
-					Computed int    `json:"computed_tokens"`
-				} `json:"prefill"`
-			} `json:"evolve"`
-		}
-		if err := json.Unmarshal([]byte(line), &ch); err != nil || ch.Error != nil {
-			c.errors = append(c.errors, line)
-			continue
-		}
-		c.ids[ch.ID] = true
-		if ch.Usage != nil {
-			c.usage = ch.Usage
-		}
-		if ch.Evolve != nil {
-			c.handedOver, c.engine = ch.Evolve.HandedOver, ch.Evolve.Engine
-			c.hostHit, c.transferred, c.computed = ch.Evolve.HostHit, ch.Evolve.Transferred, ch.Evolve.Computed
-			if p := ch.Evolve.Prefill; p != nil {
-				c.prefillEngine, c.prefillComputed = p.Engine, p.Computed
-			}
-		}
-		for _, x := range ch.Choices {
-			if x.Delta.Role != "" {
-				c.roles++
-			}
-			if x.Finish == nil && x.Delta.Content != nil {
-				c.content.WriteString(*x.Delta.Content)
-				c.chunks++
-				if c.chunks == k && at != nil {
-					at()
-				}
-			}
+	})
+	c := &routedChat{header: resp.Header, ids: s.IDs, roles: s.Roles, usage: s.Usage, done: s.Done, chunks: len(s.Content), errors: s.Errors}
+	c.content.WriteString(s.Text())
+	for _, l := range s.Other { // the router keeps its token comments to itself
+		c.errors = append(c.errors, "not an event: "+l)
+	}
+	if s.HandOver != nil { // and its engines' continuations
+		c.errors = append(c.errors, "a handover reached the client")
+	}
+	if e := s.Evolve; e != nil {
+		c.handedOver, c.engine = e.HandedOver, e.Engine
+		c.hostHit, c.transferred, c.computed = e.HostHitTokens, e.TransferredTokens, e.ComputedTokens
+		if p := e.Prefill; p != nil {
+			c.prefillEngine, c.prefillComputed = p.Engine, p.ComputedTokens
 		}
 	}
 	return c
