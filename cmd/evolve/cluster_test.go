@@ -363,6 +363,73 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 	}
 }
 
+// An engine killed far into an answer leaves the next node more to
+// recompute (the output so far) than a decode node computes for a new
+// request: the prefill node computes that KV, the other decode node pulls
+// it and writes the rest, and the agent reads the answer it would have
+// read had nothing died.
+func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
+	c := upCluster(t, "--engines", "3", "--prefill", "1", "--speedup", "1")
+	oc := c.client()
+	params := openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("reason about this at great length")},
+		MaxTokens: openai.Int(2500), Seed: openai.Int(9),
+	}
+	// Past 512 output tokens, with seconds of the answer still to come
+	// when the heartbeat names the node.
+	const killAt = 600
+	read := func(kill bool) (text string, ids map[string]bool, killed string, err error) {
+		stream := oc.Completions.NewStreaming(context.Background(), params)
+		var b strings.Builder
+		ids = map[string]bool{}
+		got := 0
+		deadline := time.AfterFunc(60*time.Second, func() { t.Error("stream hung after the engine died") })
+		defer deadline.Stop()
+		for stream.Next() {
+			ch := stream.Current()
+			ids[ch.ID] = true
+			for _, x := range ch.Choices {
+				b.WriteString(x.Text)
+			}
+			if got++; got == killAt && kill {
+				// The decode node writing it, once its heartbeat says so.
+				eventually(t, 10*time.Second, "a decode node reports the stream", func() bool {
+					for _, id := range []string{"engine-1", "engine-2"} {
+						if c.node(id)["running"] == 1.0 {
+							killed = id
+							return true
+						}
+					}
+					return false
+				})
+				syscall.Kill(c.state.Engines[map[string]int{"engine-1": 1, "engine-2": 2}[killed]], syscall.SIGKILL)
+			}
+		}
+		if kill && killed == "" {
+			t.Fatalf("stream ended after %d chunks, before the kill", got)
+		}
+		return b.String(), ids, killed, stream.Err()
+	}
+	ref, _, _, err := read(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, ids, killed, err := read(true)
+	if err != nil {
+		t.Fatalf("the stream failed with its engine: %v", err)
+	}
+	if text != ref || len(ids) != 1 {
+		t.Fatalf("the answer changed when its engine died (%d of %d bytes, ids %v)", len(text), len(ref), ids)
+	}
+	if v := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); v != 1 {
+		t.Fatalf("answers resumed: %v", v)
+	}
+	if v := metric(t, c.state.RouterURL, `evolve_router_resume_prefilled_total`); v != 1 {
+		t.Fatalf("resumed answers whose KV the prefill node computed: %v", v)
+	}
+	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node(killed)["state"] == "down" })
+}
+
 func TestOrchestratorRestartKeepsPins(t *testing.T) {
 	natsAddr := freePort(t)
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--speedup", "10", "--nats-addr", natsAddr)
