@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -108,12 +109,15 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 		defer r.Body.Close()
 		stay <- readChat(t, r.Body, nil)
 	}()
-	wholeMoved := make(chan []byte, 1)
+	wholeMoved := make(chan *openaiapitest.Whole, 1)
 	go func() {
 		r := postRaw(t, srvA.URL+"/v1/chat/completions", whole, true)
 		defer r.Body.Close()
-		b, _ := io.ReadAll(r.Body)
-		wholeMoved <- b
+		w, err := openaiapitest.ReadWhole(r.Body)
+		if err != nil {
+			t.Error(err)
+		}
+		wholeMoved <- w
 	}()
 	moving := postRaw(t, srvA.URL+"/v1/chat/completions", body, true)
 	told := false
@@ -181,13 +185,26 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 		Object   string             `json:"object"`
 		HandOver *protocol.HandOver `json:"evolve_handover"`
 	}
-	if err := json.Unmarshal(<-wholeMoved, &wm); err != nil || wm.HandOver == nil || wm.Object != "evolve.handover" {
+	wmw := <-wholeMoved
+	if err := json.Unmarshal(wmw.JSON, &wm); err != nil || wm.HandOver == nil || wm.Object != "evolve.handover" {
 		t.Fatalf("the whole answer was not handed over: %v %+v", err, wm)
+	}
+	// Its router read the tokens it had before it moved, named one by
+	// one ahead of the continuation.
+	if wmw.ID != wm.HandOver.Resume.ID || len(wmw.Bad) > 0 || len(wmw.Tokens) == 0 || !slices.Equal(wmw.Tokens, wm.HandOver.Resume.Output) ||
+		wmw.Samplers[len(wmw.Samplers)-1] != wm.HandOver.Resume.Sampler {
+		t.Fatalf("the whole answer's opening lines: id %q (answer %q), %d tokens (%d handed over), bad %q",
+			wmw.ID, wm.HandOver.Resume.ID, len(wmw.Tokens), len(wm.HandOver.Resume.Output), wmw.Bad)
 	}
 	kvp, _ = json.Marshal(wm.HandOver.KVTransferParams)
 	res, _ = json.Marshal(wm.HandOver.Resume)
 	wb, _ := openaiapi.ParseObject(whole)
 	resp = postRaw(t, srvB.URL+"/v1/chat/completions", wb.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res}), true)
+	wholeRest, err := openaiapitest.ReadWhole(resp.Body)
+	resp.Body.Close()
+	if err != nil || wholeRest.ID != wm.HandOver.Resume.ID || len(wholeRest.Tokens)+len(wm.HandOver.Resume.Output) != n {
+		t.Fatalf("the whole answer's rest: %v, id %q, %d+%d tokens named", err, wholeRest.ID, len(wm.HandOver.Resume.Output), len(wholeRest.Tokens))
+	}
 	var wholeOut struct {
 		ID      string `json:"id"`
 		Choices []struct {
@@ -197,8 +214,7 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 			CompletionTokens int `json:"completion_tokens"`
 		} `json:"usage"`
 	}
-	json.NewDecoder(resp.Body).Decode(&wholeOut)
-	resp.Body.Close()
+	json.Unmarshal(wholeRest.JSON, &wholeOut)
 	if wholeOut.ID != wm.HandOver.Resume.ID || wholeOut.Usage.CompletionTokens != n || len(wholeOut.Choices) != 1 ||
 		wholeOut.Choices[0].Message.Content != refWhole.Choices[0].Message.Content {
 		t.Fatalf("the whole answer changed: %+v", wholeOut)

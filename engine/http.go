@@ -219,7 +219,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	g := generation{e: e, w: w, id: id, reqID: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr,
-		promptLen: len(tokens), resume: resume, tokenComments: routed != "" && req.Stream}
+		promptLen: len(tokens), resume: resume, tokenComments: routed != "" && !kvp.DoRemoteDecode}
 	if resume != nil {
 		// The answer goes on as the client has seen it begin.
 		g.id, g.created, g.promptLen = resume.ID, resume.Created, len(tokens)-len(resume.Output)
@@ -287,8 +287,11 @@ type generation struct {
 	pullErr      string
 	promptLen    int              // the client's prompt, without output resumed
 	resume       *protocol.Resume // the answer so far, when another engine began it
-	// tokenComments: the client is a router; each token's event carries
-	// protocol.TokenComment.
+	// tokenComments: the client is a router, and the answer is not a
+	// prefill leg's; each token's event carries protocol.TokenComment, or,
+	// in a whole answer, a protocol.TokenComment line before the answer's
+	// JSON names it (after protocol.AnswerComment, written with the first
+	// token: bw is then not nil).
 	tokenComments bool
 
 	bw   *bufio.Writer
@@ -321,11 +324,7 @@ func (g *generation) run(ctx context.Context, p *pending) {
 				// reader lets several accumulate.
 				for _, t := range toks {
 					if g.tokenComments {
-						g.bw.WriteString(protocol.TokenComment)
-						g.bw.WriteString(strconv.FormatUint(uint64(t.ID), 10))
-						g.bw.WriteByte(' ')
-						g.bw.WriteString(strconv.FormatUint(t.Sampler, 10))
-						g.bw.WriteByte('\n')
+						g.tokenComment(t)
 					}
 					if werr := g.chunk(tokenizer.TokenText(t.ID), nil); werr != nil {
 						g.e.abort(g.reqID)
@@ -334,6 +333,12 @@ func (g *generation) run(ctx context.Context, p *pending) {
 					g.sent++
 				}
 			} else {
+				if g.tokenComments {
+					if werr := g.nameTokens(toks); werr != nil {
+						g.e.abort(g.reqID)
+						return
+					}
+				}
 				for _, t := range toks {
 					g.text.WriteString(tokenizer.TokenText(t.ID))
 				}
@@ -341,9 +346,9 @@ func (g *generation) run(ctx context.Context, p *pending) {
 			}
 		}
 		if err != nil {
-			if g.stream && g.tokenComments {
+			if g.tokenComments && g.bw != nil {
 				// Its router continues the answer elsewhere from the tokens
-				// it named: end the stream without an end, as a failure.
+				// it named: end the answer without an end, as a failure.
 				return
 			}
 			if g.stream {
@@ -364,6 +369,63 @@ func (g *generation) run(ctx context.Context, p *pending) {
 	}
 }
 
+// nameTokens writes a TokenComment line for each token of a whole answer
+// to a router, and before the first the answer's AnswerComment, and sends
+// them: the router keeps them, and the answer can go on elsewhere should
+// this engine die before it ends.
+func (g *generation) nameTokens(toks []sim.Token) error {
+	if g.bw == nil {
+		g.w.Header().Set("Content-Type", "application/json")
+		g.w.WriteHeader(200)
+		g.bw = bufio.NewWriter(g.w)
+		g.bw.WriteString(protocol.AnswerComment)
+		g.bw.WriteString(g.id)
+		g.bw.WriteByte(' ')
+		g.bw.WriteString(strconv.FormatInt(g.created, 10))
+		g.bw.WriteByte('\n')
+	}
+	for _, t := range toks {
+		g.tokenComment(t)
+	}
+	return g.flush()
+}
+
+// tokenComment writes t's protocol.TokenComment line.
+func (g *generation) tokenComment(t sim.Token) {
+	g.bw.WriteString(protocol.TokenComment)
+	g.bw.WriteString(strconv.FormatUint(uint64(t.ID), 10))
+	g.bw.WriteByte(' ')
+	g.bw.WriteString(strconv.FormatUint(t.Sampler, 10))
+	g.bw.WriteByte('\n')
+}
+
+// flush sends what bw holds to the client.
+func (g *generation) flush() error {
+	if err := g.bw.Flush(); err != nil {
+		return err
+	}
+	if f, ok := g.w.(http.Flusher); ok {
+		f.Flush()
+	}
+	return nil
+}
+
+// whole writes a whole answer (or its handover): as plain JSON, or after
+// the lines that named its tokens (nameTokens).
+func (g *generation) whole(v any) {
+	if g.bw == nil {
+		writeJSON(g.w, 200, v)
+		return
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return
+	}
+	g.bw.Write(b)
+	g.bw.WriteByte('\n')
+	_ = g.flush()
+}
+
 // handOver ends the answer with what a peer needs to go on with it
 // (protocol.HandOver); the client's router sends it on. Every token the
 // model wrote before it moved has been written out.
@@ -380,7 +442,7 @@ func (g *generation) handOver(mv *moved) {
 		return
 	}
 	msg.Object = "evolve.handover"
-	writeJSON(g.w, 200, msg)
+	g.whole(msg)
 }
 
 // story is the answer's "evolve" object, given this engine's usage: with
@@ -454,13 +516,7 @@ func (g *generation) event(v any) error {
 	g.bw.WriteString("data: ")
 	g.bw.Write(b)
 	g.bw.WriteString("\n\n")
-	if err := g.bw.Flush(); err != nil {
-		return err
-	}
-	if f, ok := g.w.(http.Flusher); ok {
-		f.Flush()
-	}
-	return nil
+	return g.flush()
 }
 
 func (g *generation) streamError(err error) {
@@ -488,7 +544,7 @@ func (g *generation) finish(f *sim.Finished) {
 	if !g.stream {
 		resp := apiResponse{ID: g.id, Object: g.object(false), Created: g.created, Model: g.e.cfg.ServedModelName,
 			Choices: g.choices(g.text.String(), false, &reason), Usage: usage, KVTransferParams: kvp, Evolve: ext}
-		writeJSON(g.w, 200, resp)
+		g.whole(resp)
 		return
 	}
 	last := apiResponse{ID: g.id, Object: g.object(true), Created: g.created, Model: g.e.cfg.ServedModelName,

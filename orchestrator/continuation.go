@@ -1,7 +1,9 @@
 package orchestrator
 
 import (
+	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -183,7 +185,9 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 		}
 	}
 	a.o.met.resumed.WithLabelValues(why, "failed").Inc()
-	if why == resumeEngineFailed {
+	// A whole answer the client has not begun to read is routed again
+	// from the start (serveGenerate): it is not lost yet.
+	if why == resumeEngineFailed && a.started {
 		a.o.interrupted(a.interruptedOn, true)
 	}
 	err = fmt.Errorf("no node could continue the answer (%v)", err)
@@ -354,11 +358,59 @@ func (o *Orchestrator) interrupted(id string, lost bool) {
 	o.c.changed(id)
 }
 
-// canResume says whether the answer the client is reading can go on
-// elsewhere should its engine fail now: its engine named the tokens it
-// sent (protocol.TokenComment), and the answer has not moved too often.
+// canResume says whether the answer the client is reading (or, whole,
+// waiting for) can go on elsewhere should its engine fail now: its engine
+// named the tokens it sent (protocol.TokenComment), and the answer has
+// not moved too often.
 func (a *attempt) canResume() bool {
-	return a.p.Req.Stream && len(a.out) > 0 && !a.outLost && a.answerID != "" && a.resumes < maxAttempts
+	return len(a.out) > 0 && !a.outLost && a.answerID != "" && a.resumes < maxAttempts
+}
+
+// readWhole reads an engine's whole answer. An evolve engine opens the
+// one it writes for a router with lines that name the answer and each
+// token as it samples it (protocol.AnswerComment, TokenComment): they
+// are kept, as a stream's are, so that should the engine die before the
+// answer's JSON, the answer goes on elsewhere from them (canResume).
+func (a *attempt) readWhole(body io.Reader) ([]byte, error) {
+	rd := bufio.NewReader(body)
+	for {
+		line, err := rd.ReadBytes('\n')
+		if len(line) > 0 && line[0] == ':' {
+			if err != nil {
+				return nil, fmt.Errorf("the answer ended before its JSON: %w", cmp.Or(err, io.ErrUnexpectedEOF))
+			}
+			a.wholeComment(line)
+			continue
+		}
+		if err != nil && err != io.EOF {
+			return nil, err
+		}
+		if err == io.EOF {
+			return line, nil
+		}
+		rest, err := io.ReadAll(rd)
+		return append(line, rest...), err
+	}
+}
+
+// wholeComment reads one of the lines that open a whole answer.
+func (a *attempt) wholeComment(line []byte) {
+	if rest, ok := bytes.CutPrefix(line, []byte(protocol.AnswerComment)); ok {
+		id, created, _ := bytes.Cut(bytes.TrimSpace(rest), []byte(" "))
+		c, err := strconv.ParseInt(string(created), 10, 64)
+		if len(id) == 0 || err != nil {
+			a.outLost = true // no id to go on with
+			return
+		}
+		a.answerID, a.created = string(id), c
+		return
+	}
+	if id, s, comment, readable := tokenSeen(line); comment {
+		a.outLost = a.outLost || !readable
+		if readable {
+			a.out, a.sampler = append(a.out, id), s
+		}
+	}
 }
 
 // tokenSeen reads a protocol.TokenComment line: comment says whether the

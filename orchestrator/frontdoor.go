@@ -622,9 +622,13 @@ func (a *attempt) forward(url string, body []byte) error {
 		return err
 	}
 	if !a.p.Req.Stream {
-		b, err := io.ReadAll(resp.Body)
+		b, err := a.readWhole(resp.Body)
 		if err != nil {
-			return fmt.Errorf("read answer: %w", err)
+			err = fmt.Errorf("read answer: %w", err)
+			if a.r.Context().Err() == nil && a.canResume() {
+				return &errFailedMidStream{err: err}
+			}
+			return err
 		}
 		a.legAnswers()
 		if isHandOver(b) {

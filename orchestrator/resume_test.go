@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -328,4 +329,89 @@ func TestAResumedAnswerFarIntoItIsPrefilledElsewhere(t *testing.T) {
 		defer tc.o.c.mu.Unlock()
 		return tc.o.c.nodes["e0"].inFlight == 0 && tc.o.c.nodes[other].inFlight == 0 && tc.o.c.nodes["e0"].hb.Held == 0
 	})
+}
+
+// An engine that dies while it writes a whole (not streamed) answer does
+// not cost the client that answer either: the engine named each token to
+// the router ahead of the answer, and the router continues it elsewhere
+// (here split, the output so far being long); the client gets the answer
+// it would have got had nothing failed.
+func TestEngineFailingMidAWholeAnswerTheAnswerGoesOnElsewhere(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	const n, at = 6000, 1000
+	body := fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "seed": 4}`,
+		strings.Repeat("a question to think hard about ", 40), n)
+	type answer struct {
+		Choices []struct {
+			Message struct{ Content string } `json:"message"`
+		} `json:"choices"`
+		Usage  map[string]any `json:"usage"`
+		Evolve struct {
+			Engine     string `json:"engine"`
+			HandedOver int    `json:"handed_over"`
+		} `json:"evolve"`
+	}
+	whole := func() answer {
+		var a answer
+		resp, err := http.Post(tc.o.RouterURL()+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return a
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if err := json.Unmarshal(b, &a); resp.StatusCode != 200 || err != nil || len(a.Choices) != 1 {
+			t.Errorf("status %d: %.300s", resp.StatusCode, b)
+		}
+		return a
+	}
+	generated := func(id string) float64 {
+		tc.o.c.mu.Lock()
+		url := tc.o.c.nodes[id].reg.URL
+		tc.o.c.mu.Unlock()
+		resp, err := http.Get(url + "/metrics")
+		if err != nil {
+			return 0
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			if rest, ok := strings.CutPrefix(sc.Text(), "vllm:generation_tokens_total{"); ok {
+				var v float64
+				fmt.Sscan(rest[strings.LastIndexByte(rest, ' ')+1:], &v)
+				return v
+			}
+		}
+		return 0
+	}
+	ref := whole()
+	before := map[string]float64{"e1": generated("e1"), "e2": generated("e2")}
+	got := make(chan answer, 1)
+	go func() { got <- whole() }()
+	dead := ""
+	eventually(t, fmt.Sprintf("a decode node has written %d tokens of the answer", at), func() bool {
+		for id, b := range before {
+			if generated(id)-b >= at {
+				dead = id
+				return true
+			}
+		}
+		return false
+	})
+	tc.servers[map[string]int{"e1": 1, "e2": 2}[dead]].Close()
+	a := <-got
+	other := map[string]string{"e1": "e2", "e2": "e1"}[dead]
+	if len(a.Choices) != 1 || len(ref.Choices) != 1 || a.Choices[0].Message.Content != ref.Choices[0].Message.Content {
+		t.Fatalf("the answer changed when its engine died")
+	}
+	if a.Evolve.Engine != other || a.Evolve.HandedOver != 1 || a.Usage["completion_tokens"] != float64(n) ||
+		a.Usage["prompt_tokens"] != ref.Usage["prompt_tokens"] {
+		t.Fatalf("finished on %q, moved %d times, usage %v (want %v)", a.Evolve.Engine, a.Evolve.HandedOver, a.Usage, ref.Usage)
+	}
+	if v := testutil.ToFloat64(tc.o.met.resumed.WithLabelValues(resumeEngineFailed, "continued")); v != 1 {
+		t.Fatalf("answers resumed: %v", v)
+	}
+	if v := testutil.ToFloat64(tc.o.met.resumePrefilled); v != 1 {
+		t.Fatalf("resumes prefilled: %v", v)
+	}
 }

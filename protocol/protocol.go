@@ -274,7 +274,8 @@ type ResponseKV struct {
 
 // HeaderHandOver, set on a request by a router, says that the client can
 // continue the answer on another engine: a streamed answer then carries
-// TokenComment lines. With HandOverAllowed the engine may also end the
+// TokenComment lines, and a whole one (other than a prefill leg's) opens
+// with AnswerComment and TokenComment lines. With HandOverAllowed the engine may also end the
 // answer with a HandOver when it is told to hand its decodes over
 // (OpHandOver); with HandOverNever the answer ends where it is (a router
 // sends a handed-over answer that no peer took back to the engine that
@@ -298,6 +299,16 @@ const (
 // and the output so far), the same tokens as the dead engine would have
 // written.
 const TokenComment = ": evolve-token "
+
+// AnswerComment begins the line `: evolve-answer ID CREATED` that opens
+// the body of a whole (not streamed) answer an engine writes for a
+// router (HeaderHandOver): the answer's id and creation time (Unix
+// seconds). TokenComment lines follow, one per token as the engine
+// samples it, then the answer's JSON on the next line. Should the engine
+// die before the JSON, the router continues the answer elsewhere from the
+// tokens named, as in a stream; a client that is not a router gets the
+// plain JSON.
+const AnswerComment = ": evolve-answer "
 
 // HandOver ends an answer whose decode an engine handed over: in a
 // stream, the event `data: {"evolve_handover": {...}}` in place of the

@@ -430,6 +430,58 @@ func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
 	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node(killed)["state"] == "down" })
 }
 
+// An engine killed while it writes a whole (not streamed) answer does not
+// cost the agent that answer, nor what the engine had written of it: the
+// engine names each token to the router ahead of the answer, and the
+// router goes on with it elsewhere; the agent gets the answer it would
+// have got had nothing died.
+func TestEngineKilledMidAWholeAnswerThroughRouter(t *testing.T) {
+	c := upCluster(t, "--engines", "3", "--prefill", "1", "--speedup", "1")
+	oc := c.client()
+	params := openai.CompletionNewParams{
+		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("work this out in full")},
+		MaxTokens: openai.Int(2500), Seed: openai.Int(5),
+	}
+	ref, err := oc.Completions.New(context.Background(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	generated := func(id string) float64 {
+		return metric(t, c.node(id)["address"].(string), "vllm:generation_tokens_total")
+	}
+	before := map[string]float64{"engine-1": generated("engine-1"), "engine-2": generated("engine-2")}
+	type answer struct {
+		resp *openai.Completion
+		err  error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		r, err := oc.Completions.New(context.Background(), params)
+		got <- answer{r, err}
+	}()
+	killed := ""
+	eventually(t, 20*time.Second, "a decode node has written 300 tokens of the answer", func() bool {
+		for id, b := range before {
+			if generated(id)-b >= 300 {
+				killed = id
+				return true
+			}
+		}
+		return false
+	})
+	syscall.Kill(c.state.Engines[map[string]int{"engine-1": 1, "engine-2": 2}[killed]], syscall.SIGKILL)
+	a := <-got
+	if a.err != nil {
+		t.Fatalf("the answer failed with its engine: %v", a.err)
+	}
+	if len(a.resp.Choices) != 1 || a.resp.Choices[0].Text != ref.Choices[0].Text || a.resp.Usage.CompletionTokens != 2500 {
+		t.Fatalf("the answer changed when its engine died (%d completion tokens)", a.resp.Usage.CompletionTokens)
+	}
+	if v := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); v != 1 {
+		t.Fatalf("answers resumed: %v", v)
+	}
+}
+
 func TestOrchestratorRestartKeepsPins(t *testing.T) {
 	natsAddr := freePort(t)
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--speedup", "10", "--nats-addr", natsAddr)

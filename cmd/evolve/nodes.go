@@ -68,8 +68,9 @@ func newNodesCmd() *cobra.Command {
 planner may move it; pinned: only an operator), STATE (serving; switching;
 draining: its engine is stopping and gets no new requests; down), queue and
 running requests, GPU and host KV use. -o json adds, for a node that failed,
-the answers it was streaming (answers_interrupted) and those no other node
-could continue (answers_lost).`,
+the answers it was writing (answers_interrupted) and those no other node
+could continue (answers_lost: a stream that ended with an error; a whole
+answer no node could continue is sent again from its start instead).`,
 		Example: `  evolve nodes
   evolve nodes -o wide
   evolve nodes --watch                 # then a row per change of role, mode or state

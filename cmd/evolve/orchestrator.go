@@ -46,14 +46,15 @@ a better split has held for --planner-persistence and its predicted gain
 pays for the switch; --planner recommend only reports ('evolve planner').
 
 When an engine fails, a request it had not begun to answer is routed again,
-and an answer it was streaming goes on on another node from the tokens the
-agent has read (evolve's engines name them; a vLLM engine's stream ends with
-an error event), which pulls the prompt's KV from live peers rather than
-recompute it, or, when much is left to recompute (the output of a long
-answer), has a prefill node compute that KV and pulls it, so that its own
-streams do not stall: the agent reads one answer, the one the dead engine
-would have written. 'evolve nodes -o json' keeps, per node, the answers it was
-streaming when it failed (answers_interrupted, answers_lost).
+and an answer it was writing, streamed or whole, goes on on another node
+from the tokens it had written (evolve's engines name them to the router; a
+vLLM engine's stream ends with an error event). That node pulls the
+prompt's KV from live peers rather than recompute it, or, when much is left
+to recompute (the output of a long answer), has a prefill node compute that
+KV and pulls it, so that its own streams do not stall: the agent reads one
+answer, the one the dead engine would have written. 'evolve nodes -o json'
+keeps, per node, the answers it was writing when it failed
+(answers_interrupted, answers_lost).
 
 Most users start it through 'evolve up'.`,
 		Example: `  evolve orchestrator --data-dir /var/lib/evolve --nats-listen 0.0.0.0:4222

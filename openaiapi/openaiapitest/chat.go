@@ -1,11 +1,14 @@
 // Package openaiapitest reads what tests of evolve's engines and router
 // get back: a streamed chat answer, chunk by chunk, with evolve's
-// extensions (the "evolve" object, a handover in place of the rest).
+// extensions (the "evolve" object, a handover in place of the rest), and
+// a whole answer with the lines an engine opens it with for a router.
 package openaiapitest
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
 	"strings"
 
@@ -92,4 +95,48 @@ func ReadChat(body io.Reader, each func(n int)) *Chat {
 	}
 	c.ReadErr = sc.Err()
 	return c
+}
+
+// Whole is a whole (not streamed) answer as an engine writes it for a
+// router: the lines that open it (protocol.AnswerComment, then a
+// protocol.TokenComment per token), then its JSON.
+type Whole struct {
+	ID       string   // from the AnswerComment line; "" without one
+	Created  int64    //
+	Tokens   []uint32 // the tokens the TokenComment lines named
+	Samplers []uint64 // and the sampler's state after each
+	JSON     []byte   // the answer (or a handover)
+	// Bad holds the comment lines that could not be read.
+	Bad []string
+}
+
+// ReadWhole reads a whole answer, with or without the opening lines.
+func ReadWhole(body io.Reader) (*Whole, error) {
+	w := &Whole{}
+	rd := bufio.NewReader(body)
+	for {
+		line, err := rd.ReadString('\n')
+		if err != nil && (err != io.EOF || strings.HasPrefix(line, ":")) {
+			return w, fmt.Errorf("the answer ended before its JSON: %w", cmp.Or(err, io.ErrUnexpectedEOF))
+		}
+		if rest, ok := strings.CutPrefix(line, protocol.AnswerComment); ok {
+			if _, err := fmt.Sscan(rest, &w.ID, &w.Created); err != nil {
+				w.Bad = append(w.Bad, line)
+			}
+			continue
+		}
+		if rest, ok := strings.CutPrefix(line, protocol.TokenComment); ok {
+			var id uint32
+			var s uint64
+			if _, err := fmt.Sscan(rest, &id, &s); err != nil {
+				w.Bad = append(w.Bad, line)
+				continue
+			}
+			w.Tokens, w.Samplers = append(w.Tokens, id), append(w.Samplers, s)
+			continue
+		}
+		rest, err := io.ReadAll(rd)
+		w.JSON = append([]byte(line), rest...)
+		return w, err
+	}
 }
