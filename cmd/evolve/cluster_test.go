@@ -297,6 +297,49 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 	}
 }
 
+// readCompletions reads a streamed completion to its end; with at > 0 it
+// calls kill after chunk at (the stream must get that far). It returns
+// the text and the ids the chunks carried.
+func readCompletions(t *testing.T, oc openai.Client, params openai.CompletionNewParams, at int, kill func()) (string, map[string]bool, error) {
+	t.Helper()
+	stream := oc.Completions.NewStreaming(context.Background(), params)
+	var b strings.Builder
+	ids := map[string]bool{}
+	got := 0
+	deadline := time.AfterFunc(60*time.Second, func() { t.Error("stream hung after the engine died") })
+	defer deadline.Stop()
+	for stream.Next() {
+		ch := stream.Current()
+		ids[ch.ID] = true
+		for _, x := range ch.Choices {
+			b.WriteString(x.Text)
+		}
+		if got++; got == at {
+			kill()
+		}
+	}
+	if at > 0 && got < at {
+		t.Fatalf("stream ended after %d chunks, before the kill", got)
+	}
+	return b.String(), ids, stream.Err()
+}
+
+// resumedOnce checks a stream read while its engine was killed: it ended
+// well, it is the reference answer with one id, and the router resumed it
+// once.
+func resumedOnce(t *testing.T, c *localCluster, text, ref string, ids map[string]bool, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("the stream failed with its engine: %v", err)
+	}
+	if text != ref || len(ids) != 1 {
+		t.Fatalf("the answer changed when its engine died (%d of %d bytes, ids %v)", len(text), len(ref), ids)
+	}
+	if v := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); v != 1 {
+		t.Fatalf("answers resumed: %v", v)
+	}
+}
+
 // An engine killed mid-stream does not end the agent's stream: the router
 // goes on with the answer on the node that is left, from the tokens the
 // agent has read, and the agent reads the answer it would have read had
@@ -309,46 +352,17 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("tell a very long story")},
 		MaxTokens: openai.Int(1500), Seed: openai.Int(7),
 	}
-	read := func(kill bool) (text string, ids map[string]bool, err error) {
-		stream := oc.Completions.NewStreaming(context.Background(), params)
-		var b strings.Builder
-		ids = map[string]bool{}
-		got, killed := 0, false
-		deadline := time.AfterFunc(60*time.Second, func() { t.Error("stream hung after the engine died") })
-		defer deadline.Stop()
-		for stream.Next() {
-			ch := stream.Current()
-			ids[ch.ID] = true
-			for _, x := range ch.Choices {
-				b.WriteString(x.Text)
-			}
-			if got++; got == 5 && kill && !killed {
-				killed = true
-				// Once its heartbeat says so, so that the status has load
-				// to forget.
-				eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
-				syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
-			}
-		}
-		if kill && !killed {
-			t.Fatalf("stream ended after %d chunks, before the kill", got)
-		}
-		return b.String(), ids, stream.Err()
-	}
-	ref, _, err := read(false)
+	ref, _, err := readCompletions(t, oc, params, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	text, ids, err := read(true)
-	if err != nil {
-		t.Fatalf("the stream failed with its engine: %v", err)
-	}
-	if text != ref || len(ids) != 1 {
-		t.Fatalf("the answer changed when its engine died (%d of %d bytes, ids %v)", len(text), len(ref), ids)
-	}
-	if v := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); v != 1 {
-		t.Fatalf("answers resumed: %v", v)
-	}
+	text, ids, err := readCompletions(t, oc, params, 5, func() {
+		// Once its heartbeat says so, so that the status has load to
+		// forget.
+		eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
+		syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
+	})
+	resumedOnce(t, c, text, ref, ids, err)
 	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node("engine-1")["state"] == "down" })
 	// Its last heartbeat said it was running this stream: no longer true.
 	if n := c.node("engine-1"); n["running"] != 0.0 || n["waiting"] != 0.0 || n["gpu_kv_usage"] != 0.0 {
@@ -378,52 +392,25 @@ func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
 	// Past 512 output tokens, with seconds of the answer still to come
 	// when the heartbeat names the node.
 	const killAt = 600
-	read := func(kill bool) (text string, ids map[string]bool, killed string, err error) {
-		stream := oc.Completions.NewStreaming(context.Background(), params)
-		var b strings.Builder
-		ids = map[string]bool{}
-		got := 0
-		deadline := time.AfterFunc(60*time.Second, func() { t.Error("stream hung after the engine died") })
-		defer deadline.Stop()
-		for stream.Next() {
-			ch := stream.Current()
-			ids[ch.ID] = true
-			for _, x := range ch.Choices {
-				b.WriteString(x.Text)
-			}
-			if got++; got == killAt && kill {
-				// The decode node writing it, once its heartbeat says so.
-				eventually(t, 10*time.Second, "a decode node reports the stream", func() bool {
-					for _, id := range []string{"engine-1", "engine-2"} {
-						if c.node(id)["running"] == 1.0 {
-							killed = id
-							return true
-						}
-					}
-					return false
-				})
-				syscall.Kill(c.state.Engines[map[string]int{"engine-1": 1, "engine-2": 2}[killed]], syscall.SIGKILL)
-			}
-		}
-		if kill && killed == "" {
-			t.Fatalf("stream ended after %d chunks, before the kill", got)
-		}
-		return b.String(), ids, killed, stream.Err()
-	}
-	ref, _, _, err := read(false)
+	ref, _, err := readCompletions(t, oc, params, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	text, ids, killed, err := read(true)
-	if err != nil {
-		t.Fatalf("the stream failed with its engine: %v", err)
-	}
-	if text != ref || len(ids) != 1 {
-		t.Fatalf("the answer changed when its engine died (%d of %d bytes, ids %v)", len(text), len(ref), ids)
-	}
-	if v := metric(t, c.state.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); v != 1 {
-		t.Fatalf("answers resumed: %v", v)
-	}
+	killed := ""
+	text, ids, err := readCompletions(t, oc, params, killAt, func() {
+		// The decode node writing it, once its heartbeat says so.
+		eventually(t, 10*time.Second, "a decode node reports the stream", func() bool {
+			for _, id := range []string{"engine-1", "engine-2"} {
+				if c.node(id)["running"] == 1.0 {
+					killed = id
+					return true
+				}
+			}
+			return false
+		})
+		syscall.Kill(c.state.Engines[map[string]int{"engine-1": 1, "engine-2": 2}[killed]], syscall.SIGKILL)
+	})
+	resumedOnce(t, c, text, ref, ids, err)
 	if v := metric(t, c.state.RouterURL, `evolve_router_resume_prefilled_total`); v != 1 {
 		t.Fatalf("resumed answers whose KV the prefill node computed: %v", v)
 	}
