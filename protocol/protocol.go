@@ -34,6 +34,21 @@
 // engine's HTTP address (where /evolve/v1/kv/pull is served) rather than a
 // NIXL side channel, and remote_block_ids are the held blocks' hashes. A
 // router treats the object as opaque and passes it to the decode engine.
+//
+// # Continuing an answer (routers only)
+//
+// A router sets HeaderHandOver on what it sends an engine. The engine then
+// names each token it samples to the router (TokenComment lines: before
+// each event of a stream; after an AnswerComment line, before the JSON of
+// a whole answer), and, when told to hand its decodes over, may end the
+// answer with a HandOver ("evolve_handover") instead of the rest. The
+// router goes on with the answer elsewhere by sending the client's request
+// again with "evolve_resume" (Resume): with the HandOver's
+// kv_transfer_params, the peer pulls the KV of the prompt and the output so
+// far; without, it recomputes what it lacks; as a prefill leg
+// (do_remote_decode), an engine only computes and holds that KV for a
+// decode engine to pull. The client reads one answer, with the id and the
+// tokens the first engine would have written.
 package protocol
 
 import (
