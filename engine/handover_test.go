@@ -55,12 +55,15 @@ func readChat(t *testing.T, body io.Reader, each func(n int)) *openaiapitest.Cha
 	return c
 }
 
+// postRaw posts body to an engine, as a router does when movable (with
+// the headers of one that reads whole answers' opening lines).
 func postRaw(t *testing.T, url string, body []byte, movable bool) *http.Response {
 	t.Helper()
 	req, _ := http.NewRequest("POST", url, bytes.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if movable {
 		req.Header.Set(protocol.HeaderHandOver, "1")
+		req.Header.Set(protocol.HeaderWholeTokens, "1")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -99,6 +102,20 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 	resp.Body.Close()
 	if len(ref.Content) != n || !ref.Done || len(refWhole.Choices) != 1 {
 		t.Fatalf("reference: %d chunks, done %v", len(ref.Content), ref.Done)
+	}
+	// A router that does not say it reads a whole answer's opening lines
+	// (one from before them) gets the plain answer.
+	req, _ := http.NewRequest("POST", srvB.URL+"/v1/chat/completions", bytes.NewReader(whole))
+	req.Header.Set(protocol.HeaderHandOver, protocol.HandOverAllowed)
+	if r, err := http.DefaultClient.Do(req); err != nil {
+		t.Fatal(err)
+	} else {
+		var plain struct{ ID string }
+		err := json.NewDecoder(r.Body).Decode(&plain)
+		r.Body.Close()
+		if err != nil || plain.ID == "" {
+			t.Fatalf("a whole answer to an older router is not plain JSON: %v", err)
+		}
 	}
 
 	// On engine a: a movable stream, a movable whole answer and a stream

@@ -219,7 +219,10 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	g := generation{e: e, w: w, id: id, reqID: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr,
-		promptLen: len(tokens), resume: resume, tokenComments: routed != "" && !kvp.DoRemoteDecode}
+		promptLen: len(tokens), resume: resume,
+		// A router that reads a whole answer's opening lines says so: one
+		// from before them would pass them on to its client.
+		tokenComments: routed != "" && !kvp.DoRemoteDecode && (req.Stream || r.Header.Get(protocol.HeaderWholeTokens) == "1")}
 	if resume != nil {
 		// The answer goes on as the client has seen it begin.
 		g.id, g.created, g.promptLen = resume.ID, resume.Created, len(tokens)-len(resume.Output)

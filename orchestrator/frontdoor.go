@@ -567,6 +567,8 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	} else {
 		req.Header.Set(protocol.HeaderHandOver, protocol.HandOverAllowed)
 	}
+	req.Header.Set(protocol.HeaderWholeTokens, "1") // readWhole keeps them
+
 	return a.o.http.Do(req)
 }
 

@@ -290,7 +290,8 @@ type ResponseKV struct {
 // HeaderHandOver, set on a request by a router, says that the client can
 // continue the answer on another engine: a streamed answer then carries
 // TokenComment lines, and a whole one (other than a prefill leg's) opens
-// with AnswerComment and TokenComment lines. With HandOverAllowed the engine may also end the
+// with AnswerComment and TokenComment lines when the router also sets
+// HeaderWholeTokens. With HandOverAllowed the engine may also end the
 // answer with a HandOver when it is told to hand its decodes over
 // (OpHandOver); with HandOverNever the answer ends where it is (a router
 // sends a handed-over answer that no peer took back to the engine that
@@ -315,9 +316,15 @@ const (
 // written.
 const TokenComment = ": evolve-token "
 
+// HeaderWholeTokens, set to "1" by a router beside HeaderHandOver, says
+// that it reads the lines that open a whole answer (AnswerComment): an
+// engine writes them only then, so that a router from before them never
+// passes them on to its client.
+const HeaderWholeTokens = "X-Evolve-Whole-Tokens"
+
 // AnswerComment begins the line `: evolve-answer ID CREATED` that opens
 // the body of a whole (not streamed) answer an engine writes for a
-// router (HeaderHandOver): the answer's id and creation time (Unix
+// router (HeaderHandOver and HeaderWholeTokens): the answer's id and creation time (Unix
 // seconds). TokenComment lines follow, one per token as the engine
 // samples it, then the answer's JSON on the next line. Should the engine
 // die before the JSON, the router continues the answer elsewhere from the
