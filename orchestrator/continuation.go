@@ -207,10 +207,14 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 // to is decoding. Otherwise to pulls what peers hold of the prompt
 // (resumeFetches) and recomputes the rest itself.
 func (a *attempt) placeResume(to string, res json.RawMessage, outLen int, split bool) []byte {
-	plan := a.resumeFetches(to)
-	if recompute := len(a.p.Tokens) - plan.covered*plan.blockSize + outLen; split && plan.decode &&
+	// One look at the cluster serves both nodes' plans and the choice of
+	// the prefill node.
+	var m kv.Match
+	v := a.o.view(a.chain, &m, a.failed)
+	plan := a.resumeFetches(v, &m, to)
+	if recompute := len(a.p.Tokens) - plan.covered*v.BlockSize + outLen; split && plan.decode &&
 		recompute > routing.DefaultLocalPrefillTokens {
-		if kvp, ok := a.resumePrefill(to, res, recompute); ok {
+		if kvp, ok := a.resumePrefill(v, &m, to, res, recompute); ok {
 			return a.body.With(map[string]json.RawMessage{"kv_transfer_params": kvp, "evolve_resume": res})
 		}
 	}
@@ -224,17 +228,17 @@ func (a *attempt) placeResume(to string, res json.RawMessage, outLen int, split 
 // kv_transfer_params of the hold, or false when no prefill node did it
 // (to then recomputes that KV itself). The prefill node's claim lasts
 // until to answers (dropResumePrefill).
-func (a *attempt) resumePrefill(to string, res json.RawMessage, recompute int) (json.RawMessage, bool) {
+func (a *attempt) resumePrefill(v *routing.View, m *kv.Match, to string, res json.RawMessage, recompute int) (json.RawMessage, bool) {
 	exclude := map[string]bool{to: true}
 	for id := range a.failed {
 		exclude[id] = true
 	}
-	p, url := a.o.claimResumePrefill(exclude, a.chain)
+	p, url := a.o.claimResumePrefill(exclude, m)
 	if p == "" {
 		return nil, false
 	}
 	a.urls[p] = url
-	a.startResumeFetches(a.resumeFetches(p))
+	a.startResumeFetches(a.resumeFetches(v, m, p))
 	kvp, story, err := a.prefillOn(url, map[string]json.RawMessage{"evolve_resume": res})
 	if err != nil {
 		// Not a failure of the answer: a node that refuses (draining)
@@ -272,24 +276,23 @@ func (a *attempt) dropResumePrefill() {
 // resumePlan is what a node readied for a resumed answer pulls of its
 // prompt's KV (resumeFetches).
 type resumePlan struct {
-	node      string
-	decode    bool // the node decodes
-	fetches   []routing.Fetch
-	held      int // prompt blocks the node holds (GPU and host)
-	covered   int // and those with the pulls
-	blockSize int
+	node    string
+	decode  bool // the node decodes
+	fetches []routing.Fetch
+	held    int // prompt blocks the node holds (GPU and host)
+	covered int // and those with the pulls
 }
 
 // resumeFetches plans what node to pulls, before it goes on with an
 // answer or computes its KV, of the blocks of the prompt that peers hold
 // beyond what to holds (routing.PeerFetches: a contiguous extension,
-// where pulling beats recomputing). A node that failed this request is
-// no source: the directory still lists what it held until its heartbeats
-// stop (kv.Directory.SourcesWithout).
-func (a *attempt) resumeFetches(to string) resumePlan {
-	var m kv.Match
-	v := a.o.view(a.chain, &m, a.failed)
-	plan := resumePlan{node: to, blockSize: v.BlockSize}
+// where pulling beats recomputing), from v and m, the view without the
+// nodes that failed the request and the directory's match of the prompt.
+// A node that failed this request is no source: the directory still
+// lists what it held until its heartbeats stop
+// (kv.Directory.SourcesWithout).
+func (a *attempt) resumeFetches(v *routing.View, m *kv.Match, to string) resumePlan {
+	plan := resumePlan{node: to}
 	var target *routing.Node
 	sources := make(map[kv.NodeID]string, len(v.Nodes))
 	failed := map[kv.NodeID]bool{}
@@ -314,11 +317,13 @@ func (a *attempt) resumeFetches(to string) resumePlan {
 	if len(a.chain) == 0 {
 		return plan
 	}
-	// Match may name a failed node the holder of a run: take live ones.
+	// Match may name a failed node the holder of a run: take live ones,
+	// from where to's prefix ends (m stays as it is for other nodes).
+	live := *m
 	a.o.c.mu.Lock()
-	m.Cluster, m.Sources = a.o.c.dir.SourcesWithout(a.chain, plan.held, func(n kv.NodeID) bool { return failed[n] }, nil)
+	live.Cluster, live.Sources = a.o.c.dir.SourcesWithout(a.chain, plan.held, func(n kv.NodeID) bool { return failed[n] }, nil)
 	a.o.c.mu.Unlock()
-	plan.fetches = routing.PeerFetches(target, &m, v.BlockSize, sources)
+	plan.fetches = routing.PeerFetches(target, &live, v.BlockSize, sources)
 	for _, f := range plan.fetches {
 		plan.covered = f.End
 	}
@@ -382,11 +387,11 @@ func (a *attempt) readWhole(body io.Reader) ([]byte, error) {
 			a.wholeComment(line)
 			continue
 		}
-		if err != nil && err != io.EOF {
+		switch {
+		case err == io.EOF:
+			return line, nil // the answer, on a last line
+		case err != nil:
 			return nil, err
-		}
-		if err == io.EOF {
-			return line, nil
 		}
 		rest, err := io.ReadAll(rd)
 		return append(line, rest...), err

@@ -243,10 +243,12 @@ func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHas
 // claimResumePrefill picks and claims a serving prefill node not in
 // exclude that can compute a resumed answer's KV for its decode node
 // (evolve's engines take evolve_resume on a prefill leg): the one that
-// holds the longest prefix of the prompt (chain, on GPU or host), then
-// as claimDecodePeer picks. It returns "" when none serves.
-func (o *Orchestrator) claimResumePrefill(exclude map[string]bool, chain []kv.BlockHash) (id, url string) {
-	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Prefill && n.reg.CanHandOver }, o.heldOf(chain))
+// holds the longest prefix of the prompt (m, the directory's match of
+// it, on GPU or host), then as claimDecodePeer picks. It returns "" when
+// none serves.
+func (o *Orchestrator) claimResumePrefill(exclude map[string]bool, m *kv.Match) (id, url string) {
+	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Prefill && n.reg.CanHandOver },
+		func(n *node) int { return m.For(n.dir).Local })
 }
 
 // heldOf says how many leading blocks of chain a node holds (GPU and
