@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"image/png"
+	"math"
 	"net/http"
 	"os"
 	"os/exec"
@@ -858,5 +859,58 @@ func TestSimRecordsATrace(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
 		t.Fatalf("left behind in the folder: %v", entries)
+	}
+}
+
+// --kv-block-tokens models KV in coarser blocks, for speed: the scenario
+// says so, and the figures stay close to those of the profile's blocks.
+// A single small run moves by several percent with any change to its
+// course (a request placed elsewhere shifts every later one), so the
+// comparison is of the mean over three seeds.
+func TestSimModelsKVInCoarserBlocks(t *testing.T) {
+	run := func(extra ...string) (map[string]any, map[string]float64) {
+		t.Helper()
+		e2e := map[string]float64{}
+		var scenario map[string]any
+		for _, seed := range []string{"1", "2", "3"} {
+			args := append([]string{"sim", "--gpus", "12", "--workload", "coding", "--agents", "24", "--duration", "20m", "--warmup", "5m",
+				"--policies", "evolve,dynamo", "--seed", seed, "-o", "json"}, extra...)
+			out, code := runBinOut(t, nil, args...)
+			var res struct {
+				Scenario map[string]any `json:"scenario"`
+				Results  []struct {
+					Policy  string  `json:"policy"`
+					MeanE2E float64 `json:"mean_e2e_s"`
+				} `json:"results"`
+			}
+			if code != 0 || json.Unmarshal([]byte(out), &res) != nil || len(res.Results) != 2 {
+				t.Fatalf("evolve %v: exit %d\n%s", args, code, out)
+			}
+			for _, r := range res.Results {
+				e2e[r.Policy] += r.MeanE2E / 3
+			}
+			scenario = res.Scenario
+		}
+		return scenario, e2e
+	}
+	fineSc, fine := run()
+	coarseSc, coarse := run("--kv-block-tokens", "256")
+	if fineSc["kv_block_tokens"] != 64.0 || coarseSc["kv_block_tokens"] != 256.0 {
+		t.Fatalf("kv_block_tokens %v and %v, want 64 (the profile's) and 256", fineSc["kv_block_tokens"], coarseSc["kv_block_tokens"])
+	}
+	for _, policy := range []string{"evolve", "dynamo"} {
+		f, c := fine[policy], coarse[policy]
+		if f <= 0 || math.Abs(c-f) > 0.06*f {
+			t.Errorf("%s: mean E2E %.3f s in 64-token blocks, %.3f s in 256-token ones: more than 6%% apart", policy, f, c)
+		}
+	}
+	table, code := runBinOut(t, nil, "sim", "--gpus", "8", "--agents", "2", "--duration", "1m", "--warmup", "0s", "--policies", "evolve", "--kv-block-tokens", "128")
+	if code != 0 || !strings.Contains(table, "KV modelled in 128-token blocks") {
+		t.Fatalf("table of a coarse run: exit %d\n%s", code, table)
+	}
+	for _, bad := range []string{"100", "32", "-64", "1048576"} {
+		if out, code := runBin(t, nil, "sim", "--kv-block-tokens", bad); code != 2 || strings.Contains(out, "simulating") || !strings.Contains(out, "--kv-block-tokens") {
+			t.Errorf("sim --kv-block-tokens %s: exit %d\n%s", bad, code, out)
+		}
 	}
 }

@@ -835,3 +835,41 @@ func TestRequestWaitsForFetchOfItsPrefix(t *testing.T) {
 		}
 	}
 }
+
+func TestCoarserBlocksKeepCapacityAndRoundHitsDown(t *testing.T) {
+	p := tinyProfile(t)
+	for _, bad := range []int{8, 24, 0, -16, 16384} {
+		if _, err := p.WithBlockSize(bad); err == nil {
+			t.Errorf("WithBlockSize(%d) took a block size a %d-token profile cannot be modelled in", bad, p.BlockSize)
+		}
+	}
+	c, err := p.WithBlockSize(64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.BlockSize != 16 || c.BlockSize != 64 {
+		t.Fatalf("block sizes %d and %d: the copy must change and the profile stay", p.BlockSize, c.BlockSize)
+	}
+	if c.GPUBlocks()*c.BlockSize != p.GPUBlocks()*p.BlockSize || c.HostBlocks()*c.BlockSize != p.HostBlocks()*p.BlockSize {
+		t.Fatalf("capacity changed: %d x %d GPU, %d host, against %d x %d, %d", c.GPUBlocks(), c.BlockSize, c.HostBlocks(), p.GPUBlocks(), p.BlockSize, p.HostBlocks())
+	}
+	if c.TransferTime(1, 1) != p.TransferTime(4, 1) {
+		t.Fatalf("a 64-token block moves in %v, four 16-token blocks in %v", c.TransferTime(1, 1), p.TransferTime(4, 1))
+	}
+	// 760 shared tokens: 47 whole 16-token blocks, 11 whole 64-token ones.
+	shared := prompt(760, 1)
+	second := append(append([]uint32(nil), shared...), prompt(40, 2)...)
+	for _, tc := range []struct {
+		p   *Profile
+		hit int
+	}{{p, 752}, {c, 704}} {
+		m := NewModel(tc.p, Config{})
+		submit(t, m, t0, Request{ID: "a", Tokens: shared, MaxTokens: 4})
+		r := run(t, m, t0, 1000)
+		submit(t, m, r.end, Request{ID: "b", Tokens: second, MaxTokens: 4})
+		u := run(t, m, r.end, 1000).finished["b"].Usage
+		if u.GPUHitTokens != tc.hit || u.ComputedTokens != len(second)-tc.hit {
+			t.Errorf("%d-token blocks: hit %d tokens and computed %d, want %d and %d", tc.p.BlockSize, u.GPUHitTokens, u.ComputedTokens, tc.hit, len(second)-tc.hit)
+		}
+	}
+}

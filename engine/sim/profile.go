@@ -140,6 +140,25 @@ func (p *Profile) HostBlocks() int {
 	return p.HostKVTokens / p.BlockSize
 }
 
+// WithBlockSize returns a copy of the profile that models KV in blocks
+// of tokens tokens: a power-of-two multiple of its own block size. A
+// simulation runs faster on coarser blocks (fewer blocks to look up,
+// reference, evict and move per request) at the cost of prefix hits and
+// transfers rounded down to whole coarse blocks; capacities, bandwidths
+// and pass costs are unchanged, since they are counted in tokens and
+// bytes. The engines it stands for still use the profile's block size.
+func (p *Profile) WithBlockSize(tokens int) (*Profile, error) {
+	switch {
+	case tokens < p.BlockSize || tokens&(tokens-1) != 0:
+		return nil, fmt.Errorf("%d-token blocks: want a power of two of at least %d, the block size of profile %q", tokens, p.BlockSize, p.Name)
+	case tokens > p.MaxModelLen || tokens > p.GPUKVTokens:
+		return nil, fmt.Errorf("%d-token blocks: want at most %d, the context and KV capacity of profile %q", tokens, min(p.MaxModelLen, p.GPUKVTokens), p.Name)
+	}
+	c := *p
+	c.BlockSize = tokens
+	return &c, nil
+}
+
 // BlockBytes is the size of one KV block.
 func (p *Profile) BlockBytes() float64 { return float64(p.BlockSize * p.KVBytesPerToken) }
 
