@@ -222,8 +222,8 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return usage(err)
 	}
-	coarse := config.GetInt(k("kv-block-tokens"))
-	if bt := coarse; bt != 0 {
+	profileBlock := prof.BlockSize
+	if bt := config.GetInt(k("kv-block-tokens")); bt != 0 {
 		if prof, err = prof.WithBlockSize(bt); err != nil {
 			return usage(fmt.Errorf("--kv-block-tokens: %w", err))
 		}
@@ -481,7 +481,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		if sc.Eviction == "lru" {
 			how += "; evolve evicts by plain LRU (--eviction lru)"
 		}
-		if coarse != 0 {
+		if prof.BlockSize != profileBlock {
 			how += fmt.Sprintf("; KV modelled in %d-token blocks (--kv-block-tokens)", prof.BlockSize)
 		}
 		fmt.Fprintf(w, "%d GPUs (%d engines, %s), %s, %v scored after %v, seed %d%s\n\n", gpus, sc.Engines, profile, who, dur, warm, sc.Seed, how)
