@@ -146,7 +146,7 @@ the research system's experiments:
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload")
 	f.Int("kv-block-tokens", 0, "model KV in blocks of this many tokens, a power-of-two multiple of the profile's block size, for every policy alike: "+
-		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (256 on claude-code-126x36: 2.6x faster, mean E2E within 2%, P95 TTFT within 4%; README); 0: the profile's")
+		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (256 on claude-code-126x36: 2.6x faster, mean E2E within 2%; TTFT tails can move more, see the README); 0: the profile's")
 	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes, as the live orchestrator does with evolve's engines; false: the node finishes them first, as a live node running vLLM does (vLLM cannot hand a decode over)")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
