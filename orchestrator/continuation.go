@@ -239,7 +239,7 @@ func (a *attempt) resumePrefill(v *routing.View, m *kv.Match, to string, res jso
 	}
 	a.urls[p] = url
 	a.startResumeFetches(a.resumeFetches(v, m, p))
-	kvp, story, err := a.prefillOn(url, map[string]json.RawMessage{"evolve_resume": res})
+	kvp, err := a.prefillOn(url, map[string]json.RawMessage{"evolve_resume": res})
 	if err != nil {
 		// Not a failure of the answer: a node that refuses (draining)
 		// still serves its KV to the decode node.
@@ -249,9 +249,6 @@ func (a *attempt) resumePrefill(v *routing.View, m *kv.Match, to string, res jso
 		return nil, false
 	}
 	a.resumePrefillNode, a.resumePrefillKV = p, kvp
-	if story != nil {
-		a.prefillKV = story
-	}
 	a.o.met.resumePrefilled.Inc()
 	a.o.log.Debug("a prefill node computed a resumed answer's KV", "request", a.reqID, "node", p, "decode", to,
 		"decode_would_recompute", recompute)
@@ -324,8 +321,8 @@ func (a *attempt) resumeFetches(v *routing.View, m *kv.Match, to string) resumeP
 	live.Cluster, live.Sources = a.o.c.dir.SourcesWithout(a.chain, plan.held, func(n kv.NodeID) bool { return failed[n] }, nil)
 	a.o.c.mu.Unlock()
 	plan.fetches = routing.PeerFetches(target, &live, v.BlockSize, sources)
-	for _, f := range plan.fetches {
-		plan.covered = f.End
+	if k := len(plan.fetches); k > 0 {
+		plan.covered = plan.fetches[k-1].End // they come in chain order
 	}
 	return plan
 }

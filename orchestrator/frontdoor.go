@@ -479,12 +479,9 @@ var (
 // prefill runs the prefill leg (vLLM's step 1) and returns the
 // kv_transfer_params the decode leg needs.
 func (a *attempt) prefill() (json.RawMessage, error) {
-	kvp, story, err := a.prefillOn(a.urls[a.dec.Prefill], nil)
+	kvp, err := a.prefillOn(a.urls[a.dec.Prefill], nil)
 	if err != nil {
 		return nil, err
-	}
-	if story != nil {
-		a.prefillKV = story
 	}
 	a.prefillDone()
 	return kvp, nil
@@ -492,8 +489,9 @@ func (a *attempt) prefill() (json.RawMessage, error) {
 
 // prefillOn runs a prefill leg of the client's request, with the members
 // of extra added, on the node at url; it returns the kv_transfer_params
-// the decode leg needs and the leg's "evolve" object (nil if none).
-func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (kvp, story json.RawMessage, err error) {
+// the decode leg needs, and keeps the leg's "evolve" object, if any, as
+// the answer's prefill story (prefillKV).
+func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (json.RawMessage, error) {
 	set := map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
 	if a.body.Has("max_completion_tokens") {
 		set["max_completion_tokens"] = jsonOne
@@ -503,11 +501,11 @@ func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (kvp, 
 	}
 	resp, err := a.post(url, a.body.With(set))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	b, err := readAnswer(resp, 16<<20, "prefill")
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	var out struct {
 		KV     json.RawMessage `json:"kv_transfer_params"`
@@ -519,12 +517,12 @@ func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (kvp, 
 	}
 	if len(out.KV) == 0 || string(out.KV) == "null" {
 		// vLLM answers so when no KV connector hands its KV to a peer.
-		return nil, nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
+		return nil, fmt.Errorf("the prefill engine's answer has no kv_transfer_params: a vLLM engine needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\",\"kv_role\":\"kv_both\"}' for disaggregated prefill and decode")
 	}
 	if len(out.Evolve) > 0 && string(out.Evolve) != "null" {
-		story = out.Evolve
+		a.prefillKV = out.Evolve
 	}
-	return out.KV, story, nil
+	return out.KV, nil
 }
 
 // prefillDone tells the policy the request's prefill is over (its queued
@@ -568,7 +566,6 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 		req.Header.Set(protocol.HeaderHandOver, protocol.HandOverAllowed)
 	}
 	req.Header.Set(protocol.HeaderWholeTokens, "1") // readWhole keeps them
-
 	return a.o.http.Do(req)
 }
 

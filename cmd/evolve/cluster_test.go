@@ -324,6 +324,17 @@ func readCompletions(t *testing.T, oc openai.Client, params openai.CompletionNew
 	return b.String(), ids, stream.Err()
 }
 
+// readReference reads the answer to params with nothing killed: the one
+// a stream whose engine dies must still read.
+func readReference(t *testing.T, oc openai.Client, params openai.CompletionNewParams) string {
+	t.Helper()
+	ref, _, err := readCompletions(t, oc, params, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ref
+}
+
 // resumedOnce checks a stream read while its engine was killed: it ended
 // well, it is the reference answer with one id, and the router resumed it
 // once.
@@ -352,10 +363,7 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("tell a very long story")},
 		MaxTokens: openai.Int(1500), Seed: openai.Int(7),
 	}
-	ref, _, err := readCompletions(t, oc, params, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := readReference(t, oc, params)
 	text, ids, err := readCompletions(t, oc, params, 5, func() {
 		// Once its heartbeat says so, so that the status has load to
 		// forget.
@@ -392,10 +400,7 @@ func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
 	// Past 512 output tokens, with seconds of the answer still to come
 	// when the heartbeat names the node.
 	const killAt = 600
-	ref, _, err := readCompletions(t, oc, params, 0, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ref := readReference(t, oc, params)
 	killed := ""
 	text, ids, err := readCompletions(t, oc, params, killAt, func() {
 		// The decode node writing it, once its heartbeat says so.
