@@ -22,9 +22,12 @@ const MaxBodyBytes = 32 << 20
 // bodies that evolve reads. Unknown fields are ignored, as OpenAI's servers
 // do; sampling parameters have no effect on a simulated engine.
 type Request struct {
-	Model               string          `json:"model"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Messages            []ChatMessage   `json:"messages"`
+	Model    string          `json:"model"`
+	Prompt   json.RawMessage `json:"prompt"`
+	Messages []ChatMessage   `json:"messages"`
+	// Tools are the functions a chat request offers the model; the chat
+	// template renders them into the prompt.
+	Tools               json.RawMessage `json:"tools"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
@@ -44,6 +47,9 @@ type Request struct {
 type ChatMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
+	// ToolCalls are an assistant message's calls of tools; the chat
+	// template renders them after its content.
+	ToolCalls json.RawMessage `json:"tool_calls"`
 }
 
 // KVTransferParams are the fields of vLLM's kv_transfer_params evolve reads;
@@ -85,7 +91,7 @@ func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage)
 	}
 	var err *Error
 	if chat {
-		p.Tokens, err = chatTokens(r.Messages)
+		p.Tokens, err = chatTokens(r.Messages, r.Tools)
 	} else {
 		p.Tokens, err = promptTokens(r.Prompt)
 	}
@@ -305,11 +311,18 @@ func checkIDs(ids []int64) ([]uint32, *Error) {
 }
 
 // chatTokens renders chat messages with the tokenizer's chat template.
-func chatTokens(msgs []ChatMessage) ([]uint32, *Error) {
+// Tools, when given, come first, as a system message of their JSON (chat
+// templates put them in the system prompt), and an assistant message's
+// tool calls follow its content as their JSON: an agent's tool
+// definitions and calls take their place in the prompt and its KV.
+func chatTokens(msgs []ChatMessage, tools json.RawMessage) ([]uint32, *Error) {
 	if len(msgs) == 0 {
 		return nil, BadRequest("messages", "messages is required and must not be empty")
 	}
-	out := make([]tokenizer.Message, len(msgs))
+	out := make([]tokenizer.Message, 0, len(msgs)+1)
+	if t := compactJSON(tools); t != "" {
+		out = append(out, tokenizer.Message{Role: "system", Content: t})
+	}
 	for i, m := range msgs {
 		if m.Role == "" {
 			return nil, BadRequest(fmt.Sprintf("messages[%d].role", i), "messages[%d] has no role", i)
@@ -318,9 +331,19 @@ func chatTokens(msgs []ChatMessage) ([]uint32, *Error) {
 		if err != nil {
 			return nil, BadRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d]: %v", i, err)
 		}
-		out[i] = tokenizer.Message{Role: m.Role, Content: text}
+		out = append(out, tokenizer.Message{Role: m.Role, Content: text + compactJSON(m.ToolCalls)})
 	}
 	return tokenizer.EncodeChat(out), nil
+}
+
+// compactJSON is raw without insignificant space, or "" for nothing, null
+// or an empty list.
+func compactJSON(raw json.RawMessage) string {
+	var b bytes.Buffer
+	if json.Compact(&b, raw) != nil || b.String() == "null" || b.String() == "[]" {
+		return ""
+	}
+	return b.String()
 }
 
 // messageText reads content given as a string or as a list of parts, of
