@@ -1,0 +1,234 @@
+package anthropicapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// chatUsage is a chat answer's usage.
+type chatUsage struct {
+	PromptTokens     int `json:"prompt_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
+	Details          *struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+// chatToolCall is a tool call in a chat answer or a stream's delta.
+type chatToolCall struct {
+	Index    int    `json:"index"`
+	ID       string `json:"id"`
+	Function struct {
+		Name      string `json:"name"`
+		Arguments string `json:"arguments"`
+	} `json:"function"`
+}
+
+// chatTurn is a chat answer's message, or a stream chunk's delta.
+type chatTurn struct {
+	Content   *string        `json:"content"`
+	Reasoning *string        `json:"reasoning_content"`
+	Reason2   *string        `json:"reasoning"` // vLLM's newer name
+	ToolCalls []chatToolCall `json:"tool_calls"`
+}
+
+func (t *chatTurn) reasoning() string {
+	switch {
+	case t.Reasoning != nil:
+		return *t.Reasoning
+	case t.Reason2 != nil:
+		return *t.Reason2
+	}
+	return ""
+}
+
+// chatChoice is a choice of a chat answer or stream chunk.
+type chatChoice struct {
+	Message      chatTurn        `json:"message"`
+	Delta        chatTurn        `json:"delta"`
+	FinishReason *string         `json:"finish_reason"`
+	StopReason   json.RawMessage `json:"stop_reason"` // vLLM: the stop string (or token id) that matched
+}
+
+// chatAnswer is a chat completion, or one chunk of its stream.
+type chatAnswer struct {
+	ID      string       `json:"id"`
+	Model   string       `json:"model"`
+	Choices []chatChoice `json:"choices"`
+	Usage   *chatUsage   `json:"usage"`
+	Error   *chatError   `json:"error"`
+}
+
+type chatError struct {
+	Message string `json:"message"`
+	Type    string `json:"type"`
+}
+
+// Usage is a Message's usage.
+type Usage struct {
+	InputTokens              int `json:"input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
+	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+}
+
+func usageOf(u *chatUsage) Usage {
+	if u == nil {
+		return Usage{}
+	}
+	cached := 0
+	if u.Details != nil {
+		cached = min(u.Details.CachedTokens, u.PromptTokens)
+	}
+	return Usage{InputTokens: u.PromptTokens - cached, OutputTokens: u.CompletionTokens, CacheReadInputTokens: cached}
+}
+
+// messageID names the Message after the chat answer it comes from.
+func messageID(chatID string) string {
+	for _, p := range []string{"chatcmpl-", "cmpl-"} {
+		chatID = strings.TrimPrefix(chatID, p)
+	}
+	if chatID == "" {
+		chatID = "evolve"
+	}
+	return "msg_" + chatID
+}
+
+// stopReason maps a chat finish reason (and vLLM's stop_reason) to a
+// Message's stop_reason and stop_sequence.
+func stopReason(finish string, matched json.RawMessage, stops []string) (string, *string) {
+	switch finish {
+	case "length":
+		return "max_tokens", nil
+	case "tool_calls", "function_call":
+		return "tool_use", nil
+	case "content_filter":
+		return "refusal", nil
+	}
+	var s string
+	if json.Unmarshal(matched, &s) == nil && slices.Contains(stops, s) {
+		return "stop_sequence", &s
+	}
+	return "end_turn", nil
+}
+
+// toolInput is a tool call's arguments as a tool_use block's input: the
+// JSON object the model wrote, or, when it wrote something else, that text
+// under "arguments", so that nothing it wrote is lost.
+func toolInput(args string) json.RawMessage {
+	t := bytes.TrimSpace([]byte(args))
+	if len(t) == 0 {
+		return json.RawMessage("{}")
+	}
+	if t[0] == '{' && json.Valid(t) {
+		return t
+	}
+	b, _ := json.Marshal(map[string]string{"arguments": args})
+	return b
+}
+
+// message translates a whole chat completion into a Message.
+func message(b []byte, info Info) ([]byte, *Error) {
+	var a chatAnswer
+	if err := json.Unmarshal(b, &a); err != nil {
+		return nil, &Error{Status: 502, Type: "api_error", Message: "the engine's answer cannot be read: " + err.Error()}
+	}
+	if len(a.Choices) == 0 {
+		return nil, &Error{Status: 502, Type: "api_error", Message: "the engine's answer has no choice"}
+	}
+	c := a.Choices[0]
+	content := []map[string]any{}
+	if r := c.Message.reasoning(); r != "" {
+		content = append(content, map[string]any{"type": "thinking", "thinking": r, "signature": ""})
+	}
+	if c.Message.Content != nil && *c.Message.Content != "" {
+		content = append(content, map[string]any{"type": "text", "text": *c.Message.Content})
+	}
+	for _, tc := range c.Message.ToolCalls {
+		content = append(content, map[string]any{"type": "tool_use", "id": tc.ID, "name": tc.Function.Name,
+			"input": toolInput(tc.Function.Arguments)})
+	}
+	finish := ""
+	if c.FinishReason != nil {
+		finish = *c.FinishReason
+	}
+	reason, seq := stopReason(finish, c.StopReason, info.StopSequences)
+	out, _ := json.Marshal(map[string]any{
+		"id": messageID(a.ID), "type": "message", "role": "assistant", "model": modelOf(a.Model, info),
+		"content": content, "stop_reason": reason, "stop_sequence": seq, "usage": usageOf(a.Usage),
+	})
+	return out, nil
+}
+
+func modelOf(answered string, info Info) string {
+	if info.Model != "" {
+		return info.Model
+	}
+	return answered
+}
+
+// errorType is Anthropic's error type for an HTTP status.
+func errorType(status int) string {
+	switch status {
+	case 400, 422:
+		return "invalid_request_error"
+	case 401:
+		return "authentication_error"
+	case 403:
+		return "permission_error"
+	case 404:
+		return "not_found_error"
+	case 413:
+		return "request_too_large"
+	case 429:
+		return "rate_limit_error"
+	case 503, 529:
+		return "overloaded_error"
+	}
+	if status >= 400 && status < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
+}
+
+// fromChatError reads an error answer (OpenAI's nested shape, or vLLM's
+// flat one) as an Error with status.
+func fromChatError(status int, b []byte) *Error {
+	var e struct {
+		Message string     `json:"message"`
+		Error   *chatError `json:"error"`
+	}
+	msg := strings.TrimSpace(string(b))
+	if json.Unmarshal(b, &e) == nil {
+		if e.Error != nil && e.Error.Message != "" {
+			msg = e.Error.Message
+		} else if e.Message != "" {
+			msg = e.Message
+		}
+	}
+	if msg == "" {
+		msg = http.StatusText(status)
+	}
+	return &Error{Status: status, Type: errorType(status), Message: msg}
+}
+
+// Body is the error's JSON body.
+func (e *Error) Body() []byte {
+	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": e.Type, "message": e.Message}})
+	return b
+}
+
+// Write sends the error as the response.
+func (e *Error) Write(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.Status)
+	w.Write(append(e.Body(), '\n'))
+}
+
+// NewError is an error with status, of the type Anthropic gives that status.
+func NewError(status int, message string) *Error {
+	return &Error{Status: status, Type: errorType(status), Message: message}
+}
