@@ -31,6 +31,8 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, true) })
+	mux.HandleFunc("POST /v1/messages", o.serveMessages)
+	mux.HandleFunc("POST /v1/messages/count_tokens", o.serveCountTokens)
 	mux.HandleFunc("GET /v1/models", o.serveModels)
 	mux.HandleFunc("DELETE /v1/sessions/{session}", o.serveEndSession)
 	mux.HandleFunc("DELETE /v1/sessions/{session}/branches/{branch}", o.serveEndSession)
@@ -456,6 +458,9 @@ func (a *attempt) run() (string, error) {
 const (
 	HeaderPrefillNode = "X-Evolve-Prefill-Node"
 	HeaderDecodeNode  = "X-Evolve-Decode-Node"
+	// HeaderPromptTokens is the prompt's length in tokens, as the engines
+	// tokenize it: a stream's usage comes only at its end.
+	HeaderPromptTokens = "X-Evolve-Prompt-Tokens"
 )
 
 // answerHeaders sets the headers of the answer the client gets from an
@@ -466,6 +471,7 @@ func (a *attempt) answerHeaders(contentType string) {
 	h.Set("X-Request-Id", a.reqID)
 	h.Set(HeaderPrefillNode, a.dec.Prefill)
 	h.Set(HeaderDecodeNode, a.decode)
+	h.Set(HeaderPromptTokens, strconv.Itoa(len(a.p.Tokens)))
 }
 
 // The members a prefill leg changes: one token, not streamed, and vLLM's

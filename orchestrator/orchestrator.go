@@ -20,7 +20,7 @@ import (
 
 // Config configures an orchestrator.
 type Config struct {
-	RouterAddr  string // OpenAI API for agents, e.g. 127.0.0.1:8000 (port 0: any)
+	RouterAddr  string // OpenAI and Anthropic APIs for agents, e.g. 127.0.0.1:8000 (port 0: any)
 	ControlAddr string // control API, e.g. 127.0.0.1:8001
 	// ControlToken, when set, is required as a bearer token by the control
 	// API. It must be set when ControlAddr is not a loopback address.

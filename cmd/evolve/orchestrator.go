@@ -33,12 +33,14 @@ func newOrchestratorCmd() *cobra.Command {
 		Short: "Run the router, KV directory, role manager and control API",
 		Long: `Run the orchestrator: the one process between agents and engines.
 
-It serves the OpenAI API to agents on --router-addr and routes each request
-to a prefill and a decode engine (--policy evolve, dynamo or round-robin), and
-the control API on --control-addr (loopback by default; a bearer token is
-required elsewhere). Engines register over NATS: by default the orchestrator
-embeds a NATS server with JetStream (data in --data-dir; role overrides
-survive restarts); --nats joins an existing one instead.
+It serves the OpenAI API (/v1/completions, /v1/chat/completions) and
+Anthropic's Messages API (/v1/messages, for agents such as Claude Code) to
+agents on --router-addr and routes each request to a prefill and a decode
+engine (--policy evolve, dynamo or round-robin), and the control API on
+--control-addr (loopback by default; a bearer token is required elsewhere).
+Engines register over NATS: by default the orchestrator embeds a NATS server
+with JetStream (data in --data-dir; role overrides survive restarts); --nats
+joins an existing one instead.
 
 The online planner (--planner auto) learns pass costs from the engines'
 live statistics and moves nodes in auto mode between prefill and decode when
@@ -63,7 +65,7 @@ Most users start it through 'evolve up'.`,
 		RunE: runOrchestrator,
 	}
 	f := cmd.Flags()
-	f.String("router-addr", "127.0.0.1:8000", "OpenAI API address for agents (port 0 picks a free port)")
+	f.String("router-addr", "127.0.0.1:8000", "address of the agents' API, OpenAI's and Anthropic's (port 0 picks a free port)")
 	f.String("control-addr", "127.0.0.1:8001", "control API address (port 0 picks a free port)")
 	f.String("token", "", "bearer token the control API requires (required when --control-addr is not loopback)")
 	f.String("nats", "", "URL of an existing NATS server (empty: embed one)")

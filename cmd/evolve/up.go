@@ -379,7 +379,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
 		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach}
 	err = output(cmd, out, func(w *tabwriter.Writer, _ bool) {
-		fmt.Fprintf(w, "router\t%s\t(OpenAI API for agents)\n", st.RouterURL)
+		fmt.Fprintf(w, "router\t%s\t(OpenAI and Anthropic APIs for agents)\n", st.RouterURL)
 		fmt.Fprintf(w, "control\t%s\n", st.ControlURL)
 		fmt.Fprintf(w, "logs\t%s\n", logDir)
 		fmt.Fprintln(w)

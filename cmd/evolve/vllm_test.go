@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
+	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -219,6 +221,24 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	}
 	if err := stream.Err(); err != nil || chunks != 5 {
 		t.Fatalf("stream: %d chunks, err %v", chunks, err)
+	}
+
+	// An agent that speaks Anthropic's Messages API is served by vLLM
+	// engines too: vLLM tokenizes the translated request, and the KV of
+	// the conversation so far is reused.
+	ac := anthropic.NewClient(aoption.WithBaseURL(orch.RouterURL), aoption.WithAPIKey("unused"), aoption.WithMaxRetries(0))
+	am := ac.Messages.NewStreaming(ctx, anthropic.MessageNewParams{Model: "fake/model", MaxTokens: 4,
+		System:   []anthropic.TextBlockParam{{Text: strings.Repeat("You are a coding agent working in a large repository. ", 200)}},
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Read the scheduler and tell me what it does."))}})
+	var msg anthropic.Message
+	for am.Next() {
+		if err := msg.Accumulate(am.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := am.Err(); err != nil || len(msg.Content) != 1 || msg.Content[0].Text == "" || msg.Usage.OutputTokens != 4 ||
+		msg.Usage.CacheReadInputTokens < 20*vllmtest.BlockSize {
+		t.Fatalf("Anthropic stream from vLLM: err %v, message %+v", err, msg)
 	}
 
 	// A prompt vLLM's /tokenize refuses is the client's error, passed on.

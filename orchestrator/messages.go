@@ -1,0 +1,93 @@
+package orchestrator
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/evolvellm/evolve/anthropicapi"
+	"github.com/evolvellm/evolve/openaiapi"
+)
+
+// serveMessages serves Anthropic's Messages API (POST /v1/messages): the
+// request is translated into a chat completion request and served as one,
+// with the same routing, KV reuse, handovers and continuation on failure,
+// and its answer, whole or streamed, is translated back
+// (anthropicapi.Writer).
+func (o *Orchestrator) serveMessages(w http.ResponseWriter, r *http.Request) {
+	body, aerr := readMessagesBody(w, r)
+	if aerr != nil {
+		aerr.Write(w)
+		return
+	}
+	chat, info, aerr := anthropicapi.ToChat(body)
+	if aerr != nil {
+		o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
+		aerr.Write(w)
+		return
+	}
+	tw := anthropicapi.NewWriter(w, info, HeaderPromptTokens)
+	o.serveGenerate(tw, asChat(r, chat), true)
+	tw.Finish()
+}
+
+// serveCountTokens serves POST /v1/messages/count_tokens: the prompt's
+// length in tokens, as the engines tokenize it.
+func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) {
+	body, aerr := readMessagesBody(w, r)
+	if aerr != nil {
+		aerr.Write(w)
+		return
+	}
+	chat, aerr := anthropicapi.CountTokensChat(body)
+	if aerr != nil {
+		aerr.Write(w)
+		return
+	}
+	p, rb, perr := openaiapi.ParseBody(chat, true, 0)
+	if perr != nil {
+		anthropicapi.NewError(perr.Status, perr.Message).Write(w)
+		return
+	}
+	o.c.mu.Lock()
+	model := o.model
+	o.c.mu.Unlock()
+	if model == "" {
+		anthropicapi.NewError(503, "no engine has registered yet").Write(w)
+		return
+	}
+	if p.Req.Model != model {
+		anthropicapi.NewError(404, fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)).Write(w)
+		return
+	}
+	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {
+		anthropicapi.NewError(terr.Status, terr.Message).Write(w)
+		return
+	}
+	openaiapi.WriteJSON(w, 200, map[string]int{"input_tokens": len(p.Tokens)})
+}
+
+// readMessagesBody reads a Messages API request's body.
+func readMessagesBody(w http.ResponseWriter, r *http.Request) ([]byte, *anthropicapi.Error) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, anthropicapi.NewError(413, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit))
+		}
+		return nil, anthropicapi.NewError(400, "read body: "+err.Error())
+	}
+	return body, nil
+}
+
+// asChat is r as the chat completion request body asks: the engines are
+// sent it on their chat completions path.
+func asChat(r *http.Request, body []byte) *http.Request {
+	c := r.Clone(r.Context())
+	c.URL.Path = "/v1/chat/completions"
+	c.Body = io.NopCloser(bytes.NewReader(body))
+	c.ContentLength = int64(len(body))
+	return c
+}
