@@ -49,14 +49,7 @@ func TestToChatTranslatesACodingTurn(t *testing.T) {
 			Role       string          `json:"role"`
 			Content    json.RawMessage `json:"content"`
 			ToolCallID string          `json:"tool_call_id"`
-			ToolCalls  []struct {
-				ID       string `json:"id"`
-				Type     string `json:"type"`
-				Function struct {
-					Name      string `json:"name"`
-					Arguments string `json:"arguments"`
-				} `json:"function"`
-			} `json:"tool_calls"`
+			ToolCalls  []toolCall      `json:"tool_calls"`
 		} `json:"messages"`
 		Tools []struct {
 			Type     string `json:"type"`
