@@ -70,9 +70,9 @@ type chatError struct {
 // Usage is a Message's usage.
 type Usage struct {
 	InputTokens              int `json:"input_tokens"`
-	OutputTokens             int `json:"output_tokens"`
 	CacheCreationInputTokens int `json:"cache_creation_input_tokens"`
 	CacheReadInputTokens     int `json:"cache_read_input_tokens"`
+	OutputTokens             int `json:"output_tokens"`
 }
 
 func usageOf(u *chatUsage) Usage {
@@ -126,8 +126,7 @@ func toolInput(args string) json.RawMessage {
 	if t[0] == '{' && json.Valid(t) {
 		return t
 	}
-	b, _ := json.Marshal(map[string]string{"arguments": args})
-	return b
+	return obj("arguments", args)
 }
 
 // message translates a whole chat completion into a Message.
@@ -140,27 +139,23 @@ func message(b []byte, info Info) ([]byte, *Error) {
 		return nil, &Error{Status: 502, Type: "api_error", Message: "the engine's answer has no choice"}
 	}
 	c := a.Choices[0]
-	content := []map[string]any{}
+	content := []json.RawMessage{}
 	if r := c.Message.reasoning(); r != "" {
-		content = append(content, map[string]any{"type": "thinking", "thinking": r, "signature": ""})
+		content = append(content, obj("type", "thinking", "thinking", r, "signature", ""))
 	}
 	if c.Message.Content != nil && *c.Message.Content != "" {
-		content = append(content, map[string]any{"type": "text", "text": *c.Message.Content})
+		content = append(content, obj("type", "text", "text", *c.Message.Content))
 	}
 	for _, tc := range c.Message.ToolCalls {
-		content = append(content, map[string]any{"type": "tool_use", "id": tc.ID, "name": tc.Function.Name,
-			"input": toolInput(tc.Function.Arguments)})
+		content = append(content, obj("type", "tool_use", "id", tc.ID, "name", tc.Function.Name, "input", toolInput(tc.Function.Arguments)))
 	}
 	finish := ""
 	if c.FinishReason != nil {
 		finish = *c.FinishReason
 	}
 	reason, seq := stopReason(finish, c.StopReason, info.StopSequences)
-	out, _ := json.Marshal(map[string]any{
-		"id": messageID(a.ID), "type": "message", "role": "assistant", "model": modelOf(a.Model, info),
-		"content": content, "stop_reason": reason, "stop_sequence": seq, "usage": usageOf(a.Usage),
-	})
-	return out, nil
+	return obj("id", messageID(a.ID), "type", "message", "role", "assistant", "model", modelOf(a.Model, info),
+		"content", content, "stop_reason", reason, "stop_sequence", seq, "usage", usageOf(a.Usage)), nil
 }
 
 func modelOf(answered string, info Info) string {
@@ -217,8 +212,7 @@ func fromChatError(status int, b []byte) *Error {
 
 // Body is the error's JSON body.
 func (e *Error) Body() []byte {
-	b, _ := json.Marshal(map[string]any{"type": "error", "error": map[string]string{"type": e.Type, "message": e.Message}})
-	return b
+	return obj("type", "error", "error", obj("type", e.Type, "message", e.Message))
 }
 
 // Write sends the error as the response.
@@ -231,4 +225,23 @@ func (e *Error) Write(w http.ResponseWriter) {
 // NewError is an error with status, of the type Anthropic gives that status.
 func NewError(status int, message string) *Error {
 	return &Error{Status: status, Type: errorType(status), Message: message}
+}
+
+// obj is the JSON object of the key-value pairs kv, in their order: the
+// answers list their members as Anthropic's do (type first), for the
+// operator who reads them beside its documentation.
+func obj(kv ...any) json.RawMessage {
+	b := []byte{'{'}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, _ := json.Marshal(kv[i].(string))
+		v, err := json.Marshal(kv[i+1])
+		if err != nil {
+			v = []byte("null") // never: the values are strings, numbers and objects of them
+		}
+		b = append(append(append(b, k...), ':'), v...)
+	}
+	return append(b, '}')
 }

@@ -29,12 +29,11 @@ type streamer struct {
 	writeErr error
 }
 
-func (s *streamer) event(typ string, v any) {
+func (s *streamer) event(typ string, data json.RawMessage) {
 	if s.writeErr != nil {
 		return
 	}
-	b, _ := json.Marshal(v)
-	_, s.writeErr = fmt.Fprintf(s.out, "event: %s\ndata: %s\n\n", typ, b)
+	_, s.writeErr = fmt.Fprintf(s.out, "event: %s\ndata: %s\n\n", typ, data)
 }
 
 // data takes one chunk (a data line's payload).
@@ -69,21 +68,21 @@ func (s *streamer) data(b []byte) {
 	ch := c.Choices[0]
 	d := &ch.Delta
 	if r := d.reasoning(); r != "" {
-		s.block("thinking", map[string]any{"type": "thinking", "thinking": ""})
-		s.delta(map[string]any{"type": "thinking_delta", "thinking": r})
+		s.block("thinking", obj("type", "thinking", "thinking", ""))
+		s.delta(obj("type", "thinking_delta", "thinking", r))
 	}
 	if d.Content != nil && *d.Content != "" {
-		s.block("text", map[string]any{"type": "text", "text": ""})
-		s.delta(map[string]any{"type": "text_delta", "text": *d.Content})
+		s.block("text", obj("type", "text", "text", ""))
+		s.delta(obj("type", "text_delta", "text", *d.Content))
 	}
 	for _, tc := range d.ToolCalls {
 		if s.open != "tool_use" || tc.Index != s.tool || (tc.ID != "" && tc.ID != s.toolID) {
 			s.close()
 			s.tool, s.toolID = tc.Index, tc.ID
-			s.block("tool_use", map[string]any{"type": "tool_use", "id": tc.ID, "name": tc.Function.Name, "input": map[string]any{}})
+			s.block("tool_use", obj("type", "tool_use", "id", tc.ID, "name", tc.Function.Name, "input", obj()))
 		}
 		if tc.Function.Arguments != "" {
-			s.delta(map[string]any{"type": "input_json_delta", "partial_json": tc.Function.Arguments})
+			s.delta(obj("type", "input_json_delta", "partial_json", tc.Function.Arguments))
 		}
 	}
 	if ch.FinishReason != nil && *ch.FinishReason != "" {
@@ -96,26 +95,24 @@ func (s *streamer) start(chatID string) {
 		return
 	}
 	s.started = true
-	s.event("message_start", map[string]any{"type": "message_start", "message": map[string]any{
-		"id": messageID(chatID), "type": "message", "role": "assistant", "model": s.info.Model,
-		"content": []any{}, "stop_reason": nil, "stop_sequence": nil,
-		"usage": Usage{InputTokens: s.inputTokens},
-	}})
+	s.event("message_start", obj("type", "message_start", "message", obj("id", messageID(chatID), "type", "message",
+		"role", "assistant", "model", s.info.Model, "content", []any{}, "stop_reason", nil, "stop_sequence", nil,
+		"usage", Usage{InputTokens: s.inputTokens})))
 }
 
 // block opens a block of type typ unless one is open.
-func (s *streamer) block(typ string, start map[string]any) {
+func (s *streamer) block(typ string, start json.RawMessage) {
 	if s.open == typ && typ != "tool_use" {
 		return
 	}
 	s.close()
 	s.open, s.index = typ, s.next
 	s.next++
-	s.event("content_block_start", map[string]any{"type": "content_block_start", "index": s.index, "content_block": start})
+	s.event("content_block_start", obj("type", "content_block_start", "index", s.index, "content_block", start))
 }
 
-func (s *streamer) delta(d map[string]any) {
-	s.event("content_block_delta", map[string]any{"type": "content_block_delta", "index": s.index, "delta": d})
+func (s *streamer) delta(d json.RawMessage) {
+	s.event("content_block_delta", obj("type", "content_block_delta", "index", s.index, "delta", d))
 }
 
 func (s *streamer) close() {
@@ -124,9 +121,9 @@ func (s *streamer) close() {
 	}
 	if s.open == "thinking" {
 		// A thinking block ends with its signature; an open model has none.
-		s.delta(map[string]any{"type": "signature_delta", "signature": ""})
+		s.delta(obj("type", "signature_delta", "signature", ""))
 	}
-	s.event("content_block_stop", map[string]any{"type": "content_block_stop", "index": s.index})
+	s.event("content_block_stop", obj("type", "content_block_stop", "index", s.index))
 	s.open = ""
 }
 
@@ -135,15 +132,15 @@ func (s *streamer) end() {
 	s.start("")
 	s.close()
 	reason, seq := stopReason(s.finish, s.matched, s.info.StopSequences)
-	s.event("message_delta", map[string]any{"type": "message_delta",
-		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq}, "usage": usageOf(s.usage)})
-	s.event("message_stop", map[string]any{"type": "message_stop"})
+	s.event("message_delta", obj("type", "message_delta", "delta", obj("stop_reason", reason, "stop_sequence", seq),
+		"usage", usageOf(s.usage)))
+	s.event("message_stop", obj("type", "message_stop"))
 	s.done = true
 }
 
 // fail ends the stream with an error event: what the client has read so
 // far stays, and it is told the message will not end.
 func (s *streamer) fail(e *Error) {
-	s.event("error", map[string]any{"type": "error", "error": map[string]string{"type": e.Type, "message": e.Message}})
+	s.event("error", obj("type", "error", "error", obj("type", e.Type, "message", e.Message)))
 	s.done = true
 }
