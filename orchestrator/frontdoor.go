@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/evolvellm/evolve/anthropicapi"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
@@ -34,6 +35,7 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	mux.HandleFunc("POST /v1/messages", o.serveMessages)
 	mux.HandleFunc("POST /v1/messages/count_tokens", o.serveCountTokens)
 	mux.HandleFunc("GET /v1/models", o.serveModels)
+	mux.HandleFunc("GET /v1/models/{model...}", o.serveModel)
 	mux.HandleFunc("DELETE /v1/sessions/{session}", o.serveEndSession)
 	mux.HandleFunc("DELETE /v1/sessions/{session}/branches/{branch}", o.serveEndSession)
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
@@ -63,18 +65,58 @@ func (o *Orchestrator) servingNodes() int {
 	return n
 }
 
+// serveModels lists the served model, in OpenAI's shape or, for a client
+// of Anthropic's API (its SDKs send anthropic-version), in Anthropic's.
 func (o *Orchestrator) serveModels(w http.ResponseWriter, r *http.Request) {
+	model, maxLen := o.servedModel()
+	anthropic := r.Header.Get("anthropic-version") != ""
+	data := []any{}
+	if model != "" {
+		data = append(data, o.modelInfo(model, maxLen, anthropic))
+	}
+	if anthropic {
+		first, last := any(nil), any(nil)
+		if model != "" {
+			first, last = model, model
+		}
+		openaiapi.WriteJSON(w, 200, map[string]any{"data": data, "has_more": false, "first_id": first, "last_id": last})
+		return
+	}
+	openaiapi.WriteJSON(w, 200, map[string]any{"object": "list", "data": data})
+}
+
+// serveModel describes one model (GET /v1/models/{model}), in either shape.
+func (o *Orchestrator) serveModel(w http.ResponseWriter, r *http.Request) {
+	model, maxLen := o.servedModel()
+	anthropic := r.Header.Get("anthropic-version") != ""
+	if id := r.PathValue("model"); model == "" || id != model {
+		msg := fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", id, model)
+		if anthropic {
+			anthropicapi.NewError(404, msg).Write(w)
+		} else {
+			(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model", Message: msg}).Write(w)
+		}
+		return
+	}
+	openaiapi.WriteJSON(w, 200, o.modelInfo(model, maxLen, anthropic))
+}
+
+func (o *Orchestrator) servedModel() (string, int) {
 	o.c.mu.Lock()
-	model, maxLen := o.model, 0
+	defer o.c.mu.Unlock()
+	maxLen := 0
 	for _, n := range o.c.nodes {
 		maxLen = max(maxLen, n.reg.MaxModelLen)
 	}
-	o.c.mu.Unlock()
-	data := []map[string]any{}
-	if model != "" {
-		data = append(data, map[string]any{"id": model, "object": "model", "created": o.started.Unix(), "owned_by": "evolve", "max_model_len": maxLen})
+	return o.model, maxLen
+}
+
+func (o *Orchestrator) modelInfo(model string, maxLen int, anthropic bool) map[string]any {
+	if anthropic {
+		return map[string]any{"type": "model", "id": model, "display_name": model,
+			"created_at": o.started.UTC().Format(time.RFC3339), "max_input_tokens": maxLen}
 	}
-	openaiapi.WriteJSON(w, 200, map[string]any{"object": "list", "data": data})
+	return map[string]any{"id": model, "object": "model", "created": o.started.Unix(), "owned_by": "evolve", "max_model_len": maxLen}
 }
 
 // view builds the router's view of the cluster and matches chain against

@@ -98,9 +98,26 @@ func TestMessagesAPIThroughRouter(t *testing.T) {
 		t.Fatalf("the agent's two turns are one branch of its session: %s", out)
 	}
 
+	// The models endpoints answer Anthropic's SDK in its shape.
+	page, err := ac.Models.List(ctx, anthropic.ModelListParams{})
+	if err != nil || len(page.Data) != 1 || page.Data[0].ID != "evolve-tiny" || page.Data[0].Type != "model" || page.HasMore {
+		t.Fatalf("models: %v %+v", err, page)
+	}
+	if info, err := ac.Models.Get(ctx, "evolve-tiny", anthropic.ModelGetParams{}); err != nil || info.ID != "evolve-tiny" || info.CreatedAt.IsZero() {
+		t.Fatalf("model: %v %+v", err, info)
+	}
+	var ae *anthropic.Error
+	if _, err := ac.Models.Get(ctx, "claude-opus-4", anthropic.ModelGetParams{}); !errors.As(err, &ae) || ae.StatusCode != 404 ||
+		!strings.Contains(ae.RawJSON(), "not_found_error") {
+		t.Fatalf("an unknown model: %v", err)
+	}
+	oc := c.client()
+	if m, err := oc.Models.Get(ctx, "evolve-tiny"); err != nil || m.ID != "evolve-tiny" || m.Object != "model" {
+		t.Fatalf("OpenAI's client: %v %+v", err, m)
+	}
+
 	// A model the cluster does not serve, in Anthropic's words.
 	_, err = ac.Messages.New(ctx, anthropic.MessageNewParams{Model: "claude-sonnet-4-5", MaxTokens: 8, Messages: []anthropic.MessageParam{first}})
-	var ae *anthropic.Error
 	if !errors.As(err, &ae) || ae.StatusCode != 404 || !strings.Contains(ae.RawJSON(), "not_found_error") || !strings.Contains(ae.RawJSON(), "evolve-tiny") {
 		t.Fatalf("unknown model: %v", err)
 	}
