@@ -65,11 +65,22 @@ func (o *Orchestrator) servingNodes() int {
 	return n
 }
 
+// unknownModel is the error for a request that asks for a model the
+// cluster does not serve.
+func unknownModel(asked, served string) *openaiapi.Error {
+	return &openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
+		Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", asked, served)}
+}
+
+// anthropicClient says whether r comes from a client of Anthropic's API
+// (its SDKs send anthropic-version).
+func anthropicClient(r *http.Request) bool { return r.Header.Get("anthropic-version") != "" }
+
 // serveModels lists the served model, in OpenAI's shape or, for a client
-// of Anthropic's API (its SDKs send anthropic-version), in Anthropic's.
+// of Anthropic's API, in Anthropic's.
 func (o *Orchestrator) serveModels(w http.ResponseWriter, r *http.Request) {
 	model, maxLen := o.servedModel()
-	anthropic := r.Header.Get("anthropic-version") != ""
+	anthropic := anthropicClient(r)
 	data := []any{}
 	if model != "" {
 		data = append(data, o.modelInfo(model, maxLen, anthropic))
@@ -88,19 +99,21 @@ func (o *Orchestrator) serveModels(w http.ResponseWriter, r *http.Request) {
 // serveModel describes one model (GET /v1/models/{model}), in either shape.
 func (o *Orchestrator) serveModel(w http.ResponseWriter, r *http.Request) {
 	model, maxLen := o.servedModel()
-	anthropic := r.Header.Get("anthropic-version") != ""
+	anthropic := anthropicClient(r)
 	if id := r.PathValue("model"); model == "" || id != model {
-		msg := fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", id, model)
+		e := unknownModel(id, model)
 		if anthropic {
-			anthropicapi.NewError(404, msg).Write(w)
+			anthropicapi.NewError(e.Status, e.Message).Write(w)
 		} else {
-			(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model", Message: msg}).Write(w)
+			e.Write(w)
 		}
 		return
 	}
 	openaiapi.WriteJSON(w, 200, o.modelInfo(model, maxLen, anthropic))
 }
 
+// servedModel is the model the cluster serves ("" before any engine
+// registered) and the longest context an engine takes.
 func (o *Orchestrator) servedModel() (string, int) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
@@ -233,8 +246,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 	if p.Req.Model != "" && p.Req.Model != model {
-		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
-			Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)}).Write(w)
+		unknownModel(p.Req.Model, model).Write(w)
 		return
 	}
 	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {

@@ -51,15 +51,14 @@ func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) 
 		anthropicapi.NewError(perr.Status, perr.Message).Write(w)
 		return
 	}
-	o.c.mu.Lock()
-	model := o.model
-	o.c.mu.Unlock()
+	model, _ := o.servedModel()
 	if model == "" {
 		anthropicapi.NewError(503, "no engine has registered yet").Write(w)
 		return
 	}
 	if p.Req.Model != model {
-		anthropicapi.NewError(404, fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", p.Req.Model, model)).Write(w)
+		e := unknownModel(p.Req.Model, model)
+		anthropicapi.NewError(e.Status, e.Message).Write(w)
 		return
 	}
 	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {

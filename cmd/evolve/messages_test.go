@@ -64,11 +64,14 @@ func TestMessagesAPIThroughRouter(t *testing.T) {
 		Messages: []anthropic.MessageParam{first, m.ToParam(), anthropic.NewUserMessage(anthropic.NewTextBlock("Now run the tests."))},
 		Metadata: meta})
 	var second anthropic.Message
-	deltas := 0
+	deltas, started := 0, int64(0)
 	for stream.Next() {
 		ev := stream.Current()
 		if ev.Type == "content_block_delta" {
 			deltas++
+		}
+		if ev.Type == "message_start" {
+			started = ev.Message.Usage.InputTokens // the router's X-Evolve-Prompt-Tokens
 		}
 		if err := second.Accumulate(ev); err != nil {
 			t.Fatal(err)
@@ -80,6 +83,9 @@ func TestMessagesAPIThroughRouter(t *testing.T) {
 	if second.StopReason != anthropic.StopReasonMaxTokens || second.Usage.OutputTokens != 16 || deltas < 2 ||
 		len(second.Content) != 1 || second.Content[0].Text == "" {
 		t.Fatalf("streamed message %+v (%d deltas)", second, deltas)
+	}
+	if u := second.Usage; started != u.InputTokens+u.CacheReadInputTokens {
+		t.Fatalf("message_start counted %d prompt tokens, the usage %d", started, u.InputTokens+u.CacheReadInputTokens)
 	}
 	if u := second.Usage; u.CacheReadInputTokens < count.InputTokens/2 || u.InputTokens+u.CacheReadInputTokens <= count.InputTokens+24 {
 		t.Fatalf("second turn's usage %+v: its prefix (%d tokens and the answer) should come from the cache", u, count.InputTokens)
