@@ -152,9 +152,12 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	if pre == nil || pre["engine"] != "e0" || pre["computed_tokens"].(float64) == 0 || pre["prefill"] != nil || ev["engine"] == "e0" {
 		t.Fatalf("disaggregated request's evolve object: %v", ev)
 	}
-	// Streamed, the chunk that carries the object carries it too.
+	// Streamed, the chunk that carries the object carries it too. A new
+	// prompt, with nothing cached: the first one's context lives on its
+	// decode node once its KV events arrive, and the router then keeps
+	// the few tokens left to compute there, unsplit.
 	resp, err := http.Post(router+"/v1/completions", "application/json",
-		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 4, "stream": true}`, long+" once more")))
+		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 4, "stream": true}`, strings.Repeat("another file for the agent ", 200))))
 	if err != nil {
 		t.Fatal(err)
 	}
