@@ -105,8 +105,12 @@ type node struct {
 	// Answers it was streaming when it failed, since it last joined, and
 	// of those the ones no node could continue (NodeStatus).
 	interrupted, lost int
-	resyncAt          time.Time // when a resync was last asked for
-	reason            string
+	// failedAt is when the router last saw the node fail a request (a
+	// stream cut, a tokenize call refused): until its agent reports it
+	// down, calls that may go anywhere go elsewhere first.
+	failedAt time.Time
+	resyncAt time.Time // when a resync was last asked for
+	reason   string
 	// Copies of blocks a live branch referenced that the node evicted,
 	// per tier, and of those the last copy anywhere (context lost).
 	refEvicted [2]int64

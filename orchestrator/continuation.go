@@ -54,6 +54,10 @@ func (a *attempt) goOn(err error) error {
 			a.failed[failed] = true
 			a.interruptedOn = failed
 			a.o.interrupted(failed, false)
+			if a.vllm != nil {
+				err = a.resumeVLLM(mid.err)
+				continue
+			}
 			r := protocol.Resume{ID: a.answerID, Created: a.created, Output: a.out, Sampler: a.sampler}
 			err = a.resume(r, "", resumeEngineFailed, mid.err)
 		default:
@@ -356,6 +360,7 @@ func (o *Orchestrator) interrupted(id string, lost bool) {
 		n.lost++
 	} else {
 		n.interrupted++
+		n.failedAt = time.Now()
 	}
 	o.c.changed(id)
 }
@@ -365,6 +370,9 @@ func (o *Orchestrator) interrupted(id string, lost bool) {
 // named the tokens it sent (protocol.TokenComment), and the answer has
 // not moved too often.
 func (a *attempt) canResume() bool {
+	if a.vllm != nil {
+		return a.canResumeVLLM()
+	}
 	return len(a.out) > 0 && !a.outLost && a.answerID != "" && a.resumes < maxAttempts
 }
 

@@ -221,6 +221,12 @@ type attempt struct {
 	resumePrefillNode string
 	resumePrefillKV   json.RawMessage
 	chain             []kv.BlockHash // the prompt's blocks
+	// vllm is set while a vLLM engine streams the answer: the token ids
+	// it names, with which another can go on (vllmresume.go).
+	vllm *vllmStream
+	// legPath is the path legs are sent to when not the client's (a
+	// vLLM continuation's completions).
+	legPath string
 }
 
 var reqCounter atomic.Uint64
@@ -493,7 +499,11 @@ func (a *attempt) run() (string, error) {
 		// the prompt was prefilled: the leg goes to a peer at once
 		// rather than there and on again.
 		a.avoidHandingOver()
-		body = a.body.With(map[string]json.RawMessage{"kv_transfer_params": params})
+		set := map[string]json.RawMessage{"kv_transfer_params": params}
+		for k, v := range a.watchVLLM() {
+			set[k] = v
+		}
+		body = a.body.With(set)
 		err = a.forward(a.urls[a.decode], body)
 		if err != nil && !a.started && !errors.Is(err, errHandedOver) {
 			// The decode leg never pulled the KV: free it on the prefill
@@ -501,6 +511,9 @@ func (a *attempt) run() (string, error) {
 			a.releaseHold(a.urls[a.dec.Prefill], params)
 		}
 		return a.decode, a.goOn(err)
+	}
+	if set := a.watchVLLM(); set != nil {
+		body = a.body.With(set)
 	}
 	err := a.forward(a.urls[a.decode], body)
 	return a.decode, a.goOn(err)
@@ -612,7 +625,11 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	if url == "" {
 		return nil, errors.New("node has no address")
 	}
-	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+a.path, bytes.NewReader(body))
+	path := a.path
+	if a.legPath != "" {
+		path = a.legPath
+	}
+	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
@@ -706,14 +723,15 @@ func (a *attempt) forward(url string, body []byte) error {
 		a.w.Header().Set("Cache-Control", "no-cache")
 	}
 	done, handedOver, skipBlank := false, false, false
-	// open: the client has an event's data line, not yet its end; tok is
-	// the token that event carries (protocol.TokenComment), if named.
+	// open: the client has an event's data line, not yet its end; toks
+	// are the tokens that event carries (protocol.TokenComment, or a vLLM
+	// chunk's token_ids), if named.
 	open, named := false, false
-	var tok uint32
+	var toks []uint32
 	var tokSampler uint64
-	seen := func() { // the client has the named token's whole event
+	seen := func() { // the client has the named tokens' whole event
 		if open && named {
-			a.out, a.sampler = append(a.out, tok), tokSampler
+			a.out, a.sampler = append(a.out, toks...), tokSampler
 		}
 		open, named = false, false
 	}
@@ -727,7 +745,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		if id, s, comment, readable := tokenSeen(line); comment {
 			// The router's alone. One it cannot read leaves the output it
 			// keeps incomplete: the answer can no longer go on elsewhere.
-			tok, tokSampler, named = id, s, readable
+			toks, tokSampler, named = append(toks[:0], id), s, readable
 			a.outLost = a.outLost || !readable
 			return nil
 		}
@@ -752,6 +770,12 @@ func (a *attempt) forward(url string, body []byte) error {
 			if bytes.HasPrefix(line, []byte("data: [DONE]")) {
 				done = true
 			} else {
+				if a.vllm != nil {
+					var ids []uint32
+					ids, data = a.vllmData(bytes.TrimRight(data, "\r\n"))
+					toks, named = append(toks[:0], ids...), true
+					line = append(append([]byte("data: "), data...), '\n')
+				}
 				a.countChunk(line[len("data: "):])
 				if a.prefillKV != nil && bytes.Contains(line, []byte(`"evolve":`)) {
 					ext := withPrefillKV(line[len("data: "):], a.prefillKV)
@@ -786,6 +810,10 @@ func (a *attempt) forward(url string, body []byte) error {
 	if a.started {
 		if a.canResume() {
 			return &errFailedMidStream{err: err}
+		}
+		if a.vllm != nil && a.vllm.refused != "" {
+			a.o.log.Warn("a vLLM engine failed mid-stream, and its answer cannot go on elsewhere", "request", a.reqID,
+				"node", a.decode, "why", a.vllm.refused)
 		}
 		a.streamError(err)
 	}

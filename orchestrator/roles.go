@@ -240,6 +240,20 @@ func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHas
 	return o.claimPeer(exclude, func(n *node) bool { return n.reg.CanHandOver }, held)
 }
 
+// claimVLLMResumer picks and claims a serving vLLM engine of backend,
+// not in exclude, to go on with an answer another vLLM engine streamed
+// (resumeVLLM): a decode node first, holding most of chain's KV, then any.
+func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string) (id, url string) {
+	held := o.heldOf(chain)
+	fits := func(n *node) bool {
+		return n.reg.Backend == backend && n.reg.Tokenizer == "engine" && !n.reg.CanHandOver
+	}
+	if id, url = o.claimPeer(exclude, func(n *node) bool { return fits(n) && n.role == routing.Decode }, held); id != "" {
+		return id, url
+	}
+	return o.claimPeer(exclude, fits, held)
+}
+
 // claimResumePrefill picks and claims a serving prefill node not in
 // exclude that can compute a resumed answer's KV for its decode node
 // (evolve's engines take evolve_resume on a prefill leg): the one that

@@ -23,16 +23,24 @@ const tokenizeTimeout = 10 * time.Second
 var chatTokenizeFields = []string{"tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
 	"continue_final_message", "documents", "mm_processor_kwargs"}
 
+// suspectFor is how long a node that failed a request is asked to
+// tokenize only when no other node can.
+const suspectFor = 30 * time.Second
+
 // tokenizerURLs returns the base URLs of the serving engines that tokenize
-// for themselves (Registration.Tokenizer "engine"), least busy first, and
-// whether the cluster has such engines at all.
+// for themselves (Registration.Tokenizer "engine"), least busy first
+// (a node that failed a request lately last: a dead engine looks idle
+// until its agent reports it down), and whether the cluster has such
+// engines at all.
 func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	type cand struct {
-		url  string
-		busy int
+		url     string
+		suspect bool
+		busy    int
 	}
+	now := time.Now()
 	var cs []cand
 	for _, n := range o.c.nodes {
 		if n.reg.Tokenizer != "engine" {
@@ -40,10 +48,13 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 		}
 		engineTokenizer = true
 		if n.state == StateServing || n.state == StateSwitching {
-			cs = append(cs, cand{n.reg.URL, n.inFlight + n.hb.Waiting})
+			cs = append(cs, cand{n.reg.URL, now.Sub(n.failedAt) < suspectFor, n.inFlight + n.hb.Waiting})
 		}
 	}
 	sort.Slice(cs, func(i, j int) bool {
+		if cs[i].suspect != cs[j].suspect {
+			return cs[j].suspect
+		}
 		return cs[i].busy < cs[j].busy || cs[i].busy == cs[j].busy && cs[i].url < cs[j].url
 	})
 	for _, c := range cs {
@@ -89,7 +100,7 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 		return openaiapi.BadRequest("", "encode tokenize request: %v", err)
 	}
 	var lastErr error
-	for _, u := range urls[:min(len(urls), 2)] {
+	for _, u := range urls[:min(len(urls), maxAttempts)] {
 		toks, err := o.tokenizeAt(ctx, u, b)
 		var ce *clientError
 		if errors.As(err, &ce) { // the prompt's fault: pass the engine's answer on
@@ -110,9 +121,21 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 			return nil
 		}
 		lastErr = err
+		o.suspect(u)
 		o.log.Warn("tokenize failed", "engine", u, "err", err)
 	}
 	return openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
+}
+
+// suspect notes that the node at url failed a call.
+func (o *Orchestrator) suspect(url string) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	for _, n := range o.c.nodes {
+		if n.reg.URL == url {
+			n.failedAt = time.Now()
+		}
+	}
 }
 
 // tokenizeAt posts a /tokenize request to one engine.

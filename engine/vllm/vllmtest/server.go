@@ -48,6 +48,9 @@ type Options struct {
 	// NoConnector answers prefill legs as vLLM without a KV connector
 	// does: with no kv_transfer_params.
 	NoConnector bool
+	// TokenDelay paces a stream: one token per delay, so that a test can
+	// stop the server mid-answer (Kill).
+	TokenDelay time.Duration
 }
 
 // Server is a fake vLLM server.
@@ -138,6 +141,10 @@ func dialAddr(a net.Addr) string {
 	}
 	return net.JoinHostPort(host, port)
 }
+
+// Kill stops the server at once, as a crashed vLLM stops: every
+// connection is cut, a stream mid-answer included.
+func (s *Server) Kill() { s.Close() }
 
 // Close stops the server.
 func (s *Server) Close() {
@@ -320,11 +327,16 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	s.mu.Lock()
 	s.stats.Generated += n
 	s.mu.Unlock()
-	words := make([]string, n)
+	// The output depends only on where it starts, as a greedy model's
+	// on its context: a continuation from the prompt and the output so
+	// far writes what the whole answer would have.
+	words, out := make([]string, n), make([]uint32, n)
 	for i := range words {
-		words[i] = tokenizer.TokenText(tokenizer.Word(len(ids) + i))
+		w := tokenizer.Word(len(ids) + i)
+		words[i], out[i] = tokenizer.TokenText(w), w+TokenOffset
 	}
 	text := strings.Join(words, "")
+	withIDs, _ := raw["return_token_ids"].(bool)
 	usage := map[string]any{"prompt_tokens": len(ids), "completion_tokens": n, "total_tokens": len(ids) + n,
 		"prompt_tokens_details": map[string]any{"cached_tokens": cached}}
 	var kvp any
@@ -337,26 +349,58 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		object = "chat.completion"
 		choice = map[string]any{"index": 0, "message": map[string]any{"role": "assistant", "content": text}, "finish_reason": "length"}
 	}
+	answer := map[string]any{"id": id, "object": object, "created": time.Now().Unix(), "model": s.opts.Model,
+		"choices": []any{choice}, "usage": usage, "kv_transfer_params": kvp}
+	if withIDs { // vLLM's return_token_ids: the prompt's at the top of a chat answer, in the choice of a completion
+		choice["token_ids"] = out
+		if chat {
+			answer["prompt_token_ids"] = ids
+		} else {
+			choice["prompt_token_ids"] = ids
+		}
+	}
 	if stream, _ := raw["stream"].(bool); stream && !p.KV.DoRemoteDecode {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fl, _ := w.(http.Flusher)
-		for _, word := range words {
+		streamObject := "text_completion" // as vLLM names a completion's chunks
+		if chat {
+			streamObject = "chat.completion.chunk"
+		}
+		for i, word := range words {
+			if s.opts.TokenDelay > 0 {
+				select {
+				case <-time.After(s.opts.TokenDelay):
+				case <-r.Context().Done():
+					return
+				}
+			}
 			c := map[string]any{"index": 0, "text": word, "finish_reason": nil}
 			if chat {
 				c = map[string]any{"index": 0, "delta": map[string]any{"content": word}, "finish_reason": nil}
 			}
-			b, _ := json.Marshal(map[string]any{"id": id, "object": object + ".chunk", "model": s.opts.Model, "choices": []any{c}})
+			if i == n-1 {
+				c["finish_reason"] = "length"
+			}
+			chunk := map[string]any{"id": id, "object": streamObject, "model": s.opts.Model, "choices": []any{c}}
+			if withIDs {
+				c["token_ids"] = out[i : i+1]
+				if i == 0 && chat {
+					chunk["prompt_token_ids"] = ids
+				} else if i == 0 {
+					c["prompt_token_ids"] = ids
+				}
+			}
+			b, _ := json.Marshal(chunk)
 			fmt.Fprintf(w, "data: %s\n\n", b)
 			if fl != nil {
 				fl.Flush()
 			}
 		}
-		b, _ := json.Marshal(map[string]any{"id": id, "object": object + ".chunk", "model": s.opts.Model, "choices": []any{}, "usage": usage})
+		b, _ := json.Marshal(map[string]any{"id": id, "object": streamObject, "model": s.opts.Model, "choices": []any{}, "usage": usage})
 		fmt.Fprintf(w, "data: %s\n\ndata: [DONE]\n\n", b)
 		return
 	}
-	openaiapi.WriteJSON(w, 200, map[string]any{"id": id, "object": object, "created": time.Now().Unix(), "model": s.opts.Model,
-		"choices": []any{choice}, "usage": usage, "kv_transfer_params": kvp})
+	openaiapi.WriteJSON(w, 200, answer)
 }
 
 // blockHash is this server's opaque hash of a block (not evolve's).

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+)
+
+// sseAnswer is a streamed answer as a client reads it.
+type sseAnswer struct {
+	node   string // X-Evolve-Decode-Node
+	ids    map[string]bool
+	text   string
+	usage  map[string]any
+	errors []string // error events
+	chunks int
+	raw    []string // data lines
+	done   bool     // [DONE] came
+}
+
+// streamThroughRouter posts a streaming body and reads its events; after
+// the first `after` chunks with text, it calls mid once (with the node
+// serving the answer) and reads on to the end.
+func streamThroughRouter(t *testing.T, url string, body map[string]any, after int, mid func(node string)) sseAnswer {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		msg, _ := bufio.NewReader(resp.Body).ReadString(0)
+		t.Fatalf("status %d: %s", resp.StatusCode, msg)
+	}
+	a := sseAnswer{node: resp.Header.Get("X-Evolve-Decode-Node"), ids: map[string]bool{}}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 16<<20)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		if data == "[DONE]" {
+			a.done = true
+			continue
+		}
+		a.raw = append(a.raw, data)
+		var c struct {
+			ID      string `json:"id"`
+			Choices []struct {
+				Text  string `json:"text"`
+				Delta struct {
+					Content string `json:"content"`
+				} `json:"delta"`
+			} `json:"choices"`
+			Usage map[string]any `json:"usage"`
+			Error map[string]any `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(data), &c); err != nil {
+			t.Fatalf("chunk %q: %v", data, err)
+		}
+		if c.Error != nil {
+			a.errors = append(a.errors, fmt.Sprint(c.Error["message"]))
+			continue
+		}
+		a.ids[c.ID] = true
+		if c.Usage != nil {
+			a.usage = c.Usage
+		}
+		for _, ch := range c.Choices {
+			if s := ch.Text + ch.Delta.Content; s != "" {
+				a.text += s
+				a.chunks++
+				if a.chunks == after && mid != nil {
+					mid(a.node)
+				}
+			}
+		}
+	}
+	return a
+}
+
+// A vLLM engine that dies mid-stream loses the client nothing: the router
+// asked vLLM for the streamed token ids, and another vLLM engine writes
+// the rest of the answer from the prompt's ids and the output's. The
+// client reads one answer, the same text an engine that did not fail
+// writes (the stand-in's output depends only on its context, as a greedy
+// model's does), with one id and usage for the whole answer, and none of
+// the ids the router asked for. An answer the server parses tools from
+// cannot go on from a plain prompt: that stream ends with an error event.
+func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
+	orch := startOrchestrator(t)
+	servers := map[string]*vllmtest.Server{}
+	for _, id := range []string{"vllm-a", "vllm-b", "vllm-c", "vllm-d"} {
+		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{TokenDelay: 15 * time.Millisecond}, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		servers[id] = srv
+		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+			"--id", id, "--role", "both", "--gpus", "4", "--nats", orch.NATSURL)
+	}
+	eventually(t, 30*time.Second, "four vLLM engines serving", func() bool {
+		var nodes []map[string]any
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		serving := 0
+		for _, n := range nodes {
+			if n["state"] == "serving" {
+				serving++
+			}
+		}
+		return serving == 4
+	})
+	kill := func(node string) {
+		srv := servers[node]
+		if srv == nil {
+			t.Errorf("the answer came from %q, no server of this test", node)
+			return
+		}
+		srv.Kill()
+	}
+	resumed := func() float64 {
+		return metric(t, orch.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`)
+	}
+
+	prompt := strings.Repeat("The scheduler keeps a queue of sequences per engine. ", 40)
+	completion := map[string]any{"model": "fake/model", "prompt": prompt, "max_tokens": 80, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}}
+	want := streamThroughRouter(t, orch.RouterURL+"/v1/completions", completion, 0, nil)
+	if len(want.errors) > 0 || !want.done || want.chunks != 80 {
+		t.Fatalf("uninterrupted answer: %d chunks, errors %v, done %v", want.chunks, want.errors, want.done)
+	}
+	for _, d := range want.raw {
+		if strings.Contains(d, "token_ids") {
+			t.Fatalf("the client got the token ids the router asked for: %s", d)
+		}
+	}
+
+	got := streamThroughRouter(t, orch.RouterURL+"/v1/completions", completion, 25, kill)
+	if len(got.errors) > 0 || !got.done {
+		t.Fatalf("interrupted completion: errors %v, done %v", got.errors, got.done)
+	}
+	if got.text != want.text || len(got.ids) != 1 {
+		t.Fatalf("interrupted completion: %d ids, text\n%q\nwant\n%q", len(got.ids), got.text, want.text)
+	}
+	if num(got.usage["completion_tokens"]) != 80 || num(got.usage["prompt_tokens"]) != num(want.usage["prompt_tokens"]) {
+		t.Fatalf("interrupted completion's usage %v, want 80 completion tokens and %v prompt tokens", got.usage, want.usage["prompt_tokens"])
+	}
+	for _, d := range got.raw {
+		if strings.Contains(d, "token_ids") || !strings.Contains(d, `"text_completion"`) {
+			t.Fatalf("a completion chunk the client should not get: %s", d)
+		}
+	}
+	if n := resumed(); n != 1 {
+		t.Fatalf("%v answers resumed, want 1", n)
+	}
+
+	chat := map[string]any{"model": "fake/model", "max_tokens": 60, "stream": true,
+		"messages": []map[string]any{{"role": "system", "content": prompt}, {"role": "user", "content": "What does it do?"}}}
+	wantChat := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 0, nil)
+	gotChat := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 20, kill)
+	if len(gotChat.errors) > 0 || !gotChat.done || gotChat.text != wantChat.text || len(gotChat.ids) != 1 || wantChat.chunks != 60 {
+		t.Fatalf("interrupted chat: errors %v, done %v, %d ids, text\n%q\nwant (%d chunks)\n%q", gotChat.errors, gotChat.done,
+			len(gotChat.ids), gotChat.text, wantChat.chunks, wantChat.text)
+	}
+	for _, d := range gotChat.raw {
+		if !strings.Contains(d, `"chat.completion.chunk"`) || strings.Contains(d, `"text":`) {
+			t.Fatalf("a chat chunk in another shape: %s", d)
+		}
+	}
+	if n := resumed(); n != 2 {
+		t.Fatalf("%v answers resumed, want 2", n)
+	}
+
+	// Tools: the rest could hold a call vLLM's parser would not see.
+	chat["tools"] = []map[string]any{{"type": "function", "function": map[string]any{"name": "read_file",
+		"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}}}}}
+	tools := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 20, kill)
+	if len(tools.errors) != 1 || !strings.Contains(tools.errors[0], "failed mid-stream") || tools.chunks >= 60 {
+		t.Fatalf("interrupted chat with tools: %d chunks, errors %v; want the stream to end with one error", tools.chunks, tools.errors)
+	}
+	if n := resumed(); n != 2 {
+		t.Fatalf("%v answers resumed after one with tools, want still 2", n)
+	}
+}

@@ -1,0 +1,364 @@
+package orchestrator
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+)
+
+// A vLLM engine cannot be handed an answer to go on with (it takes no
+// protocol.Resume), but it can say which tokens it streamed: a stream sent
+// to it asks for return_token_ids, and its chunks then carry the ids of
+// the text they bring (choices[].token_ids). Should the engine die
+// mid-stream, the router has the prompt's ids (it tokenized the prompt
+// with vLLM's own /tokenize, chat template applied) and the output's, and
+// sends their concatenation as a completions prompt to another vLLM
+// engine, which writes the rest of the answer. The client reads one
+// answer: the continuation's chunks are rewritten into the first
+// engine's (its id, its creation time, a chat chunk's shape), and the
+// usage counts the client's prompt and the whole output.
+//
+// What a plain completions prompt cannot carry on is refused, and the
+// stream ends with an error as before: a chat answer whose tools or
+// reasoning the server parses (the parser would not see the rest), one
+// whose output a grammar constrains (it would start over), several
+// choices, and chat log probabilities (their shape differs).
+
+// vllmStream is what the router keeps of a stream from a vLLM engine.
+type vllmStream struct {
+	backend string // the engine's registered backend: only engines of the same one go on with it
+	// clientIDs: the client asked for return_token_ids itself, so the
+	// chunks keep their ids.
+	clientIDs bool
+	// refused says why the answer cannot go on elsewhere ("" if it can).
+	refused string
+	// base is the output the first legs wrote before the current
+	// continuation began: its usage counts them too.
+	base int
+	// cont: the current leg is a continuation, a completions stream
+	// to rewrite into the client's answer.
+	cont bool
+}
+
+// chatParsed are the chat request members that make an answer's rest
+// depend on server-side parsing or state a completions prompt lacks.
+var chatParsed = []string{"tools", "functions", "response_format", "guided_json", "guided_regex", "guided_choice",
+	"guided_grammar", "structured_outputs", "logprobs", "top_logprobs"}
+
+// completionParsed are those of a completions request.
+var completionParsed = []string{"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+	"structured_outputs", "best_of"}
+
+// vllmContinued are the chat members a completions continuation keeps:
+// sampling and stopping, which a completions request takes as they are.
+var vllmContinued = []string{"model", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+	"presence_penalty", "frequency_penalty", "repetition_penalty", "ignore_eos", "skip_special_tokens",
+	"spaces_between_special_tokens", "include_stop_str_in_output", "bad_words", "logit_bias", "allowed_token_ids",
+	"stream_options", "user", "truncate_prompt_tokens"}
+
+// watchVLLM readies the attempt to keep the token ids of a stream its
+// decode node, a vLLM engine, writes; it returns the member to add to the
+// body that asks for them, or nil when the node is not vLLM's or the
+// answer is no stream.
+func (a *attempt) watchVLLM() map[string]json.RawMessage {
+	if !a.p.Req.Stream {
+		return nil
+	}
+	a.o.c.mu.Lock()
+	n := a.o.c.nodes[a.decode]
+	backend, vllm := "", false
+	if n != nil {
+		backend, vllm = n.reg.Backend, n.reg.Tokenizer == "engine" && !n.reg.CanHandOver
+	}
+	a.o.c.mu.Unlock()
+	if !vllm {
+		return nil
+	}
+	v := &vllmStream{backend: backend, clientIDs: string(bytes.TrimSpace(a.body.Members["return_token_ids"])) == "true"}
+	parsed := completionParsed
+	if a.p.Chat {
+		parsed = chatParsed
+	}
+	for _, k := range parsed {
+		if m, ok := a.body.Members[k]; ok && !jsonEmpty(m) && !(k == "tools" && toolsOff(a.body.Members["tool_choice"])) {
+			v.refused = "the request has " + k
+			break
+		}
+	}
+	if n := a.p.Req.N; n != nil && *n > 1 {
+		v.refused = "the request asks for several choices"
+	}
+	a.vllm = v
+	return map[string]json.RawMessage{"return_token_ids": json.RawMessage("true")}
+}
+
+// jsonEmpty says whether a member's value asks for nothing: null, false,
+// an empty list or object.
+func jsonEmpty(v json.RawMessage) bool {
+	switch string(bytes.TrimSpace(v)) {
+	case "", "null", "false", "[]", "{}", "0":
+		return true
+	}
+	return false
+}
+
+// toolsOff says whether a tool_choice lets the model call no tool.
+func toolsOff(choice json.RawMessage) bool { return string(bytes.TrimSpace(choice)) == `"none"` }
+
+// vllmChunk is a stream chunk from vLLM, as far as the router reads it.
+type vllmChunk struct {
+	Choices []struct {
+		Index    int      `json:"index"`
+		TokenIDs []uint32 `json:"token_ids"`
+		Delta    *struct {
+			ToolCalls        json.RawMessage `json:"tool_calls"`
+			ReasoningContent json.RawMessage `json:"reasoning_content"`
+			Reasoning        json.RawMessage `json:"reasoning"`
+		} `json:"delta"`
+	} `json:"choices"`
+}
+
+// vllmData reads one data line's JSON from a vLLM stream: it returns the
+// token ids it carries and the line to send the client: the ids taken
+// out unless the client asked for them, and a continuation's chunk made
+// one of the client's answer.
+func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
+	v := a.vllm
+	var c vllmChunk
+	if err := json.Unmarshal(data, &c); err != nil {
+		v.refused = "a chunk could not be read"
+		return nil, data
+	}
+	for _, ch := range c.Choices {
+		if ch.Index != 0 {
+			v.refused = "the answer has several choices"
+		}
+		ids = append(ids, ch.TokenIDs...)
+		if d := ch.Delta; d != nil && (!jsonEmpty(d.ToolCalls) || !jsonEmpty(d.ReasoningContent) || !jsonEmpty(d.Reasoning)) {
+			v.refused = "the server parsed tool calls or reasoning from the answer"
+		}
+	}
+	if v.cont {
+		return ids, a.continuedChunk(data)
+	}
+	if v.clientIDs {
+		return ids, data
+	}
+	return ids, withoutIDs(data)
+}
+
+// withoutIDs is a chunk without the token ids the router asked for: the
+// choices' token_ids, and prompt_token_ids where vLLM adds them (the
+// first chunk: at the top of a chat chunk, in the choice of a completion).
+func withoutIDs(data []byte) []byte {
+	if !bytes.Contains(data, []byte(`token_ids"`)) {
+		return data
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return data
+	}
+	delete(m, "prompt_token_ids")
+	var choices []map[string]json.RawMessage
+	if json.Unmarshal(m["choices"], &choices) == nil {
+		for _, ch := range choices {
+			delete(ch, "token_ids")
+			delete(ch, "prompt_token_ids")
+		}
+		m["choices"], _ = marshalText(choices)
+	}
+	b, err := marshalText(m)
+	if err != nil {
+		return data
+	}
+	return b
+}
+
+// marshalText is json.Marshal without HTML escaping: a model's "<think>"
+// reaches the client as the engine wrote it.
+func marshalText(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(buf.Bytes(), "\n"), nil
+}
+
+// continuedChunk rewrites a chunk of a completions continuation into one
+// of the client's answer: the first engine's id and creation time, a chat
+// chunk's delta for a chat answer, and usage that counts the client's
+// prompt and the whole output.
+func (a *attempt) continuedChunk(data []byte) []byte {
+	var c struct {
+		Model   string `json:"model"`
+		Choices []struct {
+			Index        int             `json:"index"`
+			Text         string          `json:"text"`
+			Logprobs     json.RawMessage `json:"logprobs"`
+			FinishReason json.RawMessage `json:"finish_reason"`
+			StopReason   json.RawMessage `json:"stop_reason"`
+			TokenIDs     json.RawMessage `json:"token_ids"`
+		} `json:"choices"`
+		Usage map[string]json.RawMessage `json:"usage"`
+	}
+	if json.Unmarshal(data, &c) != nil {
+		return data
+	}
+	object := "text_completion"
+	if a.p.Chat {
+		object = "chat.completion.chunk"
+	}
+	choices := make([]map[string]any, 0, len(c.Choices))
+	for _, ch := range c.Choices {
+		m := map[string]any{"index": ch.Index, "logprobs": ch.Logprobs, "finish_reason": ch.FinishReason}
+		if a.p.Chat {
+			m["delta"] = map[string]string{"content": ch.Text}
+			m["logprobs"] = nil
+		} else {
+			m["text"] = ch.Text
+		}
+		if len(ch.StopReason) > 0 {
+			m["stop_reason"] = ch.StopReason
+		}
+		if a.vllm.clientIDs && len(ch.TokenIDs) > 0 {
+			m["token_ids"] = ch.TokenIDs
+		}
+		choices = append(choices, m)
+	}
+	out := map[string]any{"id": a.answerID, "object": object, "created": a.created, "model": c.Model, "choices": choices}
+	if c.Usage != nil {
+		out["usage"] = a.continuedUsage(c.Usage)
+	}
+	b, err := marshalText(out)
+	if err != nil {
+		return data
+	}
+	return b
+}
+
+// continuedUsage is a continuation's usage as the client's answer counts
+// it: the continuation's prompt is the client's and the output so far.
+func (a *attempt) continuedUsage(u map[string]json.RawMessage) map[string]json.RawMessage {
+	num := func(k string) int {
+		n, _ := strconv.Atoi(string(bytes.TrimSpace(u[k])))
+		return n
+	}
+	prompt, completion := len(a.p.Tokens), a.vllm.base+num("completion_tokens")
+	u["prompt_tokens"] = json.RawMessage(strconv.Itoa(prompt))
+	u["completion_tokens"] = json.RawMessage(strconv.Itoa(completion))
+	u["total_tokens"] = json.RawMessage(strconv.Itoa(prompt + completion))
+	var d map[string]json.RawMessage
+	if json.Unmarshal(u["prompt_tokens_details"], &d) == nil && d != nil {
+		cached, _ := strconv.Atoi(string(bytes.TrimSpace(d["cached_tokens"])))
+		d["cached_tokens"] = json.RawMessage(strconv.Itoa(min(cached, prompt)))
+		u["prompt_tokens_details"], _ = json.Marshal(d)
+	}
+	return u
+}
+
+// vllmContinuation is the completions request that writes the rest of
+// the answer from the prompt's ids and the output's so far; false (with
+// why) when nothing is left to write.
+func (a *attempt) vllmContinuation() ([]byte, error) {
+	k := len(a.out)
+	prompt := make([]uint32, 0, len(a.p.Tokens)+k)
+	prompt = append(append(prompt, a.p.Tokens...), a.out...)
+	pb, _ := json.Marshal(prompt)
+	set := map[string]json.RawMessage{"prompt": pb, "stream": json.RawMessage("true"),
+		"return_token_ids": json.RawMessage("true")}
+	asked := a.body.Members["max_tokens"]
+	if a.p.Chat && a.body.Has("max_completion_tokens") {
+		asked = a.body.Members["max_completion_tokens"]
+	}
+	switch {
+	case !jsonEmpty(asked) || !a.p.Chat:
+		// Completions default to 16 tokens, as vLLM's; a chat answer
+		// without a limit runs to the context's end, as its rest does.
+		left := a.p.MaxTokens - k
+		if left < 1 {
+			return nil, errors.New("the answer had all its tokens but not its end")
+		}
+		set["max_tokens"] = json.RawMessage(strconv.Itoa(left))
+	}
+	if m := a.body.Members["min_tokens"]; !jsonEmpty(m) {
+		n, _ := strconv.Atoi(string(bytes.TrimSpace(m)))
+		set["min_tokens"] = json.RawMessage(strconv.Itoa(max(0, n-k)))
+	}
+	if !a.p.Chat {
+		// The client's completions request, its prompt the whole
+		// context: echo and a prefill leg's params do not carry on.
+		set["echo"], set["kv_transfer_params"], set["max_completion_tokens"] = nil, nil, nil
+		return a.body.With(set), nil
+	}
+	members := map[string]json.RawMessage{}
+	for _, k := range vllmContinued {
+		if v, ok := a.body.Members[k]; ok {
+			members[k] = v
+		}
+	}
+	for k, v := range set {
+		members[k] = v
+	}
+	b, err := json.Marshal(members)
+	if err != nil {
+		return nil, fmt.Errorf("encode the continuation: %w", err)
+	}
+	return b, nil
+}
+
+// canResumeVLLM says whether a stream from a vLLM engine can go on
+// elsewhere should the engine fail now: once its first chunk named the
+// answer, even before a token (a chat stream opens with the role alone).
+func (a *attempt) canResumeVLLM() bool {
+	v := a.vllm
+	return v != nil && v.refused == "" && !a.outLost && a.answerID != "" && a.resumes < maxAttempts
+}
+
+// resumeVLLM goes on with a stream whose vLLM engine failed mid-way on
+// another engine of the same backend, the one holding most of the
+// prompt's KV, from the prompt's ids and the output's (vllmContinuation).
+// When none goes on, the client is told so in its stream.
+func (a *attempt) resumeVLLM(cause error) error {
+	a.resumes++
+	err := cause
+	if a.resumes <= maxAttempts {
+		for try := 0; try < maxAttempts; try++ {
+			body, berr := a.vllmContinuation()
+			if berr != nil {
+				err = berr
+				break
+			}
+			to, url := a.o.claimVLLMResumer(a.failed, a.chain, a.vllm.backend)
+			if to == "" {
+				err = fmt.Errorf("%w; no other vLLM engine serves", err)
+				break
+			}
+			a.urls[to], a.decode = url, to
+			a.vllm.base, a.vllm.cont = len(a.out), true
+			a.legPath = "/v1/completions"
+			a.resuming = resumeEngineFailed
+			ferr := a.forward(url, body)
+			if ferr == nil || a.answered {
+				return ferr
+			}
+			a.resuming = ""
+			if a.r.Context().Err() != nil {
+				return ferr
+			}
+			a.o.log.Warn("vLLM engine could not continue an answer", "request", a.reqID, "node", to, "err", ferr)
+			a.failed[to] = true
+			a.o.release(to)
+			a.decode = ""
+			err = ferr
+		}
+	}
+	a.o.met.resumed.WithLabelValues(resumeEngineFailed, "failed").Inc()
+	a.o.interrupted(a.interruptedOn, true)
+	err = fmt.Errorf("no node could continue the answer (%v)", err)
+	a.streamError(err)
+	return err
+}

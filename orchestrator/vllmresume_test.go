@@ -1,0 +1,125 @@
+package orchestrator
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/evolvellm/evolve/openaiapi"
+)
+
+func vllmAttempt(t *testing.T, body string, chat bool, out []uint32) *attempt {
+	t.Helper()
+	p, rb, perr := openaiapi.ParseBody([]byte(body), chat, 0)
+	if perr != nil {
+		t.Fatal(perr.Message)
+	}
+	p.Tokens = []uint32{101, 102, 103} // as vLLM's /tokenize gave them
+	return &attempt{p: p, body: rb, out: out, answerID: "chatcmpl-1", created: 1700000000,
+		vllm: &vllmStream{backend: "vllm", base: len(out), cont: true}}
+}
+
+// A continuation is a completions request whose prompt is the prompt's
+// ids and the output's, with the client's sampling and stopping, and the
+// output's length and minimum less what was written.
+func TestVLLMContinuationBody(t *testing.T) {
+	a := vllmAttempt(t, `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":50,"min_tokens":10,
+		"temperature":0.7,"stop":["\n\n"],"seed":3,"stream":true,"stream_options":{"include_usage":true},"metadata":{"session":"s"}}`, true, []uint32{7, 8, 9, 10})
+	b, err := a.vllmContinuation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"model": "m", "prompt": []any{101.0, 102.0, 103.0, 7.0, 8.0, 9.0, 10.0}, "max_tokens": 46.0, "min_tokens": 6.0,
+		"temperature": 0.7, "stop": []any{"\n\n"}, "seed": 3.0, "stream": true, "return_token_ids": true,
+		"stream_options": map[string]any{"include_usage": true}}
+	if len(m) != len(want) {
+		t.Fatalf("continuation %s, want the members of %v", b, want)
+	}
+	for k, v := range want {
+		if got, _ := json.Marshal(m[k]); string(got) != mustJSON(v) {
+			t.Errorf("%s = %s, want %s", k, got, mustJSON(v))
+		}
+	}
+
+	// A chat answer without a limit runs on to the context's end.
+	a = vllmAttempt(t, `{"messages":[{"role":"user","content":"hi"}],"stream":true}`, true, []uint32{7})
+	b, _ = a.vllmContinuation()
+	if strings.Contains(string(b), "max_tokens") {
+		t.Fatalf("unlimited chat answer continued with a limit: %s", b)
+	}
+
+	// A completion keeps the client's request, less echo; its default
+	// length is vLLM's 16.
+	a = vllmAttempt(t, `{"prompt":"hello","echo":true,"logprobs":2,"stream":true}`, false, []uint32{7, 8})
+	b, _ = a.vllmContinuation()
+	for _, s := range []string{`"prompt":[101,102,103,7,8]`, `"max_tokens":14`, `"logprobs":2`} {
+		if !strings.Contains(string(b), s) {
+			t.Errorf("continued completion %s lacks %s", b, s)
+		}
+	}
+	if strings.Contains(string(b), "echo") {
+		t.Errorf("continued completion echoes: %s", b)
+	}
+
+	// Every token written, only the end missing: nothing to continue.
+	a = vllmAttempt(t, `{"prompt":"hello","max_tokens":2,"stream":true}`, false, []uint32{7, 8})
+	if _, err := a.vllmContinuation(); err == nil {
+		t.Fatal("continued an answer that had all its tokens")
+	}
+}
+
+func mustJSON(v any) string {
+	b, _ := json.Marshal(v)
+	return string(b)
+}
+
+// The ids the router asked for leave the chunks the client reads; the
+// text stays as vLLM wrote it, HTML and all.
+func TestWithoutIDs(t *testing.T) {
+	in := `{"id":"c","object":"chat.completion.chunk","prompt_token_ids":[1,2,3],"choices":[{"index":0,"delta":{"content":"<think>a & b"},"token_ids":[9]}]}`
+	out := string(withoutIDs([]byte(in)))
+	if strings.Contains(out, "token_ids") || !strings.Contains(out, `"content":"<think>a & b"`) {
+		t.Fatalf("withoutIDs: %s", out)
+	}
+	plain := `{"id":"c","choices":[{"index":0,"text":"x"}]}`
+	if got := string(withoutIDs([]byte(plain))); got != plain {
+		t.Fatalf("a chunk without ids changed: %s", got)
+	}
+}
+
+// A continuation's chunk becomes one of the client's chat answer: its id,
+// its creation time, a delta, and usage for the client's prompt and the
+// whole output.
+func TestContinuedChunk(t *testing.T) {
+	a := vllmAttempt(t, `{"messages":[{"role":"user","content":"hi"}],"stream":true}`, true, []uint32{7, 8, 9, 10})
+	text := string(a.continuedChunk([]byte(`{"id":"cmpl-9","object":"text_completion","created":5,"model":"m","choices":[{"index":0,"text":" more","logprobs":null,"finish_reason":"stop","stop_reason":"\n\n","token_ids":[11]}]}`)))
+	var c struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		Choices []struct {
+			Delta        map[string]string `json:"delta"`
+			FinishReason string            `json:"finish_reason"`
+			StopReason   string            `json:"stop_reason"`
+		} `json:"choices"`
+	}
+	if err := json.Unmarshal([]byte(text), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.ID != "chatcmpl-1" || c.Object != "chat.completion.chunk" || c.Created != 1700000000 || len(c.Choices) != 1 ||
+		c.Choices[0].Delta["content"] != " more" || c.Choices[0].FinishReason != "stop" || c.Choices[0].StopReason != "\n\n" ||
+		strings.Contains(text, "token_ids") || strings.Contains(text, `"text"`) {
+		t.Fatalf("continued chunk %s", text)
+	}
+	usage := string(a.continuedChunk([]byte(`{"id":"cmpl-9","object":"text_completion","created":5,"model":"m","choices":[],
+		"usage":{"prompt_tokens":7,"completion_tokens":5,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":6}}}`)))
+	for _, s := range []string{`"prompt_tokens":3`, `"completion_tokens":9`, `"total_tokens":12`, `"cached_tokens":3`} {
+		if !strings.Contains(usage, s) {
+			t.Errorf("continued usage %s lacks %s", usage, s)
+		}
+	}
+}
