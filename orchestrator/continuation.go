@@ -171,20 +171,10 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 			// Home holds the KV of the output so far: it never needs a
 			// prefill node's.
 			body := a.placeResume(to, res, len(r.Output), to != home)
-			a.resuming = why
-			ferr := a.forward(url, body)
-			a.dropResumePrefill()
-			if ferr == nil || errors.Is(ferr, errHandedOver) || a.answered {
+			done, ferr := a.continueOn(to, url, body, why, a.dropResumePrefill)
+			if done {
 				return ferr
 			}
-			a.resuming = ""
-			if a.r.Context().Err() != nil {
-				return ferr
-			}
-			a.o.log.Warn("node could not continue an answer", "request", a.reqID, "node", to, "err", ferr)
-			a.failed[to] = true
-			a.o.release(to)
-			a.decode = ""
 			err = ferr
 		}
 	}
@@ -199,6 +189,31 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 		a.streamError(err)
 	}
 	return err
+}
+
+// continueOn sends node to (at url) a leg that continues the answer
+// (why: resume's cause) and says whether the answer is over: it went on
+// there, or the client left. When the node could not go on, it is
+// failed for this answer and its claim dropped. after, if set, runs once
+// the leg ends.
+func (a *attempt) continueOn(to, url string, body []byte, why string, after func()) (bool, error) {
+	a.resuming = why
+	ferr := a.forward(url, body)
+	if after != nil {
+		after()
+	}
+	if ferr == nil || errors.Is(ferr, errHandedOver) || a.answered {
+		return true, ferr
+	}
+	a.resuming = ""
+	if a.r.Context().Err() != nil {
+		return true, ferr
+	}
+	a.o.log.Warn("node could not continue an answer", "request", a.reqID, "node", to, "err", ferr)
+	a.failed[to] = true
+	a.o.release(to)
+	a.decode = ""
+	return false, ferr
 }
 
 // placeResume readies node to to go on with the answer from res (with

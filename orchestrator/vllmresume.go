@@ -340,19 +340,10 @@ func (a *attempt) resumeVLLM(cause error) error {
 			a.urls[to], a.decode = url, to
 			a.vllm.base, a.vllm.cont = len(a.out), true
 			a.legPath = "/v1/completions"
-			a.resuming = resumeEngineFailed
-			ferr := a.forward(url, body)
-			if ferr == nil || a.answered {
+			done, ferr := a.continueOn(to, url, body, resumeEngineFailed, nil)
+			if done {
 				return ferr
 			}
-			a.resuming = ""
-			if a.r.Context().Err() != nil {
-				return ferr
-			}
-			a.o.log.Warn("vLLM engine could not continue an answer", "request", a.reqID, "node", to, "err", ferr)
-			a.failed[to] = true
-			a.o.release(to)
-			a.decode = ""
 			err = ferr
 		}
 	}

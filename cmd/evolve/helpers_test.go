@@ -179,6 +179,20 @@ func metric(t *testing.T, base, name string) float64 {
 }
 
 // eventually polls cond until it holds or the deadline passes.
+// servingNodes counts the nodes the orchestrator at controlURL lists as
+// serving.
+func servingNodes(t *testing.T, controlURL string) int {
+	var nodes []map[string]any
+	getJSON(t, controlURL+"/api/v1/nodes", &nodes)
+	serving := 0
+	for _, n := range nodes {
+		if n["state"] == "serving" {
+			serving++
+		}
+	}
+	return serving
+}
+
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)

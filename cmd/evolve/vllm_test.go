@@ -141,17 +141,7 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 		"--id", "vllm-dec", "--role", "decode", "--gpus", "4", "--nats", orch.NATSURL)
 
-	eventually(t, 20*time.Second, "both vLLM engines serving", func() bool {
-		var nodes []map[string]any
-		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
-		serving := 0
-		for _, n := range nodes {
-			if n["state"] == "serving" {
-				serving++
-			}
-		}
-		return serving == 2
-	})
+	eventually(t, 20*time.Second, "both vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 
 	client := openai.NewClient(option.WithBaseURL(orch.RouterURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	ctx := t.Context()

@@ -109,17 +109,7 @@ func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 			"--id", id, "--role", "both", "--gpus", "4", "--nats", orch.NATSURL)
 	}
-	eventually(t, 30*time.Second, "four vLLM engines serving", func() bool {
-		var nodes []map[string]any
-		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
-		serving := 0
-		for _, n := range nodes {
-			if n["state"] == "serving" {
-				serving++
-			}
-		}
-		return serving == 4
-	})
+	eventually(t, 30*time.Second, "four vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 4 })
 	kill := func(node string) {
 		srv := servers[node]
 		if srv == nil {
