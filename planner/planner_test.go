@@ -553,3 +553,22 @@ func TestHandOverMakesADecodeSwitchCheap(t *testing.T) {
 		t.Fatalf("switch cost: %.3g finishing its decodes, %.3g handing them over", drained, handed)
 	}
 }
+
+// A split request's first token comes from its decode node, in the pass
+// that takes its KV in: the predicted TTFT is the prefill node's wait and
+// compute plus one decode pass, so slower decode passes (a larger batch on
+// fewer decode nodes) show in it.
+func TestRemoteTTFTIncludesTheDecodePass(t *testing.T) {
+	lim := Limits{MaxBatchedTokens: 8192, MaxSeqs: 1024, GPUKVTokens: 2_000_000}
+	dm := Demand{RequestsPerSec: 5, DisaggShare: 1, PrefillTokens: 2000, PrefillCV2: 1, PrefillContext: 30000,
+		PrefillTokPerSec: 10000, OutputTokens: 300, OutputTokPerSec: 1500, DecodeContext: 36000, DecodeSeqs: 200}
+	for _, d := range []int{2, 4, 7} {
+		pr := predict(2, d, dm, gb300.pc, gb300.dc, lim, DefaultTTFTWeight)
+		r := gb300.pc.PerToken + gb300.pc.PerTokenContext*dm.PrefillContext
+		own := gb300.pc.BaseSec + dm.PrefillTokens*r
+		if pr.Saturated || pr.ITL <= 0 {
+			t.Fatalf("2:%d saturated (%+v)", d, pr)
+		}
+		within(t, fmt.Sprintf("2:%d TTFT", d), pr.TTFT, pr.PrefillWait+own+pr.ITL, 1e-9)
+	}
+}

@@ -38,7 +38,8 @@ func saturatedObjective(load float64) float64 { return 1e4 * (1 + load) }
 // Prefill nodes are an M/G/c queue of prompts: service at the rate of full
 // passes (the token budget amortises the pass's fixed cost), waiting time by
 // the Allen-Cunneen approximation with Sakasegawa's M/M/c term, and each
-// prompt's own compute on top. Decode nodes share the output tokens: a node
+// prompt's own compute on top, then the decode pass that writes the first
+// token from the KV handed over. Decode nodes share the output tokens: a node
 // that must produce x tokens/s with pass time base + b*k runs a batch
 // b = x*base/(1-x*k), and its ITL is that pass's time, stretched by the
 // share of time it spends prefilling short prompts locally. ttftWeight
@@ -109,7 +110,9 @@ func predict(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttf
 				svc := dm.PrefillTokens / capTok
 				wq := svc * (1 + dm.PrefillCV2) / 2 * math.Pow(rho, math.Sqrt(2*(c+1))-1) / (c * (1 - rho))
 				own := pbase*math.Ceil(dm.PrefillTokens/B) + dm.PrefillTokens*r
-				remoteTTFT = wq + own
+				// The first token comes from the decode node's pass
+				// that takes the KV in, as a local prompt's does.
+				remoteTTFT = wq + own + pr.ITL
 				pr.PrefillWait = wq
 			}
 		}
