@@ -80,6 +80,7 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		"--control-addr", fmt.Sprintf("0.0.0.0:%d", o.ControlPort),
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort),
 		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
+	args = append(args, o.Args()...)
 	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
 	svc := service{name: "orchestrator", what: "the orchestrator of cluster " + f.Metadata.Name, bin: h.StateDir() + "/bin/evolve",
 		dir: dir, env: env, args: args}

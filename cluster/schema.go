@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path"
 	"regexp"
 	"sort"
 	"strconv"
@@ -56,6 +57,19 @@ type Orchestrator struct {
 	// Advertise is the address engines reach the orchestrator's NATS at;
 	// default: the address the hosts see the operator's machine at.
 	Advertise string `yaml:"advertise"`
+	// ModelAliases are other names clients may give the served model, or
+	// patterns (claude-*), as evolve orchestrator --model-alias takes.
+	ModelAliases []string `yaml:"modelAliases"`
+}
+
+// Args are the orchestrator's command-line flags for what the file sets
+// beyond its ports.
+func (o Orchestrator) Args() []string {
+	var args []string
+	for _, a := range o.ModelAliases {
+		args = append(args, "--model-alias", a)
+	}
+	return args
 }
 
 // Host is one GPU host.
@@ -339,6 +353,11 @@ func (f *File) validate() Errors {
 	port("spec.orchestrator.routerPort", o.RouterPort)
 	port("spec.orchestrator.controlPort", o.ControlPort)
 	port("spec.orchestrator.natsPort", o.NATSPort)
+	for i, a := range o.ModelAliases {
+		if _, err := path.Match(a, ""); a == "" || strings.Contains(a, ",") || err != nil {
+			bad(fmt.Sprintf("spec.orchestrator.modelAliases[%d]", i), "%q: want a model name or a pattern such as claude-*", a)
+		}
+	}
 	names := map[string]int{}
 	for i, h := range s.Hosts {
 		p := fmt.Sprintf("spec.hosts[%d]", i)

@@ -131,3 +131,23 @@ func TestParseVLLMEngines(t *testing.T) {
 		}
 	}
 }
+
+// The orchestrator's model aliases reach its command line; a pattern that
+// cannot be read is a field error.
+func TestOrchestratorModelAliases(t *testing.T) {
+	withAliases := strings.Replace(good, "concurrency: 4", "concurrency: 4\n  orchestrator: {modelAliases: [claude-*, gpt-4o]}", 1)
+	f, err := Parse("c.yaml", []byte(withAliases))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(f.Spec.Orchestrator.Args(), " "); got != "--model-alias claude-* --model-alias gpt-4o" {
+		t.Fatalf("orchestrator args %q", got)
+	}
+	bad := strings.Replace(good, "concurrency: 4", "concurrency: 4\n  orchestrator: {modelAliases: [\"claude-[\", \"\"]}", 1)
+	_, err = Parse("c.yaml", []byte(bad))
+	for _, want := range []string{"spec.orchestrator.modelAliases[0]", "spec.orchestrator.modelAliases[1]"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want %q in %v", want, err)
+		}
+	}
+}

@@ -65,13 +65,6 @@ func (o *Orchestrator) servingNodes() int {
 	return n
 }
 
-// unknownModel is the error for a request that asks for a model the
-// cluster does not serve.
-func unknownModel(asked, served string) *openaiapi.Error {
-	return &openaiapi.Error{Status: 404, Type: "invalid_request_error", Code: "model_not_found", Param: "model",
-		Message: fmt.Sprintf("The model `%s` does not exist. This cluster serves `%s`.", asked, served)}
-}
-
 // anthropicClient says whether r comes from a client of Anthropic's API
 // (its SDKs send anthropic-version).
 func anthropicClient(r *http.Request) bool { return r.Header.Get("anthropic-version") != "" }
@@ -84,6 +77,9 @@ func (o *Orchestrator) serveModels(w http.ResponseWriter, r *http.Request) {
 	data := []any{}
 	if model != "" {
 		data = append(data, o.modelInfo(model, maxLen, anthropic))
+		for _, a := range o.literalAliases() {
+			data = append(data, o.modelInfo(a, maxLen, anthropic))
+		}
 	}
 	if anthropic {
 		first, last := any(nil), any(nil)
@@ -100,8 +96,9 @@ func (o *Orchestrator) serveModels(w http.ResponseWriter, r *http.Request) {
 func (o *Orchestrator) serveModel(w http.ResponseWriter, r *http.Request) {
 	model, maxLen := o.servedModel()
 	anthropic := anthropicClient(r)
-	if id := r.PathValue("model"); model == "" || id != model {
-		e := unknownModel(id, model)
+	id := r.PathValue("model")
+	if model == "" || !o.resolveModel(id, model) {
+		e := o.unknownModel(id, model)
 		if anthropic {
 			anthropicapi.NewError(e.Status, e.Message).Write(w)
 		} else {
@@ -109,7 +106,7 @@ func (o *Orchestrator) serveModel(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	openaiapi.WriteJSON(w, 200, o.modelInfo(model, maxLen, anthropic))
+	openaiapi.WriteJSON(w, 200, o.modelInfo(id, maxLen, anthropic))
 }
 
 // servedModel is the model the cluster serves ("" before any engine
@@ -251,9 +248,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		openaiapi.Unavailable("no_engines", "no engine has registered yet").Write(w)
 		return
 	}
-	if p.Req.Model != "" && p.Req.Model != model {
-		unknownModel(p.Req.Model, model).Write(w)
+	if !o.resolveModel(p.Req.Model, model) {
+		o.unknownModel(p.Req.Model, model).Write(w)
 		return
+	}
+	if p.Req.Model != "" && p.Req.Model != model {
+		rb, p.Req.Model = servedBody(rb, model), model
 	}
 	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {
 		outcome := "bad_request"

@@ -56,8 +56,8 @@ func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) 
 		anthropicapi.NewError(503, "no engine has registered yet").Write(w)
 		return
 	}
-	if p.Req.Model != model {
-		e := unknownModel(p.Req.Model, model)
+	if p.Req.Model == "" || !o.resolveModel(p.Req.Model, model) {
+		e := o.unknownModel(p.Req.Model, model)
 		anthropicapi.NewError(e.Status, e.Message).Write(w)
 		return
 	}

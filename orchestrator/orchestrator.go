@@ -39,7 +39,10 @@ type Config struct {
 	// PlannerMode: auto (default), recommend or off; Planner tunes it.
 	PlannerMode string
 	Planner     planner.Config
-	Logger      *slog.Logger
+	// ModelAliases are other names (or path.Match patterns) clients may
+	// give the served model: requests for them are served as its.
+	ModelAliases []string
+	Logger       *slog.Logger
 }
 
 // Orchestrator is a running orchestrator.
@@ -139,6 +142,9 @@ func New(cfg Config) (*Orchestrator, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
+	}
+	if err := checkAliases(cfg.ModelAliases); err != nil {
+		return nil, err
 	}
 	p, err := routing.New(cfg.Policy)
 	if err != nil {

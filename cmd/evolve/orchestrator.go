@@ -49,12 +49,15 @@ pays for the switch; --planner recommend only reports ('evolve planner').
 
 When an engine fails, a request it had not begun to answer is routed again,
 and an answer it was writing, streamed or whole, goes on on another node
-from the tokens it had written (evolve's engines name them to the router; a
-vLLM engine's stream ends with an error event). That node pulls the
-prompt's KV from live peers rather than recompute it, or, when much is left
-to recompute (the output of a long answer), has a prefill node compute that
-KV and pulls it, so that its own streams do not stall: the agent reads one
-answer, the one the dead engine would have written. 'evolve nodes -o json'
+from the tokens it had written (evolve's engines name them to the router).
+That node pulls the prompt's KV from live peers rather than recompute it,
+or, when much is left to recompute (the output of a long answer), has a
+prefill node compute that KV and pulls it, so that its own streams do not
+stall: the agent reads one answer, the one the dead engine would have
+written. A vLLM engine's stream goes on on another vLLM engine, from the
+token ids the router asks vLLM to stream (return_token_ids), unless vLLM
+parses it on the server (chat with tools, reasoning, structured output):
+that stream ends with an error event. 'evolve nodes -o json'
 keeps, per node, the answers it was writing when it failed
 (answers_interrupted, answers_lost).
 
@@ -76,6 +79,7 @@ Most users start it through 'evolve up'.`,
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
+	addModelAliasFlag(f)
 	addPlannerFlags(f)
 	return cmd
 }
@@ -108,7 +112,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), DataDir: dataDir, Policy: get("policy"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
-		PlannerMode: get("planner"),
+		PlannerMode: get("planner"), ModelAliases: config.GetStringSlice("orchestrator.model-alias"),
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
 			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),
@@ -134,6 +138,12 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		os.Remove(readyFile)
 	}
 	return err
+}
+
+// addModelAliasFlag adds --model-alias (evolve orchestrator and evolve up
+// share it).
+func addModelAliasFlag(f *pflag.FlagSet) {
+	f.StringSlice("model-alias", nil, "another name clients may give the served model, or a pattern (claude-*; * takes any name): its requests are served as the served model's, whose name the engines get (repeat, or separate with commas; Claude Code asks for claude-* models)")
 }
 
 // addPlannerFlags adds the planner's flags (evolve orchestrator and evolve

@@ -153,6 +153,7 @@ A small one (the README has a fuller example):
 	f.String("service", "auto", "with -f: how hosts run evolve: auto (a systemd unit where systemd runs and evolve may write units as root or with sudo -n, else a supervised process), systemd or process")
 	f.Bool("accept-new-host-keys", false, "with -f: trust hosts seen for the first time and record their keys (a changed key always fails)")
 	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one); hosts of another architecture get one cross-compiled from the evolve source checkout evolve up runs in, with the Go toolchain")
+	addModelAliasFlag(f)
 	addPlannerFlags(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd
@@ -290,14 +291,18 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	// The orchestrator first: engines need its NATS address.
 	ready := filepath.Join(dir, "orchestrator.ready")
 	os.Remove(ready)
-	orch, err := startChild(exe, filepath.Join(logDir, "orchestrator.log"), detach, "orchestrator",
+	orchArgs := []string{"orchestrator",
 		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
 		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"), "--policy", config.GetString(key("policy")),
 		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level"), "--planner", config.GetString(key("planner")),
 		"--planner-interval", config.GetDuration(key("planner-interval")).String(),
 		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
 		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64),
-		"--planner-min-improvement", strconv.FormatFloat(config.GetFloat64(key("planner-min-improvement")), 'g', -1, 64))
+		"--planner-min-improvement", strconv.FormatFloat(config.GetFloat64(key("planner-min-improvement")), 'g', -1, 64)}
+	for _, a := range config.GetStringSlice(key("model-alias")) {
+		orchArgs = append(orchArgs, "--model-alias", a)
+	}
+	orch, err := startChild(exe, filepath.Join(logDir, "orchestrator.log"), detach, orchArgs...)
 	if err != nil {
 		return err
 	}

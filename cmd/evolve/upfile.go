@@ -364,11 +364,11 @@ func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File
 	ready := filepath.Join(dir, "orchestrator.ready")
 	os.Remove(ready)
 	logPath := filepath.Join(dir, "logs", "orchestrator.log")
-	p, err := startChildEnv(exe, logPath, true,
-		[]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken},
-		"orchestrator", "--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort), "--control-addr", fmt.Sprintf("127.0.0.1:%d", o.ControlPort),
+	args := append([]string{"orchestrator", "--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort), "--control-addr", fmt.Sprintf("127.0.0.1:%d", o.ControlPort),
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
-		"--ready-file", ready, "--log-format", "json")
+		"--ready-file", ready, "--log-format", "json"}, o.Args()...)
+	p, err := startChildEnv(exe, logPath, true,
+		[]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken}, args...)
 	if err != nil {
 		return nil, "", err
 	}
