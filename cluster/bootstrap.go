@@ -71,6 +71,9 @@ type UpOptions struct {
 	// NATSToken is the event plane's token; it goes into the engine's
 	// environment in a script only the host's user can read.
 	NATSToken string
+	// APIKeys, if any, are the keys the orchestrator's agents' API
+	// requires; they go into its environment as the tokens do.
+	APIKeys []string
 	// Resolve gives a host's address as the other machines reach it (its
 	// ~/.ssh/config alias resolved); nil keeps the file's.
 	Resolve func(Host) Host

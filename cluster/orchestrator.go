@@ -82,6 +82,9 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
 	args = append(args, o.Args()...)
 	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
+	if len(opt.APIKeys) > 0 {
+		env["EVOLVE_ORCHESTRATOR_API_KEY"] = strings.Join(opt.APIKeys, ",")
+	}
 	svc := service{name: "orchestrator", what: "the orchestrator of cluster " + f.Metadata.Name, bin: h.StateDir() + "/bin/evolve",
 		dir: dir, env: env, args: args}
 	// A restart must not read the last run's ready file.

@@ -50,7 +50,7 @@ func (o *Orchestrator) routerHandler() http.Handler {
 		}
 		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
 	})
-	return mux
+	return o.requireKey(mux)
 }
 
 func (o *Orchestrator) servingNodes() int {

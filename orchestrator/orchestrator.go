@@ -42,7 +42,10 @@ type Config struct {
 	// ModelAliases are other names (or path.Match patterns) clients may
 	// give the served model: requests for them are served as its.
 	ModelAliases []string
-	Logger       *slog.Logger
+	// APIKeys, when set, are the keys the agents' API (/v1/) requires,
+	// as a bearer token or in x-api-key.
+	APIKeys []string
+	Logger  *slog.Logger
 }
 
 // Orchestrator is a running orchestrator.
@@ -146,6 +149,9 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err := checkAliases(cfg.ModelAliases); err != nil {
 		return nil, err
 	}
+	if err := checkAPIKeys(cfg.APIKeys); err != nil {
+		return nil, err
+	}
 	p, err := routing.New(cfg.Policy)
 	if err != nil {
 		return nil, err
@@ -199,6 +205,9 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		return fmt.Errorf("control listen on %s: %w", o.cfg.ControlAddr, err)
 	}
 	o.routerURL = "http://" + o.routerLn.Addr().String()
+	if len(o.cfg.APIKeys) == 0 && !isLoopback(o.cfg.RouterAddr) {
+		o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
+	}
 	o.controlURL = "http://" + o.controlLn.Addr().String()
 	if err := o.subscribe(); err != nil {
 		return err

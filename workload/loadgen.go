@@ -35,6 +35,15 @@ type BenchConfig struct {
 	Client        *http.Client
 	// Record, if set, receives every call as a trace line.
 	Record *TraceWriter
+	// APIKey, if set, is sent as a bearer token with every request.
+	APIKey string
+}
+
+// authorize adds the API key, if any, to a request to the router.
+func (cfg BenchConfig) authorize(req *http.Request) {
+	if cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+cfg.APIKey)
+	}
 }
 
 // Result is what a run measured. Latencies are wall seconds as agents saw
@@ -266,6 +275,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 // serverModel asks the router which model it serves and its context limit.
 func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", cfg.URL+"/v1/models", nil)
+	cfg.authorize(req)
 	resp, err := cfg.Client.Do(req)
 	if err != nil {
 		return "", 0, fmt.Errorf("cannot reach a router at %s (is a cluster up? evolve's router is the orchestrator's --router-addr, :8000 by default): %w", cfg.URL, err)
@@ -279,6 +289,12 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	}
 	notRouter := func(what string) error {
 		return fmt.Errorf("%s answered GET /v1/models with %s: is it an OpenAI-compatible router? (evolve's is the orchestrator's --router-addr, :8000 by default)", cfg.URL, what)
+	}
+	if resp.StatusCode == http.StatusUnauthorized {
+		if cfg.APIKey == "" {
+			return "", 0, fmt.Errorf("%s wants an API key: pass one with --api-key", cfg.URL)
+		}
+		return "", 0, fmt.Errorf("%s refused the API key given", cfg.URL)
 	}
 	if resp.StatusCode != http.StatusOK {
 		return "", 0, notRouter(resp.Status)
@@ -368,6 +384,7 @@ func endSession(cfg BenchConfig, session string) {
 	if err != nil {
 		return
 	}
+	cfg.authorize(req)
 	if resp, err := cfg.Client.Do(req); err == nil {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
@@ -385,6 +402,7 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	cfg.authorize(req)
 	req.Header.Set("X-Evolve-Session", call.Session)
 	req.Header.Set("X-Evolve-Branch", call.Branch)
 	if call.Parent != "" {

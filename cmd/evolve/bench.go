@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -36,11 +37,12 @@ that think and tool times shrink to match).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			k := func(s string) string { return cfgKey(cmd) + "." + s }
-			url := config.GetString(k("url"))
+			url, apiKey := config.GetString(k("url")), config.GetString(k("api-key"))
 			if url == "" {
 				url = "http://127.0.0.1:8000"
 				if st, err := readLocalState(); err == nil {
 					url = st.RouterURL
+					apiKey = cmp.Or(apiKey, st.APIKey)
 				}
 			}
 			switch {
@@ -57,7 +59,7 @@ that think and tool times shrink to match).`,
 			defer stop()
 			errw := cmd.ErrOrStderr()
 			base := workload.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
-				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed")))}
+				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey}
 			trace := config.GetString(k("trace"))
 			local := 0.0 // the local cluster's engine speedup, when bench runs against it
 			if config.GetString(k("url")) == "" {
@@ -139,6 +141,7 @@ that think and tool times shrink to match).`,
 	}
 	f := cmd.Flags()
 	f.String("url", "", "router base URL, with or without /v1 (default: the local cluster's, else http://127.0.0.1:8000)")
+	f.String("api-key", "", "API key the router requires, sent as a bearer token (default: the local cluster's, when evolve up gave it keys; or $EVOLVE_BENCH_API_KEY)")
 	f.String("workload", "coding", "agent workload")
 	f.Int("agents", 8, "concurrent agents")
 	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")

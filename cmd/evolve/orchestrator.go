@@ -80,6 +80,7 @@ Most users start it through 'evolve up'.`,
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
 	addModelAliasFlag(f)
+	addAPIKeyFlags(f)
 	addPlannerFlags(f)
 	return cmd
 }
@@ -107,12 +108,17 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	if err := checkPlannerFlags("orchestrator"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
+	keys, err := apiKeys("orchestrator")
+	if err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), DataDir: dataDir, Policy: get("policy"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: config.GetStringSlice("orchestrator.model-alias"),
+		APIKeys: keys,
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
 			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),

@@ -37,6 +37,9 @@ type localState struct {
 	LogDir       string    `json:"log_dir"`
 	Started      time.Time `json:"started"`
 	Detached     bool      `json:"detached"`
+	// APIKey is the first of the keys the router requires, if any: evolve
+	// bench sends it to this cluster (the file is the user's alone).
+	APIKey string `json:"api_key,omitempty"`
 }
 
 func localDir() string { return filepath.Join(stateDir(), "local") }
@@ -154,6 +157,7 @@ A small one (the README has a fuller example):
 	f.Bool("accept-new-host-keys", false, "with -f: trust hosts seen for the first time and record their keys (a changed key always fails)")
 	f.String("binary", "", "with -f: the evolve binary to install on the hosts (default: this one); hosts of another architecture get one cross-compiled from the evolve source checkout evolve up runs in, with the Go toolchain")
 	addModelAliasFlag(f)
+	addAPIKeyFlags(f)
 	addPlannerFlags(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd
@@ -189,6 +193,10 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	}
 	if config.GetDuration(key("timeout")) <= 0 {
 		return usage(fmt.Errorf("--timeout must be positive"))
+	}
+	keys, err := apiKeys("up")
+	if err != nil {
+		return usage(err)
 	}
 	if config.GetDuration(key("duration")) < 0 {
 		return usage(fmt.Errorf("--duration must not be negative (0: until Ctrl-C)"))
@@ -263,6 +271,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	detach := config.GetBool(key("detach"))
 	errw := cmd.ErrOrStderr()
 	st := &localState{LogDir: logDir, Started: time.Now(), Detached: detach}
+	if len(keys) > 0 {
+		st.APIKey = keys[0]
+	}
 	// Each child is waited for once, here; exited[pid] closes when it
 	// ends, for the teardown and to notice an engine that stops alone.
 	exited := map[int]chan struct{}{}
@@ -302,7 +313,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	for _, a := range config.GetStringSlice(key("model-alias")) {
 		orchArgs = append(orchArgs, "--model-alias", a)
 	}
-	orch, err := startChild(exe, filepath.Join(logDir, "orchestrator.log"), detach, orchArgs...)
+	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, apiKeyEnv(keys), orchArgs...)
 	if err != nil {
 		return err
 	}
@@ -389,7 +400,11 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(w, "logs\t%s\n", logDir)
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "try:")
-		fmt.Fprintf(w, "  curl -s %s/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", st.RouterURL)
+		auth := ""
+		if len(keys) > 0 {
+			auth = "-H 'Authorization: Bearer KEY' "
+		}
+		fmt.Fprintf(w, "  curl -s %s%s/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", auth, st.RouterURL)
 		fmt.Fprintln(w, "  evolve nodes")
 		fmt.Fprintln(w, "  evolve role set engine-0 decode")
 		if detach {
@@ -404,7 +419,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if agents > 0 {
 		fmt.Fprintf(errw, "running %s (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", counted(agents, model.Name()+" agent"),
 			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
-		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents,
+		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
 			Progress: func(s workload.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
 		if berr != nil {

@@ -118,6 +118,10 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	default:
 		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--service %q: want auto, systemd or process", v)}
 	}
+	keys, err := apiKeys("up")
+	if err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
 	errw := cmd.ErrOrStderr()
 	dir := clusterDir(f.Metadata.Name)
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o700); err != nil {
@@ -158,11 +162,12 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		builder.Dir, _ = cluster.FindSource(cwd)
 	}
 	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
-		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString(key("service"))}
+		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString(key("service")),
+		APIKeys: keys}
 	var st *fileClusterState
 	var orchAction string
 	if f.Spec.Orchestrator.Host == "local" {
-		if st, orchAction, err = ensureOrchestrator(ctx, cmd, f, path, dir, debug); err != nil {
+		if st, orchAction, err = ensureOrchestrator(ctx, cmd, f, path, dir, debug, keys); err != nil {
 			return err
 		}
 		// Engines reach the orchestrator that runs (a re-run keeps the one
@@ -347,7 +352,7 @@ func ensureHostOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.
 
 // ensureOrchestrator starts the cluster's orchestrator on this machine
 // unless it runs already (a re-run converges).
-func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer) (*fileClusterState, string, error) {
+func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer, keys []string) (*fileClusterState, string, error) {
 	if st, err := readClusterState(f.Metadata.Name); err == nil && ours(st.Orchestrator) {
 		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
 		return st, "unchanged", nil
@@ -368,7 +373,7 @@ func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
 		"--ready-file", ready, "--log-format", "json"}, o.Args()...)
 	p, err := startChildEnv(exe, logPath, true,
-		[]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken}, args...)
+		append([]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken}, apiKeyEnv(keys)...), args...)
 	if err != nil {
 		return nil, "", err
 	}

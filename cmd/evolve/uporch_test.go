@@ -28,13 +28,14 @@ func TestUpRunsTheOrchestratorOnAHost(t *testing.T) {
 kind: Cluster
 metadata: {name: remote-orch}
 spec:
-  orchestrator: {host: gpu-01, routerPort: %d, controlPort: %d, natsPort: %d}
+  orchestrator: {host: gpu-01, routerPort: %d, controlPort: %d, natsPort: %d, modelAliases: [gpt-4o]}
   defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
   hosts:
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
 `, port(t), port(t), port(t), key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
-	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process", // never units on the machine running the tests
+		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2"}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
@@ -46,9 +47,17 @@ spec:
 	if fi, err := os.Stat(filepath.Join(dir, "h1", "orchestrator", "run.sh")); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("the orchestrator's service script on gpu-01: %v %v", fi, err)
 	}
-	status, _, body := post(t, res.RouterURL+"/v1/completions", `{"prompt": "hello from afar", "max_tokens": 4}`)
-	if status != 200 {
-		t.Fatalf("request through the host's router: %d %v", status, body)
+	// The router listens on every interface, behind the keys given, and
+	// takes the file's model alias.
+	if status, _, body := post(t, res.RouterURL+"/v1/completions", `{"prompt": "hello from afar", "max_tokens": 4}`); status != 401 {
+		t.Fatalf("request without a key through the host's router: %d %v", status, body)
+	}
+	req, _ := http.NewRequest("POST", res.RouterURL+"/v1/completions", strings.NewReader(`{"model": "gpt-4o", "prompt": "hello from afar", "max_tokens": 4}`))
+	req.Header.Set("Authorization", "Bearer sk-remote-2")
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("request with a key through the host's router: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	// The control API is on the host, behind the cluster's token.
 	var st fileClusterState

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/spf13/pflag"
+)
+
+// addAPIKeyFlags adds the flags that give the agents' API its keys
+// (evolve orchestrator and evolve up share them).
+func addAPIKeyFlags(f *pflag.FlagSet) {
+	f.StringSlice("api-key", nil, "a key the agents' API (/v1/) requires, as Authorization: Bearer KEY or x-api-key: KEY (repeat, or separate with commas; a command line shows in ps: prefer --api-key-file or $EVOLVE_<COMMAND>_API_KEY)")
+	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line (blank lines and lines starting with # are skipped)")
+}
+
+// apiKeys are the keys cmd's --api-key and --api-key-file give (config
+// key prefix cmd), in that order.
+func apiKeys(cmd string) ([]string, error) {
+	// The environment's value may reach config unsplit: split it here.
+	var keys []string
+	for _, k := range config.GetStringSlice(cmd + ".api-key") {
+		for _, part := range strings.Split(k, ",") {
+			if part = strings.TrimSpace(part); part != "" {
+				keys = append(keys, part)
+			}
+		}
+	}
+	path := config.GetString(cmd + ".api-key-file")
+	if path == "" {
+		return keys, nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("--api-key-file: %w", err)
+	}
+	defer f.Close()
+	n := 0
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		keys = append(keys, line)
+		n++
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("--api-key-file %s: %w", path, err)
+	}
+	if n == 0 {
+		return nil, fmt.Errorf("--api-key-file %s holds no key", path)
+	}
+	return keys, nil
+}
+
+// apiKeyEnv is the environment that gives an orchestrator the keys: not
+// its command line, which ps shows.
+func apiKeyEnv(keys []string) []string {
+	if len(keys) == 0 {
+		return nil
+	}
+	return []string{"EVOLVE_ORCHESTRATOR_API_KEY=" + strings.Join(keys, ",")}
+}

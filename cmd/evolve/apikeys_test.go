@@ -1,0 +1,65 @@
+package main
+
+import (
+	"encoding/json"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// evolve up --api-key-file gives the router its keys (through the
+// orchestrator's environment: the key is on no command line), and the
+// agents' API refuses requests without one. evolve bench against the
+// local cluster sends the key up kept; against a URL without --api-key
+// it says the router wants one.
+func TestAPIKeysThroughUpAndBench(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte("# agents of team A\nsk-evolve-test-1\n\nsk-evolve-test-2\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := upCluster(t, "--engines", "1", "--api-key-file", file)
+	ask := func(key string) int {
+		req, _ := http.NewRequest("POST", c.state.RouterURL+"/v1/completions", strings.NewReader(`{"prompt": "hi", "max_tokens": 2}`))
+		if key != "" {
+			req.Header.Set("Authorization", "Bearer "+key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := ask(""); s != 401 {
+		t.Fatalf("no key: %d", s)
+	}
+	if s := ask("sk-evolve-test-3"); s != 401 {
+		t.Fatalf("a wrong key: %d", s)
+	}
+	if s := ask("sk-evolve-test-2"); s != 200 {
+		t.Fatalf("the second key of the file: %d", s)
+	}
+	if b, err := os.ReadFile("/proc/" + strconv.Itoa(c.state.Orchestrator) + "/cmdline"); err == nil && strings.Contains(string(b), "sk-evolve") {
+		t.Fatalf("the key is on the orchestrator's command line: %q", b)
+	}
+
+	out, code := runBinOut(t, c.env, "bench", "--workload", "math", "--agents", "2", "--duration", "2s", "-o", "json")
+	var res struct {
+		Requests int `json:"requests_completed"`
+		Errors   int `json:"errors"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &res) != nil || res.Errors != 0 {
+		t.Fatalf("bench against the local cluster: exit %d, %+v\n%s", code, res, out)
+	}
+	out, code = runBin(t, c.env, "bench", "--url", c.state.RouterURL, "--workload", "math", "--agents", "1", "--duration", "1s")
+	if code == 0 || !strings.Contains(out, "wants an API key: pass one with --api-key") {
+		t.Fatalf("bench without a key: exit %d\n%s", code, out)
+	}
+	out, code = runBin(t, c.env, "bench", "--url", c.state.RouterURL, "--api-key", "sk-evolve-test-1", "--workload", "math", "--agents", "1", "--duration", "1s")
+	if code != 0 {
+		t.Fatalf("bench with --api-key: exit %d\n%s", code, out)
+	}
+}
