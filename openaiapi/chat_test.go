@@ -46,3 +46,29 @@ func TestChatPromptRendersToolsAndToolCalls(t *testing.T) {
 		}
 	}
 }
+
+// continue_final_message and add_generation_prompt shape a chat prompt's
+// end as vLLM's do, and a request asking for both, or continuing no
+// assistant message, is refused.
+func TestChatPromptContinuesAFinalMessage(t *testing.T) {
+	ask, err := Parse([]byte(`{"messages":[{"role":"user","content":"fix it"}]}`), true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cont, err := Parse([]byte(`{"messages":[{"role":"user","content":"fix it"},{"role":"assistant","content":" baca"}],
+		"continue_final_message":true,"add_generation_prompt":false}`), true, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(cont.Tokens[:len(ask.Tokens)], ask.Tokens) || len(cont.Tokens) != len(ask.Tokens)+1 {
+		t.Fatalf("continued %v, asked %v", cont.Tokens, ask.Tokens)
+	}
+	for _, body := range []string{
+		`{"messages":[{"role":"assistant","content":"x"}],"continue_final_message":true,"add_generation_prompt":true}`,
+		`{"messages":[{"role":"user","content":"x"}],"continue_final_message":true}`,
+	} {
+		if _, err := Parse([]byte(body), true, 0); err == nil || err.Status != 400 || err.Param != "continue_final_message" {
+			t.Errorf("%s: %v", body, err)
+		}
+	}
+}

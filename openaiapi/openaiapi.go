@@ -27,11 +27,15 @@ type Request struct {
 	Messages []ChatMessage   `json:"messages"`
 	// Tools are the functions a chat request offers the model; the chat
 	// template renders them into the prompt.
-	Tools               json.RawMessage `json:"tools"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Stream              bool            `json:"stream"`
-	StreamOptions       *struct {
+	Tools json.RawMessage `json:"tools"`
+	// AddGenerationPrompt (default true) and ContinueFinalMessage shape
+	// the chat prompt's end, as vLLM's fields of the same names do.
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ContinueFinalMessage bool  `json:"continue_final_message"`
+	MaxTokens            *int  `json:"max_tokens"`
+	MaxCompletionTokens  *int  `json:"max_completion_tokens"`
+	Stream               bool  `json:"stream"`
+	StreamOptions        *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	N                *int            `json:"n"`
@@ -91,7 +95,7 @@ func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage)
 	}
 	var err *Error
 	if chat {
-		p.Tokens, err = chatTokens(r.Messages, r.Tools)
+		p.Tokens, err = chatTokens(r)
 	} else {
 		p.Tokens, err = promptTokens(r.Prompt)
 	}
@@ -315,9 +319,20 @@ func checkIDs(ids []int64) ([]uint32, *Error) {
 // templates put them in the system prompt), and an assistant message's
 // tool calls follow its content as their JSON: an agent's tool
 // definitions and calls take their place in the prompt and its KV.
-func chatTokens(msgs []ChatMessage, tools json.RawMessage) ([]uint32, *Error) {
+func chatTokens(r *Request) ([]uint32, *Error) {
+	msgs, tools := r.Messages, r.Tools
 	if len(msgs) == 0 {
 		return nil, BadRequest("messages", "messages is required and must not be empty")
+	}
+	opts := tokenizer.ChatOptions{ContinueFinal: r.ContinueFinalMessage,
+		NoGenerationPrompt: r.AddGenerationPrompt != nil && !*r.AddGenerationPrompt}
+	if r.ContinueFinalMessage {
+		if r.AddGenerationPrompt != nil && *r.AddGenerationPrompt {
+			return nil, BadRequest("continue_final_message", "continue_final_message and add_generation_prompt cannot both be true")
+		}
+		if msgs[len(msgs)-1].Role != "assistant" {
+			return nil, BadRequest("continue_final_message", "continue_final_message needs a last message from the assistant")
+		}
 	}
 	out := make([]tokenizer.Message, 0, len(msgs)+1)
 	if t := compactJSON(tools); t != "" {
@@ -333,7 +348,7 @@ func chatTokens(msgs []ChatMessage, tools json.RawMessage) ([]uint32, *Error) {
 		}
 		out = append(out, tokenizer.Message{Role: m.Role, Content: text + compactJSON(m.ToolCalls)})
 	}
-	return tokenizer.EncodeChat(out), nil
+	return tokenizer.EncodeChatWith(out, opts), nil
 }
 
 // compactJSON is raw without insignificant space, or "" for nothing, null

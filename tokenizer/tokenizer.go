@@ -26,7 +26,11 @@
 //
 // EncodeChat renders each message as <|role|> content <|end|> and appends
 // <|assistant|> to ask for the answer, so the prompt of turn N+1 extends the
-// prompt of turn N plus its answer token for token.
+// prompt of turn N plus its answer token for token. EncodeChatWith can
+// leave the generation prompt out, or continue a last assistant message
+// (no <|end|> after it), as vLLM's add_generation_prompt and
+// continue_final_message do: a prompt so continuing an answer is the
+// prompt that asked for it followed by the answer's tokens.
 package tokenizer
 
 import (
@@ -195,12 +199,31 @@ func RoleToken(role string) uint32 {
 
 // EncodeChat renders messages with the chat template (see the package
 // comment) and returns the prompt's token ids.
-func EncodeChat(msgs []Message) []uint32 {
+func EncodeChat(msgs []Message) []uint32 { return EncodeChatWith(msgs, ChatOptions{}) }
+
+// ChatOptions change how EncodeChatWith renders, as vLLM's chat request
+// fields of the same names do.
+type ChatOptions struct {
+	NoGenerationPrompt bool // add_generation_prompt false: no <|assistant|> at the end
+	// ContinueFinal (continue_final_message) leaves the last message open,
+	// without <|end|>, for the answer to go on from it; no generation
+	// prompt follows.
+	ContinueFinal bool
+}
+
+// EncodeChatWith is EncodeChat with options.
+func EncodeChatWith(msgs []Message, o ChatOptions) []uint32 {
 	var ids []uint32
-	for _, m := range msgs {
+	for i, m := range msgs {
 		ids = append(ids, RoleToken(m.Role))
 		ids = AppendEncode(ids, m.Content)
+		if o.ContinueFinal && i == len(msgs)-1 {
+			return ids
+		}
 		ids = append(ids, End)
+	}
+	if o.NoGenerationPrompt {
+		return ids
 	}
 	return append(ids, Assistant)
 }

@@ -83,3 +83,19 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+// A prompt that continues a last assistant message is the prompt that
+// asked for it followed by the answer so far, token for token; without
+// the generation prompt it ends with the last message's end.
+func TestChatTemplateContinuesAnAnswer(t *testing.T) {
+	msgs := []Message{{"system", "You are a coding agent."}, {"user", "List the files."}}
+	asked := EncodeChat(msgs)
+	answer := []uint32{Word(7), Word(8), Word(9)}
+	cont := EncodeChatWith(append(msgs, Message{"assistant", Decode(answer)}), ChatOptions{ContinueFinal: true})
+	if want := append(slices.Clone(asked), answer...); !slices.Equal(cont, want) {
+		t.Fatalf("continued prompt\n%v\nwant\n%v", cont, want)
+	}
+	if bare := EncodeChatWith(msgs, ChatOptions{NoGenerationPrompt: true}); !slices.Equal(bare, asked[:len(asked)-1]) || bare[len(bare)-1] != End {
+		t.Fatalf("without the generation prompt: %v against %v", bare, asked)
+	}
+}
