@@ -233,7 +233,7 @@ func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string)
 // request too; of those the one that holds the longest prefix of the
 // prompt (on GPU or host), then as claimDecodePeer picks.
 func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHash) (id, url string) {
-	held := o.heldOf(chain)
+	held := lastIfSuspect(o.heldOf(chain))
 	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode && n.reg.CanHandOver }, held); id != "" {
 		return id, url
 	}
@@ -244,7 +244,7 @@ func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHas
 // not in exclude, to go on with an answer another vLLM engine streamed
 // (resumeVLLM): a decode node first, holding most of chain's KV, then any.
 func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string) (id, url string) {
-	held := o.heldOf(chain)
+	held := lastIfSuspect(o.heldOf(chain))
 	fits := func(n *node) bool {
 		return n.reg.Backend == backend && n.reg.Tokenizer == "engine" && !n.reg.CanHandOver
 	}
@@ -273,6 +273,19 @@ func (o *Orchestrator) heldOf(chain []kv.BlockHash) func(*node) int {
 	o.c.dir.Match(chain, &m)
 	o.c.mu.Unlock()
 	return func(n *node) int { return m.For(n.dir).Local }
+}
+
+// lastIfSuspect ranks a node that failed a request lately (node.failedAt)
+// after every other, whatever it holds: a dead engine stays listed as
+// serving until its agent reports it down.
+func lastIfSuspect(held func(*node) int) func(*node) int {
+	now := time.Now()
+	return func(n *node) int {
+		if now.Sub(n.failedAt) < suspectFor {
+			return -1
+		}
+		return held(n)
+	}
 }
 
 // claimPeer claims a serving node, not in exclude, that fits: the one

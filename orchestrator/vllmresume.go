@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 )
 
 // A vLLM engine cannot be handed an answer to go on with (it takes no
@@ -20,11 +21,20 @@ import (
 // engine's (its id, its creation time, a chat chunk's shape), and the
 // usage counts the client's prompt and the whole output.
 //
-// What a plain completions prompt cannot carry on is refused, and the
-// stream ends with an error as before: a chat answer whose tools or
-// reasoning the server parses (the parser would not see the rest), one
-// whose output a grammar constrains (it would start over), several
-// choices, and chat log probabilities (their shape differs).
+// A chat answer that may call tools goes on as a chat instead: its tool
+// parser must see the rest. The continuation is the client's request with
+// the answer's text so far as a last assistant message that vLLM
+// continues (continue_final_message), and its chunks keep the first
+// engine's id and creation time. Before vLLM has streamed a tool call,
+// the text the client has read is the whole answer so far (a parser holds
+// back what may open a call, and the continuation writes it again).
+//
+// What neither can carry on is refused, and the stream ends with an
+// error as before: an answer in which vLLM has parsed a tool call or
+// reasoning (the parser's state would start over), one whose output a
+// grammar constrains (it would start over too), several choices, chat log
+// probabilities (their shape differs), and a chat with tools that itself
+// continues an assistant message.
 
 // vllmStream is what the router keeps of a stream from a vLLM engine.
 type vllmStream struct {
@@ -37,15 +47,23 @@ type vllmStream struct {
 	// base is the output the first legs wrote before the current
 	// continuation began: its usage counts them too.
 	base int
-	// cont: the current leg is a continuation, a completions stream
-	// to rewrite into the client's answer.
+	// cont: the current leg is a continuation, a stream to rewrite into
+	// the client's answer.
 	cont bool
+	// asChat: the answer goes on as a chat (it may call tools), from
+	// text, the content the client has read.
+	asChat bool
+	text   strings.Builder
 }
 
 // chatParsed are the chat request members that make an answer's rest
-// depend on server-side parsing or state a completions prompt lacks.
-var chatParsed = []string{"tools", "functions", "response_format", "guided_json", "guided_regex", "guided_choice",
+// depend on server-side state no continuation has.
+var chatParsed = []string{"response_format", "guided_json", "guided_regex", "guided_choice",
 	"guided_grammar", "structured_outputs", "logprobs", "top_logprobs"}
+
+// chatTools are the chat request members that offer tools: vLLM's tool
+// parser must see the rest of such an answer.
+var chatTools = []string{"tools", "functions"}
 
 // completionParsed are those of a completions request.
 var completionParsed = []string{"response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
@@ -82,10 +100,18 @@ func (a *attempt) watchVLLM() map[string]json.RawMessage {
 		parsed = chatParsed
 	}
 	for _, k := range parsed {
-		if m, ok := a.body.Members[k]; ok && !jsonEmpty(m) && !(k == "tools" && toolsOff(a.body.Members["tool_choice"])) {
+		if m, ok := a.body.Members[k]; ok && !jsonEmpty(m) {
 			v.refused = "the request has " + k
 			break
 		}
+	}
+	for _, k := range chatTools {
+		if m, ok := a.body.Members[k]; a.p.Chat && ok && !jsonEmpty(m) && !toolsOff(a.body.Members["tool_choice"]) {
+			v.asChat = true
+		}
+	}
+	if v.asChat && a.p.Req.ContinueFinalMessage {
+		v.refused = "the request has tools and continues an assistant message"
 	}
 	if n := a.p.Req.N; n != nil && *n > 1 {
 		v.refused = "the request asks for several choices"
@@ -113,6 +139,7 @@ type vllmChunk struct {
 		Index    int      `json:"index"`
 		TokenIDs []uint32 `json:"token_ids"`
 		Delta    *struct {
+			Content          string          `json:"content"`
 			ToolCalls        json.RawMessage `json:"tool_calls"`
 			ReasoningContent json.RawMessage `json:"reasoning_content"`
 			Reasoning        json.RawMessage `json:"reasoning"`
@@ -136,11 +163,17 @@ func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
 			v.refused = "the answer has several choices"
 		}
 		ids = append(ids, ch.TokenIDs...)
-		if d := ch.Delta; d != nil && (!jsonEmpty(d.ToolCalls) || !jsonEmpty(d.ReasoningContent) || !jsonEmpty(d.Reasoning)) {
-			v.refused = "the server parsed tool calls or reasoning from the answer"
+		if d := ch.Delta; d != nil {
+			v.text.WriteString(d.Content)
+			if !jsonEmpty(d.ToolCalls) || !jsonEmpty(d.ReasoningContent) || !jsonEmpty(d.Reasoning) {
+				v.refused = "the server parsed tool calls or reasoning from the answer"
+			}
 		}
 	}
-	if v.cont {
+	switch {
+	case v.cont && v.asChat:
+		return ids, a.continuedChatChunk(data)
+	case v.cont:
 		return ids, a.continuedChunk(data)
 	}
 	if v.clientIDs {
@@ -240,6 +273,31 @@ func (a *attempt) continuedChunk(data []byte) []byte {
 	return b
 }
 
+// continuedChatChunk is a chunk of a chat continuation as one of the
+// client's answer: the first engine's id and creation time, usage for the
+// client's prompt and the whole output, and no ids the client did not ask
+// for.
+func (a *attempt) continuedChatChunk(data []byte) []byte {
+	if !a.vllm.clientIDs {
+		data = withoutIDs(data)
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(data, &m) != nil {
+		return data
+	}
+	m["id"], _ = json.Marshal(a.answerID)
+	m["created"] = json.RawMessage(strconv.FormatInt(a.created, 10))
+	var u map[string]json.RawMessage
+	if json.Unmarshal(m["usage"], &u) == nil && u != nil {
+		m["usage"], _ = marshalText(a.continuedUsage(u))
+	}
+	b, err := marshalText(m)
+	if err != nil {
+		return data
+	}
+	return b
+}
+
 // continuedUsage is a continuation's usage as the client's answer counts
 // it: the continuation's prompt is the client's and the output so far.
 func (a *attempt) continuedUsage(u map[string]json.RawMessage) map[string]json.RawMessage {
@@ -270,6 +328,18 @@ func (a *attempt) vllmContinuation() ([]byte, error) {
 	pb, _ := json.Marshal(prompt)
 	set := map[string]json.RawMessage{"prompt": pb, "stream": json.RawMessage("true"),
 		"return_token_ids": json.RawMessage("true")}
+	if a.vllm.asChat {
+		// The client's chat, its answer so far the message to go on.
+		var msgs []json.RawMessage
+		if err := json.Unmarshal(a.body.Members["messages"], &msgs); err != nil {
+			return nil, fmt.Errorf("read the request's messages: %w", err)
+		}
+		last, _ := json.Marshal(map[string]string{"role": "assistant", "content": a.vllm.text.String()})
+		mb, _ := json.Marshal(append(msgs, last))
+		delete(set, "prompt")
+		set["messages"], set["kv_transfer_params"] = mb, nil
+		set["continue_final_message"], set["add_generation_prompt"] = json.RawMessage("true"), json.RawMessage("false")
+	}
 	asked := a.body.Members["max_tokens"]
 	if a.p.Chat && a.body.Has("max_completion_tokens") {
 		asked = a.body.Members["max_completion_tokens"]
@@ -283,12 +353,18 @@ func (a *attempt) vllmContinuation() ([]byte, error) {
 			return nil, errors.New("the answer had all its tokens but not its end")
 		}
 		set["max_tokens"] = json.RawMessage(strconv.Itoa(left))
+		if a.vllm.asChat && a.body.Has("max_completion_tokens") {
+			set["max_completion_tokens"], set["max_tokens"] = set["max_tokens"], nil
+		}
 	}
 	if m := a.body.Members["min_tokens"]; !jsonEmpty(m) {
 		n, _ := strconv.Atoi(string(bytes.TrimSpace(m)))
 		set["min_tokens"] = json.RawMessage(strconv.Itoa(max(0, n-k)))
 	}
-	if !a.p.Chat {
+	switch {
+	case a.vllm.asChat:
+		return a.body.With(set), nil
+	case !a.p.Chat:
 		// The client's completions request, its prompt the whole
 		// context: echo and a prefill leg's params do not carry on.
 		set["echo"], set["kv_transfer_params"], set["max_completion_tokens"] = nil, nil, nil
@@ -340,6 +416,9 @@ func (a *attempt) resumeVLLM(cause error) error {
 			a.urls[to], a.decode = url, to
 			a.vllm.base, a.vllm.cont = len(a.out), true
 			a.legPath = "/v1/completions"
+			if a.vllm.asChat {
+				a.legPath = a.path
+			}
 			done, ferr := a.continueOn(to, url, body, resumeEngineFailed, nil)
 			if done {
 				return ferr

@@ -123,3 +123,46 @@ func TestContinuedChunk(t *testing.T) {
 		}
 	}
 }
+
+// A chat that offers tools goes on as a chat: its messages and the
+// answer's text so far as an assistant message vLLM continues. Once vLLM
+// has parsed a tool call or reasoning from the answer, it cannot go on.
+func TestVLLMChatContinuation(t *testing.T) {
+	a := vllmAttempt(t, `{"model":"m","messages":[{"role":"user","content":"fix it"}],"tools":[{"type":"function","function":{"name":"Read"}}],
+		"max_completion_tokens":40,"stream":true}`, true, nil)
+	a.vllm = &vllmStream{backend: "vllm", asChat: true}
+	for _, chunk := range []string{
+		`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],"prompt_token_ids":[1,2]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":"Reading"},"token_ids":[5]}]}`,
+		`{"id":"c","choices":[{"index":0,"delta":{"content":" a.go"},"token_ids":[6,7]}]}`,
+	} {
+		ids, out := a.vllmData([]byte(chunk))
+		a.out = append(a.out, ids...)
+		if strings.Contains(string(out), "token_ids") {
+			t.Fatalf("the client would get the router's ids: %s", out)
+		}
+	}
+	if !a.canResumeVLLM() {
+		t.Fatalf("refused: %s", a.vllm.refused)
+	}
+	b, err := a.vllmContinuation()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{`"messages":[{"role":"user","content":"fix it"},{"content":"Reading a.go","role":"assistant"}]`,
+		`"continue_final_message":true`, `"add_generation_prompt":false`, `"max_completion_tokens":37`, `"tools":[`} {
+		if !strings.Contains(string(b), s) {
+			t.Errorf("chat continuation %s lacks %s", b, s)
+		}
+	}
+	if strings.Contains(string(b), `"prompt"`) || strings.Contains(string(b), `"max_tokens"`) {
+		t.Errorf("chat continuation %s has completions members", b)
+	}
+	for _, delta := range []string{`{"tool_calls":[{"index":0,"function":{"name":"Read"}}]}`, `{"reasoning_content":"hmm"}`, `{"reasoning":"hmm"}`} {
+		a.vllm.refused = ""
+		a.vllmData([]byte(`{"id":"c","choices":[{"index":0,"delta":` + delta + `}]}`))
+		if a.canResumeVLLM() {
+			t.Errorf("an answer with %s could go on", delta)
+		}
+	}
+}

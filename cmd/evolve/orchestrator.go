@@ -55,9 +55,10 @@ or, when much is left to recompute (the output of a long answer), has a
 prefill node compute that KV and pulls it, so that its own streams do not
 stall: the agent reads one answer, the one the dead engine would have
 written. A vLLM engine's stream goes on on another vLLM engine, from the
-token ids the router asks vLLM to stream (return_token_ids), unless vLLM
-parses it on the server (chat with tools, reasoning, structured output):
-that stream ends with an error event. 'evolve nodes -o json'
+token ids the router asks vLLM to stream (return_token_ids), or, for a
+chat that offers tools, from the text so far as an assistant message vLLM
+continues; one in which vLLM has parsed a tool call or reasoning, or whose
+output a grammar constrains, ends with an error event. 'evolve nodes -o json'
 keeps, per node, the answers it was writing when it failed
 (answers_interrupted, answers_lost).
 

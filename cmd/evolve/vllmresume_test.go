@@ -90,12 +90,14 @@ func streamThroughRouter(t *testing.T, url string, body map[string]any, after in
 
 // A vLLM engine that dies mid-stream loses the client nothing: the router
 // asked vLLM for the streamed token ids, and another vLLM engine writes
-// the rest of the answer from the prompt's ids and the output's. The
-// client reads one answer, the same text an engine that did not fail
-// writes (the stand-in's output depends only on its context, as a greedy
-// model's does), with one id and usage for the whole answer, and none of
-// the ids the router asked for. An answer the server parses tools from
-// cannot go on from a plain prompt: that stream ends with an error event.
+// the rest of the answer from the prompt's ids and the output's (a chat
+// that offers tools, from its messages and the answer so far, so that
+// vLLM's tool parser sees the rest). The client reads one answer, the
+// same text an engine that did not fail writes (the stand-in's output
+// depends only on its context, as a greedy model's does), with one id and
+// usage for the whole answer, and none of the ids the router asked for.
+// Structured output cannot go on (its grammar would start over): that
+// stream ends with an error event.
 func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 	orch := startOrchestrator(t)
 	servers := map[string]*vllmtest.Server{}
@@ -120,6 +122,15 @@ func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 	}
 	resumed := func() float64 {
 		return metric(t, orch.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`)
+	}
+	// How the continuations went: completions of token ids, and chats
+	// that continue an assistant message.
+	continuations := func() (ids, chats int) {
+		for _, srv := range servers {
+			st := srv.Stats()
+			ids, chats = ids+st.IDPrompts, chats+st.Continued
+		}
+		return ids, chats
 	}
 
 	prompt := strings.Repeat("The scheduler keeps a queue of sequences per engine. ", 40)
@@ -170,15 +181,43 @@ func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 	if n := resumed(); n != 2 {
 		t.Fatalf("%v answers resumed, want 2", n)
 	}
+	if ids, chats := continuations(); ids != 2 || chats != 0 {
+		t.Fatalf("%d continuations from token ids, %d as chats; want 2 and 0", ids, chats)
+	}
 
-	// Tools: the rest could hold a call vLLM's parser would not see.
+	// Tools: the rest could hold a call, which vLLM's parser must see.
 	chat["tools"] = []map[string]any{{"type": "function", "function": map[string]any{"name": "read_file",
 		"parameters": map[string]any{"type": "object", "properties": map[string]any{"path": map[string]any{"type": "string"}}}}}}
+	chat["stream_options"] = map[string]any{"include_usage": true}
+	wantTools := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 0, nil)
 	tools := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 20, kill)
-	if len(tools.errors) != 1 || !strings.Contains(tools.errors[0], "failed mid-stream") || tools.chunks >= 60 {
-		t.Fatalf("interrupted chat with tools: %d chunks, errors %v; want the stream to end with one error", tools.chunks, tools.errors)
+	if len(tools.errors) > 0 || !tools.done || tools.text != wantTools.text || wantTools.text == wantChat.text || len(tools.ids) != 1 {
+		t.Fatalf("interrupted chat with tools: errors %v, done %v, %d ids, text\n%q\nwant\n%q", tools.errors, tools.done,
+			len(tools.ids), tools.text, wantTools.text)
 	}
-	if n := resumed(); n != 2 {
-		t.Fatalf("%v answers resumed after one with tools, want still 2", n)
+	if num(tools.usage["completion_tokens"]) != 60 || num(tools.usage["prompt_tokens"]) != num(wantTools.usage["prompt_tokens"]) {
+		t.Fatalf("interrupted chat with tools: usage %v, want 60 completion tokens and %v prompt tokens", tools.usage, wantTools.usage["prompt_tokens"])
+	}
+	for _, d := range tools.raw {
+		if strings.Contains(d, "token_ids") {
+			t.Fatalf("a continued chat chunk with the router's token ids: %s", d)
+		}
+	}
+	if n := resumed(); n != 3 {
+		t.Fatalf("%v answers resumed, want 3", n)
+	}
+	if ids, chats := continuations(); ids != 2 || chats != 1 {
+		t.Fatalf("%d continuations from token ids, %d as chats; want 2 and 1", ids, chats)
+	}
+
+	// Structured output: a continuation's grammar would start over.
+	delete(chat, "tools")
+	chat["response_format"] = map[string]any{"type": "json_object"}
+	structured := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 20, kill)
+	if len(structured.errors) != 1 || !strings.Contains(structured.errors[0], "failed mid-stream") || structured.chunks >= 60 {
+		t.Fatalf("interrupted structured output: %d chunks, errors %v; want the stream to end with one error", structured.chunks, structured.errors)
+	}
+	if n := resumed(); n != 3 {
+		t.Fatalf("%v answers resumed after structured output, want still 3", n)
 	}
 }

@@ -80,6 +80,8 @@ type Stats struct {
 	PrefillLegs    int // requests with do_remote_decode
 	DecodeLegs     int // requests with do_remote_prefill
 	Tokenize       int
+	IDPrompts      int // completions whose prompt came as token ids
+	Continued      int // chat requests with continue_final_message
 	PromptTokens   int
 	CachedTokens   int // prompt tokens found in the prefix cache
 	Generated      int // output tokens
@@ -238,6 +240,10 @@ func (s *Server) serveTokenize(w http.ResponseWriter, r *http.Request) {
 		Model    string          `json:"model"`
 		Prompt   *string         `json:"prompt"`
 		Messages json.RawMessage `json:"messages"`
+		// What else the chat template renders, as vLLM's does.
+		Tools                json.RawMessage `json:"tools"`
+		AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+		ContinueFinalMessage bool            `json:"continue_final_message"`
 	}
 	if err := json.Unmarshal(body, &req); err != nil {
 		vllmError(w, 400, "malformed JSON: "+err.Error())
@@ -266,7 +272,8 @@ func (s *Server) serveTokenize(w http.ResponseWriter, r *http.Request) {
 				return
 			}
 		}
-		b, _ := json.Marshal(map[string]any{"messages": req.Messages})
+		b, _ := json.Marshal(map[string]any{"messages": req.Messages, "tools": req.Tools,
+			"add_generation_prompt": req.AddGenerationPrompt, "continue_final_message": req.ContinueFinalMessage})
 		p, perr = openaiapi.Parse(b, true, 0)
 	default:
 		vllmError(w, 400, "either prompt or messages is required")
@@ -296,7 +303,8 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 	ids := p.Tokens // token ids given are used as they are, as vLLM does
-	if _, text := raw["prompt"].(string); text || chat {
+	_, textPrompt := raw["prompt"].(string)
+	if textPrompt || chat {
 		ids = tokens(p.Tokens)
 	}
 	if len(ids)+p.MaxTokens > s.opts.MaxModelLen {
@@ -309,6 +317,12 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	id := fmt.Sprintf("cmpl-fake-%d", s.nextReq)
 	s.stats.Requests++
 	s.stats.PromptTokens += len(ids)
+	if !textPrompt && !chat {
+		s.stats.IDPrompts++
+	}
+	if p.Req.ContinueFinalMessage {
+		s.stats.Continued++
+	}
 	if p.KV.DoRemoteDecode {
 		s.stats.PrefillLegs++
 	}
