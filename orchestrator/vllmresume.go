@@ -138,6 +138,7 @@ type vllmChunk struct {
 	Choices []struct {
 		Index    int      `json:"index"`
 		TokenIDs []uint32 `json:"token_ids"`
+		Text     string   `json:"text"`
 		Delta    *struct {
 			Content          string          `json:"content"`
 			ToolCalls        json.RawMessage `json:"tool_calls"`
@@ -163,6 +164,13 @@ func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
 			v.refused = "the answer has several choices"
 		}
 		ids = append(ids, ch.TokenIDs...)
+		text := ch.Text
+		if d := ch.Delta; d != nil {
+			text += d.Content
+		}
+		if text != "" && ch.TokenIDs == nil {
+			v.refused = "vLLM streamed text without its token ids (return_token_ids needs vLLM 0.10.2 or later)"
+		}
 		if d := ch.Delta; d != nil {
 			v.text.WriteString(d.Content)
 			if !jsonEmpty(d.ToolCalls) || !jsonEmpty(d.ReasoningContent) || !jsonEmpty(d.Reasoning) {

@@ -166,3 +166,20 @@ func TestVLLMChatContinuation(t *testing.T) {
 		}
 	}
 }
+
+// A vLLM too old to name the tokens it streams (before 0.10.2 it ignores
+// return_token_ids) leaves the router no output to go on from: its
+// answers are not continued, rather than begun again under the text the
+// client has read.
+func TestVLLMWithoutTokenIDsIsNotContinued(t *testing.T) {
+	a := vllmAttempt(t, `{"prompt":"hello","max_tokens":20,"stream":true}`, false, nil)
+	a.vllm = &vllmStream{backend: "vllm"}
+	a.vllmData([]byte(`{"id":"c","choices":[{"index":0,"text":"","token_ids":[]}]}`))
+	if !a.canResumeVLLM() {
+		t.Fatalf("an empty first chunk refused the answer: %s", a.vllm.refused)
+	}
+	a.vllmData([]byte(`{"id":"c","choices":[{"index":0,"text":" hello"}]}`))
+	if a.canResumeVLLM() {
+		t.Fatal("an answer whose tokens are unknown could go on")
+	}
+}
