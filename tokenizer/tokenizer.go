@@ -51,6 +51,10 @@ const (
 	MaxPieceRunes = 6 // longest run of letters in one piece
 )
 
+// FirstHashID is the first id of the hashed pieces: the ids below it are
+// special tokens, bytes and output words.
+const FirstHashID = firstHashID
+
 // Special token ids.
 const (
 	EndOfText uint32 = 0

@@ -37,6 +37,42 @@ type BenchConfig struct {
 	Record *TraceWriter
 	// APIKey, if set, is sent as a bearer token with every request.
 	APIKey string
+	// VocabSize, if set, folds the prompts' token ids below it (FoldVocab):
+	// a real model served by vLLM refuses ids beyond its vocabulary, and
+	// evolve's tokenizer uses ids up to tokenizer.VocabSize.
+	VocabSize int
+}
+
+// MinVocabSize is the smallest vocabulary FoldVocab folds into: evolve's
+// special, byte and output-word ids stay as they are below it.
+const MinVocabSize = 8192
+
+// FoldVocab maps ids at or above n into [tokenizer.FirstHashID, n), the same id
+// always to the same one, so that prompts that share a prefix still share
+// it; ids below n are kept. It returns ids itself when none needs folding.
+func FoldVocab(ids []uint32, n int) []uint32 {
+	if n <= 0 || n >= tokenizer.VocabSize {
+		return ids
+	}
+	lo := uint32(tokenizer.FirstHashID)
+	var out []uint32
+	for i, id := range ids {
+		if id < uint32(n) {
+			if out != nil {
+				out[i] = id
+			}
+			continue
+		}
+		if out == nil {
+			out = make([]uint32, len(ids))
+			copy(out, ids[:i])
+		}
+		out[i] = lo + (id-lo)%(uint32(n)-lo)
+	}
+	if out == nil {
+		return ids
+	}
+	return out
 }
 
 // authorize adds the API key, if any, to a request to the router.
@@ -394,7 +430,7 @@ func endSession(cfg BenchConfig, session string) {
 // request sends one call, streamed, and records what it measured.
 func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
 	body, _ := json.Marshal(map[string]any{
-		"model": model, "prompt": call.Tokens, "max_tokens": call.MaxTokens, "stream": true,
+		"model": model, "prompt": FoldVocab(call.Tokens, cfg.VocabSize), "max_tokens": call.MaxTokens, "stream": true,
 		"stream_options": map[string]any{"include_usage": true},
 	})
 	req, err := http.NewRequestWithContext(ctx, "POST", cfg.URL+"/v1/completions", bytes.NewReader(body))
@@ -419,7 +455,12 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return nil, c.fail(ctx, fmt.Errorf("%s: %s", resp.Status, strings.TrimSpace(string(b))))
+		msg := strings.TrimSpace(string(b))
+		if strings.Contains(msg, "out of vocabulary") {
+			// vLLM's refusal of an id its model does not have.
+			msg += " (the model's vocabulary is smaller than evolve's token ids: pass --vocab-size, the vocab_size of the model's config.json)"
+		}
+		return nil, c.fail(ctx, fmt.Errorf("%s: %s", resp.Status, msg))
 	}
 	var text strings.Builder
 	var first, last time.Time

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/tokenizer"
 )
 
 // A run whose server refuses some requests counts them and says which
@@ -71,5 +74,68 @@ func TestBenchReportsErrorsAndKVSources(t *testing.T) {
 	}
 	if res.HandedOver < 1 || int64(res.HandedOver) > moved.Load() || res.HandedOver >= res.Requests {
 		t.Fatalf("%d of %d requests handed over; the server moved %d", res.HandedOver, res.Requests, moved.Load())
+	}
+}
+
+// Folding keeps ids below the vocabulary, maps the others below it, the
+// same id to the same one, so that shared prefixes stay shared.
+func TestFoldVocab(t *testing.T) {
+	ids := []uint32{1, 600, 5000, 100000, 131071, 100000}
+	if got := FoldVocab(ids, 0); &got[0] != &ids[0] {
+		t.Fatal("no vocabulary: the ids were copied")
+	}
+	got := FoldVocab(ids, 50000)
+	if got[0] != 1 || got[1] != 600 || got[2] != 5000 || got[3] != got[5] || ids[3] != 100000 {
+		t.Fatalf("folded %v (from %v)", got, ids)
+	}
+	for _, id := range got {
+		if id >= 50000 {
+			t.Fatalf("folded %v: %d is not below 50000", got, id)
+		}
+	}
+	if got[3] < tokenizer.FirstHashID || got[4] < tokenizer.FirstHashID {
+		t.Fatalf("folded %v onto evolve's special, byte or word ids", got)
+	}
+}
+
+// Against a model whose vocabulary is smaller than evolve's ids, vLLM
+// refuses the prompts: the run says to pass --vocab-size, and with it
+// every prompt is taken.
+func TestBenchFoldsIDsForASmallVocabulary(t *testing.T) {
+	const vocab = 50000
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.URL.Path == "/v1/models":
+			fmt.Fprint(w, `{"object": "list", "data": [{"id": "m", "max_model_len": 1000000}]}`)
+		case r.URL.Path == "/v1/completions":
+			var req struct {
+				Prompt []uint32 `json:"prompt"`
+			}
+			json.NewDecoder(r.Body).Decode(&req)
+			for _, id := range req.Prompt {
+				if id >= vocab {
+					http.Error(w, fmt.Sprintf(`{"object":"error","message":"Token id %d is out of vocabulary","type":"BadRequestError","code":400}`, id), 400)
+					return
+				}
+			}
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	model, _ := New("coding", 2)
+	cfg := BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 500 * time.Millisecond, Speedup: 1000, Seed: 1}
+	res, err := Bench(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Errors == 0 || !strings.Contains(res.FirstError, "pass --vocab-size") {
+		t.Fatalf("%d errors, first %q: want vLLM's refusal and the way out", res.Errors, res.FirstError)
+	}
+	cfg.VocabSize = vocab
+	if res, err = Bench(context.Background(), cfg); err != nil || res.Errors != 0 || res.Requests == 0 {
+		t.Fatalf("with --vocab-size: %v, %d requests, %d errors (%s)", err, res.Requests, res.Errors, res.FirstError)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/tokenizer"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
@@ -52,6 +53,8 @@ that think and tool times shrink to match).`,
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--speedup must be positive")}
 			case config.GetFloat64(k("playback")) <= 0:
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--playback must be positive (2 replays twice as fast as recorded)")}
+			case config.GetInt(k("vocab-size")) != 0 && config.GetInt(k("vocab-size")) < workload.MinVocabSize:
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--vocab-size must be at least %d (a model's vocab_size; 0 leaves the ids as they are)", workload.MinVocabSize)}
 			}
 			// Ctrl-C, a closed terminal or a dead pipe (| head) end the run
 			// with its summary and recording, rather than killing it.
@@ -59,7 +62,8 @@ that think and tool times shrink to match).`,
 			defer stop()
 			errw := cmd.ErrOrStderr()
 			base := workload.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
-				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey}
+				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
+				VocabSize: config.GetInt(k("vocab-size"))}
 			trace := config.GetString(k("trace"))
 			local := 0.0 // the local cluster's engine speedup, when bench runs against it
 			if config.GetString(k("url")) == "" {
@@ -142,6 +146,7 @@ that think and tool times shrink to match).`,
 	f := cmd.Flags()
 	f.String("url", "", "router base URL, with or without /v1 (default: the local cluster's, else http://127.0.0.1:8000)")
 	f.String("api-key", "", "API key the router requires, sent as a bearer token (default: the local cluster's, when evolve up gave it keys; or $EVOLVE_BENCH_API_KEY)")
+	f.Int("vocab-size", 0, fmt.Sprintf("against vLLM: the model's vocab_size (its config.json's); prompt token ids at or above it are folded below it, the same id to the same one (0: evolve's ids as they are, up to %d, which a smaller vocabulary refuses as out of vocabulary)", tokenizer.VocabSize))
 	f.String("workload", "coding", "agent workload")
 	f.Int("agents", 8, "concurrent agents")
 	f.Duration("duration", time.Minute, "how long to run (0: until Ctrl-C)")
