@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
@@ -413,5 +414,52 @@ func TestEngineFailingMidAWholeAnswerTheAnswerGoesOnElsewhere(t *testing.T) {
 	}
 	if v := testutil.ToFloat64(tc.o.met.resumePrefilled); v != 1 {
 		t.Fatalf("resumes prefilled: %v", v)
+	}
+}
+
+// A vLLM answer goes on where most of its prompt is, a prefill node
+// included: a vLLM engine pulls nothing, so another decode node would
+// recompute the whole prompt. A node that failed lately comes last.
+func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
+	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	body := streamedChat("a long shared context for vLLM", 80, 8, 1)
+	resp := postChat(t, tc, body)
+	holder := resp.Header.Get(HeaderDecodeNode)
+	if got := readRoutedChat(t, resp, nil); !got.done || resp.Header.Get(HeaderPrefillNode) != "e0" || holder == "e0" {
+		t.Fatalf("prefilled on %q, decoded on %q, done %v", resp.Header.Get(HeaderPrefillNode), holder, got.done)
+	}
+	p, _, perr := openaiapi.ParseBody([]byte(body), true, 0)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	chain := kv.ChainHashes(p.Tokens, tc.o.blockSize)
+	eventually(t, "e0 holds the prompt's KV", func() bool {
+		var m kv.Match
+		tc.o.c.mu.Lock()
+		defer tc.o.c.mu.Unlock()
+		tc.o.c.dir.Match(chain, &m)
+		return m.For(tc.o.c.nodes["e0"].dir).Local >= len(chain)/2
+	})
+	tc.o.c.mu.Lock()
+	for _, n := range tc.o.c.nodes { // registered as vLLM engines
+		n.reg.Backend, n.reg.Tokenizer, n.reg.CanHandOver = "vllm", "engine", false
+	}
+	tc.o.c.mu.Unlock()
+	failed := map[string]bool{holder: true}
+	if id, _ := tc.o.claimVLLMResumer(failed, chain, "vllm"); id != "e0" {
+		t.Fatalf("resumed on %s; the prefill node e0 holds the prompt", id)
+	} else {
+		tc.o.release(id)
+	}
+	tc.o.c.mu.Lock()
+	tc.o.c.nodes["e0"].failedAt = time.Now()
+	tc.o.c.mu.Unlock()
+	if id, _ := tc.o.claimVLLMResumer(failed, chain, "vllm"); id == "e0" || id == holder || id == "" {
+		t.Fatalf("resumed on %q: e0 failed a request lately, and %s failed this one", id, holder)
+	} else {
+		tc.o.release(id)
+	}
+	if id, _ := tc.o.claimVLLMResumer(failed, chain, "sglang"); id != "" {
+		t.Fatalf("an engine of another backend, %s, would go on with a vLLM answer", id)
 	}
 }

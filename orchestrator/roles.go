@@ -242,16 +242,21 @@ func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHas
 
 // claimVLLMResumer picks and claims a serving vLLM engine of backend,
 // not in exclude, to go on with an answer another vLLM engine streamed
-// (resumeVLLM): a decode node first, holding most of chain's KV, then any.
+// (resumeVLLM): the one holding most of chain's KV, whatever its role (a
+// vLLM engine pulls nothing for it: another would recompute the whole
+// prompt, stalling the streams it decodes), a decode node among equals.
 func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string) (id, url string) {
-	held := lastIfSuspect(o.heldOf(chain))
+	held := o.heldOf(chain)
 	fits := func(n *node) bool {
 		return n.reg.Backend == backend && n.reg.Tokenizer == "engine" && !n.reg.CanHandOver
 	}
-	if id, url = o.claimPeer(exclude, func(n *node) bool { return fits(n) && n.role == routing.Decode }, held); id != "" {
-		return id, url
-	}
-	return o.claimPeer(exclude, fits, held)
+	return o.claimPeer(exclude, fits, lastIfSuspect(func(n *node) int {
+		h := 2 * held(n)
+		if n.role == routing.Decode {
+			h++
+		}
+		return h
+	}))
 }
 
 // claimResumePrefill picks and claims a serving prefill node not in
