@@ -21,6 +21,9 @@ func TestAPIKeysThroughUpAndBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := upCluster(t, "--engines", "1", "--api-key-file", file)
+	if c.up["api_keys"] != 2.0 {
+		t.Fatalf("evolve up -o json: %v API keys, want 2", c.up["api_keys"])
+	}
 	ask := func(key string) int {
 		req, _ := http.NewRequest("POST", c.state.RouterURL+"/v1/completions", strings.NewReader(`{"prompt": "hi", "max_tokens": 2}`))
 		if key != "" {

@@ -19,6 +19,9 @@ import (
 // orchestrator with exit code 2.
 func TestModelAliases(t *testing.T) {
 	c := upCluster(t, "--engines", "1", "--model-alias", "claude-*", "--model-alias", "gpt-4o")
+	if a, _ := c.up["model_aliases"].([]any); len(a) != 2 || a[0] != "claude-*" {
+		t.Fatalf("evolve up -o json: model aliases %v", c.up["model_aliases"])
+	}
 	ctx := context.Background()
 	ac := c.anthropic()
 	msg := []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("Summarise the diff."))}

@@ -392,10 +392,18 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			return interrupted("while the engines registered")
 		}
 	}
+	aliases := config.GetStringSlice(key("model-alias"))
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
-		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach}
+		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach,
+		"api_keys": len(keys), "model_aliases": aliases}
 	err = output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "router\t%s\t(OpenAI and Anthropic APIs for agents)\n", st.RouterURL)
+		if len(keys) > 0 {
+			fmt.Fprintf(w, "\t\tneeds an API key (%s; send Authorization: Bearer KEY or x-api-key: KEY)\n", counted(len(keys), "key"))
+		}
+		if len(aliases) > 0 {
+			fmt.Fprintf(w, "\t\tthe served model also answers to %s\n", strings.Join(aliases, ", "))
+		}
 		fmt.Fprintf(w, "control\t%s\n", st.ControlURL)
 		fmt.Fprintf(w, "logs\t%s\n", logDir)
 		fmt.Fprintln(w)
