@@ -136,6 +136,14 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 
+	var tool *toolPlan
+	if chat {
+		if tool, perr = requiredTool(req); perr != nil {
+			writeError(w, perr)
+			return
+		}
+	}
+
 	var resume *protocol.Resume
 	if len(req.EvolveResume) > 0 && string(req.EvolveResume) != "null" {
 		resume = new(protocol.Resume)
@@ -219,7 +227,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	g := generation{e: e, w: w, id: id, reqID: id, chat: chat, created: time.Now().Unix(), stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage, remoteDecode: kvp.DoRemoteDecode, pullErr: pullErr,
-		promptLen: len(tokens), resume: resume,
+		promptLen: len(tokens), resume: resume, tool: tool,
 		// A router that reads a whole answer's opening lines says so: one
 		// from before them would pass them on to its client.
 		tokenComments: routed != "" && !kvp.DoRemoteDecode && (req.Stream || r.Header.Get(protocol.HeaderWholeTokens) == "1")}
@@ -300,6 +308,8 @@ type generation struct {
 	bw   *bufio.Writer
 	text strings.Builder
 	sent int
+	// tool is the call the answer makes, when the request requires one.
+	tool *toolPlan
 }
 
 func (g *generation) run(ctx context.Context, p *pending) {
@@ -490,11 +500,17 @@ func (g *generation) object(chunk bool) string {
 	return "text_completion"
 }
 
-func (g *generation) choices(text string, delta bool, finish *string) any {
+func (g *generation) choices(s string, delta bool, finish *string) any {
 	if !g.chat {
-		return []completionChoice{{Text: text, FinishReason: finish}}
+		return []completionChoice{{Text: s, FinishReason: finish}}
 	}
-	d := &chatDelta{Content: text}
+	if g.tool != nil {
+		if delta {
+			return []chatChoice{{Delta: g.toolDelta(s, finish != nil), FinishReason: finish}}
+		}
+		return []chatChoice{{Message: g.toolMessage(s), FinishReason: finish}}
+	}
+	d := text(s)
 	if delta {
 		if g.sent == 0 {
 			d.Role = "assistant"
@@ -540,6 +556,9 @@ func (g *generation) finish(f *sim.Finished) {
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	usage.PromptTokensDetails.CachedTokens = cached
 	reason := "length"
+	if g.tool != nil {
+		reason = "tool_calls"
+	}
 	var kvp map[string]any
 	if g.remoteDecode {
 		kvp = g.e.transferParams(g.reqID, f.Blocks)
@@ -552,8 +571,8 @@ func (g *generation) finish(f *sim.Finished) {
 	}
 	last := apiResponse{ID: g.id, Object: g.object(true), Created: g.created, Model: g.e.cfg.ServedModelName,
 		Choices: g.choices("", true, &reason), KVTransferParams: kvp, Evolve: ext}
-	if g.chat {
-		last.Choices = []chatChoice{{Delta: &chatDelta{}, FinishReason: &reason}}
+	if g.chat && g.tool == nil {
+		last.Choices = []chatChoice{{Delta: text(""), FinishReason: &reason}}
 	}
 	if g.event(last) != nil {
 		return

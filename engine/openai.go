@@ -22,9 +22,13 @@ type completionChoice struct {
 }
 
 type chatDelta struct {
-	Role    string `json:"role,omitempty"`
-	Content string `json:"content"`
+	Role      string         `json:"role,omitempty"`
+	Content   *string        `json:"content"` // null in a tool call's message
+	ToolCalls []toolCallJSON `json:"tool_calls,omitempty"`
 }
+
+// text is a delta or message with content s.
+func text(s string) *chatDelta { return &chatDelta{Content: &s} }
 
 type chatChoice struct {
 	Index        int        `json:"index"`

@@ -28,6 +28,8 @@ type Request struct {
 	// Tools are the functions a chat request offers the model; the chat
 	// template renders them into the prompt.
 	Tools json.RawMessage `json:"tools"`
+	// ToolChoice says whether the answer must call a tool, and which.
+	ToolChoice json.RawMessage `json:"tool_choice"`
 	// AddGenerationPrompt (default true) and ContinueFinalMessage shape
 	// the chat prompt's end, as vLLM's fields of the same names do.
 	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
