@@ -10,6 +10,7 @@
 package vllmtest
 
 import (
+	"cmp"
 	"container/list"
 	"context"
 	"encoding/binary"
@@ -51,6 +52,8 @@ type Options struct {
 	// TokenDelay paces a stream: one token per delay, so that a test can
 	// stop the server mid-answer (Kill).
 	TokenDelay time.Duration
+	// Version is what GET /version answers; default "0.11.0".
+	Version string
 }
 
 // Server is a fake vLLM server.
@@ -187,6 +190,9 @@ func (s *Server) handler() http.Handler {
 			{"id": s.opts.Model, "object": "model", "owned_by": "vllm", "max_model_len": s.opts.MaxModelLen}}})
 	})
 	mux.HandleFunc("GET /metrics", s.serveMetrics)
+	mux.HandleFunc("GET /version", func(w http.ResponseWriter, r *http.Request) {
+		openaiapi.WriteJSON(w, 200, map[string]string{"version": cmp.Or(s.opts.Version, "0.11.0")})
+	})
 	mux.HandleFunc("POST /tokenize", s.serveTokenize)
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, true) })
