@@ -74,6 +74,9 @@ type UpOptions struct {
 	// APIKeys, if any, are the keys the orchestrator's agents' API
 	// requires; they go into its environment as the tokens do.
 	APIKeys []string
+	// OrchestratorArgs are flags the orchestrator gets beyond the file's
+	// (the operator's routing policy and planner settings).
+	OrchestratorArgs []string
 	// Resolve gives a host's address as the other machines reach it (its
 	// ~/.ssh/config alias resolved); nil keeps the file's.
 	Resolve func(Host) Host

@@ -80,7 +80,7 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		"--control-addr", fmt.Sprintf("0.0.0.0:%d", o.ControlPort),
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort),
 		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
-	args = append(args, o.Args()...)
+	args = append(append(args, o.Args()...), opt.OrchestratorArgs...)
 	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
 	if len(opt.APIKeys) > 0 {
 		env["EVOLVE_ORCHESTRATOR_API_KEY"] = strings.Join(opt.APIKeys, ",")

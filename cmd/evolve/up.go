@@ -42,6 +42,22 @@ type localState struct {
 	APIKey string `json:"api_key,omitempty"`
 }
 
+// routingFlags are the orchestrator flags evolve up passes on from its
+// own, with or without a cluster file: the routing policy, the planner's
+// and the model aliases.
+func routingFlags() []string {
+	key := func(k string) string { return "up." + k }
+	args := []string{"--policy", config.GetString(key("policy")), "--planner", config.GetString(key("planner")),
+		"--planner-interval", config.GetDuration(key("planner-interval")).String(),
+		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
+		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64),
+		"--planner-min-improvement", strconv.FormatFloat(config.GetFloat64(key("planner-min-improvement")), 'g', -1, 64)}
+	for _, a := range config.GetStringSlice(key("model-alias")) {
+		args = append(args, "--model-alias", a)
+	}
+	return args
+}
+
 func localDir() string { return filepath.Join(stateDir(), "local") }
 
 func localStatePath() string { return filepath.Join(localDir(), "cluster.json") }
@@ -302,17 +318,10 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	// The orchestrator first: engines need its NATS address.
 	ready := filepath.Join(dir, "orchestrator.ready")
 	os.Remove(ready)
-	orchArgs := []string{"orchestrator",
+	orchArgs := append([]string{"orchestrator",
 		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
-		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"), "--policy", config.GetString(key("policy")),
-		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level"), "--planner", config.GetString(key("planner")),
-		"--planner-interval", config.GetDuration(key("planner-interval")).String(),
-		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
-		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64),
-		"--planner-min-improvement", strconv.FormatFloat(config.GetFloat64(key("planner-min-improvement")), 'g', -1, 64)}
-	for _, a := range config.GetStringSlice(key("model-alias")) {
-		orchArgs = append(orchArgs, "--model-alias", a)
-	}
+		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"),
+		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level")}, routingFlags()...)
 	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, apiKeyEnv(keys), orchArgs...)
 	if err != nil {
 		return err

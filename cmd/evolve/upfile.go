@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/cluster"
+	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -122,6 +123,12 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
+	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--policy: %w", err)}
+	}
+	if err := checkPlannerFlags("up"); err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
 	errw := cmd.ErrOrStderr()
 	dir := clusterDir(f.Metadata.Name)
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o700); err != nil {
@@ -163,7 +170,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
 		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString(key("service")),
-		APIKeys: keys}
+		APIKeys: keys, OrchestratorArgs: routingFlags()}
 	var st *fileClusterState
 	var orchAction string
 	if f.Spec.Orchestrator.Host == "local" {
@@ -372,6 +379,7 @@ func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File
 	args := append([]string{"orchestrator", "--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort), "--control-addr", fmt.Sprintf("127.0.0.1:%d", o.ControlPort),
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
 		"--ready-file", ready, "--log-format", "json"}, o.Args()...)
+	args = append(args, routingFlags()...)
 	p, err := startChildEnv(exe, logPath, true,
 		append([]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken}, apiKeyEnv(keys)...), args...)
 	if err != nil {

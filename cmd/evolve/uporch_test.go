@@ -35,7 +35,7 @@ spec:
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
 `, port(t), port(t), port(t), key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process", // never units on the machine running the tests
-		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2"}
+		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2", "EVOLVE_UP_POLICY=round-robin"}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
@@ -72,6 +72,17 @@ spec:
 	}
 	if _, code = runBinOut(t, env, "nodes", "--server", st.ControlURL, "-o", "json"); code == 0 {
 		t.Fatal("the host's control API answered without the token")
+	}
+	// The operator's routing policy reached the host's orchestrator.
+	creq, _ := http.NewRequest("GET", st.ControlURL+"/api/v1/cluster", nil)
+	creq.Header.Set("Authorization", "Bearer "+st.ControlToken)
+	var cs struct {
+		Policy string `json:"policy"`
+	}
+	if resp, err := http.DefaultClient.Do(creq); err != nil || json.NewDecoder(resp.Body).Decode(&cs) != nil || cs.Policy != "round-robin" {
+		t.Fatalf("the host's orchestrator routes with %q, want round-robin (%v)", cs.Policy, err)
+	} else {
+		resp.Body.Close()
 	}
 
 	// A re-run leaves everything alone.

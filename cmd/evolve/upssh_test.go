@@ -59,8 +59,12 @@ spec:
 		}
 	}
 	writeFile("")
-	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process", // never units on the machine running the tests
+		"EVOLVE_UP_MODEL_ALIAS=gpt-4o"}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
+	if out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "--policy", "fastest"); code != 2 || !strings.Contains(out, "--policy") {
+		t.Fatalf("up -f with an unknown policy: exit %d\n%s", code, out)
+	}
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
 	var res upResult
@@ -76,6 +80,10 @@ spec:
 	status, _, body := post(t, res.RouterURL+"/v1/completions", `{"prompt": "hello hosts", "max_tokens": 4}`)
 	if status != 200 {
 		t.Fatalf("request through the router: %d %v", status, body)
+	}
+	// evolve up's own flags reach the orchestrator it starts for the file.
+	if status, _, body := post(t, res.RouterURL+"/v1/completions", `{"model": "gpt-4o", "prompt": "hello hosts", "max_tokens": 4}`); status != 200 {
+		t.Fatalf("request for the alias evolve up was given: %d %v", status, body)
 	}
 	// The token file is private.
 	if fi, err := os.Stat(res.TokenFile); err != nil || fi.Mode().Perm() != 0o600 {
