@@ -102,7 +102,7 @@ type metrics struct {
 func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	buckets := []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
-	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_requests_total", Help: "Requests by policy and outcome: ok; bad_request (the router or an engine refused the request itself); client_gone (the client left first); no_engine; failed (engines failed it)."}, []string{"policy", "outcome"})
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_requests_total", Help: "Requests by policy and outcome: ok; bad_request (the router or an engine refused the request itself); client_gone (the client left first); no_engine; failed (engines failed it); unauthorized (no valid API key, with --api-key)."}, []string{"policy", "outcome"})
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_decisions_total", Help: "Routing decisions by policy and whether disaggregated."}, []string{"policy", "disaggregated"})
 	m.hitTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_prompt_tokens_total", Help: "Prompt tokens by where their KV came from at routing: gpu, local_host, remote_host, recomputed."}, []string{"source"})
 	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})

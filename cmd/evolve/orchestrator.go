@@ -38,6 +38,11 @@ Anthropic's Messages API (/v1/messages, for agents such as Claude Code) to
 agents on --router-addr and routes each request to a prefill and a decode
 engine (--policy evolve, dynamo or round-robin), and the control API on
 --control-addr (loopback by default; a bearer token is required elsewhere).
+With --api-key-file (or --api-key, or $EVOLVE_ORCHESTRATOR_API_KEY) the
+agents' API takes only requests that carry a key (Authorization: Bearer
+KEY, or x-api-key: KEY); /health and /metrics stay open. --model-alias
+lets clients name the served model their own way (claude-*, gpt-4o).
+
 Engines register over NATS: by default the orchestrator embeds a NATS server
 with JetStream (data in --data-dir; role overrides survive restarts); --nats
 joins an existing one instead.
