@@ -281,7 +281,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	branch := o.branchBegin(id, chain)
 	defer o.branchFinish(id.Session, branch)
 	var match kv.Match
-	exclude := map[string]bool{}
+	exclude := o.suspects()
 	path := r.URL.Path
 	var lastErr error
 	for try := 0; try < maxAttempts; try++ {
@@ -340,6 +340,9 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		}
 		o.log.Warn("engine failed before the first token; routing again", "request", reqID, "node", failed, "err", err)
 		exclude[failed] = true
+		if unreachable(err) {
+			o.suspectNode(failed)
+		}
 	}
 	o.met.requests.WithLabelValues(o.policy.Name(), "failed").Inc()
 	openaiapi.Unavailable("engines_failed", "the request failed on %d engines: %v", maxAttempts, lastErr).Write(w)

@@ -463,3 +463,27 @@ func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
 		t.Fatalf("an engine of another backend, %s, would go on with a vLLM answer", id)
 	}
 }
+
+// Routing leaves out a node that failed a request lately, while another
+// serves: a dead engine looks idle until its agent reports it down.
+func TestRoutingLeavesOutANodeThatFailedLately(t *testing.T) {
+	tc := startTestCluster(t, sim.RoleBoth, sim.RoleBoth)
+	if s := tc.o.suspects(); len(s) != 0 {
+		t.Fatalf("suspects at start: %v", s)
+	}
+	tc.o.suspectNode("e0")
+	if s := tc.o.suspects(); len(s) != 1 || !s["e0"] {
+		t.Fatalf("suspects after e0 failed: %v", s)
+	}
+	for range 5 {
+		resp := postChat(t, tc, streamedChat("after a failure", 20, 4, 1))
+		if node := resp.Header.Get(HeaderDecodeNode); node != "e1" {
+			t.Fatalf("routed to %s while e0 is suspect", node)
+		}
+		readRoutedChat(t, resp, nil)
+	}
+	tc.o.suspectNode("e1")
+	if s := tc.o.suspects(); len(s) != 0 {
+		t.Fatalf("every node failed lately: suspects %v, want none (requests must go somewhere)", s)
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sort"
 	"time"
@@ -125,6 +126,46 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 		o.log.Warn("tokenize failed", "engine", u, "err", err)
 	}
 	return openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
+}
+
+// suspects are the serving nodes that failed a request lately
+// (node.failedAt), for routing to leave out: a dead engine stays listed
+// as serving until its agent reports it down, and looks idle. None when
+// every serving node did, so that requests still go somewhere.
+func (o *Orchestrator) suspects() map[string]bool {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	out := map[string]bool{}
+	now, serving := time.Now(), 0
+	for id, n := range o.c.nodes {
+		if n.state != StateServing {
+			continue
+		}
+		serving++
+		if now.Sub(n.failedAt) < suspectFor {
+			out[id] = true
+		}
+	}
+	if len(out) == serving {
+		return map[string]bool{}
+	}
+	return out
+}
+
+// suspectNode notes that node id failed a request.
+func (o *Orchestrator) suspectNode(id string) {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	if n := o.c.nodes[id]; n != nil {
+		n.failedAt = time.Now()
+	}
+}
+
+// unreachable says whether err is an engine that could not be reached
+// (refused, reset, timed out), rather than one that answered.
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op)
 }
 
 // suspect notes that the node at url failed a call.
