@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path"
 	"strings"
 
@@ -72,9 +73,7 @@ func (o *Orchestrator) unknownModel(asked, served string) *openaiapi.Error {
 // client asked for.
 func servedBody(rb openaiapi.Body, served string) openaiapi.Body {
 	name, _ := json.Marshal(served)
-	b, err := openaiapi.ParseObject(rb.With(map[string]json.RawMessage{"model": name}))
-	if err != nil {
-		return rb // With wrote a valid object from one
-	}
-	return b
+	members := maps.Clone(rb.Members)
+	members["model"] = name
+	return openaiapi.Body{Raw: rb.With(map[string]json.RawMessage{"model": name}), Members: members}
 }

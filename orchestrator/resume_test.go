@@ -471,18 +471,30 @@ func TestRoutingLeavesOutANodeThatFailedLately(t *testing.T) {
 	if s := tc.o.suspects(); len(s) != 0 {
 		t.Fatalf("suspects at start: %v", s)
 	}
-	tc.o.suspectNode("e0")
-	if s := tc.o.suspects(); len(s) != 1 || !s["e0"] {
-		t.Fatalf("suspects after e0 failed: %v", s)
+	// The node that holds the prompt, which routing would pick again,
+	// fails.
+	body := streamedChat("after a failure", 20, 4, 1)
+	resp := postChat(t, tc, body)
+	holder := resp.Header.Get(HeaderDecodeNode)
+	readRoutedChat(t, resp, nil)
+	other := map[string]string{"e0": "e1", "e1": "e0"}[holder]
+	eventually(t, holder+" holds the prompt's KV", func() bool {
+		resp := postChat(t, tc, body)
+		defer readRoutedChat(t, resp, nil)
+		return resp.Header.Get(HeaderDecodeNode) == holder
+	})
+	tc.o.suspectNode(holder)
+	if s := tc.o.suspects(); len(s) != 1 || !s[holder] {
+		t.Fatalf("suspects after %s failed: %v", holder, s)
 	}
 	for range 5 {
-		resp := postChat(t, tc, streamedChat("after a failure", 20, 4, 1))
-		if node := resp.Header.Get(HeaderDecodeNode); node != "e1" {
-			t.Fatalf("routed to %s while e0 is suspect", node)
+		resp := postChat(t, tc, body)
+		if node := resp.Header.Get(HeaderDecodeNode); node != other {
+			t.Fatalf("routed to %s while %s is suspect", node, node)
 		}
 		readRoutedChat(t, resp, nil)
 	}
-	tc.o.suspectNode("e1")
+	tc.o.suspectNode(other)
 	if s := tc.o.suspects(); len(s) != 0 {
 		t.Fatalf("every node failed lately: suspects %v, want none (requests must go somewhere)", s)
 	}

@@ -280,19 +280,6 @@ func (o *Orchestrator) heldOf(chain []kv.BlockHash) func(*node) int {
 	return func(n *node) int { return m.For(n.dir).Local }
 }
 
-// lastIfSuspect ranks a node that failed a request lately (node.failedAt)
-// after every other, whatever it holds: a dead engine stays listed as
-// serving until its agent reports it down.
-func lastIfSuspect(held func(*node) int) func(*node) int {
-	now := time.Now()
-	return func(n *node) int {
-		if now.Sub(n.failedAt) < suspectFor {
-			return -1
-		}
-		return held(n)
-	}
-}
-
 // claimPeer claims a serving node, not in exclude, that fits: the one
 // holding the most of the request's KV by held (nil: none counts), then
 // the least claimed.

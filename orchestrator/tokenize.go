@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sort"
 	"time"
@@ -23,10 +22,6 @@ const tokenizeTimeout = 10 * time.Second
 // engine will hash.
 var chatTokenizeFields = []string{"tools", "chat_template", "chat_template_kwargs", "add_generation_prompt",
 	"continue_final_message", "documents", "mm_processor_kwargs"}
-
-// suspectFor is how long a node that failed a request is asked to
-// tokenize only when no other node can.
-const suspectFor = 30 * time.Second
 
 // tokenizerURLs returns the base URLs of the serving engines that tokenize
 // for themselves (Registration.Tokenizer "engine"), least busy first
@@ -49,7 +44,7 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 		}
 		engineTokenizer = true
 		if n.state == StateServing || n.state == StateSwitching {
-			cs = append(cs, cand{n.reg.URL, now.Sub(n.failedAt) < suspectFor, n.inFlight + n.hb.Waiting})
+			cs = append(cs, cand{n.reg.URL, n.suspect(now), n.inFlight + n.hb.Waiting})
 		}
 	}
 	sort.Slice(cs, func(i, j int) bool {
@@ -122,61 +117,10 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 			return nil
 		}
 		lastErr = err
-		o.suspect(u)
+		o.suspectURL(u)
 		o.log.Warn("tokenize failed", "engine", u, "err", err)
 	}
 	return openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
-}
-
-// suspects are the serving nodes that failed a request lately
-// (node.failedAt), for routing to leave out: a dead engine stays listed
-// as serving until its agent reports it down, and looks idle. None when
-// every serving node did, so that requests still go somewhere.
-func (o *Orchestrator) suspects() map[string]bool {
-	o.c.mu.Lock()
-	defer o.c.mu.Unlock()
-	out := map[string]bool{}
-	now, serving := time.Now(), 0
-	for id, n := range o.c.nodes {
-		if n.state != StateServing {
-			continue
-		}
-		serving++
-		if now.Sub(n.failedAt) < suspectFor {
-			out[id] = true
-		}
-	}
-	if len(out) == serving {
-		return map[string]bool{}
-	}
-	return out
-}
-
-// suspectNode notes that node id failed a request.
-func (o *Orchestrator) suspectNode(id string) {
-	o.c.mu.Lock()
-	defer o.c.mu.Unlock()
-	if n := o.c.nodes[id]; n != nil {
-		n.failedAt = time.Now()
-	}
-}
-
-// unreachable says whether err is an engine that could not be reached
-// (refused, reset, timed out), rather than one that answered.
-func unreachable(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op)
-}
-
-// suspect notes that the node at url failed a call.
-func (o *Orchestrator) suspect(url string) {
-	o.c.mu.Lock()
-	defer o.c.mu.Unlock()
-	for _, n := range o.c.nodes {
-		if n.reg.URL == url {
-			n.failedAt = time.Now()
-		}
-	}
 }
 
 // tokenizeAt posts a /tokenize request to one engine.

@@ -130,36 +130,68 @@ func jsonEmpty(v json.RawMessage) bool {
 	return false
 }
 
+// jsonInt is an integer member's value (0 if it is none).
+func jsonInt(v json.RawMessage) int {
+	n, _ := strconv.Atoi(string(bytes.TrimSpace(v)))
+	return n
+}
+
 // toolsOff says whether a tool_choice lets the model call no tool.
 func toolsOff(choice json.RawMessage) bool { return string(bytes.TrimSpace(choice)) == `"none"` }
 
-// vllmChunk is a stream chunk from vLLM, as far as the router reads it.
-type vllmChunk struct {
-	Choices []struct {
-		Index    int      `json:"index"`
-		TokenIDs []uint32 `json:"token_ids"`
-		Text     string   `json:"text"`
-		Delta    *struct {
-			Content          string          `json:"content"`
-			ToolCalls        json.RawMessage `json:"tool_calls"`
-			ReasoningContent json.RawMessage `json:"reasoning_content"`
-			Reasoning        json.RawMessage `json:"reasoning"`
-		} `json:"delta"`
-	} `json:"choices"`
+// vllmChoice is a choice of a stream chunk from vLLM, as far as the
+// router reads it.
+type vllmChoice struct {
+	Index    int
+	TokenIDs []uint32 // nil when the chunk names none
+	Text     string
+	Delta    *struct {
+		Content          string          `json:"content"`
+		ToolCalls        json.RawMessage `json:"tool_calls"`
+		ReasoningContent json.RawMessage `json:"reasoning_content"`
+		Reasoning        json.RawMessage `json:"reasoning"`
+	}
+}
+
+// readChoice reads a choice's members.
+func readChoice(ch map[string]json.RawMessage) (c vllmChoice, err error) {
+	fields := [...]struct {
+		name string
+		dst  any
+	}{{"index", &c.Index}, {"token_ids", &c.TokenIDs}, {"text", &c.Text}, {"delta", &c.Delta}}
+	for _, f := range fields {
+		if raw, ok := ch[f.name]; ok {
+			if err := json.Unmarshal(raw, f.dst); err != nil {
+				return c, err
+			}
+		}
+	}
+	return c, nil
 }
 
 // vllmData reads one data line's JSON from a vLLM stream: it returns the
 // token ids it carries and the line to send the client: the ids taken
 // out unless the client asked for them, and a continuation's chunk made
-// one of the client's answer.
+// one of the client's answer. The chunk is parsed once: every chunk of
+// every vLLM stream comes through here.
 func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
 	v := a.vllm
-	var c vllmChunk
-	if err := json.Unmarshal(data, &c); err != nil {
+	var m map[string]json.RawMessage
+	var choices []map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
 		v.refused = "a chunk could not be read"
 		return nil, data
 	}
-	for _, ch := range c.Choices {
+	if raw, ok := m["choices"]; ok && json.Unmarshal(raw, &choices) != nil {
+		v.refused = "a chunk could not be read"
+		return nil, data
+	}
+	for _, raw := range choices {
+		ch, err := readChoice(raw)
+		if err != nil {
+			v.refused = "a chunk could not be read"
+			return nil, data
+		}
 		if ch.Index != 0 {
 			v.refused = "the answer has several choices"
 		}
@@ -167,15 +199,13 @@ func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
 		text := ch.Text
 		if d := ch.Delta; d != nil {
 			text += d.Content
-		}
-		if text != "" && ch.TokenIDs == nil {
-			v.refused = "vLLM streamed text without its token ids (return_token_ids needs vLLM 0.10.2 or later)"
-		}
-		if d := ch.Delta; d != nil {
 			v.text.WriteString(d.Content)
 			if !jsonEmpty(d.ToolCalls) || !jsonEmpty(d.ReasoningContent) || !jsonEmpty(d.Reasoning) {
 				v.refused = "the server parsed tool calls or reasoning from the answer"
 			}
+		}
+		if text != "" && ch.TokenIDs == nil {
+			v.refused = "vLLM streamed text without its token ids (return_token_ids needs vLLM 0.10.2 or later)"
 		}
 	}
 	switch {
@@ -183,16 +213,34 @@ func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
 		return ids, a.continuedChatChunk(data)
 	case v.cont:
 		return ids, a.continuedChunk(data)
-	}
-	if v.clientIDs {
+	case v.clientIDs || !bytes.Contains(data, []byte(`token_ids"`)):
 		return ids, data
 	}
-	return ids, withoutIDs(data)
+	dropIDs(m, choices)
+	if b, err := marshalText(m); err == nil {
+		return ids, b
+	}
+	return ids, data
 }
 
-// withoutIDs is a chunk without the token ids the router asked for: the
-// choices' token_ids, and prompt_token_ids where vLLM adds them (the
-// first chunk: at the top of a chat chunk, in the choice of a completion).
+// dropIDs takes the token ids the router asked for out of a chunk (m, its
+// choices parsed): the choices' token_ids, and prompt_token_ids where
+// vLLM adds them (the first chunk: at the top of a chat chunk, in the
+// choice of a completion).
+func dropIDs(m map[string]json.RawMessage, choices []map[string]json.RawMessage) {
+	delete(m, "prompt_token_ids")
+	if choices == nil {
+		return
+	}
+	for _, ch := range choices {
+		delete(ch, "token_ids")
+		delete(ch, "prompt_token_ids")
+	}
+	m["choices"], _ = marshalText(choices)
+}
+
+// withoutIDs is a chunk without the token ids the router asked for
+// (dropIDs).
 func withoutIDs(data []byte) []byte {
 	if !bytes.Contains(data, []byte(`token_ids"`)) {
 		return data
@@ -201,15 +249,9 @@ func withoutIDs(data []byte) []byte {
 	if json.Unmarshal(data, &m) != nil {
 		return data
 	}
-	delete(m, "prompt_token_ids")
 	var choices []map[string]json.RawMessage
-	if json.Unmarshal(m["choices"], &choices) == nil {
-		for _, ch := range choices {
-			delete(ch, "token_ids")
-			delete(ch, "prompt_token_ids")
-		}
-		m["choices"], _ = marshalText(choices)
-	}
+	json.Unmarshal(m["choices"], &choices)
+	dropIDs(m, choices)
 	b, err := marshalText(m)
 	if err != nil {
 		return data
@@ -286,12 +328,14 @@ func (a *attempt) continuedChunk(data []byte) []byte {
 // client's prompt and the whole output, and no ids the client did not ask
 // for.
 func (a *attempt) continuedChatChunk(data []byte) []byte {
-	if !a.vllm.clientIDs {
-		data = withoutIDs(data)
-	}
 	var m map[string]json.RawMessage
 	if json.Unmarshal(data, &m) != nil {
 		return data
+	}
+	if !a.vllm.clientIDs {
+		var choices []map[string]json.RawMessage
+		json.Unmarshal(m["choices"], &choices)
+		dropIDs(m, choices)
 	}
 	m["id"], _ = json.Marshal(a.answerID)
 	m["created"] = json.RawMessage(strconv.FormatInt(a.created, 10))
@@ -309,26 +353,22 @@ func (a *attempt) continuedChatChunk(data []byte) []byte {
 // continuedUsage is a continuation's usage as the client's answer counts
 // it: the continuation's prompt is the client's and the output so far.
 func (a *attempt) continuedUsage(u map[string]json.RawMessage) map[string]json.RawMessage {
-	num := func(k string) int {
-		n, _ := strconv.Atoi(string(bytes.TrimSpace(u[k])))
-		return n
-	}
-	prompt, completion := len(a.p.Tokens), a.vllm.base+num("completion_tokens")
+	prompt, completion := len(a.p.Tokens), a.vllm.base+jsonInt(u["completion_tokens"])
 	u["prompt_tokens"] = json.RawMessage(strconv.Itoa(prompt))
 	u["completion_tokens"] = json.RawMessage(strconv.Itoa(completion))
 	u["total_tokens"] = json.RawMessage(strconv.Itoa(prompt + completion))
 	var d map[string]json.RawMessage
 	if json.Unmarshal(u["prompt_tokens_details"], &d) == nil && d != nil {
-		cached, _ := strconv.Atoi(string(bytes.TrimSpace(d["cached_tokens"])))
-		d["cached_tokens"] = json.RawMessage(strconv.Itoa(min(cached, prompt)))
+		d["cached_tokens"] = json.RawMessage(strconv.Itoa(min(jsonInt(d["cached_tokens"]), prompt)))
 		u["prompt_tokens_details"], _ = json.Marshal(d)
 	}
 	return u
 }
 
-// vllmContinuation is the completions request that writes the rest of
-// the answer from the prompt's ids and the output's so far; false (with
-// why) when nothing is left to write.
+// vllmContinuation is the request that writes the rest of the answer: a
+// completions request of the prompt's ids and the output's so far, or,
+// for a chat that offers tools, the chat with the text so far as an
+// assistant message to continue. It fails when nothing is left to write.
 func (a *attempt) vllmContinuation() ([]byte, error) {
 	k := len(a.out)
 	prompt := make([]uint32, 0, len(a.p.Tokens)+k)
@@ -366,8 +406,7 @@ func (a *attempt) vllmContinuation() ([]byte, error) {
 		}
 	}
 	if m := a.body.Members["min_tokens"]; !jsonEmpty(m) {
-		n, _ := strconv.Atoi(string(bytes.TrimSpace(m)))
-		set["min_tokens"] = json.RawMessage(strconv.Itoa(max(0, n-k)))
+		set["min_tokens"] = json.RawMessage(strconv.Itoa(max(0, jsonInt(m)-k)))
 	}
 	switch {
 	case a.vllm.asChat:

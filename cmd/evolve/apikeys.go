@@ -19,15 +19,7 @@ func addAPIKeyFlags(f *pflag.FlagSet) {
 // apiKeys are the keys cmd's --api-key and --api-key-file give (config
 // key prefix cmd), in that order.
 func apiKeys(cmd string) ([]string, error) {
-	// The environment's value may reach config unsplit: split it here.
-	var keys []string
-	for _, k := range config.GetStringSlice(cmd + ".api-key") {
-		for _, part := range strings.Split(k, ",") {
-			if part = strings.TrimSpace(part); part != "" {
-				keys = append(keys, part)
-			}
-		}
-	}
+	keys := configList(cmd + ".api-key")
 	path := config.GetString(cmd + ".api-key-file")
 	if path == "" {
 		return keys, nil

@@ -15,6 +15,20 @@ import (
 // EVOLVE_: viper and envName both use it.
 var envKeys = strings.NewReplacer(".", "_", "-", "_")
 
+// configList is a list flag's value: its items, whichever source set it
+// (the environment's value reaches config as one comma-separated string).
+func configList(key string) []string {
+	var out []string
+	for _, v := range config.GetStringSlice(key) {
+		for _, item := range strings.Split(v, ",") {
+			if item = strings.TrimSpace(item); item != "" {
+				out = append(out, item)
+			}
+		}
+	}
+	return out
+}
+
 // envName is the environment variable that sets the config key key.
 func envName(key string) string {
 	return "EVOLVE_" + strings.ToUpper(envKeys.Replace(key))

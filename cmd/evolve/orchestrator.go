@@ -123,7 +123,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), DataDir: dataDir, Policy: get("policy"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
-		PlannerMode: get("planner"), ModelAliases: config.GetStringSlice("orchestrator.model-alias"),
+		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
 		APIKeys: keys,
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),

@@ -52,7 +52,7 @@ func routingFlags() []string {
 		"--planner-persistence", config.GetDuration(key("planner-persistence")).String(),
 		"--planner-ttft-weight", strconv.FormatFloat(config.GetFloat64(key("planner-ttft-weight")), 'g', -1, 64),
 		"--planner-min-improvement", strconv.FormatFloat(config.GetFloat64(key("planner-min-improvement")), 'g', -1, 64)}
-	for _, a := range config.GetStringSlice(key("model-alias")) {
+	for _, a := range configList(key("model-alias")) {
 		args = append(args, "--model-alias", a)
 	}
 	return args
@@ -401,7 +401,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			return interrupted("while the engines registered")
 		}
 	}
-	aliases := config.GetStringSlice(key("model-alias"))
+	aliases := configList(key("model-alias"))
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
 		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach,
 		"api_keys": len(keys), "model_aliases": aliases}

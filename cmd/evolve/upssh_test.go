@@ -60,7 +60,7 @@ spec:
 	}
 	writeFile("")
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process", // never units on the machine running the tests
-		"EVOLVE_UP_MODEL_ALIAS=gpt-4o"}
+		"EVOLVE_UP_MODEL_ALIAS=gpt-4.1,gpt-4o"}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 	if out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "--policy", "fastest"); code != 2 || !strings.Contains(out, "--policy") {
 		t.Fatalf("up -f with an unknown policy: exit %d\n%s", code, out)

@@ -82,9 +82,6 @@ type Replica struct {
 	lastOK    time.Time
 	batches   int // batches handled
 	warned    bool
-	// warnedVersion: the log said once that this vLLM is too old for
-	// answers to go on elsewhere.
-	warnedVersion bool
 }
 
 // New returns a replica for the vLLM server of cfg. Call Probe before
@@ -127,6 +124,7 @@ func (r *Replica) Probe(ctx context.Context, progress func(err error)) error {
 	for {
 		err := r.probeOnce(ctx)
 		if err == nil {
+			r.warnIfTooOld(ctx)
 			return nil
 		}
 		if progress != nil {
@@ -153,19 +151,22 @@ func (r *Replica) probeOnce(ctx context.Context) error {
 	if bs <= 0 {
 		return errors.New("vLLM does not export vllm:cache_config_info with a block size yet; pass the block size")
 	}
-	version := Version(ctx, r.cfg.HTTP, r.cfg.LocalURL)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.info, r.load, r.base, r.lastOK = info, l, l, time.Now()
 	if r.tr == nil {
 		r.tr = NewTranslator(bs)
 	}
-	if versionBefore(version, TokenIDsSince) && !r.warnedVersion {
-		r.warnedVersion = true
+	return nil
+}
+
+// warnIfTooOld says when vLLM's release names no token ids in its
+// streams: a router cannot continue its answers elsewhere.
+func (r *Replica) warnIfTooOld(ctx context.Context) {
+	if version := Version(ctx, r.cfg.HTTP, r.cfg.LocalURL); versionBefore(version, TokenIDsSince) {
 		r.log.Warn(fmt.Sprintf("vLLM %s names no token ids in its streams (return_token_ids needs %d.%d.%d or later): should it die mid-stream, its answers end with an error event instead of going on on another engine",
 			version, TokenIDsSince[0], TokenIDsSince[1], TokenIDsSince[2]), "vllm_version", version)
 	}
-	return nil
 }
 
 // SetSink sets where KV events go (engine.Replica). vLLM publishes no
