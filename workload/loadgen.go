@@ -195,13 +195,16 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 			for seq := 0; ctx.Err() == nil; seq++ {
 				elapsed := time.Duration(float64(time.Since(start)) * cfg.Speedup)
 				s := cfg.Model.NewSession(r, agent, seq, elapsed)
-				before := c.requests()
-				if runSession(ctx, cfg, c, model, s) {
+				ok, served := runSession(ctx, cfg, c, model, s)
+				if ok && served > 0 {
+					// As in evolve sim, a session counts once it was served
+					// something: one whose first prompt is past the model's
+					// context was never an agent's task done.
 					c.mu.Lock()
 					c.res.Sessions++
 					c.mu.Unlock()
 				}
-				if c.requests() == before {
+				if served == 0 {
 					// Nothing was served (errors, or prompts past the model's
 					// context): back off rather than spin.
 					select {
@@ -345,11 +348,12 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 }
 
 // runSession runs a session's lanes concurrently; it reports whether the
-// session ended normally (not cut short by the run's end).
-func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string, s *Session) bool {
+// session ended normally (not cut short by the run's end) and how many of
+// its requests were answered.
+func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string, s *Session) (bool, int) {
 	var mu sync.Mutex // lanes share the session's random source
 	var wg sync.WaitGroup
-	ok := true
+	ok, served, overContext := true, 0, false
 	var okMu sync.Mutex
 	for _, lane := range s.Lanes {
 		wg.Add(1)
@@ -375,9 +379,9 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 				if c.maxContext > 0 && len(call.Tokens)+call.MaxTokens > c.maxContext {
 					// The context outgrew the model: the agent gives up the session.
 					if len(call.Tokens) >= c.maxContext {
-						c.mu.Lock()
-						c.res.OverContext++
-						c.mu.Unlock()
+						okMu.Lock()
+						overContext = true
+						okMu.Unlock()
 						return
 					}
 					call.MaxTokens = c.maxContext - len(call.Tokens)
@@ -398,6 +402,9 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 					time.Sleep(100 * time.Millisecond)
 					return
 				}
+				okMu.Lock()
+				served++
+				okMu.Unlock()
 				mu.Lock()
 				l.Answer(out)
 				mu.Unlock()
@@ -405,10 +412,15 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 		}(lane)
 	}
 	wg.Wait()
+	if overContext {
+		c.mu.Lock()
+		c.res.OverContext++ // once per session, whichever lanes outgrew
+		c.mu.Unlock()
+	}
 	if s.ID != "" {
 		endSession(cfg, s.ID)
 	}
-	return ok && ctx.Err() == nil
+	return ok && ctx.Err() == nil, served
 }
 
 // endSession tells an evolve router that the agent is done with a session

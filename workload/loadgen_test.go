@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -137,5 +138,49 @@ func TestBenchFoldsIDsForASmallVocabulary(t *testing.T) {
 	cfg.VocabSize = vocab
 	if res, err = Bench(context.Background(), cfg); err != nil || res.Errors != 0 || res.Requests == 0 {
 		t.Fatalf("with --vocab-size: %v, %d requests, %d errors (%s)", err, res.Requests, res.Errors, res.FirstError)
+	}
+}
+
+// A model whose context is shorter than the agents' first prompt serves
+// nothing: the sessions end as the context is outgrown, are counted as
+// such and not as completed, and the agents back off rather than spin. A
+// model that takes the first prompts but not the grown ones completes
+// each session that was served.
+func TestBenchCountsSessionsPastTheContext(t *testing.T) {
+	var posts atomic.Int64
+	maxLen := atomic.Int64{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/models":
+			fmt.Fprintf(w, `{"object": "list", "data": [{"id": "m", "max_model_len": %d}]}`, maxLen.Load())
+		case "/v1/completions":
+			posts.Add(1)
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	defer srv.Close()
+	model, _ := New("coding", 2)
+	maxLen.Store(64) // below the shared system prompt
+	cfg := BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 1500 * time.Millisecond, Speedup: 1000, Seed: 1}
+	res, err := Bench(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if posts.Load() != 0 || res.Sessions != 0 || res.OverContext == 0 || res.OverContext > 2*2 {
+		t.Fatalf("%d requests sent, %d sessions completed, %d over the context: want none sent, none completed, and the 2 agents backing off a second between tries",
+			posts.Load(), res.Sessions, res.OverContext)
+	}
+
+	first, _ := model.NewSession(rand.New(rand.NewPCG(1, 1)), 0, 0, 0).Lanes[0].Next()
+	maxLen.Store(int64(len(first.Tokens) + 4*first.MaxTokens))
+	if res, err = Bench(context.Background(), cfg); err != nil {
+		t.Fatal(err)
+	}
+	if res.Requests == 0 || res.Sessions == 0 || res.Sessions > res.OverContext {
+		t.Fatalf("%d requests, %d sessions completed, %d over the context: want every served session to end at the context and count",
+			res.Requests, res.Sessions, res.OverContext)
 	}
 }
