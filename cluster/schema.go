@@ -60,6 +60,16 @@ type Orchestrator struct {
 	// ModelAliases are other names clients may give the served model, or
 	// patterns (claude-*), as evolve orchestrator --model-alias takes.
 	ModelAliases []string `yaml:"modelAliases"`
+	// TLS makes the router and the control API serve HTTPS with a
+	// certificate and key on the orchestrator's machine.
+	TLS *TLS `yaml:"tls"`
+}
+
+// TLS names a PEM certificate (chain) and its key, as paths on the machine
+// that reads them.
+type TLS struct {
+	CertFile string `yaml:"certFile"`
+	KeyFile  string `yaml:"keyFile"`
 }
 
 // Args are the orchestrator's command-line flags for what the file sets
@@ -68,6 +78,9 @@ func (o Orchestrator) Args() []string {
 	var args []string
 	for _, a := range o.ModelAliases {
 		args = append(args, "--model-alias", a)
+	}
+	if o.TLS != nil {
+		args = append(args, "--tls-cert-file", o.TLS.CertFile, "--tls-key-file", o.TLS.KeyFile)
 	}
 	return args
 }
@@ -356,6 +369,13 @@ func (f *File) validate() Errors {
 	for i, a := range o.ModelAliases {
 		if _, err := path.Match(a, ""); a == "" || strings.Contains(a, ",") || err != nil {
 			bad(fmt.Sprintf("spec.orchestrator.modelAliases[%d]", i), "%q: want a model name or a pattern such as claude-*", a)
+		}
+	}
+	if t := o.TLS; t != nil {
+		for _, f := range []struct{ field, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}} {
+			if !path.IsAbs(f.path) {
+				bad("spec.orchestrator.tls."+f.field, "%q: want the absolute path of a PEM file on the orchestrator's machine", f.path)
+			}
 		}
 	}
 	names := map[string]int{}

@@ -151,3 +151,23 @@ func TestOrchestratorModelAliases(t *testing.T) {
 		}
 	}
 }
+
+// The orchestrator's certificate and key reach its command line; a path
+// that is not absolute, or a missing one, is a field error.
+func TestOrchestratorTLS(t *testing.T) {
+	withTLS := strings.Replace(good, "concurrency: 4", "concurrency: 4\n  orchestrator: {tls: {certFile: /etc/evolve/tls.crt, keyFile: /etc/evolve/tls.key}}", 1)
+	f, err := Parse("c.yaml", []byte(withTLS))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(f.Spec.Orchestrator.Args(), " "); got != "--tls-cert-file /etc/evolve/tls.crt --tls-key-file /etc/evolve/tls.key" {
+		t.Fatalf("orchestrator args %q", got)
+	}
+	bad := strings.Replace(good, "concurrency: 4", "concurrency: 4\n  orchestrator: {tls: {certFile: tls.crt}}", 1)
+	_, err = Parse("c.yaml", []byte(bad))
+	for _, want := range []string{`spec.orchestrator.tls.certFile: "tls.crt"`, `spec.orchestrator.tls.keyFile: ""`} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("want %q in %v", want, err)
+		}
+	}
+}

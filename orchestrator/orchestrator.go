@@ -45,7 +45,11 @@ type Config struct {
 	// APIKeys, when set, are the keys the agents' API (/v1/) requires,
 	// as a bearer token or in x-api-key.
 	APIKeys []string
-	Logger  *slog.Logger
+	// TLSCertFile and TLSKeyFile, when set, make the router and the control
+	// API serve HTTPS with that PEM certificate (chain) and key, read again
+	// when the files change.
+	TLSCertFile, TLSKeyFile string
+	Logger                  *slog.Logger
 }
 
 // Orchestrator is a running orchestrator.
@@ -74,6 +78,7 @@ type Orchestrator struct {
 	started                        time.Time
 	routerURL, controlURL, natsURL string
 	routerLn, controlLn            net.Listener
+	certs                          *certReloader // nil: plain HTTP
 }
 
 type metrics struct {
@@ -156,6 +161,10 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err != nil {
 		return nil, err
 	}
+	certs, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.Logger.With("component", "orchestrator"))
+	if err != nil {
+		return nil, err
+	}
 	if cfg.ControlToken == "" && !isLoopback(cfg.ControlAddr) {
 		return nil, fmt.Errorf("control address %s is not loopback: set a control token", cfg.ControlAddr)
 	}
@@ -164,7 +173,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}},
-		met:  newMetrics(), started: time.Now()}
+		met:  newMetrics(), started: time.Now(), certs: certs}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
@@ -204,11 +213,25 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		o.routerLn.Close()
 		return fmt.Errorf("control listen on %s: %w", o.cfg.ControlAddr, err)
 	}
-	o.routerURL = "http://" + o.routerLn.Addr().String()
-	if len(o.cfg.APIKeys) == 0 && !isLoopback(o.cfg.RouterAddr) {
-		o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
+	// A control API on loopback stays plain HTTP: its traffic never leaves
+	// the machine, and its clients reach it as 127.0.0.1, a name that
+	// certificates seldom carry.
+	controlTLS := o.certs != nil && !isLoopback(o.cfg.ControlAddr)
+	scheme := func(tls bool) string {
+		if tls {
+			return "https://"
+		}
+		return "http://"
 	}
-	o.controlURL = "http://" + o.controlLn.Addr().String()
+	o.routerURL = scheme(o.certs != nil) + o.routerLn.Addr().String()
+	if !isLoopback(o.cfg.RouterAddr) {
+		if len(o.cfg.APIKeys) == 0 {
+			o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
+		} else if o.certs == nil {
+			o.log.Warn("the agents' API keys cross the network in the clear; serve HTTPS (--tls-cert-file, --tls-key-file) or put a TLS proxy in front", "router_addr", o.cfg.RouterAddr)
+		}
+	}
+	o.controlURL = scheme(controlTLS) + o.controlLn.Addr().String()
 	if err := o.subscribe(); err != nil {
 		return err
 	}
@@ -216,9 +239,16 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	go o.runPlanner(ctx)
 	router := &http.Server{Handler: o.routerHandler(), ReadHeaderTimeout: 10 * time.Second}
 	control := &http.Server{Handler: o.controlHandler(), ReadHeaderTimeout: 10 * time.Second}
+	serve := func(srv *http.Server, ln net.Listener, tls bool) error {
+		if !tls {
+			return srv.Serve(ln)
+		}
+		srv.TLSConfig = o.certs.tlsConfig()
+		return srv.ServeTLS(ln, "", "")
+	}
 	errs := make(chan error, 2)
-	go func() { errs <- router.Serve(o.routerLn) }()
-	go func() { errs <- control.Serve(o.controlLn) }()
+	go func() { errs <- serve(router, o.routerLn, o.certs != nil) }()
+	go func() { errs <- serve(control, o.controlLn, controlTLS) }()
 	if ready != nil {
 		ready()
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -316,6 +317,10 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", cfg.URL+"/v1/models", nil)
 	cfg.authorize(req)
 	resp, err := cfg.Client.Do(req)
+	var ve *tls.CertificateVerificationError
+	if errors.As(err, &ve) {
+		return "", 0, fmt.Errorf("the router at %s has a certificate not trusted here, or one that does not name this address (trust a private CA's with SSL_CERT_FILE=ca.pem): %w", cfg.URL, err)
+	}
 	if err != nil {
 		return "", 0, fmt.Errorf("cannot reach a router at %s (is a cluster up? evolve's router is the orchestrator's --router-addr, :8000 by default): %w", cfg.URL, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -58,7 +59,10 @@ func (c *controlClient) do(ctx context.Context, method, path string, in, out any
 	var te *controlapi.TransportError
 	if errors.As(err, &te) {
 		hint := "is a cluster up? try 'evolve up'"
-		if st, serr := readLocalState(); serr == nil && st.ControlURL == c.base && !ours(st.Orchestrator) {
+		var ve *tls.CertificateVerificationError
+		if errors.As(err, &ve) {
+			hint = "its certificate is not trusted here, or does not name this address: trust a private CA's with SSL_CERT_FILE=ca.pem"
+		} else if st, serr := readLocalState(); serr == nil && st.ControlURL == c.base && !ours(st.Orchestrator) {
 			// The local cluster's record is there, its orchestrator not.
 			hint = "the local cluster's orchestrator is gone (see " + filepath.Join(st.LogDir, "orchestrator.log") +
 				"); 'evolve down' stops what it left, 'evolve up' starts a new one"

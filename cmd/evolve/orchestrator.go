@@ -42,6 +42,13 @@ With --api-key-file (or --api-key, or $EVOLVE_ORCHESTRATOR_API_KEY) the
 agents' API takes only requests that carry a key (Authorization: Bearer
 KEY, or x-api-key: KEY); /health and /metrics stay open. --model-alias
 lets clients name the served model their own way (claude-*, gpt-4o).
+With --tls-cert-file and --tls-key-file (PEM) the router, and the control
+API unless it is on loopback, serve HTTPS, so that keys and tokens cross
+the network encrypted; the certificate must name the address clients use.
+The files are read again when they change (a renewed certificate is served
+from the next connection on, no restart). evolve's commands and curl
+trust a private CA with SSL_CERT_FILE=ca.pem, Claude Code with
+NODE_EXTRA_CA_CERTS=ca.pem.
 
 Engines register over NATS: by default the orchestrator embeds a NATS server
 with JetStream (data in --data-dir; role overrides survive restarts); --nats
@@ -85,6 +92,8 @@ Most users start it through 'evolve up'.`,
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
+	f.String("tls-cert-file", "", "PEM certificate (chain) to serve the router, and the control API off loopback, over HTTPS with; read again when it changes")
+	f.String("tls-key-file", "", "PEM private key of --tls-cert-file")
 	addModelAliasFlag(f)
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
@@ -124,7 +133,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
-		APIKeys: keys,
+		APIKeys: keys, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
 			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),

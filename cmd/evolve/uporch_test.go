@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -23,19 +25,27 @@ func TestUpRunsTheOrchestratorOnAHost(t *testing.T) {
 	h1, h2 := sshtest.Start(t, pub), sshtest.Start(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"), 0o600)
+	// The host's certificate (for its address), which the operator's
+	// machine trusts as a private CA's.
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	writeCert(t, certFile, keyFile, 1)
+	pool := x509.NewCertPool()
+	pem, _ := os.ReadFile(certFile)
+	pool.AppendCertsFromPEM(pem)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
 	file := filepath.Join(dir, "cluster.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
 kind: Cluster
 metadata: {name: remote-orch}
 spec:
-  orchestrator: {host: gpu-01, routerPort: %d, controlPort: %d, natsPort: %d, modelAliases: [gpt-4o]}
+  orchestrator: {host: gpu-01, routerPort: %d, controlPort: %d, natsPort: %d, modelAliases: [gpt-4o], tls: {certFile: %s, keyFile: %s}}
   defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
   hosts:
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
-`, port(t), port(t), port(t), key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
+`, port(t), port(t), port(t), certFile, keyFile, key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process", // never units on the machine running the tests
-		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2", "EVOLVE_UP_POLICY=round-robin"}
+		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2", "EVOLVE_UP_POLICY=round-robin", "SSL_CERT_FILE=" + certFile}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
 	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
@@ -47,14 +57,19 @@ spec:
 	if fi, err := os.Stat(filepath.Join(dir, "h1", "orchestrator", "run.sh")); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Fatalf("the orchestrator's service script on gpu-01: %v %v", fi, err)
 	}
-	// The router listens on every interface, behind the keys given, and
-	// takes the file's model alias.
-	if status, _, body := post(t, res.RouterURL+"/v1/completions", `{"prompt": "hello from afar", "max_tokens": 4}`); status != 401 {
-		t.Fatalf("request without a key through the host's router: %d %v", status, body)
+	// The router listens on every interface, over HTTPS with the file's
+	// certificate, behind the keys given, and takes the file's model alias.
+	if !strings.HasPrefix(res.RouterURL, "https://") {
+		t.Fatalf("router %s: want HTTPS", res.RouterURL)
+	}
+	if resp, err := client.Post(res.RouterURL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "hello from afar", "max_tokens": 4}`)); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("request without a key through the host's router: %v %v", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	req, _ := http.NewRequest("POST", res.RouterURL+"/v1/completions", strings.NewReader(`{"model": "gpt-4o", "prompt": "hello from afar", "max_tokens": 4}`))
 	req.Header.Set("Authorization", "Bearer sk-remote-2")
-	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 200 {
+	if resp, err := client.Do(req); err != nil || resp.StatusCode != 200 {
 		t.Fatalf("request with a key through the host's router: %v %v", resp, err)
 	} else {
 		resp.Body.Close()
@@ -79,7 +94,10 @@ spec:
 	var cs struct {
 		Policy string `json:"policy"`
 	}
-	if resp, err := http.DefaultClient.Do(creq); err != nil || json.NewDecoder(resp.Body).Decode(&cs) != nil || cs.Policy != "round-robin" {
+	if !strings.HasPrefix(st.ControlURL, "https://") {
+		t.Fatalf("control API %s: want HTTPS off loopback", st.ControlURL)
+	}
+	if resp, err := client.Do(creq); err != nil || json.NewDecoder(resp.Body).Decode(&cs) != nil || cs.Policy != "round-robin" {
 		t.Fatalf("the host's orchestrator routes with %q, want round-robin (%v)", cs.Policy, err)
 	} else {
 		resp.Body.Close()
@@ -104,7 +122,7 @@ spec:
 		entries, _ := os.ReadDir(filepath.Join(dir, "h1"))
 		t.Fatalf("gpu-01 keeps %v after down", entries)
 	}
-	if resp, err := http.Post(res.RouterURL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "x"}`)); err == nil {
+	if resp, err := client.Post(res.RouterURL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "x"}`)); err == nil {
 		resp.Body.Close()
 		t.Fatalf("the host's router still answers after down: %d", resp.StatusCode)
 	}

@@ -44,13 +44,14 @@ func (l *lockedLog) String() string {
 	return l.b.String()
 }
 
-// startOrchestratorLog is startOrchestrator that also returns its log.
-func startOrchestratorLog(t *testing.T) (readyInfo, *lockedLog) {
+// startOrchestratorLog is startOrchestrator that also returns its log;
+// extra flags come after (and override) the usual ones.
+func startOrchestratorLog(t *testing.T, extra ...string) (readyInfo, *lockedLog) {
 	t.Helper()
 	dir := t.TempDir()
 	ready := filepath.Join(dir, "ready.json")
-	cmd := exec.Command(evolveBin, "orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
-		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--planner", "off", "--ready-file", ready)
+	cmd := exec.Command(evolveBin, append([]string{"orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
+		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--planner", "off", "--ready-file", ready}, extra...)...)
 	cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir)
 	log := &lockedLog{}
 	cmd.Stderr = log

@@ -1,0 +1,105 @@
+package orchestrator
+
+import (
+	"bytes"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"time"
+)
+
+// With a certificate and key (Config.TLSCertFile, TLSKeyFile) the router and
+// the control API serve HTTPS: API keys and control tokens then cross the
+// network encrypted. The pair is read again when either file changes, so
+// that a certificate renewed in place (cert-manager, certbot, a secret
+// mounted into a pod) is served from the next connection on, without a
+// restart; a renewal that does not load (a key that does not match, a
+// half-written file) is logged, and the last good pair goes on serving.
+
+// certRecheck is how often a handshake looks at the files again.
+const certRecheck = time.Second
+
+// certReloader serves the key pair in two files, reloading it when they
+// change.
+type certReloader struct {
+	certFile, keyFile string
+	log               *slog.Logger
+
+	mu      sync.Mutex
+	cert    *tls.Certificate
+	stamp   []byte // the files' sizes and modification times when loaded
+	checked time.Time
+	failed  []byte // the stamp whose load failed (logged once)
+}
+
+// newCertReloader loads the pair, refusing one that does not load.
+func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("TLS needs both a certificate and its key (--tls-cert-file and --tls-key-file)")
+	}
+	if certFile == "" {
+		return nil, nil
+	}
+	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+	stamp, err := r.fileStamp()
+	if err != nil {
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS certificate %s and key %s: %w", certFile, keyFile, err)
+	}
+	r.cert, r.stamp, r.checked = &cert, stamp, time.Now()
+	return r, nil
+}
+
+// fileStamp is what changes when either file is rewritten.
+func (r *certReloader) fileStamp() ([]byte, error) {
+	var b bytes.Buffer
+	for _, f := range []string{r.certFile, r.keyFile} {
+		st, err := os.Stat(f)
+		if err != nil {
+			return nil, err
+		}
+		fmt.Fprintf(&b, "%d %d;", st.Size(), st.ModTime().UnixNano())
+	}
+	return b.Bytes(), nil
+}
+
+// certificate is tls.Config.GetCertificate: the pair, reloaded first when
+// the files changed since it was loaded.
+func (r *certReloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if now := time.Now(); now.Sub(r.checked) >= certRecheck {
+		r.checked = now
+		r.reload()
+	}
+	return r.cert, nil
+}
+
+// reload loads the pair again if the files changed; r.mu is held.
+func (r *certReloader) reload() {
+	stamp, err := r.fileStamp()
+	if err != nil || bytes.Equal(stamp, r.stamp) || bytes.Equal(stamp, r.failed) {
+		return
+	}
+	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		// Often the files are between two writes: try again at the next
+		// change, and say so once per change.
+		r.failed = stamp
+		r.log.Warn("TLS certificate changed but does not load; serving the previous one", "cert_file", r.certFile, "key_file", r.keyFile, "err", err)
+		return
+	}
+	r.cert, r.stamp, r.failed = &cert, stamp, nil
+	r.log.Info("TLS certificate reloaded", "cert_file", r.certFile)
+}
+
+// tlsConfig is the servers' TLS configuration.
+func (r *certReloader) tlsConfig() *tls.Config {
+	return &tls.Config{GetCertificate: r.certificate, MinVersion: tls.VersionTLS12}
+}
