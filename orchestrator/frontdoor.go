@@ -568,14 +568,20 @@ func (a *attempt) prefill() (json.RawMessage, error) {
 // the decode leg needs, and keeps the leg's "evolve" object, if any, as
 // the answer's prefill story (prefillKV).
 func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (json.RawMessage, error) {
+	return a.prefillLeg(url, a.body, extra)
+}
+
+// prefillLeg is prefillOn for the request body: the client's, or one
+// that goes on with its answer.
+func (a *attempt) prefillLeg(url string, body openaiapi.Body, extra map[string]json.RawMessage) (json.RawMessage, error) {
 	set := map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
-	if a.body.Has("max_completion_tokens") {
+	if body.Has("max_completion_tokens") {
 		set["max_completion_tokens"] = jsonOne
 	}
 	for k, v := range extra {
 		set[k] = v
 	}
-	resp, err := a.post(url, a.body.With(set))
+	resp, err := a.post(url, body.With(set))
 	if err != nil {
 		return nil, err
 	}

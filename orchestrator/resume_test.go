@@ -15,6 +15,7 @@ import (
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -446,20 +447,30 @@ func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
 	}
 	tc.o.c.mu.Unlock()
 	failed := map[string]bool{holder: true}
-	if id, _ := tc.o.claimVLLMResumer(failed, chain, "vllm"); id != "e0" {
-		t.Fatalf("resumed on %s; the prefill node e0 holds the prompt", id)
+	if id, _, held := tc.o.claimVLLMResumer(failed, chain, "vllm"); id != "e0" || held < len(chain)/2*tc.o.blockSize {
+		t.Fatalf("resumed on %s, which holds %d tokens; the prefill node e0 holds the prompt", id, held)
+	} else {
+		tc.o.release(id)
+	}
+	// Where a prefill node serves, a decode node goes on (the prefill
+	// node computes the KV for it).
+	if !tc.o.vllmPrefillServes(failed, "vllm") || tc.o.vllmPrefillServes(map[string]bool{"e0": true}, "vllm") {
+		t.Fatal("vllmPrefillServes does not see e0, the one vLLM prefill node, or sees it excluded")
+	}
+	if id, _, _ := tc.o.claimVLLMResumer(failed, chain, "vllm", routing.Decode); id == "e0" || id == holder || id == "" {
+		t.Fatalf("a decode node resumed on %q", id)
 	} else {
 		tc.o.release(id)
 	}
 	tc.o.c.mu.Lock()
 	tc.o.c.nodes["e0"].failedAt = time.Now()
 	tc.o.c.mu.Unlock()
-	if id, _ := tc.o.claimVLLMResumer(failed, chain, "vllm"); id == "e0" || id == holder || id == "" {
+	if id, _, _ := tc.o.claimVLLMResumer(failed, chain, "vllm"); id == "e0" || id == holder || id == "" {
 		t.Fatalf("resumed on %q: e0 failed a request lately, and %s failed this one", id, holder)
 	} else {
 		tc.o.release(id)
 	}
-	if id, _ := tc.o.claimVLLMResumer(failed, chain, "sglang"); id != "" {
+	if id, _, _ := tc.o.claimVLLMResumer(failed, chain, "sglang"); id != "" {
 		t.Fatalf("an engine of another backend, %s, would go on with a vLLM answer", id)
 	}
 }

@@ -3,6 +3,7 @@ package orchestrator
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
@@ -242,21 +243,48 @@ func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHas
 
 // claimVLLMResumer picks and claims a serving vLLM engine of backend,
 // not in exclude, to go on with an answer another vLLM engine streamed
-// (resumeVLLM): the one holding most of chain's KV, whatever its role (a
-// vLLM engine pulls nothing for it: another would recompute the whole
-// prompt, stalling the streams it decodes), a decode node among equals.
-func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string) (id, url string) {
-	held := o.heldOf(chain)
+// (resumeVLLM): the one holding most of chain's KV, a decode node among
+// equals. With roles given, only engines of those count. It returns how
+// many leading tokens of chain's prompt the engine holds, in whole blocks.
+func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string, roles ...routing.Role) (id, url string, heldTokens int) {
+	heldBy := o.heldOf(chain)
 	fits := func(n *node) bool {
-		return n.reg.Backend == backend && n.reg.Tokenizer == "engine" && !n.reg.CanHandOver
+		return isVLLM(n, backend) && (len(roles) == 0 || slices.Contains(roles, n.role))
 	}
-	return o.claimPeer(exclude, fits, lastIfSuspect(func(n *node) int {
-		h := 2 * held(n)
+	id, url = o.claimPeer(exclude, fits, lastIfSuspect(func(n *node) int {
+		h := 2 * heldBy(n)
 		if n.role == routing.Decode {
 			h++
 		}
 		return h
 	}))
+	if id != "" {
+		o.c.mu.Lock()
+		if n := o.c.nodes[id]; n != nil {
+			heldTokens = heldBy(n) * o.blockSize
+		}
+		o.c.mu.Unlock()
+	}
+	return id, url, heldTokens
+}
+
+// isVLLM says whether n is a vLLM engine of backend.
+func isVLLM(n *node, backend string) bool {
+	return n.reg.Backend == backend && n.reg.Tokenizer == "engine" && !n.reg.CanHandOver
+}
+
+// vllmPrefillServes says whether a vLLM engine of backend, not in
+// exclude, serves as prefill: a decode engine can then pull a resumed
+// answer's KV from it rather than compute it.
+func (o *Orchestrator) vllmPrefillServes(exclude map[string]bool, backend string) bool {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	for id, n := range o.c.nodes {
+		if !exclude[id] && n.state == StateServing && n.role == routing.Prefill && isVLLM(n, backend) {
+			return true
+		}
+	}
+	return false
 }
 
 // claimResumePrefill picks and claims a serving prefill node not in

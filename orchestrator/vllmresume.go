@@ -7,6 +7,9 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/orchestrator/routing"
 )
 
 // A vLLM engine cannot be handed an answer to go on with (it takes no
@@ -442,9 +445,16 @@ func (a *attempt) canResumeVLLM() bool {
 }
 
 // resumeVLLM goes on with a stream whose vLLM engine failed mid-way on
-// another engine of the same backend, the one holding most of the
-// prompt's KV, from the prompt's ids and the output's (vllmContinuation).
-// When none goes on, the client is told so in its stream.
+// another engine of the same backend, from the prompt's ids and the
+// output's (vllmContinuation). Where vLLM engines prefill for others, a
+// decode engine goes on, the one holding most of the prompt's KV, and
+// when it would recompute more than routing.DefaultLocalPrefillTokens of
+// the prompt and the output, a prefill engine computes that KV and the
+// decode engine pulls it (vllmResumePrefill), as a split request's legs
+// do: the recompute stalls none of the streams it decodes. Otherwise the
+// engine holding most of the prompt goes on, whatever its role (a vLLM
+// engine fetches nothing from peers itself). When none goes on, the
+// client is told so in its stream.
 func (a *attempt) resumeVLLM(cause error) error {
 	a.resumes++
 	err := cause
@@ -455,7 +465,16 @@ func (a *attempt) resumeVLLM(cause error) error {
 				err = berr
 				break
 			}
-			to, url := a.o.claimVLLMResumer(a.failed, a.chain, a.vllm.backend)
+			split := a.o.vllmPrefillServes(a.failed, a.vllm.backend)
+			var to, url string
+			held := 0
+			if split {
+				to, url, held = a.o.claimVLLMResumer(a.failed, a.chain, a.vllm.backend, routing.Decode)
+			}
+			if to == "" {
+				split = false
+				to, url, held = a.o.claimVLLMResumer(a.failed, a.chain, a.vllm.backend)
+			}
 			if to == "" {
 				err = fmt.Errorf("%w; no other vLLM engine serves", err)
 				break
@@ -466,7 +485,13 @@ func (a *attempt) resumeVLLM(cause error) error {
 			if a.vllm.asChat {
 				a.legPath = a.path
 			}
-			done, ferr := a.continueOn(to, url, body, resumeEngineFailed, nil)
+			var after func()
+			if recompute := len(a.p.Tokens) - held + len(a.out); split && recompute > routing.DefaultLocalPrefillTokens {
+				if b, ok := a.vllmResumePrefill(to, body, recompute); ok {
+					body, after = b, a.dropResumePrefill
+				}
+			}
+			done, ferr := a.continueOn(to, url, body, resumeEngineFailed, after)
 			if done {
 				return ferr
 			}
@@ -478,4 +503,37 @@ func (a *attempt) resumeVLLM(cause error) error {
 	err = fmt.Errorf("no node could continue the answer (%v)", err)
 	a.streamError(err)
 	return err
+}
+
+// vllmResumePrefill has a serving vLLM prefill engine, the one holding
+// most of the prompt, compute the KV of a continuation (body) for decode
+// engine to, and returns the continuation with the kv_transfer_params
+// that pull it; false when none did (to then computes that KV itself).
+// The prefill engine's claim lasts until to answers (dropResumePrefill).
+func (a *attempt) vllmResumePrefill(to string, body []byte, recompute int) ([]byte, bool) {
+	cont, err := openaiapi.ParseObject(body)
+	if err != nil {
+		return nil, false
+	}
+	exclude := map[string]bool{to: true}
+	for id := range a.failed {
+		exclude[id] = true
+	}
+	p, url, _ := a.o.claimVLLMResumer(exclude, a.chain, a.vllm.backend, routing.Prefill)
+	if p == "" {
+		return nil, false
+	}
+	a.urls[p] = url
+	kvp, err := a.prefillLeg(url, cont, nil)
+	if err != nil {
+		a.o.log.Warn("vLLM prefill engine could not compute a resumed answer's KV; the decode engine recomputes it", "request", a.reqID,
+			"node", p, "decode", to, "err", err)
+		a.o.release(p)
+		return nil, false
+	}
+	a.resumePrefillNode, a.resumePrefillKV = p, kvp
+	a.o.met.resumePrefilled.Inc()
+	a.o.log.Debug("a vLLM prefill engine computed a resumed answer's KV", "request", a.reqID, "node", p, "decode", to,
+		"decode_would_recompute", recompute)
+	return cont.With(map[string]json.RawMessage{"kv_transfer_params": kvp}), true
 }

@@ -69,7 +69,8 @@ stall: the agent reads one answer, the one the dead engine would have
 written. A vLLM engine's stream goes on on another vLLM engine, from the
 token ids the router asks vLLM to stream (return_token_ids), or, for a
 chat that offers tools, from the text so far as an assistant message vLLM
-continues; one in which vLLM has parsed a tool call or reasoning, or whose
+continues; where vLLM engines prefill for others, on a decode engine that
+pulls the KV a prefill engine computes for it; one in which vLLM has parsed a tool call or reasoning, or whose
 output a grammar constrains, ends with an error event. 'evolve nodes -o json'
 keeps, per node, the answers it was writing when it failed
 (answers_interrupted, answers_lost).

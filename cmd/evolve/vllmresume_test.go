@@ -221,3 +221,72 @@ func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 		t.Fatalf("%v answers resumed after structured output, want still 3", n)
 	}
 }
+
+// In a split vLLM cluster, the answer of a decode engine that dies goes
+// on on another decode engine, and since that one holds none of the
+// prompt, a prefill engine computes the KV of the prompt and the output
+// so far for it to pull, as a split request's legs do: the recompute
+// stalls none of the streams the decode engine is writing. The client
+// reads the answer an engine that did not fail writes.
+func TestVLLMStreamSurvivesItsDecodeEngineInASplitCluster(t *testing.T) {
+	orch := startOrchestrator(t)
+	servers := map[string]*vllmtest.Server{}
+	for _, id := range []string{"prefill-a", "prefill-b", "decode-a", "decode-b"} {
+		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{TokenDelay: 15 * time.Millisecond}, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		servers[id] = srv
+		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+			"--id", id, "--role", strings.Split(id, "-")[0], "--gpus", "4", "--nats", orch.NATSURL)
+	}
+	eventually(t, 30*time.Second, "four vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 4 })
+	sum := func(f func(vllmtest.Stats) int, ids ...string) int {
+		n := 0
+		for _, id := range ids {
+			n += f(servers[id].Stats())
+		}
+		return n
+	}
+	prefillLegs := func(st vllmtest.Stats) int { return st.PrefillLegs }
+	decodeLegs := func(st vllmtest.Stats) int { return st.DecodeLegs }
+
+	// The answer an engine writes for this prompt, asked of a prefill
+	// engine directly (the stand-in's output depends only on its
+	// context): no decode engine holds the prompt.
+	prompt := strings.Repeat("The scheduler keeps a queue of sequences per engine. ", 80)
+	completion := map[string]any{"model": "fake/model", "prompt": prompt, "max_tokens": 80, "stream": true,
+		"stream_options": map[string]any{"include_usage": true}}
+	want := streamThroughRouter(t, servers["prefill-a"].URL+"/v1/completions", completion, 0, nil)
+	if len(want.errors) > 0 || !want.done || want.chunks != 80 {
+		t.Fatalf("the answer asked of an engine: %d chunks, errors %v, done %v", want.chunks, want.errors, want.done)
+	}
+
+	var killed string
+	got := streamThroughRouter(t, orch.RouterURL+"/v1/completions", completion, 25, func(node string) {
+		killed = node
+		servers[node].Kill()
+	})
+	if !strings.HasPrefix(killed, "decode-") {
+		t.Fatalf("the answer streamed from %q, want a decode engine", killed)
+	}
+	if len(got.errors) > 0 || !got.done || got.text != want.text || len(got.ids) != 1 {
+		t.Fatalf("interrupted completion: errors %v, done %v, %d ids, text\n%q\nwant\n%q", got.errors, got.done, len(got.ids), got.text, want.text)
+	}
+	if num(got.usage["completion_tokens"]) != 80 || num(got.usage["prompt_tokens"]) != num(want.usage["prompt_tokens"]) {
+		t.Fatalf("interrupted completion's usage %v, want 80 completion tokens and %v prompt tokens", got.usage, want.usage["prompt_tokens"])
+	}
+	other := map[string]string{"decode-a": "decode-b", "decode-b": "decode-a"}[killed]
+	// Two prefill legs: the request's and the continuation's, whose KV
+	// the other decode engine pulled.
+	if p, d := sum(prefillLegs, "prefill-a", "prefill-b"), decodeLegs(servers[other].Stats()); p != 2 || d != 1 || servers[other].Stats().IDPrompts != 1 {
+		t.Fatalf("%d prefill legs, %d decode legs on %s (%d of token ids); want 2 and 1, of token ids", p, d, other, servers[other].Stats().IDPrompts)
+	}
+	if n := metric(t, orch.RouterURL, "evolve_router_resume_prefilled_total"); n != 1 {
+		t.Fatalf("evolve_router_resume_prefilled_total %v, want 1", n)
+	}
+	if n := metric(t, orch.RouterURL, `evolve_router_resumed_answers_total{cause="engine_failed",outcome="continued"}`); n != 1 {
+		t.Fatalf("%v answers resumed, want 1", n)
+	}
+}
