@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
 )
@@ -248,17 +249,31 @@ func (a *attempt) placeResume(to string, res json.RawMessage, outLen int, split 
 // (to then recomputes that KV itself). The prefill node's claim lasts
 // until to answers (dropResumePrefill).
 func (a *attempt) resumePrefill(v *routing.View, m *kv.Match, to string, res json.RawMessage, recompute int) (json.RawMessage, bool) {
-	exclude := map[string]bool{to: true}
-	for id := range a.failed {
-		exclude[id] = true
-	}
-	p, url := a.o.claimResumePrefill(exclude, m)
+	p, url := a.o.claimResumePrefill(a.failedAnd(to), m)
 	if p == "" {
 		return nil, false
 	}
 	a.urls[p] = url
 	a.startResumeFetches(a.resumeFetches(v, m, p))
-	kvp, err := a.prefillOn(url, map[string]json.RawMessage{"evolve_resume": res})
+	return a.prefillForResume(p, url, to, a.body, map[string]json.RawMessage{"evolve_resume": res}, recompute)
+}
+
+// failedAnd is the nodes that failed this answer, and to.
+func (a *attempt) failedAnd(to string) map[string]bool {
+	exclude := map[string]bool{to: true}
+	for id := range a.failed {
+		exclude[id] = true
+	}
+	return exclude
+}
+
+// prefillForResume runs the prefill leg of a resumed answer (body, with
+// extra) on prefill node p, at url, for decode node to, and returns its
+// kv_transfer_params; false when p could not (it is released, and to
+// recomputes that KV itself). p's claim lasts until to answers
+// (dropResumePrefill).
+func (a *attempt) prefillForResume(p, url, to string, body openaiapi.Body, extra map[string]json.RawMessage, recompute int) (json.RawMessage, bool) {
+	kvp, err := a.prefillLeg(url, body, extra)
 	if err != nil {
 		// Not a failure of the answer: a node that refuses (draining)
 		// still serves its KV to the decode node.

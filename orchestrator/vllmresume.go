@@ -507,33 +507,22 @@ func (a *attempt) resumeVLLM(cause error) error {
 
 // vllmResumePrefill has a serving vLLM prefill engine, the one holding
 // most of the prompt, compute the KV of a continuation (body) for decode
-// engine to, and returns the continuation with the kv_transfer_params
-// that pull it; false when none did (to then computes that KV itself).
-// The prefill engine's claim lasts until to answers (dropResumePrefill).
+// engine to (prefillForResume), and returns the continuation with the
+// kv_transfer_params that pull it; false when none did (to then computes
+// that KV itself).
 func (a *attempt) vllmResumePrefill(to string, body []byte, recompute int) ([]byte, bool) {
 	cont, err := openaiapi.ParseObject(body)
 	if err != nil {
 		return nil, false
 	}
-	exclude := map[string]bool{to: true}
-	for id := range a.failed {
-		exclude[id] = true
-	}
-	p, url, _ := a.o.claimVLLMResumer(exclude, a.chain, a.vllm.backend, routing.Prefill)
+	p, url, _ := a.o.claimVLLMResumer(a.failedAnd(to), a.chain, a.vllm.backend, routing.Prefill)
 	if p == "" {
 		return nil, false
 	}
 	a.urls[p] = url
-	kvp, err := a.prefillLeg(url, cont, nil)
-	if err != nil {
-		a.o.log.Warn("vLLM prefill engine could not compute a resumed answer's KV; the decode engine recomputes it", "request", a.reqID,
-			"node", p, "decode", to, "err", err)
-		a.o.release(p)
+	kvp, ok := a.prefillForResume(p, url, to, cont, nil, recompute)
+	if !ok {
 		return nil, false
 	}
-	a.resumePrefillNode, a.resumePrefillKV = p, kvp
-	a.o.met.resumePrefilled.Inc()
-	a.o.log.Debug("a vLLM prefill engine computed a resumed answer's KV", "request", a.reqID, "node", p, "decode", to,
-		"decode_would_recompute", recompute)
 	return cont.With(map[string]json.RawMessage{"kv_transfer_params": kvp}), true
 }

@@ -88,6 +88,25 @@ func streamThroughRouter(t *testing.T, url string, body map[string]any, after in
 	return a
 }
 
+// startPacedVLLMs starts a stand-in vLLM server writing a token every
+// 15 ms behind an evolve engine agent for each id, in the role role(id)
+// gives, and waits until all serve.
+func startPacedVLLMs(t *testing.T, orch readyInfo, role func(id string) string, ids ...string) map[string]*vllmtest.Server {
+	servers := map[string]*vllmtest.Server{}
+	for _, id := range ids {
+		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{TokenDelay: 15 * time.Millisecond}, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		servers[id] = srv
+		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+			"--id", id, "--role", role(id), "--gpus", "4", "--nats", orch.NATSURL)
+	}
+	eventually(t, 30*time.Second, "the vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == len(ids) })
+	return servers
+}
+
 // A vLLM engine that dies mid-stream loses the client nothing: the router
 // asked vLLM for the streamed token ids, and another vLLM engine writes
 // the rest of the answer from the prompt's ids and the output's (a chat
@@ -100,18 +119,7 @@ func streamThroughRouter(t *testing.T, url string, body map[string]any, after in
 // stream ends with an error event.
 func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 	orch := startOrchestrator(t)
-	servers := map[string]*vllmtest.Server{}
-	for _, id := range []string{"vllm-a", "vllm-b", "vllm-c", "vllm-d"} {
-		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{TokenDelay: 15 * time.Millisecond}, "", "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Close)
-		servers[id] = srv
-		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
-			"--id", id, "--role", "both", "--gpus", "4", "--nats", orch.NATSURL)
-	}
-	eventually(t, 30*time.Second, "four vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 4 })
+	servers := startPacedVLLMs(t, orch, func(string) string { return "both" }, "vllm-a", "vllm-b", "vllm-c", "vllm-d")
 	kill := func(node string) {
 		srv := servers[node]
 		if srv == nil {
@@ -230,18 +238,7 @@ func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 // reads the answer an engine that did not fail writes.
 func TestVLLMStreamSurvivesItsDecodeEngineInASplitCluster(t *testing.T) {
 	orch := startOrchestrator(t)
-	servers := map[string]*vllmtest.Server{}
-	for _, id := range []string{"prefill-a", "prefill-b", "decode-a", "decode-b"} {
-		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{TokenDelay: 15 * time.Millisecond}, "", "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(srv.Close)
-		servers[id] = srv
-		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
-			"--id", id, "--role", strings.Split(id, "-")[0], "--gpus", "4", "--nats", orch.NATSURL)
-	}
-	eventually(t, 30*time.Second, "four vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 4 })
+	servers := startPacedVLLMs(t, orch, func(id string) string { return strings.Split(id, "-")[0] }, "prefill-a", "prefill-b", "decode-a", "decode-b")
 	sum := func(f func(vllmtest.Stats) int, ids ...string) int {
 		n := 0
 		for _, id := range ids {
