@@ -1,9 +1,14 @@
 package orchestrator
 
 import (
+	"context"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
+	"regexp"
 	"strings"
 
 	"github.com/evolvellm/evolve/anthropicapi"
@@ -17,25 +22,65 @@ import (
 // (x-api-key: KEY). /health and /metrics stay open, as vLLM's do with
 // --api-key, for load balancers and Prometheus.
 
-// checkAPIKeys refuses keys a header cannot carry.
-func checkAPIKeys(keys []string) error {
-	for _, k := range keys {
-		if k == "" || strings.ContainsAny(k, " \t\r\n,") {
-			return errors.New("an API key must be non-empty, with no spaces or commas")
+// An API key entry is KEY or NAME KEY. The name labels the key's
+// requests and tokens in the router's metrics (several keys may share
+// one, as a team's old and new keys do while it rotates them); a key
+// without one is labelled by its fingerprint, sha256: and the first 8 hex
+// digits of its SHA-256, which says nothing of the key itself. Keys hold
+// no spaces or commas, so an entry reads the same in a key file, a flag
+// and a comma-separated environment variable.
+
+// apiKey is a key and its metrics label.
+type apiKey struct{ label, key string }
+
+var keyNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
+
+// CheckAPIKeys says what is wrong with key entries, if anything, as
+// Config.APIKeys takes them: a command checks them before it starts an
+// orchestrator anywhere.
+func CheckAPIKeys(entries []string) error {
+	_, err := parseAPIKeys(entries)
+	return err
+}
+
+// parseAPIKeys reads key entries, refusing keys a header cannot carry.
+func parseAPIKeys(entries []string) ([]apiKey, error) {
+	var keys []apiKey
+	for _, e := range entries {
+		f := strings.Fields(e)
+		var k apiKey
+		switch {
+		case len(f) == 1 && !strings.Contains(e, ","):
+			k.key = f[0]
+			sum := sha256.Sum256([]byte(k.key))
+			k.label = "sha256:" + hex.EncodeToString(sum[:4])
+		case len(f) == 2 && !strings.Contains(e, ","):
+			if !keyNameRE.MatchString(f[0]) {
+				return nil, fmt.Errorf("API key name %q: want letters, digits, dots, dashes and underscores (up to 64)", f[0])
+			}
+			k.label, k.key = f[0], f[1]
+		default:
+			return nil, errors.New("an API key entry is KEY or NAME KEY: a key must be non-empty, with no spaces or commas")
 		}
+		keys = append(keys, k)
 	}
-	return nil
+	return keys, nil
 }
 
 // requireKey wraps the agents' API: a request without one of the keys is
-// answered 401, in Anthropic's shape on its paths or for its clients.
+// answered 401, in Anthropic's shape on its paths or for its clients. A
+// request with one carries the key's label in its context (keyLabel).
 func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
-	if len(o.cfg.APIKeys) == 0 {
+	if len(o.keys) == 0 {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !strings.HasPrefix(r.URL.Path, "/v1/") || o.keyOK(r) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
 			h.ServeHTTP(w, r)
+			return
+		}
+		if label, ok := o.keyOf(r); ok {
+			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyLabelKey{}, label)))
 			return
 		}
 		o.met.requests.WithLabelValues(o.policy.Name(), "unauthorized").Inc()
@@ -49,18 +94,46 @@ func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
 	})
 }
 
-// keyOK says whether r carries one of the keys.
-func (o *Orchestrator) keyOK(r *http.Request) bool {
+type keyLabelKey struct{}
+
+// keyLabel is the label of the API key r came with, or "" (no keys).
+func keyLabel(r *http.Request) string {
+	l, _ := r.Context().Value(keyLabelKey{}).(string)
+	return l
+}
+
+// countRequest counts a request's outcome, per policy and per API key.
+func (o *Orchestrator) countRequest(r *http.Request, outcome string) {
+	o.met.requests.WithLabelValues(o.policy.Name(), outcome).Inc()
+	if l := keyLabel(r); l != "" {
+		o.met.keyRequests.WithLabelValues(l, outcome).Inc()
+	}
+}
+
+// countTokens counts the prompt and completion tokens a request's API
+// key was served.
+func (o *Orchestrator) countTokens(r *http.Request, prompt, completion int) {
+	if l := keyLabel(r); l != "" {
+		o.met.keyTokens.WithLabelValues(l, "prompt").Add(float64(prompt))
+		o.met.keyTokens.WithLabelValues(l, "completion").Add(float64(completion))
+	}
+}
+
+// keyOf says which of the keys r carries, by its label. Every key is
+// compared, in constant time, whichever matches.
+func (o *Orchestrator) keyOf(r *http.Request) (string, bool) {
 	given := r.Header.Get("x-api-key")
 	if auth := r.Header.Get("Authorization"); given == "" && len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
 		given = strings.TrimSpace(auth[7:])
 	}
 	if given == "" {
-		return false
+		return "", false
 	}
-	ok := 0
-	for _, k := range o.cfg.APIKeys {
-		ok |= subtle.ConstantTimeCompare([]byte(given), []byte(k))
+	label, found := "", 0
+	for _, k := range o.keys {
+		if subtle.ConstantTimeCompare([]byte(given), []byte(k.key)) == 1 {
+			label, found = k.label, 1
+		}
 	}
-	return ok == 1
+	return label, found == 1
 }

@@ -1,8 +1,11 @@
 package orchestrator
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"net/http/httptest"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -12,10 +15,12 @@ import (
 // as a bearer token or in x-api-key, and says so in the shape of the API
 // asked; health and metrics stay open.
 func TestAPIKeysGuardTheAgentsAPI(t *testing.T) {
-	if _, err := New(Config{NATSURL: "nats://127.0.0.1:1", ControlAddr: "127.0.0.1:0", APIKeys: []string{"a key"}}); err == nil {
-		t.Fatal("a key with a space was taken")
+	for _, bad := range []string{"a key with spaces", "sk-one,sk-two", "team/a sk-one", ""} {
+		if _, err := New(Config{NATSURL: "nats://127.0.0.1:1", ControlAddr: "127.0.0.1:0", APIKeys: []string{bad}}); err == nil {
+			t.Errorf("API key entry %q was taken", bad)
+		}
 	}
-	o, err := New(Config{NATSURL: "nats://127.0.0.1:1", ControlAddr: "127.0.0.1:0", APIKeys: []string{"sk-one", "sk-two"}, PlannerMode: PlannerOff})
+	o, err := New(Config{NATSURL: "nats://127.0.0.1:1", ControlAddr: "127.0.0.1:0", APIKeys: []string{"sk-one", "team-b sk-two"}, PlannerMode: PlannerOff})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,5 +72,27 @@ func TestAPIKeysGuardTheAgentsAPI(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(o.met.requests.WithLabelValues("evolve", "unauthorized")); got != 6 {
 		t.Errorf("%v unauthorized requests counted, want 6", got)
+	}
+}
+
+// A key's label is its name, or its fingerprint: keys of one name share
+// it, and the label says nothing of the key.
+func TestAPIKeyLabels(t *testing.T) {
+	keys, err := parseAPIKeys([]string{"team-a sk-old", "team-a  sk-new", "sk-unnamed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256([]byte("sk-unnamed"))
+	want := []apiKey{{"team-a", "sk-old"}, {"team-a", "sk-new"}, {"sha256:" + hex.EncodeToString(sum[:4]), "sk-unnamed"}}
+	if !slices.Equal(keys, want) {
+		t.Fatalf("parsed %v, want %v", keys, want)
+	}
+	o := &Orchestrator{keys: keys}
+	for key, label := range map[string]string{"sk-new": "team-a", "sk-old": "team-a", "sk-unnamed": want[2].label, "sk-other": ""} {
+		r := httptest.NewRequest("POST", "/v1/completions", nil)
+		r.Header.Set("Authorization", "Bearer "+key)
+		if got, ok := o.keyOf(r); got != label || ok != (label != "") {
+			t.Errorf("key %s: label %q (%v), want %q", key, got, ok, label)
+		}
 	}
 }

@@ -237,7 +237,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	}
 	p, rb, perr := openaiapi.ParseBody(body, chat, 0)
 	if perr != nil {
-		o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
+		o.countRequest(r, "bad_request")
 		perr.Write(w)
 		return
 	}
@@ -260,7 +260,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if terr.Status >= 500 {
 			outcome = "no_engine"
 		}
-		o.met.requests.WithLabelValues(o.policy.Name(), outcome).Inc()
+		o.countRequest(r, outcome)
 		terr.Write(w)
 		return
 	}
@@ -273,7 +273,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		// agent cancelling, then often ending its session): its turn
 		// would bring an ended session back, and its branch would hold
 		// its context as referenced until the idle TTL.
-		o.met.requests.WithLabelValues(o.policy.Name(), "client_gone").Inc()
+		o.countRequest(r, "client_gone")
 		return
 	}
 	chain := kv.ChainHashes(p.Tokens, bs)
@@ -291,7 +291,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		dec, err := o.policy.Route(time.Now(), rr, v)
 		o.policyMu.Unlock()
 		if err != nil {
-			o.met.requests.WithLabelValues(o.policy.Name(), "no_engine").Inc()
+			o.countRequest(r, "no_engine")
 			openaiapi.Unavailable("no_engine", "%v", err).Write(w)
 			return
 		}
@@ -316,26 +316,30 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.policyMu.Lock()
 		o.policy.Finished(time.Now(), reqID)
 		o.policyMu.Unlock()
+		var ce *clientError
+		if a.started && !errors.As(err, &ce) {
+			// Served, whole or in part: the key's tokens count.
+			o.countTokens(r, len(p.Tokens), a.outTokens)
+		}
 		if err == nil {
 			o.planFinish(len(p.Tokens), a.outTokens)
-			o.met.requests.WithLabelValues(o.policy.Name(), "ok").Inc()
+			o.countRequest(r, "ok")
 			o.met.e2e.Observe(time.Since(arrival).Seconds())
 			o.recent.addE2E(time.Now(), time.Since(arrival).Seconds())
 			return
 		}
 		lastErr = err
-		var ce *clientError
 		switch {
 		case r.Context().Err() != nil:
-			o.met.requests.WithLabelValues(o.policy.Name(), "client_gone").Inc()
+			o.countRequest(r, "client_gone")
 			return
 		case errors.As(err, &ce) && a.started:
 			// The engine refused the request itself (too long a prompt,
 			// a bad parameter) and the client has its answer.
-			o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
+			o.countRequest(r, "bad_request")
 			return
 		case a.started:
-			o.met.requests.WithLabelValues(o.policy.Name(), "failed").Inc()
+			o.countRequest(r, "failed")
 			return
 		}
 		o.log.Warn("engine failed before the first token; routing again", "request", reqID, "node", failed, "err", err)
@@ -344,7 +348,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			o.suspectNode(failed)
 		}
 	}
-	o.met.requests.WithLabelValues(o.policy.Name(), "failed").Inc()
+	o.countRequest(r, "failed")
 	openaiapi.Unavailable("engines_failed", "the request failed on %d engines: %v", maxAttempts, lastErr).Write(w)
 }
 

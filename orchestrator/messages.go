@@ -24,7 +24,7 @@ func (o *Orchestrator) serveMessages(w http.ResponseWriter, r *http.Request) {
 	}
 	chat, info, aerr := anthropicapi.ToChat(body)
 	if aerr != nil {
-		o.met.requests.WithLabelValues(o.policy.Name(), "bad_request").Inc()
+		o.countRequest(r, "bad_request")
 		aerr.Write(w)
 		return
 	}

@@ -43,7 +43,8 @@ type Config struct {
 	// give the served model: requests for them are served as its.
 	ModelAliases []string
 	// APIKeys, when set, are the keys the agents' API (/v1/) requires,
-	// as a bearer token or in x-api-key.
+	// as a bearer token or in x-api-key: each KEY, or NAME KEY to label
+	// the key's requests and tokens in the metrics (see apikeys.go).
 	APIKeys []string
 	// TLSCertFile and TLSKeyFile, when set, make the router and the control
 	// API serve HTTPS with that PEM certificate (chain) and key, read again
@@ -79,16 +80,20 @@ type Orchestrator struct {
 	routerURL, controlURL, natsURL string
 	routerLn, controlLn            net.Listener
 	certs                          *certReloader // nil: plain HTTP
+	keys                           []apiKey      // the agents' API keys (none: open)
 }
 
 type metrics struct {
-	reg       *prometheus.Registry
-	requests  *prometheus.CounterVec
-	decisions *prometheus.CounterVec
-	hitTokens *prometheus.CounterVec
-	switches  *prometheus.CounterVec
-	handOvers *prometheus.CounterVec
-	resumed   *prometheus.CounterVec
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	// keyRequests and keyTokens: per API key (its label), requests by
+	// outcome and tokens served by kind.
+	keyRequests, keyTokens *prometheus.CounterVec
+	decisions              *prometheus.CounterVec
+	hitTokens              *prometheus.CounterVec
+	switches               *prometheus.CounterVec
+	handOvers              *prometheus.CounterVec
+	resumed                *prometheus.CounterVec
 	// resumePulled: prompt blocks resuming nodes were asked to pull
 	// from peers rather than recompute.
 	resumePulled prometheus.Counter
@@ -108,6 +113,8 @@ func newMetrics() *metrics {
 	m := &metrics{reg: prometheus.NewRegistry()}
 	buckets := []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320}
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_requests_total", Help: "Requests by policy and outcome: ok; bad_request (the router or an engine refused the request itself); client_gone (the client left first); no_engine; failed (engines failed it); unauthorized (no valid API key, with --api-key)."}, []string{"policy", "outcome"})
+	m.keyRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_key_requests_total", Help: "Requests by API key (its name, or sha256: and the start of its fingerprint) and outcome, as evolve_router_requests_total counts them."}, []string{"key", "outcome"})
+	m.keyTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_key_tokens_total", Help: "Tokens served by API key and kind: prompt (of requests an engine took) and completion (the output the client got)."}, []string{"key", "kind"})
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_decisions_total", Help: "Routing decisions by policy and whether disaggregated."}, []string{"policy", "disaggregated"})
 	m.hitTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_prompt_tokens_total", Help: "Prompt tokens by where their KV came from at routing: gpu, local_host, remote_host, recomputed."}, []string{"source"})
 	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})
@@ -122,7 +129,7 @@ func newMetrics() *metrics {
 	m.resumed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_resumed_answers_total", Help: "Answers continued on another node from the output the client had read, by cause (engine_failed: the engine died mid-stream; no_peer: a handed-over answer no peer took, finished where its KV was) and outcome (continued, or failed: no node could)."}, []string{"cause", "outcome"})
 	m.resumePulled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_fetched_blocks_total", Help: "KV blocks of resumed answers' prompts that the node continuing them, or the prefill node computing their KV, was asked to pull from live peers rather than recompute."})
 	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
-	m.reg.MustRegister(m.requests, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
+	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }
@@ -154,7 +161,8 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err := checkAliases(cfg.ModelAliases); err != nil {
 		return nil, err
 	}
-	if err := checkAPIKeys(cfg.APIKeys); err != nil {
+	keys, err := parseAPIKeys(cfg.APIKeys)
+	if err != nil {
 		return nil, err
 	}
 	p, err := routing.New(cfg.Policy)
@@ -173,7 +181,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	}
 	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
 		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}},
-		met:  newMetrics(), started: time.Now(), certs: certs}
+		met:  newMetrics(), started: time.Now(), certs: certs, keys: keys}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
@@ -225,7 +233,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	}
 	o.routerURL = scheme(o.certs != nil) + o.routerLn.Addr().String()
 	if !isLoopback(o.cfg.RouterAddr) {
-		if len(o.cfg.APIKeys) == 0 {
+		if len(o.keys) == 0 {
 			o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
 		} else if o.certs == nil {
 			o.log.Warn("the agents' API keys cross the network in the clear; serve HTTPS (--tls-cert-file, --tls-key-file) or put a TLS proxy in front", "router_addr", o.cfg.RouterAddr)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/spf13/pflag"
 )
 
@@ -13,7 +14,7 @@ import (
 // (evolve orchestrator and evolve up share them).
 func addAPIKeyFlags(f *pflag.FlagSet) {
 	f.StringSlice("api-key", nil, "a key the agents' API (/v1/) requires, as Authorization: Bearer KEY or x-api-key: KEY (repeat, or separate with commas; a command line shows in ps: prefer --api-key-file or $EVOLVE_<COMMAND>_API_KEY)")
-	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line (blank lines and lines starting with # are skipped)")
+	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line, KEY or NAME KEY: the name labels the key's requests and tokens in the router's metrics (evolve_router_key_*; a key without one is labelled sha256:<fingerprint>); blank lines and lines starting with # are skipped")
 }
 
 // apiKeys are the keys cmd's --api-key and --api-key-file give (config
@@ -22,6 +23,9 @@ func apiKeys(cmd string) ([]string, error) {
 	keys := configList(cmd + ".api-key")
 	path := config.GetString(cmd + ".api-key-file")
 	if path == "" {
+		if err := orchestrator.CheckAPIKeys(keys); err != nil {
+			return nil, fmt.Errorf("--api-key: %w", err)
+		}
 		return keys, nil
 	}
 	f, err := os.Open(path)
@@ -45,6 +49,9 @@ func apiKeys(cmd string) ([]string, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("--api-key-file %s holds no key", path)
 	}
+	if err := orchestrator.CheckAPIKeys(keys); err != nil {
+		return nil, fmt.Errorf("--api-key or --api-key-file %s: %w", path, err)
+	}
 	return keys, nil
 }
 
@@ -55,4 +62,14 @@ func apiKeyEnv(keys []string) []string {
 		return nil
 	}
 	return []string{"EVOLVE_ORCHESTRATOR_API_KEY=" + strings.Join(keys, ",")}
+}
+
+// keyOf is the key of an entry, KEY or NAME KEY (see evolve orchestrator
+// --help).
+func keyOf(entry string) string {
+	f := strings.Fields(entry)
+	if len(f) == 0 {
+		return ""
+	}
+	return f[len(f)-1]
 }

@@ -1,7 +1,10 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -17,7 +20,7 @@ import (
 // it says the router wants one.
 func TestAPIKeysThroughUpAndBench(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "keys")
-	if err := os.WriteFile(file, []byte("# agents of team A\nsk-evolve-test-1\n\nsk-evolve-test-2\n"), 0o600); err != nil {
+	if err := os.WriteFile(file, []byte("# agents of team A\nteam-a sk-evolve-test-1\n\nsk-evolve-test-2\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	c := upCluster(t, "--engines", "1", "--api-key-file", file)
@@ -64,5 +67,39 @@ func TestAPIKeysThroughUpAndBench(t *testing.T) {
 	out, code = runBin(t, c.env, "bench", "--url", c.state.RouterURL, "--api-key", "sk-evolve-test-1", "--workload", "math", "--agents", "1", "--duration", "1s")
 	if code != 0 {
 		t.Fatalf("bench with --api-key: exit %d\n%s", code, out)
+	}
+
+	// Each key's requests and tokens, by its name (team-a: bench's) or
+	// its fingerprint (the one request with the unnamed key), and never
+	// the key itself.
+	sum := sha256.Sum256([]byte("sk-evolve-test-2"))
+	unnamed := "sha256:" + hex.EncodeToString(sum[:4])
+	if n := metric(t, c.state.RouterURL, `evolve_router_key_requests_total{key="team-a",outcome="ok"}`); n < 1 || n < float64(res.Requests) {
+		t.Errorf("team-a's requests: %v, want at least the %d of the first bench", n, res.Requests)
+	}
+	if n := metric(t, c.state.RouterURL, `evolve_router_key_requests_total{key="`+unnamed+`",outcome="ok"}`); n != 1 {
+		t.Errorf("the unnamed key's requests: %v, want 1", n)
+	}
+	if n := metric(t, c.state.RouterURL, `evolve_router_key_tokens_total{key="`+unnamed+`",kind="completion"}`); n != 2 {
+		t.Errorf("the unnamed key's completion tokens: %v, want the 2 asked", n)
+	}
+	if p, d := metric(t, c.state.RouterURL, `evolve_router_key_tokens_total{key="team-a",kind="prompt"}`),
+		metric(t, c.state.RouterURL, `evolve_router_key_tokens_total{key="team-a",kind="completion"}`); p == 0 || d == 0 {
+		t.Errorf("team-a's tokens: %v prompt, %v completion", p, d)
+	}
+	resp, err := http.Get(c.state.RouterURL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if strings.Contains(string(body), "sk-evolve") {
+		t.Error("a key shows in the router's metrics")
+	}
+
+	// An entry that is neither KEY nor NAME KEY stops up before it starts
+	// anything.
+	if out, code := runBin(t, c.env, "up", "--api-key", "team a sk-x", "--engines", "1"); code != 2 || !strings.Contains(out, "KEY or NAME KEY") {
+		t.Errorf("up with a bad key entry: exit %d\n%s", code, out)
 	}
 }

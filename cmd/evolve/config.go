@@ -18,8 +18,19 @@ var envKeys = strings.NewReplacer(".", "_", "-", "_")
 // configList is a list flag's value: its items, whichever source set it
 // (the environment's value reaches config as one comma-separated string).
 func configList(key string) []string {
+	// Split on commas only: viper would split a string (from the
+	// environment) on spaces too, and an API key entry is NAME KEY.
+	var values []string
+	switch v := config.Get(key).(type) {
+	case string:
+		values = []string{v}
+	case []string:
+		values = v
+	default:
+		values = config.GetStringSlice(key)
+	}
 	var out []string
-	for _, v := range config.GetStringSlice(key) {
+	for _, v := range values {
 		for _, item := range strings.Split(v, ",") {
 			if item = strings.TrimSpace(item); item != "" {
 				out = append(out, item)

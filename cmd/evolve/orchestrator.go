@@ -40,7 +40,10 @@ engine (--policy evolve, dynamo or round-robin), and the control API on
 --control-addr (loopback by default; a bearer token is required elsewhere).
 With --api-key-file (or --api-key, or $EVOLVE_ORCHESTRATOR_API_KEY) the
 agents' API takes only requests that carry a key (Authorization: Bearer
-KEY, or x-api-key: KEY); /health and /metrics stay open. --model-alias
+KEY, or x-api-key: KEY); /health and /metrics stay open. An entry NAME KEY
+names the key: evolve_router_key_requests_total and _key_tokens_total
+count its requests and tokens under the name (unnamed: sha256:<8 hex
+digits of its fingerprint>). --model-alias
 lets clients name the served model their own way (claude-*, gpt-4o).
 With --tls-cert-file and --tls-key-file (PEM) the router, and the control
 API unless it is on loopback, serve HTTPS, so that keys and tokens cross
