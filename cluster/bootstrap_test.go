@@ -38,6 +38,16 @@ func (c localConn) Run(ctx context.Context, cmd string) (string, error) {
 	return string(out), nil
 }
 
+func (c localConn) Stream(ctx context.Context, cmd string, w io.Writer) error {
+	x := exec.CommandContext(ctx, "sh", "-c", cmd)
+	x.Env = append(os.Environ(), "HOME="+c.home)
+	x.Stdout = w
+	if err := x.Run(); err != nil && ctx.Err() == nil {
+		return err
+	}
+	return nil
+}
+
 func (c localConn) Upload(_ context.Context, r io.Reader, path string, mode os.FileMode) error {
 	os.MkdirAll(filepath.Dir(path), 0o755)
 	b, err := io.ReadAll(r)

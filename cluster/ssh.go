@@ -25,6 +25,9 @@ type Conn interface {
 	// Run runs a shell command and returns its standard output; a failure
 	// carries its standard error.
 	Run(ctx context.Context, cmd string) (string, error)
+	// Stream runs a shell command, writing its standard output to w as it
+	// comes, until it ends or ctx does (then it returns nil).
+	Stream(ctx context.Context, cmd string, w io.Writer) error
 	// Upload writes r to path (through a temporary file renamed into
 	// place) with mode.
 	Upload(ctx context.Context, r io.Reader, path string, mode os.FileMode) error
@@ -312,6 +315,30 @@ func (s *sshConn) Run(ctx context.Context, cmd string) (string, error) {
 		return out.String(), fmt.Errorf("%w: %s", err, msg)
 	}
 	return out.String(), nil
+}
+
+func (s *sshConn) Stream(ctx context.Context, cmd string, w io.Writer) error {
+	sess, err := s.c.NewSession()
+	if err != nil {
+		return err
+	}
+	defer sess.Close()
+	var errb bytes.Buffer
+	sess.Stdout, sess.Stderr = w, &errb
+	done := make(chan error, 1)
+	go func() { done <- sess.Run(cmd) }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		// Closing the session closes the command's output: a tail -F
+		// there ends at its next write.
+		sess.Signal(ssh.SIGTERM)
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %s", err, strings.TrimSpace(errb.String()))
+	}
+	return nil
 }
 
 func (s *sshConn) Upload(ctx context.Context, r io.Reader, path string, mode os.FileMode) (err error) {

@@ -88,6 +88,23 @@ spec:
 	if _, code = runBinOut(t, env, "nodes", "--server", st.ControlURL, "-o", "json"); code == 0 {
 		t.Fatal("the host's control API answered without the token")
 	}
+	// The hosts' logs, over SSH: an engine's, the orchestrator's, and the
+	// orchestrator's followed as it writes.
+	if out, code = runBinOut(t, env, "logs", "gpu-02", "-f", file, "--known-hosts", kh, "--tail", "20"); code != 0 || !strings.Contains(out, `"msg":"engine ready"`) {
+		t.Fatalf("logs gpu-02 -f: exit %d\n%s", code, out)
+	}
+	if out, code = runBinOut(t, env, "logs", "gpu-03", "-f", file, "--known-hosts", kh); code != 2 || !strings.Contains(out, "orchestrator, gpu-01, gpu-02") {
+		t.Fatalf("logs of no host: exit %d\n%s", code, out)
+	}
+	lines, stop := followLog(t, env, "orchestrator", "-f", file, "--known-hosts", kh, "--tail", "-1")
+	waitLine(t, lines, `"msg":"orchestrator ready"`)
+	if out, code := runBinOut(t, env, "role", "set", "gpu-02", "prefill", "--server", st.ControlURL, "--token", st.ControlToken); code != 0 {
+		t.Fatalf("role set: exit %d\n%s", code, out)
+	}
+	waitLine(t, lines, `"msg":"role switched"`)
+	if err := stop(); err != nil {
+		t.Fatalf("logs --follow over SSH after Ctrl-C: %v", err)
+	}
 	// The operator's routing policy reached the host's orchestrator.
 	creq, _ := http.NewRequest("GET", st.ControlURL+"/api/v1/cluster", nil)
 	creq.Header.Set("Authorization", "Bearer "+st.ControlToken)

@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// followLog runs evolve logs with --follow and returns a channel of the
+// lines it prints and a stop that interrupts it, as Ctrl-C does, and
+// reports how it exited.
+func followLog(t *testing.T, env []string, args ...string) (<-chan string, func() error) {
+	t.Helper()
+	cmd := exec.Command(evolveBin, append([]string{"logs", "--follow"}, args...)...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1024)
+	go func() {
+		sc := bufio.NewScanner(out)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		close(lines)
+	}()
+	stopped := false
+	stop := func() error {
+		stopped = true
+		cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			return <-done
+		}
+	}
+	t.Cleanup(func() {
+		if !stopped {
+			stop()
+		}
+	})
+	return lines, stop
+}
+
+// waitLine reads lines until one contains want.
+func waitLine(t *testing.T, lines <-chan string, want string) {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("evolve logs ended before a line with %q", want)
+			}
+			if strings.Contains(l, want) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no line with %q in 20 s", want)
+		}
+	}
+}
+
+// evolve logs lists a local cluster's logs, prints a log's end, refuses a
+// name that is none, and follows a log as its process writes it until
+// Ctrl-C.
+func TestLogsOfALocalCluster(t *testing.T) {
+	c := upCluster(t, "--engines", "2")
+	out, code := runBinOut(t, c.env, "logs")
+	if code != 0 || strings.Fields(out)[0] != "engine-0" || !strings.Contains(out, "orchestrator") {
+		t.Fatalf("evolve logs: exit %d\n%s", code, out)
+	}
+	out, code = runBinOut(t, c.env, "logs", "engine-0", "--tail", "1")
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, `"msg":"engine ready"`) {
+		t.Fatalf("evolve logs engine-0 --tail 1: exit %d\n%s", code, out)
+	}
+	if out, code = runBinOut(t, c.env, "logs", "engine-9"); code != 2 || !strings.Contains(out, "there are engine-0, engine-1, orchestrator") {
+		t.Fatalf("evolve logs engine-9: exit %d\n%s", code, out)
+	}
+	if out, code = runBinOut(t, c.env, "logs", "engine-0", "--tail", "-2"); code != 2 {
+		t.Fatalf("evolve logs --tail -2: exit %d\n%s", code, out)
+	}
+
+	lines, stop := followLog(t, c.env, "orchestrator", "--tail", "0")
+	time.Sleep(300 * time.Millisecond) // it has read to the end
+	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill"); code != 0 {
+		t.Fatalf("role set: exit %d\n%s", code, out)
+	}
+	waitLine(t, lines, `"msg":"role switched"`)
+	if err := stop(); err != nil {
+		t.Fatalf("evolve logs --follow after Ctrl-C: %v", err)
+	}
+}
+
+// The start of a file's last n lines, whether or not it ends in a
+// newline, and all of it or none.
+func TestLastLines(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		text string
+		n    int
+		want string
+	}{
+		{"a\nb\nc\n", 2, "b\nc\n"},
+		{"a\nb\nc", 2, "b\nc"},
+		{"a\nb\nc\n", 5, "a\nb\nc\n"},
+		{"a\nb\nc\n", -1, "a\nb\nc\n"},
+		{"a\nb\nc\n", 0, ""},
+		{"", 3, ""},
+		{strings.Repeat("x", 70000) + "\n" + "last\n", 1, "last\n"},
+		{"a\n" + strings.Repeat("y", 140000) + "\n", 1, strings.Repeat("y", 140000) + "\n"},
+	} {
+		path := filepath.Join(dir, "log")
+		os.WriteFile(path, []byte(tc.text), 0o600)
+		f, _ := os.Open(path)
+		off, err := lastLines(f, tc.n)
+		f.Seek(off, io.SeekStart)
+		got, _ := io.ReadAll(f)
+		f.Close()
+		if err != nil || string(got) != tc.want {
+			t.Errorf("last %d lines of %.20q: %.20q (%v), want %.20q", tc.n, tc.text, got, err, tc.want)
+		}
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe to read while another goroutine
+// writes it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Following a log goes on through its truncation and its replacement by
+// a new file (a cluster brought up again), from the new start.
+func TestTailFileFollowsThroughANewLog(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "engine-0.log")
+	os.WriteFile(path, []byte("one\ntwo\n"), 0o600)
+	ctx, cancel := context.WithCancel(context.Background())
+	var out syncBuffer
+	done := make(chan error, 1)
+	go func() { done <- tailFile(ctx, path, 1, true, &out) }()
+	wait := func(want string) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for out.String() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("followed %q, want %q", out.String(), want)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	wait("two\n")
+	f, _ := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	f.WriteString("three\n")
+	f.Close()
+	wait("two\nthree\n")
+	os.WriteFile(path, []byte("a\n"), 0o600) // truncated, shorter
+	wait("two\nthree\na\n")
+	os.Remove(path)
+	os.WriteFile(path, []byte("new file\n"), 0o600)
+	wait("two\nthree\na\nnew file\n")
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
