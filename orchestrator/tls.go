@@ -22,6 +22,13 @@ import (
 // certRecheck is how often a handshake looks at the files again.
 const certRecheck = time.Second
 
+// certWarnBefore is how long before its end a certificate is warned of,
+// at most every certWarnEvery.
+const (
+	certWarnBefore = 14 * 24 * time.Hour
+	certWarnEvery  = time.Hour
+)
+
 // certReloader serves the key pair in two files, reloading it when they
 // change.
 type certReloader struct {
@@ -33,6 +40,7 @@ type certReloader struct {
 	stamp   []byte // the files' sizes and modification times when loaded
 	checked time.Time
 	failed  []byte // the stamp whose load failed (logged once)
+	warned  time.Time
 }
 
 // newCertReloader loads the pair, refusing one that does not load.
@@ -53,7 +61,35 @@ func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader,
 		return nil, fmt.Errorf("TLS certificate %s and key %s: %w", certFile, keyFile, err)
 	}
 	r.cert, r.stamp, r.checked = &cert, stamp, time.Now()
+	r.warnIfEnding(r.checked)
 	return r, nil
+}
+
+// expiry is when the served certificate ends, in Unix seconds (for the
+// evolve_tls_certificate_expiry_seconds gauge).
+func (r *certReloader) expiry() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.cert.Leaf == nil {
+		return 0
+	}
+	return float64(r.cert.Leaf.NotAfter.Unix())
+}
+
+// warnIfEnding logs, at most every certWarnEvery, that the served
+// certificate has ended or soon will; r.mu is held (or r is new).
+func (r *certReloader) warnIfEnding(now time.Time) {
+	leaf := r.cert.Leaf
+	if leaf == nil || leaf.NotAfter.Sub(now) > certWarnBefore || now.Sub(r.warned) < certWarnEvery {
+		return
+	}
+	r.warned = now
+	if now.After(leaf.NotAfter) {
+		r.log.Error("the TLS certificate has expired: clients refuse it; renew it in place", "cert_file", r.certFile, "not_after", leaf.NotAfter)
+		return
+	}
+	r.log.Warn("the TLS certificate expires soon; renew it in place", "cert_file", r.certFile, "not_after", leaf.NotAfter,
+		"left", leaf.NotAfter.Sub(now).Round(time.Minute).String())
 }
 
 // fileStamp is what changes when either file is rewritten.
@@ -77,6 +113,7 @@ func (r *certReloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, erro
 	if now := time.Now(); now.Sub(r.checked) >= certRecheck {
 		r.checked = now
 		r.reload()
+		r.warnIfEnding(now)
 	}
 	return r.cert, nil
 }
@@ -95,7 +132,7 @@ func (r *certReloader) reload() {
 		r.log.Warn("TLS certificate changed but does not load; serving the previous one", "cert_file", r.certFile, "key_file", r.keyFile, "err", err)
 		return
 	}
-	r.cert, r.stamp, r.failed = &cert, stamp, nil
+	r.cert, r.stamp, r.failed, r.warned = &cert, stamp, nil, time.Time{}
 	r.log.Info("TLS certificate reloaded", "cert_file", r.certFile)
 }
 

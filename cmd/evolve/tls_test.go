@@ -9,6 +9,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -21,15 +22,16 @@ import (
 )
 
 // writeCert writes a self-signed certificate for 127.0.0.1 and its key,
-// serial numbered serial, and returns the certificate's DER.
-func writeCert(t *testing.T, certFile, keyFile string, serial int64) []byte {
+// serial numbered serial and valid for serial hours from now, and returns
+// when it ends.
+func writeCert(t *testing.T, certFile, keyFile string, serial int64) time.Time {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "evolve test"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Duration(serial) * time.Hour).Truncate(time.Second),
 		IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}, KeyUsage: x509.KeyUsageDigitalSignature | x509.KeyUsageCertSign,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, BasicConstraintsValid: true, IsCA: true}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
@@ -46,7 +48,7 @@ func writeCert(t *testing.T, certFile, keyFile string, serial int64) []byte {
 	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return der
+	return tmpl.NotAfter
 }
 
 // An orchestrator given a certificate serves the agents' API over HTTPS
@@ -58,9 +60,17 @@ func writeCert(t *testing.T, certFile, keyFile string, serial int64) []byte {
 func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
-	writeCert(t, certFile, keyFile, 1)
+	ends := writeCert(t, certFile, keyFile, 1)
 	info, log := startOrchestratorLog(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile,
 		"--control-addr", "0.0.0.0:0", "--token", "ctl-secret")
+	// An hour left: the log warns, and the metric says when, for alerts.
+	if !strings.Contains(log.String(), "expires soon") {
+		t.Errorf("no warning of a certificate with an hour left in\n%s", log.String())
+	}
+	expiry := func() float64 { return metricTLS(t, info.RouterURL, "evolve_tls_certificate_expiry_seconds") }
+	if got := expiry(); got != float64(ends.Unix()) {
+		t.Errorf("evolve_tls_certificate_expiry_seconds %v, want %d", got, ends.Unix())
+	}
 	if !strings.HasPrefix(info.RouterURL, "https://127.0.0.1:") || !strings.HasPrefix(info.ControlURL, "https://") {
 		t.Fatalf("ready file: router %s, control %s; want both https", info.RouterURL, info.ControlURL)
 	}
@@ -144,8 +154,11 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 		t.Fatalf("serving certificate %d, want 1", s)
 	}
 	time.Sleep(10 * time.Millisecond) // a modification time the first write did not have
-	writeCert(t, certFile, keyFile, 2)
+	ends = writeCert(t, certFile, keyFile, 2)
 	eventually(t, 10*time.Second, "the renewed certificate served", func() bool { return served() == 2 })
+	if got := expiry(); got != float64(ends.Unix()) {
+		t.Errorf("after the renewal, evolve_tls_certificate_expiry_seconds %v, want %d", got, ends.Unix())
+	}
 	if resp, err = trusting(certFile).Get(info.RouterURL + "/health"); err != nil {
 		t.Fatalf("a client trusting the renewed certificate: %v", err)
 	}
@@ -192,4 +205,26 @@ func TestOrchestratorRefusesABadCertificate(t *testing.T) {
 			t.Errorf("orchestrator %q: exit %d, want 2 and %q in\n%s", tc.args, code, tc.want, out)
 		}
 	}
+}
+
+// metricTLS is metric for a router that serves HTTPS with a certificate
+// the test made (it checks which certificate is served elsewhere).
+func metricTLS(t *testing.T, base, name string) float64 {
+	t.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	resp, err := c.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			var f float64
+			fmt.Sscan(v, &f)
+			return f
+		}
+	}
+	t.Fatalf("metric %s not found", name)
+	return 0
 }
