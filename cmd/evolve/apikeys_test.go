@@ -74,8 +74,11 @@ func TestAPIKeysThroughUpAndBench(t *testing.T) {
 	// the key itself.
 	sum := sha256.Sum256([]byte("sk-evolve-test-2"))
 	unnamed := "sha256:" + hex.EncodeToString(sum[:4])
-	if n := metric(t, c.state.RouterURL, `evolve_router_key_requests_total{key="team-a",outcome="ok"}`); n < 1 || n < float64(res.Requests) {
-		t.Errorf("team-a's requests: %v, want at least the %d of the first bench", n, res.Requests)
+	if s := ask("sk-evolve-test-1"); s != 200 {
+		t.Fatalf("team-a's key: %d", s)
+	}
+	if n := metric(t, c.state.RouterURL, `evolve_router_key_requests_total{key="team-a",outcome="ok"}`); n < float64(1+res.Requests) {
+		t.Errorf("team-a's requests: %v, want at least 1 and the %d of the first bench, which sent team-a's key", n, res.Requests)
 	}
 	if n := metric(t, c.state.RouterURL, `evolve_router_key_requests_total{key="`+unnamed+`",outcome="ok"}`); n != 1 {
 		t.Errorf("the unnamed key's requests: %v, want 1", n)
