@@ -21,9 +21,9 @@ func newLogsCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "logs NAME",
 		Short: "Print the log of an engine or of the orchestrator, and follow it",
-		Long: `Print the end of a log, as its process writes it (JSON lines from a
-cluster file's processes and from a local cluster's), and with --follow
-what is written to it after, until Ctrl-C.
+		Long: `Print the end of a log, and with --follow what is written to it after,
+until Ctrl-C. The processes write JSON lines; they show as time, level,
+message and key=value fields, or with -o json as written (for jq).
 
 NAME is a node of the local cluster (engine-0, engine-1, ...) or
 orchestrator. With -f, a cluster file's: the name of a host, for the log
@@ -34,7 +34,7 @@ read over SSH, as evolve status -f reaches it.
 		Example: `  evolve logs engine-0
   evolve logs orchestrator --follow
   evolve logs gpu-01 -f lab.yaml --tail 50
-  evolve logs engine-1 --tail -1 | jq -r 'select(.level == "WARN") | .msg'`,
+  evolve logs engine-1 --tail -1 -o json | jq -r 'select(.level == "WARN") | .msg'`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: runLogs,
 		ValidArgsFunction: func(cmd *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
@@ -49,6 +49,7 @@ read over SSH, as evolve status -f reaches it.
 	f.Int("tail", 100, "print the last N lines (-1: all of the log, 0: none, for --follow)")
 	f.BoolP("follow", "F", false, "then print what is written to the log, until Ctrl-C")
 	f.StringP("file", "f", "", "a cluster brought up with evolve up -f: NAME is one of its hosts, or orchestrator")
+	f.StringP("output", "o", "text", "text: each JSON log line as time, level, message and key=value fields; json: the lines as written (for jq)")
 	addSSHFlags(f)
 	return cmd
 }
@@ -74,9 +75,18 @@ func runLogs(cmd *cobra.Command, args []string) error {
 		return usage(fmt.Errorf("--tail %d: want a number of lines, or -1 for all", tail))
 	}
 	follow := config.GetBool("logs.follow")
+	var out io.Writer = cmd.OutOrStdout()
+	switch o := config.GetString("logs.output"); o {
+	case "json":
+	case "text":
+		text := &logText{w: out}
+		defer text.Flush()
+		out = text
+	default:
+		return usage(fmt.Errorf("-o %q: want text or json", o))
+	}
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	out := cmd.OutOrStdout()
 	if file := config.GetString("logs.file"); file != "" {
 		f, err := loadClusterFile(cmd, file)
 		if err != nil {

@@ -88,8 +88,12 @@ func TestLogsOfALocalCluster(t *testing.T) {
 		t.Fatalf("evolve logs: exit %d\n%s", code, out)
 	}
 	out, code = runBinOut(t, c.env, "logs", "engine-0", "--tail", "1")
-	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, `"msg":"engine ready"`) {
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, " INFO  engine ready  id=engine-0 ") {
 		t.Fatalf("evolve logs engine-0 --tail 1: exit %d\n%s", code, out)
+	}
+	out, code = runBinOut(t, c.env, "logs", "engine-0", "--tail", "1", "-o", "json")
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, `"msg":"engine ready"`) {
+		t.Fatalf("evolve logs engine-0 --tail 1 -o json: exit %d\n%s", code, out)
 	}
 	if out, code = runBinOut(t, c.env, "logs", "engine-9"); code != 2 || !strings.Contains(out, "there are engine-0, engine-1, orchestrator") {
 		t.Fatalf("evolve logs engine-9: exit %d\n%s", code, out)
@@ -103,7 +107,7 @@ func TestLogsOfALocalCluster(t *testing.T) {
 	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill"); code != 0 {
 		t.Fatalf("role set: exit %d\n%s", code, out)
 	}
-	waitLine(t, lines, `"msg":"role switched"`)
+	waitLine(t, lines, "INFO  role switched  component=orchestrator id=engine-1 from=decode to=prefill")
 	if err := stop(); err != nil {
 		t.Fatalf("evolve logs --follow after Ctrl-C: %v", err)
 	}
@@ -191,5 +195,25 @@ func TestTailFileFollowsThroughANewLog(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A JSON log line reads as time, level, message and the other fields in
+// the order written; a line that is not one passes as it is, and a line
+// written in pieces comes out whole.
+func TestLogText(t *testing.T) {
+	var out strings.Builder
+	lt := &logText{w: &out}
+	in := `{"time":"2026-12-01T17:17:47.221786714Z","level":"WARN","msg":"engine down","id":"e0","why":"missed heartbeats","n":3,"ok":true,"kv":{"a":1}}` + "\n" +
+		"INFO 12-01 17:17:47 [api_server.py] vLLM's own line\n" + `{"level":"INFO","msg":"no time","path":""}`
+	for _, piece := range []string{in[:10], in[10:150], in[150:]} {
+		lt.Write([]byte(piece))
+	}
+	lt.Flush()
+	when := time.Date(2026, 12, 1, 17, 17, 47, 221786714, time.UTC).Local().Format("2006-01-02 15:04:05.000")
+	want := when + ` WARN  engine down  id=e0 why="missed heartbeats" n=3 ok=true kv={"a":1}` + "\n" +
+		"INFO 12-01 17:17:47 [api_server.py] vLLM's own line\n" + ` INFO  no time  path=""` + "\n"
+	if out.String() != want {
+		t.Fatalf("rendered\n%s\nwant\n%s", out.String(), want)
 	}
 }

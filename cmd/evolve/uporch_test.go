@@ -90,18 +90,18 @@ spec:
 	}
 	// The hosts' logs, over SSH: an engine's, the orchestrator's, and the
 	// orchestrator's followed as it writes.
-	if out, code = runBinOut(t, env, "logs", "gpu-02", "-f", file, "--known-hosts", kh, "--tail", "20"); code != 0 || !strings.Contains(out, `"msg":"engine ready"`) {
+	if out, code = runBinOut(t, env, "logs", "gpu-02", "-f", file, "--known-hosts", kh, "--tail", "20", "-o", "json"); code != 0 || !strings.Contains(out, `"msg":"engine ready"`) {
 		t.Fatalf("logs gpu-02 -f: exit %d\n%s", code, out)
 	}
 	if out, code = runBinOut(t, env, "logs", "gpu-03", "-f", file, "--known-hosts", kh); code != 2 || !strings.Contains(out, "orchestrator, gpu-01, gpu-02") {
 		t.Fatalf("logs of no host: exit %d\n%s", code, out)
 	}
 	lines, stop := followLog(t, env, "orchestrator", "-f", file, "--known-hosts", kh, "--tail", "-1")
-	waitLine(t, lines, `"msg":"orchestrator ready"`)
+	waitLine(t, lines, " INFO  orchestrator ready  router_url=https://")
 	if out, code := runBinOut(t, env, "role", "set", "gpu-02", "prefill", "--server", st.ControlURL, "--token", st.ControlToken); code != 0 {
 		t.Fatalf("role set: exit %d\n%s", code, out)
 	}
-	waitLine(t, lines, `"msg":"role switched"`)
+	waitLine(t, lines, " INFO  role switched  ")
 	if err := stop(); err != nil {
 		t.Fatalf("logs --follow over SSH after Ctrl-C: %v", err)
 	}
