@@ -65,9 +65,10 @@ type UpOptions struct {
 	Build func(ctx context.Context, arch string) (string, error)
 	// NATS is the orchestrator's event plane as the hosts reach it; "" uses
 	// nats://<the address each host sees this machine at>:NATSPort (the
-	// file's natsPort when 0).
+	// file's natsPort when 0), tls:// when NATSTLS.
 	NATS     string
 	NATSPort int
+	NATSTLS  bool
 	// NATSToken is the event plane's token; it goes into the engine's
 	// environment in a script only the host's user can read.
 	NATSToken string
@@ -267,7 +268,11 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		if port == 0 {
 			port = f.Spec.Orchestrator.NATSPort
 		}
-		nats = fmt.Sprintf("nats://%s:%d", addr, port)
+		scheme := "nats"
+		if opt.NATSTLS {
+			scheme = "tls"
+		}
+		nats = fmt.Sprintf("%s://%s:%d", scheme, addr, port)
 	}
 	svc := engineService(h, opt.resolve(h).Address, dir, nats, opt.NATSToken)
 	action, phase, err := ensureService(ctx, c, sd, svc, binSum, func(phase string) { opt.progress(h.Name, phase, "") })
@@ -345,8 +350,8 @@ func installBinary(ctx context.Context, c Conn, h Host, arch string, opt UpOptio
 // engineService is the engine's service. addr is the host's address as
 // the orchestrator reaches it (its SSH config alias resolved).
 func engineService(h Host, addr, dir, nats, token string) service {
-	if token != "" {
-		nats = strings.Replace(nats, "nats://", "nats://"+token+"@", 1)
+	if scheme, rest, ok := strings.Cut(nats, "://"); ok && token != "" {
+		nats = scheme + "://" + token + "@" + rest
 	}
 	args := []string{"engine", "--id", h.Name,
 		"--listen", "0.0.0.0:" + strconv.Itoa(h.Engine.Port),

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -192,6 +193,12 @@ func New(cfg Config) (*Orchestrator, error) {
 	return o, nil
 }
 
+// natsTLS says whether the embedded NATS server serves TLS: with a
+// certificate, when it listens beyond loopback.
+func (o *Orchestrator) natsTLS() bool {
+	return o.certs != nil && o.cfg.NATSURL == "" && !isLoopback(o.cfg.NATSListen)
+}
+
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -291,8 +298,14 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		if port == 0 {
 			port = -1 // any free port
 		}
-		ns, err := server.NewServer(&server.Options{Host: host, Port: port, JetStream: true, StoreDir: o.cfg.DataDir,
-			NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator", Authorization: o.cfg.NATSToken})
+		sopts := &server.Options{Host: host, Port: port, JetStream: true, StoreDir: o.cfg.DataDir,
+			NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator", Authorization: o.cfg.NATSToken}
+		if o.natsTLS() {
+			// Engines on other machines send the token: encrypt it with
+			// the router's certificate (tls:// URLs).
+			sopts.TLSConfig = o.certs.tlsConfig()
+		}
+		ns, err := server.NewServer(sopts)
 		if err != nil {
 			return fmt.Errorf("embedded NATS: %w", err)
 		}
@@ -308,7 +321,14 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 	if o.cfg.NATSToken != "" && o.cfg.NATSURL == "" {
 		opts = append(opts, nats.Token(o.cfg.NATSToken))
 	}
-	nc, err := nats.Connect(url, append(opts,
+	connectURL := url
+	if o.ns != nil && o.natsTLS() {
+		// Its own connection stays in the process, where the server asks
+		// for no TLS: no name of the certificate need be this machine's.
+		opts = append(opts, nats.InProcessServer(o.ns))
+		connectURL = "nats://" + strings.TrimPrefix(url, "tls://")
+	}
+	nc, err := nats.Connect(connectURL, append(opts,
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("NATS disconnected", "err", err) }),
 		nats.ReconnectHandler(func(*nats.Conn) { o.log.Info("NATS reconnected") }))...)
 	if err != nil {

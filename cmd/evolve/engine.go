@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
@@ -78,7 +79,7 @@ evolve's fetches and eviction hints do not apply to it.`,
 	f.String("served-model-name", "", "model name clients ask for (default: the profile's model)")
 	f.String("role", "both", "initial role: prefill, decode or both")
 	f.Float64("speedup", 1, "modelled seconds per wall-clock second")
-	f.String("nats", "", "NATS URL of the event plane (empty: HTTP only)")
+	f.String("nats", "", "NATS URL of the event plane: nats://[TOKEN@]HOST:PORT, or tls://... where it takes TLS only (a private CA is trusted with SSL_CERT_FILE); empty: HTTP only")
 	f.Int("max-num-seqs", 0, "most sequences in a batch (default: profile, else 256)")
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
 	f.Int("gpu-kv-tokens", 0, "GPU KV capacity in tokens (default: profile)")
@@ -205,7 +206,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile.Name,
-		"role", role.String(), "speedup", speedup, "nats", get("nats"))
+		"role", role.String(), "speedup", speedup, "nats", redactURL(get("nats")))
 
 	select {
 	case <-sigCtx.Done():
@@ -266,4 +267,15 @@ func flagsOfOtherBackend(cmd *cobra.Command, names []string, backend string) err
 		}
 	}
 	return nil
+}
+
+// redactURL is a URL for a log: its user information (the event plane's
+// token) left out.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	u.User = url.User("REDACTED")
+	return u.String()
 }

@@ -204,7 +204,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	}
 	reg := rep.Registration(buildVersion().Version)
 	slog.Info("engine ready", "id", id, "backend", "vllm", "url", advertise, "model", reg.Model, "block_size", reg.BlockSize,
-		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", get("nats"))
+		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", redactURL(get("nats")))
 
 	agentDone := make(chan error, 1)
 	agentCtx, cancelAgent := context.WithCancel(context.Background())

@@ -46,8 +46,10 @@ count its requests and tokens under the name (unnamed: sha256:<8 hex
 digits of its fingerprint>). --model-alias
 lets clients name the served model their own way (claude-*, gpt-4o).
 With --tls-cert-file and --tls-key-file (PEM) the router, and the control
-API unless it is on loopback, serve HTTPS, so that keys and tokens cross
-the network encrypted; the certificate must name the address clients use.
+API unless it is on loopback, serve HTTPS, and the embedded NATS server
+off loopback takes TLS connections only (engines join at tls://...), so
+that keys and tokens cross the network encrypted; the certificate must
+name the address clients use.
 The files are read again when they change (a renewed certificate is served
 from the next connection on, no restart). evolve's commands and curl
 trust a private CA with SSL_CERT_FILE=ca.pem, Claude Code with

@@ -179,11 +179,14 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		}
 		// Engines reach the orchestrator that runs (a re-run keeps the one
 		// it finds, on the ports it has).
+		scheme := "nats"
 		if u, err := url.Parse(st.NATSURL); err == nil {
 			opt.NATSPort, _ = strconv.Atoi(u.Port())
+			scheme = u.Scheme
 		}
+		opt.NATSTLS = scheme == "tls"
 		if a := f.Spec.Orchestrator.Advertise; a != "" {
-			opt.NATS = fmt.Sprintf("nats://%s:%d", a, opt.NATSPort)
+			opt.NATS = fmt.Sprintf("%s://%s:%d", scheme, a, opt.NATSPort)
 		}
 	} else if st, orchAction, err = ensureHostOrchestrator(ctx, cmd, f, path, opt); err != nil {
 		return err

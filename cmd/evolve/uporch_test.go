@@ -39,11 +39,11 @@ kind: Cluster
 metadata: {name: remote-orch}
 spec:
   orchestrator: {host: gpu-01, routerPort: %d, controlPort: %d, natsPort: %d, modelAliases: [gpt-4o], tls: {certFile: %s, keyFile: %s}}
-  defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
+  defaults: {user: root, keyPath: %s, engine: {profile: tiny, env: {SSL_CERT_FILE: %s}}}
   hosts:
     - {name: gpu-01, address: 127.0.0.1, port: %d, dir: %s/h1, role: prefill, engine: {port: %d}}
     - {name: gpu-02, address: 127.0.0.1, port: %d, dir: %s/h2, engine: {port: %d}}
-`, port(t), port(t), port(t), certFile, keyFile, key, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
+`, port(t), port(t), port(t), certFile, keyFile, key, certFile, h1.Port, dir, port(t), h2.Port, dir, port(t))), 0o600)
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process", // never units on the machine running the tests
 		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2", "EVOLVE_UP_POLICY=round-robin", "SSL_CERT_FILE=" + certFile}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
@@ -81,6 +81,11 @@ spec:
 	if st.OrchHost != "gpu-01" || st.Orchestrator != 0 || st.ControlToken == "" {
 		t.Fatalf("local state %+v", st)
 	}
+	// The engines joined the event plane over TLS, trusting the
+	// certificate through the environment the file gives them.
+	if !strings.HasPrefix(st.NATSURL, "tls://127.0.0.1:") {
+		t.Fatalf("event plane %s: want TLS", st.NATSURL)
+	}
 	out, code = runBinOut(t, env, "nodes", "--server", st.ControlURL, "--token", st.ControlToken, "-o", "json")
 	if code != 0 || !strings.Contains(out, "gpu-02") {
 		t.Fatalf("nodes through the host's control API: exit %d\n%s", code, out)
@@ -92,6 +97,9 @@ spec:
 	// orchestrator's followed as it writes.
 	if out, code = runBinOut(t, env, "logs", "gpu-02", "-f", file, "--known-hosts", kh, "--tail", "20", "-o", "json"); code != 0 || !strings.Contains(out, `"msg":"engine ready"`) {
 		t.Fatalf("logs gpu-02 -f: exit %d\n%s", code, out)
+	}
+	if st.NATSToken == "" || strings.Contains(out, st.NATSToken) {
+		t.Fatalf("the engine's log shows the event plane's token %q:\n%s", st.NATSToken, out)
 	}
 	if out, code = runBinOut(t, env, "logs", "gpu-03", "-f", file, "--known-hosts", kh); code != 2 || !strings.Contains(out, "orchestrator, gpu-01, gpu-02") {
 		t.Fatalf("logs of no host: exit %d\n%s", code, out)
