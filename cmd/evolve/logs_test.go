@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -144,32 +143,13 @@ func TestLastLines(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe to read while another goroutine
-// writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // Following a log goes on through its truncation and its replacement by
 // a new file (a cluster brought up again), from the new start.
 func TestTailFileFollowsThroughANewLog(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "engine-0.log")
 	os.WriteFile(path, []byte("one\ntwo\n"), 0o600)
 	ctx, cancel := context.WithCancel(context.Background())
-	var out syncBuffer
+	var out lockedLog
 	done := make(chan error, 1)
 	go func() { done <- tailFile(ctx, path, 1, true, &out) }()
 	wait := func(want string) {
