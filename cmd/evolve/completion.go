@@ -37,7 +37,7 @@ func policyChoices() []string {
 }
 
 // outputFormats are the formats an --output flag's help names.
-var outputFormats = []string{"table", "wide", "json", "yaml"}
+var outputFormats = []string{"table", "wide", "text", "json", "yaml"}
 
 // registerCompletions gives every command's enumerated flags shell
 // completion: the choices above, the formats each -o names in its help,
