@@ -35,6 +35,11 @@ type ClusterStatus struct {
 	// tests): measured latencies are then wall-clock, the planner's
 	// predictions modelled. 0 when 1, or when engines differ.
 	Speedup float64 `json:"speedup,omitempty"`
+	// APIKeys is how many keys the agents' API takes (0: it is open).
+	APIKeys int `json:"api_keys"`
+	// TLSNotAfter is when the certificate the router serves ends; nil
+	// without TLS.
+	TLSNotAfter *time.Time `json:"tls_not_after,omitempty"`
 }
 
 // controlHandler serves the control API (see the package comment of cmd
@@ -119,7 +124,11 @@ func (o *Orchestrator) Status() ClusterStatus {
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
-		Recent: recent}
+		Recent: recent, APIKeys: len(o.keys)}
+	if o.certs != nil {
+		end := time.Unix(int64(o.certs.expiry()), 0).UTC()
+		st.TLSNotAfter = &end
+	}
 	speedups := map[float64]bool{}
 	for _, n := range o.c.nodes {
 		st.ByState[n.state]++

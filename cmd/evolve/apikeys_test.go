@@ -27,6 +27,9 @@ func TestAPIKeysThroughUpAndBench(t *testing.T) {
 	if c.up["api_keys"] != 2.0 {
 		t.Fatalf("evolve up -o json: %v API keys, want 2", c.up["api_keys"])
 	}
+	if out, code := runBinOut(t, c.env, "status"); code != 0 || !strings.Contains(out, "api keys      2") {
+		t.Fatalf("evolve status: exit %d\n%s", code, out)
+	}
 	ask := func(key string) int {
 		req, _ := http.NewRequest("POST", c.state.RouterURL+"/v1/completions", strings.NewReader(`{"prompt": "hi", "max_tokens": 2}`))
 		if key != "" {

@@ -44,6 +44,17 @@ func newStatusCmd() *cobra.Command {
 			return output(cmd, out, func(w *tabwriter.Writer, wide bool) {
 				s := out.ClusterStatus
 				fmt.Fprintf(w, "router\t%s\n", s.RouterURL)
+				switch {
+				case s.TLSNotAfter != nil && time.Until(*s.TLSNotAfter) <= 0:
+					fmt.Fprintf(w, "tls\tcertificate EXPIRED %s\n", s.TLSNotAfter.Local().Format("2006-01-02 15:04"))
+				case s.TLSNotAfter != nil:
+					fmt.Fprintf(w, "tls\tcertificate ends %s (in %s)\n", s.TLSNotAfter.Local().Format("2006-01-02 15:04"), roundDays(time.Until(*s.TLSNotAfter)))
+				}
+				if s.APIKeys > 0 {
+					fmt.Fprintf(w, "api keys\t%d\n", s.APIKeys)
+				} else {
+					fmt.Fprintf(w, "api keys\tnone: open to whoever reaches the router\n")
+				}
 				fmt.Fprintf(w, "control\t%s\n", s.ControlURL)
 				fmt.Fprintf(w, "policy\t%s\n", s.Policy)
 				fmt.Fprintf(w, "model\t%s\n", s.Model)
@@ -361,4 +372,13 @@ func completeNodes(cmd *cobra.Command, args []string, _ string) ([]string, cobra
 		ids[i] = n.ID + "\t" + n.Role + ", " + n.State
 	}
 	return ids, cobra.ShellCompDirectiveNoFileComp
+}
+
+// roundDays writes a duration as days when it is that long, else hours
+// and minutes.
+func roundDays(d time.Duration) string {
+	if d >= 48*time.Hour {
+		return fmt.Sprintf("%d days", int(d.Hours()/24))
+	}
+	return d.Round(time.Minute).String()
 }

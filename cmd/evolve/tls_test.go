@@ -149,6 +149,16 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 		t.Fatalf("evolve bench over HTTPS: exit %d, %+v\n%s", code, res, out)
 	}
 
+	// evolve status says when the certificate ends.
+	out, code = runBin(t, []string{"SSL_CERT_FILE=" + certFile}, "status", "--server", controlURL, "--token", "ctl-secret", "-o", "json")
+	var status struct {
+		TLSNotAfter time.Time `json:"tls_not_after"`
+		APIKeys     int       `json:"api_keys"`
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &status) != nil || !status.TLSNotAfter.Equal(ends) || status.APIKeys != 0 {
+		t.Fatalf("evolve status -o json: exit %d, %+v; want the certificate's end %v\n%s", code, status, ends, out)
+	}
+
 	// Renewed in place: the next connection gets the new certificate.
 	if s := served(); s != 1 {
 		t.Fatalf("serving certificate %d, want 1", s)
