@@ -43,26 +43,42 @@ func CheckAPIKeys(entries []string) error {
 	return err
 }
 
+// splitEntry is a key entry's name ("" when it has none) and key; ok is
+// false when the entry is neither KEY nor NAME KEY.
+func splitEntry(entry string) (name, key string, ok bool) {
+	f := strings.Fields(entry)
+	switch {
+	case strings.Contains(entry, ","):
+		return "", "", false
+	case len(f) == 1:
+		return "", f[0], true
+	case len(f) == 2:
+		return f[0], f[1], true
+	}
+	return "", "", false
+}
+
+// EntryKey is the key of a key entry (KEY or NAME KEY), "" if it is none.
+func EntryKey(entry string) string {
+	_, key, _ := splitEntry(entry)
+	return key
+}
+
 // parseAPIKeys reads key entries, refusing keys a header cannot carry.
 func parseAPIKeys(entries []string) ([]apiKey, error) {
 	var keys []apiKey
 	for _, e := range entries {
-		f := strings.Fields(e)
-		var k apiKey
+		name, key, ok := splitEntry(e)
 		switch {
-		case len(f) == 1 && !strings.Contains(e, ","):
-			k.key = f[0]
-			sum := sha256.Sum256([]byte(k.key))
-			k.label = "sha256:" + hex.EncodeToString(sum[:4])
-		case len(f) == 2 && !strings.Contains(e, ","):
-			if !keyNameRE.MatchString(f[0]) {
-				return nil, fmt.Errorf("API key name %q: want letters, digits, dots, dashes and underscores (up to 64)", f[0])
-			}
-			k.label, k.key = f[0], f[1]
-		default:
+		case !ok:
 			return nil, errors.New("an API key entry is KEY or NAME KEY: a key must be non-empty, with no spaces or commas")
+		case name != "" && !keyNameRE.MatchString(name):
+			return nil, fmt.Errorf("API key name %q: want letters, digits, dots, dashes and underscores (up to 64)", name)
+		case name == "":
+			sum := sha256.Sum256([]byte(key))
+			name = "sha256:" + hex.EncodeToString(sum[:4])
 		}
-		keys = append(keys, k)
+		keys = append(keys, apiKey{label: name, key: key})
 	}
 	return keys, nil
 }
@@ -129,11 +145,11 @@ func (o *Orchestrator) keyOf(r *http.Request) (string, bool) {
 	if given == "" {
 		return "", false
 	}
-	label, found := "", 0
+	label := "" // labels are never empty
 	for _, k := range o.keys {
 		if subtle.ConstantTimeCompare([]byte(given), []byte(k.key)) == 1 {
-			label, found = k.label, 1
+			label = k.label
 		}
 	}
-	return label, found == 1
+	return label, label != ""
 }

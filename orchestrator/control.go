@@ -126,7 +126,7 @@ func (o *Orchestrator) Status() ClusterStatus {
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
 		Recent: recent, APIKeys: len(o.keys)}
 	if o.certs != nil {
-		end := time.Unix(int64(o.certs.expiry()), 0).UTC()
+		end := o.certs.notAfter().UTC()
 		st.TLSNotAfter = &end
 	}
 	speedups := map[float64]bool{}

@@ -559,7 +559,7 @@ var (
 // prefill runs the prefill leg (vLLM's step 1) and returns the
 // kv_transfer_params the decode leg needs.
 func (a *attempt) prefill() (json.RawMessage, error) {
-	kvp, err := a.prefillOn(a.urls[a.dec.Prefill], nil)
+	kvp, err := a.prefillLeg(a.urls[a.dec.Prefill], a.body, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -567,16 +567,11 @@ func (a *attempt) prefill() (json.RawMessage, error) {
 	return kvp, nil
 }
 
-// prefillOn runs a prefill leg of the client's request, with the members
-// of extra added, on the node at url; it returns the kv_transfer_params
-// the decode leg needs, and keeps the leg's "evolve" object, if any, as
-// the answer's prefill story (prefillKV).
-func (a *attempt) prefillOn(url string, extra map[string]json.RawMessage) (json.RawMessage, error) {
-	return a.prefillLeg(url, a.body, extra)
-}
-
-// prefillLeg is prefillOn for the request body: the client's, or one
-// that goes on with its answer.
+// prefillLeg runs a prefill leg of body (the client's request, or one
+// that goes on with its answer), with the members of extra added, on the
+// node at url; it returns the kv_transfer_params the decode leg needs,
+// and keeps the leg's "evolve" object, if any, as the answer's prefill
+// story (prefillKV).
 func (a *attempt) prefillLeg(url string, body openaiapi.Body, extra map[string]json.RawMessage) (json.RawMessage, error) {
 	set := map[string]json.RawMessage{"max_tokens": jsonOne, "stream": jsonFalse, "stream_options": nil, "kv_transfer_params": prefillKV}
 	if body.Has("max_completion_tokens") {

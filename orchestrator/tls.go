@@ -65,15 +65,23 @@ func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader,
 	return r, nil
 }
 
-// expiry is when the served certificate ends, in Unix seconds (for the
-// evolve_tls_certificate_expiry_seconds gauge).
-func (r *certReloader) expiry() float64 {
+// notAfter is when the served certificate ends (zero if unknown).
+func (r *certReloader) notAfter() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cert.Leaf == nil {
-		return 0
+		return time.Time{}
 	}
-	return float64(r.cert.Leaf.NotAfter.Unix())
+	return r.cert.Leaf.NotAfter
+}
+
+// expiry is notAfter in Unix seconds, for the
+// evolve_tls_certificate_expiry_seconds gauge.
+func (r *certReloader) expiry() float64 {
+	if end := r.notAfter(); !end.IsZero() {
+		return float64(end.Unix())
+	}
+	return 0
 }
 
 // warnIfEnding logs, at most every certWarnEvery, that the served

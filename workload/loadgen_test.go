@@ -22,34 +22,26 @@ import (
 // the requests handed over mid-answer are counted.
 func TestBenchReportsErrorsAndKVSources(t *testing.T) {
 	var n, moved atomic.Int64
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.Method == "GET" && r.URL.Path == "/v1/models":
-			fmt.Fprint(w, `{"object": "list", "data": [{"id": "m", "max_model_len": 1000000}]}`)
-		case r.Method == "POST" && r.URL.Path == "/v1/completions":
-			i := n.Add(1)
-			if i%3 == 0 {
-				http.Error(w, fmt.Sprintf(`{"error": {"message": "refusal %d"}}`, i), http.StatusServiceUnavailable)
-				return
-			}
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"the answer\"}]}\n\n")
-			// A split request: the decode leg was preempted twice, the
-			// prefill leg once.
-			// Every other one moved to another decode engine mid-answer.
-			handedOver := 0
-			if i%2 == 0 {
-				handedOver = 1
-				moved.Add(1)
-			}
-			fmt.Fprintf(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 100, \"completion_tokens\": 2},"+
-				" \"evolve\": {\"transferred_tokens\": 96, \"preemptions\": 2, \"handed_over\": %d, \"prefill\": {\"gpu_hit_tokens\": 64, \"computed_tokens\": 36, \"preemptions\": 1}}}\n\n", handedOver)
-			fmt.Fprint(w, "data: [DONE]\n\n")
-		default:
-			http.NotFound(w, r)
+	srv := fakeRouter(t, func() int64 { return 1000000 }, func(w http.ResponseWriter, r *http.Request) {
+		i := n.Add(1)
+		if i%3 == 0 {
+			http.Error(w, fmt.Sprintf(`{"error": {"message": "refusal %d"}}`, i), http.StatusServiceUnavailable)
+			return
 		}
-	}))
-	defer srv.Close()
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"the answer\"}]}\n\n")
+		// A split request: the decode leg was preempted twice, the
+		// prefill leg once.
+		// Every other one moved to another decode engine mid-answer.
+		handedOver := 0
+		if i%2 == 0 {
+			handedOver = 1
+			moved.Add(1)
+		}
+		fmt.Fprintf(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 100, \"completion_tokens\": 2},"+
+			" \"evolve\": {\"transferred_tokens\": 96, \"preemptions\": 2, \"handed_over\": %d, \"prefill\": {\"gpu_hit_tokens\": 64, \"computed_tokens\": 36, \"preemptions\": 1}}}\n\n", handedOver)
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
 	model, err := New("math", 2)
 	if err != nil {
 		t.Fatal(err)
@@ -104,28 +96,20 @@ func TestFoldVocab(t *testing.T) {
 // every prompt is taken.
 func TestBenchFoldsIDsForASmallVocabulary(t *testing.T) {
 	const vocab = 50000
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch {
-		case r.URL.Path == "/v1/models":
-			fmt.Fprint(w, `{"object": "list", "data": [{"id": "m", "max_model_len": 1000000}]}`)
-		case r.URL.Path == "/v1/completions":
-			var req struct {
-				Prompt []uint32 `json:"prompt"`
-			}
-			json.NewDecoder(r.Body).Decode(&req)
-			for _, id := range req.Prompt {
-				if id >= vocab {
-					http.Error(w, fmt.Sprintf(`{"object":"error","message":"Token id %d is out of vocabulary","type":"BadRequestError","code":400}`, id), 400)
-					return
-				}
-			}
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
-		default:
-			http.NotFound(w, r)
+	srv := fakeRouter(t, func() int64 { return 1000000 }, func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			Prompt []uint32 `json:"prompt"`
 		}
-	}))
-	defer srv.Close()
+		json.NewDecoder(r.Body).Decode(&req)
+		for _, id := range req.Prompt {
+			if id >= vocab {
+				http.Error(w, fmt.Sprintf(`{"object":"error","message":"Token id %d is out of vocabulary","type":"BadRequestError","code":400}`, id), 400)
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
+	})
 	model, _ := New("coding", 2)
 	cfg := BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 500 * time.Millisecond, Speedup: 1000, Seed: 1}
 	res, err := Bench(context.Background(), cfg)
@@ -149,19 +133,11 @@ func TestBenchFoldsIDsForASmallVocabulary(t *testing.T) {
 func TestBenchCountsSessionsPastTheContext(t *testing.T) {
 	var posts atomic.Int64
 	maxLen := atomic.Int64{}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/models":
-			fmt.Fprintf(w, `{"object": "list", "data": [{"id": "m", "max_model_len": %d}]}`, maxLen.Load())
-		case "/v1/completions":
-			posts.Add(1)
-			w.Header().Set("Content-Type", "text/event-stream")
-			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
-		default:
-			http.NotFound(w, r)
-		}
-	}))
-	defer srv.Close()
+	srv := fakeRouter(t, maxLen.Load, func(w http.ResponseWriter, r *http.Request) {
+		posts.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
+	})
 	model, _ := New("coding", 2)
 	maxLen.Store(64) // below the shared system prompt
 	cfg := BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 1500 * time.Millisecond, Speedup: 1000, Seed: 1}
@@ -183,4 +159,22 @@ func TestBenchCountsSessionsPastTheContext(t *testing.T) {
 		t.Fatalf("%d requests, %d sessions completed, %d over the context: want every served session to end at the context and count",
 			res.Requests, res.Sessions, res.OverContext)
 	}
+}
+
+// fakeRouter serves one model of max_model_len maxLen() at GET
+// /v1/models and answers POST /v1/completions with complete; it closes
+// when the test ends.
+func fakeRouter(t *testing.T, maxLen func() int64, complete http.HandlerFunc) *httptest.Server {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case r.Method == "GET" && r.URL.Path == "/v1/models":
+			fmt.Fprintf(w, `{"object": "list", "data": [{"id": "m", "max_model_len": %d}]}`, maxLen())
+		case r.Method == "POST" && r.URL.Path == "/v1/completions":
+			complete(w, r)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }

@@ -22,12 +22,20 @@ func addAPIKeyFlags(f *pflag.FlagSet) {
 func apiKeys(cmd string) ([]string, error) {
 	keys := configList(cmd + ".api-key")
 	path := config.GetString(cmd + ".api-key-file")
-	if path == "" {
-		if err := orchestrator.CheckAPIKeys(keys); err != nil {
-			return nil, fmt.Errorf("--api-key: %w", err)
+	if path != "" {
+		var err error
+		if keys, err = appendKeyFile(keys, path); err != nil {
+			return nil, err
 		}
-		return keys, nil
 	}
+	if err := orchestrator.CheckAPIKeys(keys); err != nil {
+		return nil, fmt.Errorf("--api-key or --api-key-file: %w", err)
+	}
+	return keys, nil
+}
+
+// appendKeyFile appends the entries of a key file to keys.
+func appendKeyFile(keys []string, path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("--api-key-file: %w", err)
@@ -49,9 +57,6 @@ func apiKeys(cmd string) ([]string, error) {
 	if n == 0 {
 		return nil, fmt.Errorf("--api-key-file %s holds no key", path)
 	}
-	if err := orchestrator.CheckAPIKeys(keys); err != nil {
-		return nil, fmt.Errorf("--api-key or --api-key-file %s: %w", path, err)
-	}
 	return keys, nil
 }
 
@@ -62,14 +67,4 @@ func apiKeyEnv(keys []string) []string {
 		return nil
 	}
 	return []string{"EVOLVE_ORCHESTRATOR_API_KEY=" + strings.Join(keys, ",")}
-}
-
-// keyOf is the key of an entry, KEY or NAME KEY (see evolve orchestrator
-// --help).
-func keyOf(entry string) string {
-	f := strings.Fields(entry)
-	if len(f) == 0 {
-		return ""
-	}
-	return f[len(f)-1]
 }

@@ -4,8 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -99,13 +97,7 @@ func TestAPIKeysThroughUpAndBench(t *testing.T) {
 		metric(t, c.state.RouterURL, `evolve_router_key_tokens_total{key="team-a",kind="completion"}`); p == 0 || d == 0 {
 		t.Errorf("team-a's tokens: %v prompt, %v completion", p, d)
 	}
-	resp, err := http.Get(c.state.RouterURL + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if strings.Contains(string(body), "sk-evolve") {
+	if strings.Contains(strings.Join(scrape(t, http.DefaultClient, c.state.RouterURL), "\n"), "sk-evolve") {
 		t.Error("a key shows in the router's metrics")
 	}
 
@@ -120,19 +112,10 @@ func TestAPIKeysThroughUpAndBench(t *testing.T) {
 // metrics.
 func keyRequests(t *testing.T, base, label string) float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
 	total := 0.0
-	for _, line := range strings.Split(string(b), "\n") {
+	for _, line := range scrape(t, http.DefaultClient, base) {
 		if strings.HasPrefix(line, `evolve_router_key_requests_total{key="`+label+`",`) {
-			var v float64
-			fields := strings.Fields(line)
-			fmt.Sscan(fields[len(fields)-1], &v)
-			total += v
+			total += sampleValue(line)
 		}
 	}
 	return total

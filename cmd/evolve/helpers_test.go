@@ -159,23 +159,43 @@ func post(t *testing.T, url string, body any) (int, http.Header, map[string]any)
 // a Prometheus text endpoint.
 func metric(t *testing.T, base, name string) float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		line := sc.Text()
+	return metricVia(t, http.DefaultClient, base, name)
+}
+
+// metricVia is metric through client c (one that trusts a test's
+// certificate).
+func metricVia(t *testing.T, c *http.Client, base, name string) float64 {
+	t.Helper()
+	for _, line := range scrape(t, c, base) {
 		if strings.HasPrefix(line, name+"{") || strings.HasPrefix(line, name+" ") {
-			var v float64
-			fields := strings.Fields(line)
-			fmt.Sscan(fields[len(fields)-1], &v)
-			return v
+			return sampleValue(line)
 		}
 	}
 	t.Fatalf("metric %s not found", name)
 	return 0
+}
+
+// scrape reads the lines of a Prometheus text endpoint.
+func scrape(t *testing.T, c *http.Client, base string) []string {
+	t.Helper()
+	resp, err := c.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Split(string(b), "\n")
+}
+
+// sampleValue is the value of a sample line.
+func sampleValue(line string) float64 {
+	var v float64
+	fields := strings.Fields(line)
+	fmt.Sscan(fields[len(fields)-1], &v)
+	return v
 }
 
 // eventually polls cond until it holds or the deadline passes.

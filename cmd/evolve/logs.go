@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -67,7 +68,7 @@ func runLogs(cmd *cobra.Command, args []string) error {
 		return nil
 	}
 	name := args[0]
-	if !contains(names, name) {
+	if !slices.Contains(names, name) {
 		return usage(fmt.Errorf("no log named %q: there are %s", name, strings.Join(names, ", ")))
 	}
 	tail := config.GetInt("logs.tail")
@@ -133,15 +134,6 @@ func logNames(cmd *cobra.Command) ([]string, error) {
 		return nil, fmt.Errorf("the local cluster has no logs in %s", st.LogDir)
 	}
 	return names, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // tailFile writes the last n lines of the file at path (all when n is

@@ -9,7 +9,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"fmt"
 	"io"
 	"math/big"
 	"net"
@@ -67,7 +66,8 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 	if !strings.Contains(log.String(), "expires soon") {
 		t.Errorf("no warning of a certificate with an hour left in\n%s", log.String())
 	}
-	expiry := func() float64 { return metricTLS(t, info.RouterURL, "evolve_tls_certificate_expiry_seconds") }
+	anyCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+	expiry := func() float64 { return metricVia(t, anyCert, info.RouterURL, "evolve_tls_certificate_expiry_seconds") }
 	if got := expiry(); got != float64(ends.Unix()) {
 		t.Errorf("evolve_tls_certificate_expiry_seconds %v, want %d", got, ends.Unix())
 	}
@@ -215,26 +215,4 @@ func TestOrchestratorRefusesABadCertificate(t *testing.T) {
 			t.Errorf("orchestrator %q: exit %d, want 2 and %q in\n%s", tc.args, code, tc.want, out)
 		}
 	}
-}
-
-// metricTLS is metric for a router that serves HTTPS with a certificate
-// the test made (it checks which certificate is served elsewhere).
-func metricTLS(t *testing.T, base, name string) float64 {
-	t.Helper()
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	resp, err := c.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			var f float64
-			fmt.Sscan(v, &f)
-			return f
-		}
-	}
-	t.Fatalf("metric %s not found", name)
-	return 0
 }

@@ -288,7 +288,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	errw := cmd.ErrOrStderr()
 	st := &localState{LogDir: logDir, Started: time.Now(), Detached: detach}
 	if len(keys) > 0 {
-		st.APIKey = keyOf(keys[0])
+		st.APIKey = orchestrator.EntryKey(keys[0])
 	}
 	// Each child is waited for once, here; exited[pid] closes when it
 	// ends, for the teardown and to notice an engine that stops alone.
