@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"sync"
 	"time"
 
@@ -34,7 +35,11 @@ type Config struct {
 	Speedup          float64 // modelled seconds per wall second; default 1
 	AdvertiseURL     string  // base URL peers and routers use to reach this engine
 	DefaultMaxTokens int     // for requests without max_tokens; default 256 (chat) / 16 (completions, as OpenAI)
-	Logger           *slog.Logger
+	// Token, when set, is required of requests to /v1/ and /evolve/v1/
+	// (Authorization: Bearer TOKEN), and sent to the peers it pulls KV
+	// from: see protocol's "The engine token".
+	Token  string
+	Logger *slog.Logger
 }
 
 // Engine is a running engine agent. Create it with New, start its loop with
@@ -64,6 +69,7 @@ type Engine struct {
 	sink  EventSink
 	met   *metrics
 	start time.Time
+	peers *http.Client // to other engines, with the engine token
 }
 
 // EventSink receives what the engine publishes: KV events and pass records
@@ -104,6 +110,7 @@ func New(cfg Config) (*Engine, error) {
 		pending: map[string]*pending{},
 		wake:    make(chan struct{}, 1),
 		start:   time.Now(),
+		peers:   &http.Client{Timeout: 30 * time.Second, Transport: &protocol.BearerTransport{Token: cfg.Token}},
 	}
 	e.model.SetRole(cfg.Role)
 	e.met = newMetrics(e)
@@ -564,7 +571,7 @@ func (e *Engine) fetch(ctx context.Context, peer string, blocks []kv.BlockHash, 
 		return 0, 0, errors.New("fetch needs a peer and blocks")
 	}
 	var rep protocol.LookupReply
-	if err := postJSON(ctx, peer+"/evolve/v1/kv/lookup", protocol.LookupRequest{Blocks: blocks}, &rep); err != nil {
+	if err := e.postJSON(ctx, peer+"/evolve/v1/kv/lookup", protocol.LookupRequest{Blocks: blocks}, &rep); err != nil {
 		return 0, 0, fmt.Errorf("ask %s for blocks: %w", peer, err)
 	}
 	if rep.Local <= from {

@@ -24,11 +24,18 @@ import (
 // publishing to sk (nil: nowhere).
 func startEngine(t *testing.T, id string, role sim.Role, speedup float64, sk EventSink) (*Engine, *httptest.Server) {
 	t.Helper()
+	return startEngineConfig(t, Config{ID: id, Role: role, Speedup: speedup}, sk)
+}
+
+// startEngineConfig is startEngine from a Config (the tiny profile's).
+func startEngineConfig(t *testing.T, cfg Config, sk EventSink) (*Engine, *httptest.Server) {
+	t.Helper()
 	p, err := sim.LoadProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := New(Config{ID: id, Profile: p, Role: role, Speedup: speedup})
+	cfg.Profile = p
+	e, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

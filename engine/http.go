@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -42,7 +43,28 @@ func (e *Engine) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{Status: 404, Type: "invalid_request_error", Message: fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)})
 	})
-	return mux
+	if e.cfg.Token == "" {
+		return mux
+	}
+	return requireToken(e.cfg.Token, mux)
+}
+
+// requireToken refuses requests to /v1/ and /evolve/v1/ that do not
+// carry the engine token; /health and /metrics stay open, as vLLM's do
+// under --api-key, for load balancers and Prometheus.
+func requireToken(token string, next http.Handler) http.Handler {
+	want := []byte("Bearer " + token)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		p := r.URL.Path
+		if (strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "/evolve/")) &&
+			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			writeError(w, &apiError{Status: 401, Type: "invalid_request_error", Code: "invalid_engine_token",
+				Message: "this engine serves its cluster's routers only: send Authorization: Bearer with the engine token " +
+					"(by default the event plane's: the TOKEN of the engine's nats://TOKEN@host)"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) { openaiapi.WriteJSON(w, status, v) }
@@ -253,16 +275,15 @@ func (e *Engine) pull(ctx context.Context, kvp openaiapi.KVTransferParams) ([]kv
 	defer cancel()
 	base := "http://" + net.JoinHostPort(kvp.RemoteHost, strconv.Itoa(kvp.RemotePort))
 	var rep protocol.PullReply
-	if err := postJSON(ctx, base+"/evolve/v1/kv/pull", protocol.PullRequest{RemoteRequestID: kvp.RemoteRequestID}, &rep); err != nil {
+	if err := e.postJSON(ctx, base+"/evolve/v1/kv/pull", protocol.PullRequest{RemoteRequestID: kvp.RemoteRequestID}, &rep); err != nil {
 		return nil, fmt.Errorf("pull KV from %s: %w", base, err)
 	}
 	return rep.Blocks, nil
 }
 
-var httpClient = &http.Client{Timeout: 30 * time.Second}
-
-// postJSON posts in as JSON and decodes a 200 answer into out.
-func postJSON(ctx context.Context, url string, in, out any) error {
+// postJSON posts in as JSON to a peer engine and decodes a 200 answer
+// into out.
+func (e *Engine) postJSON(ctx context.Context, url string, in, out any) error {
 	b, err := json.Marshal(in)
 	if err != nil {
 		return err
@@ -272,7 +293,7 @@ func postJSON(ctx context.Context, url string, in, out any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := httpClient.Do(req)
+	resp, err := e.peers.Do(req)
 	if err != nil {
 		return err
 	}

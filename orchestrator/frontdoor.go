@@ -290,6 +290,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.policyMu.Lock()
 		dec, err := o.policy.Route(time.Now(), rr, v)
 		o.policyMu.Unlock()
+		if err != nil && lastErr != nil {
+			// Engines failed it and no other is left: say why they failed.
+			o.countRequest(r, "failed")
+			openaiapi.Unavailable("engines_failed", "the request failed on %d engine(s) and no other can take it: %v", try, lastErr).Write(w)
+			return
+		}
 		if err != nil {
 			o.countRequest(r, "no_engine")
 			openaiapi.Unavailable("no_engine", "%v", err).Write(w)
@@ -669,7 +675,8 @@ func readAnswer(resp *http.Response, limit int64, what string) ([]byte, error) {
 }
 
 // engineError is an engine's refusal; a 4xx other than 429 is the client's
-// fault and is passed on, not retried.
+// fault and is passed on, not retried, but for a 401 or 403: the engine
+// refused the router's engine token, the cluster's fault.
 type clientError struct {
 	status int
 	body   []byte
@@ -678,6 +685,11 @@ type clientError struct {
 func (e *clientError) Error() string { return fmt.Sprintf("engine answered %d: %s", e.status, e.body) }
 
 func engineError(status int, body []byte) error {
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		return fmt.Errorf("engine refused the router's engine token (%d): give the engine and the orchestrator the same token "+
+			"(by default the event plane's: the engine's --nats nats://TOKEN@host and the orchestrator's --nats-token; else --token and --engine-token): %s",
+			status, bytes.TrimSpace(body))
+	}
 	if status >= 400 && status < 500 && status != 429 {
 		return &clientError{status: status, body: body}
 	}

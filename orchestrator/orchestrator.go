@@ -13,6 +13,7 @@ import (
 
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -32,7 +33,11 @@ type Config struct {
 	NATSListen string // default 127.0.0.1:4222
 	// NATSToken, when set, is required of every client of the embedded
 	// NATS server (engines put it in their URL: nats://TOKEN@host:port).
-	NATSToken        string
+	NATSToken string
+	// EngineToken is the token the router sends engines (see protocol's
+	// "The engine token"); empty: the event plane's, NATSToken or the
+	// token in NATSURL.
+	EngineToken      string
 	DataDir          string
 	Policy           string        // evolve, dynamo, round-robin
 	MissedHeartbeats int           // default 3
@@ -181,8 +186,9 @@ func New(cfg Config) (*Orchestrator, error) {
 		return nil, errors.New("an embedded NATS server needs a data directory")
 	}
 	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
-		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}},
-		met:  newMetrics(), started: time.Now(), certs: certs, keys: keys}
+		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),
+			Base: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}},
+		met: newMetrics(), started: time.Now(), certs: certs, keys: keys}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
@@ -191,6 +197,18 @@ func New(cfg Config) (*Orchestrator, error) {
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))
 	}
 	return o, nil
+}
+
+// engineToken is the token engines require of routers: the one given,
+// else the event plane's.
+func (c Config) engineToken() string {
+	switch {
+	case c.EngineToken != "":
+		return c.EngineToken
+	case c.NATSURL == "":
+		return c.NATSToken
+	}
+	return protocol.EngineToken(c.NATSURL)
 }
 
 // natsTLS says whether the embedded NATS server serves TLS: with a

@@ -1,7 +1,7 @@
 // Package protocol is the engine protocol: the NATS subjects and message
 // schemas that engines and the orchestrator exchange, and the HTTP extensions
 // engines serve beside the OpenAI API. Engines, the orchestrator and tests
-// import it; it holds types and names only.
+// import it; it holds types and names, and the two helpers of the engine token.
 //
 // # NATS subjects (JSON payloads)
 //
@@ -24,6 +24,14 @@
 //
 // Responses of /v1/completions and /v1/chat/completions carry an "evolve"
 // object (ResponseKV) saying where the prompt's KV came from.
+//
+// # The engine token
+//
+// An engine given a token (EngineToken: by default the event plane's, so
+// that whoever may join the cluster may use its engines) answers /v1/ and
+// /evolve/v1/ only with "Authorization: Bearer TOKEN", and 401 otherwise;
+// /health and /metrics stay open. Routers and peer engines send it
+// (BearerTransport); a vLLM engine's server gets it as its API key.
 //
 // # kv_transfer_params
 //
@@ -53,6 +61,8 @@ package protocol
 
 import (
 	"fmt"
+	"net/http"
+	"net/url"
 	"regexp"
 	"time"
 
@@ -363,4 +373,40 @@ type Resume struct {
 	Sampler uint64 `json:"sampler_state"`
 	// Prior is the "evolve" object of the answer so far.
 	Prior ResponseKV `json:"prior"`
+}
+
+// EngineToken is the engine token that goes with an event plane's URL:
+// the token of nats://TOKEN@host:port (or tls://), "" when the URL carries
+// none (no user information, or a user and password).
+func EngineToken(natsURL string) string {
+	u, err := url.Parse(natsURL)
+	if err != nil || u.User == nil {
+		return ""
+	}
+	if _, hasPassword := u.User.Password(); hasPassword {
+		return ""
+	}
+	return u.User.Username()
+}
+
+// BearerTransport sends the engine token with every request that carries
+// no Authorization of its own. A nil Base is http.DefaultTransport; an
+// empty Token sends nothing.
+type BearerTransport struct {
+	Token string
+	Base  http.RoundTripper
+}
+
+// RoundTrip implements http.RoundTripper.
+func (t *BearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	if t.Token == "" || r.Header.Get("Authorization") != "" {
+		return base.RoundTrip(r)
+	}
+	r = r.Clone(r.Context()) // a RoundTripper must not change the caller's request
+	r.Header.Set("Authorization", "Bearer "+t.Token)
+	return base.RoundTrip(r)
 }

@@ -17,6 +17,7 @@ import (
 
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -40,6 +41,15 @@ requests (role, drain, offload, fetch, eviction hints).
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both with
 "stream": true), GET /v1/models, GET /health, GET /metrics, and the KV
 extensions under /evolve/v1/kv/.
+
+The engine token: with --nats nats://TOKEN@HOST:PORT (as 'evolve up -f'
+starts engines) the engine serves /v1/ and /evolve/v1/ only to requests
+with Authorization: Bearer TOKEN, which the orchestrator's router and peer
+engines send, so that the router's API keys cannot be bypassed on the
+engine's port; /health and /metrics stay open. --token sets another
+(the orchestrator's --engine-token must match), --token none serves
+anyone. A vLLM server the agent starts gets the token as its API key
+(VLLM_API_KEY); one it joins must have been started with it, or none.
 
 Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to a YAML file.
 
@@ -80,6 +90,7 @@ evolve's fetches and eviction hints do not apply to it.`,
 	f.String("role", "both", "initial role: prefill, decode or both")
 	f.Float64("speedup", 1, "modelled seconds per wall-clock second")
 	f.String("nats", "", "NATS URL of the event plane: nats://[TOKEN@]HOST:PORT, or tls://... where it takes TLS only (a private CA is trusted with SSL_CERT_FILE); empty: HTTP only")
+	f.String("token", "", "engine token that /v1/ and /evolve/v1/ require as Authorization: Bearer (default: the TOKEN of --nats nats://TOKEN@...; \"none\": serve anyone); prefer $EVOLVE_ENGINE_TOKEN to the command line, which ps shows")
 	f.Int("max-num-seqs", 0, "most sequences in a batch (default: profile, else 256)")
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
 	f.Int("gpu-kv-tokens", 0, "GPU KV capacity in tokens (default: profile)")
@@ -168,6 +179,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	eng, err := engine.New(engine.Config{
 		ID: id, Profile: profile, Sim: simCfg, ServedModelName: get("served-model-name"), Role: role,
 		Speedup: speedup, AdvertiseURL: advertise, DefaultMaxTokens: geti("default-max-tokens"), Logger: slog.Default(),
+		Token: engineToken(),
 	})
 	if err != nil {
 		return usage(err)
@@ -206,7 +218,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile.Name,
-		"role", role.String(), "speedup", speedup, "nats", redactURL(get("nats")))
+		"role", role.String(), "speedup", speedup, "nats", redactURL(get("nats")), "requires_token", engineToken() != "")
 
 	select {
 	case <-sigCtx.Done():
@@ -267,6 +279,19 @@ func flagsOfOtherBackend(cmd *cobra.Command, names []string, backend string) err
 		}
 	}
 	return nil
+}
+
+// engineToken is the token the engine requires of its routers and
+// sends its peers: --token, else the event plane's ("" for none).
+func engineToken() string {
+	switch t := config.GetString("engine.token"); t {
+	case "none":
+		return ""
+	case "":
+		return protocol.EngineToken(config.GetString("engine.nats"))
+	default:
+		return t
+	}
 }
 
 // redactURL is a URL for a log: its user information (the event plane's

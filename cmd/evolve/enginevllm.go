@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/vllm"
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -32,6 +34,19 @@ func addVLLMFlags(f *pflag.FlagSet) {
 	f.Int("block-size", 0, "vllm: KV block size, if the server's metrics do not say")
 	f.Float64("prefill-us-per-token", vllm.DefaultPrefillUsPerToken, "vllm: the router's prefill cost per token until the server's metrics measure it")
 	f.Duration("vllm-start-timeout", 30*time.Minute, "vllm: how long the server may take to load its model and answer")
+}
+
+// vllmAPIKey is the key a vLLM command gives with --api-key, if it does.
+func vllmAPIKey(command []string) (string, bool) {
+	for i, a := range command {
+		if v, ok := strings.CutPrefix(a, "--api-key="); ok {
+			return v, true
+		}
+		if a == "--api-key" && i+1 < len(command) {
+			return command[i+1], true
+		}
+	}
+	return "", false
 }
 
 // runVLLMEngine is `evolve engine --backend vllm`: it starts a vLLM server
@@ -107,6 +122,18 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	if listenPort != "" {
 		launch.Port, _ = strconv.Atoi(listenPort)
 	}
+	token := engineToken()
+	if len(command) > 0 && token != "" {
+		// The server takes the engine token as its API key, so that its
+		// port serves only the cluster's routers.
+		if key, ok := vllmAPIKey(command); ok && key != token {
+			return usage(errors.New("the vLLM command sets --api-key: the engine gives vLLM its engine token as the key; drop --api-key, or set the engine's --token (and the orchestrator's --engine-token) to that key"))
+		}
+		if key, ok := os.LookupEnv("VLLM_API_KEY"); ok && key != token {
+			return usage(errors.New("VLLM_API_KEY is set to another key than the engine token, which the engine gives vLLM as its key: unset it, or set the engine's --token (and the orchestrator's --engine-token) to that key"))
+		}
+		launch.Env = append(launch.Env, "VLLM_API_KEY="+token)
+	}
 	if len(command) > 0 {
 		var err error
 		if events, replay, topic, err = launch.Endpoints(); err != nil {
@@ -144,6 +171,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
 		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
+		HTTP: &http.Client{Timeout: 10 * time.Second, Transport: &protocol.BearerTransport{Token: token}},
 		Changed: func() {
 			if agent != nil {
 				agent.Register()
@@ -204,7 +232,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	}
 	reg := rep.Registration(buildVersion().Version)
 	slog.Info("engine ready", "id", id, "backend", "vllm", "url", advertise, "model", reg.Model, "block_size", reg.BlockSize,
-		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", redactURL(get("nats")))
+		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", redactURL(get("nats")), "requires_token", token != "" && len(command) > 0)
 
 	agentDone := make(chan error, 1)
 	agentCtx, cancelAgent := context.WithCancel(context.Background())

@@ -57,7 +57,10 @@ NODE_EXTRA_CA_CERTS=ca.pem.
 
 Engines register over NATS: by default the orchestrator embeds a NATS server
 with JetStream (data in --data-dir; role overrides survive restarts); --nats
-joins an existing one instead.
+joins an existing one instead. Engines that joined with the event plane's
+token (nats://TOKEN@...) take requests only with it, as a bearer token the
+router sends them (--engine-token for another), so that the API keys
+cannot be bypassed on the engines' ports.
 
 The online planner (--planner auto) learns pass costs from the engines'
 live statistics and moves nodes in auto mode between prefill and decode when
@@ -93,6 +96,7 @@ Most users start it through 'evolve up'.`,
 	f.String("nats", "", "URL of an existing NATS server (empty: embed one)")
 	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port)")
 	f.String("nats-token", "", "token every client of the embedded NATS server must present (engines: --nats nats://TOKEN@host:port; or env EVOLVE_ORCHESTRATOR_NATS_TOKEN)")
+	f.String("engine-token", "", "token the router sends engines, which they require when they have one (default: the event plane's, --nats-token or the TOKEN of --nats nats://TOKEN@..., as engines take by default; or env EVOLVE_ORCHESTRATOR_ENGINE_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
@@ -135,7 +139,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	}
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
-		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), DataDir: dataDir, Policy: get("policy"),
+		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),

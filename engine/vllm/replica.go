@@ -127,6 +127,9 @@ func (r *Replica) Probe(ctx context.Context, progress func(err error)) error {
 			r.warnIfTooOld(ctx)
 			return nil
 		}
+		if errors.Is(err, ErrUnauthorized) {
+			return err // waiting will not change its key
+		}
 		if progress != nil {
 			progress(err)
 		}

@@ -3,6 +3,7 @@ package vllm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -132,6 +133,11 @@ type ModelInfo struct {
 	MaxModelLen int
 }
 
+// ErrUnauthorized is vLLM refusing the engine token: it runs with another
+// API key, or with one while the engine has no token.
+var ErrUnauthorized = errors.New("vLLM refused the engine token (401): start it with VLLM_API_KEY (or --api-key) set to the engine token " +
+	"(the TOKEN of the engine's --nats nats://TOKEN@..., or its --token), or without a key")
+
 // Models reads the first model vLLM serves from base+"/v1/models".
 func Models(ctx context.Context, hc *http.Client, base string) (ModelInfo, error) {
 	req, err := http.NewRequestWithContext(ctx, "GET", base+"/v1/models", nil)
@@ -143,6 +149,9 @@ func Models(ctx context.Context, hc *http.Client, base string) (ModelInfo, error
 		return ModelInfo{}, err
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusUnauthorized {
+		return ModelInfo{}, fmt.Errorf("GET %s/v1/models: %w", base, ErrUnauthorized)
+	}
 	if resp.StatusCode != 200 {
 		return ModelInfo{}, fmt.Errorf("GET %s/v1/models: %s", base, resp.Status)
 	}

@@ -25,7 +25,7 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "usage: serve MODEL [flags]")
 		return 2
 	}
-	opts := Options{Model: args[1]}
+	opts := Options{Model: args[1], APIKey: os.Getenv("VLLM_API_KEY")}
 	host, port := "127.0.0.1", "8000"
 	events, replay := "tcp://127.0.0.1:5557", ""
 	for i := 2; i < len(args); i++ {
@@ -43,6 +43,8 @@ func Main(args []string) int {
 			port = next()
 		case "--served-model-name":
 			opts.Model = next()
+		case "--api-key":
+			opts.APIKey = next()
 		case "--map-events":
 			opts.MapEvents = true
 		case "--kv-events-config":

@@ -54,6 +54,9 @@ type Options struct {
 	TokenDelay time.Duration
 	// Version is what GET /version answers; default "0.11.0".
 	Version string
+	// APIKey, when set, is required of /v1/ requests as a bearer token,
+	// as vLLM's --api-key (or VLLM_API_KEY) does; other paths stay open.
+	APIKey string
 }
 
 // Server is a fake vLLM server.
@@ -91,6 +94,7 @@ type Stats struct {
 	BlocksStored   int
 	BlocksEvicted  int
 	PublishedBatch int
+	Unauthorized   int // /v1/ requests refused for want of the API key
 }
 
 // Start runs a server on loopback: HTTP on a free port (or addr), the
@@ -196,7 +200,19 @@ func (s *Server) handler() http.Handler {
 	mux.HandleFunc("POST /tokenize", s.serveTokenize)
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serveGenerate(w, r, true) })
-	return mux
+	if s.opts.APIKey == "" {
+		return mux
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1") && r.Header.Get("Authorization") != "Bearer "+s.opts.APIKey {
+			s.mu.Lock()
+			s.stats.Unauthorized++
+			s.mu.Unlock()
+			openaiapi.WriteJSON(w, 401, map[string]string{"error": "Unauthorized"})
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 // vllmError writes an error in vLLM's flat shape.
