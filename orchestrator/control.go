@@ -118,7 +118,7 @@ func apiError(w http.ResponseWriter, status int, format string, args ...any) {
 
 // Status summarises the cluster.
 func (o *Orchestrator) Status() ClusterStatus {
-	recent := o.recent.recent(time.Now()) // sorts: not under the cluster's lock
+	recent := o.recent.recent(time.Now(), o.started) // sorts: not under the cluster's lock
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),

@@ -44,13 +44,19 @@ func (w *latencyWindow) add(s *[]sample, now time.Time, v float64) {
 	}
 }
 
-// recent summarises the window ending at now, dropping older samples.
-func (w *latencyWindow) recent(now time.Time) Recent {
+// recent summarises the window ending at now, dropping older samples. A
+// window is no longer than the time since started, when the router began
+// to serve: a rate over its first seconds is not divided by a minute.
+func (w *latencyWindow) recent(now, started time.Time) Recent {
 	w.mu.Lock()
 	ttft := prune(&w.ttft, now.Add(-RecentWindow))
 	e2e := prune(&w.e2e, now.Add(-RecentWindow))
 	w.mu.Unlock()
-	r := Recent{WindowSec: RecentWindow.Seconds(), Requests: len(e2e), RequestsSec: float64(len(e2e)) / RecentWindow.Seconds()}
+	window := min(RecentWindow, now.Sub(started)).Round(time.Second)
+	if window < time.Second {
+		window = time.Second
+	}
+	r := Recent{WindowSec: window.Seconds(), Requests: len(e2e), RequestsSec: float64(len(e2e)) / window.Seconds()}
 	r.TTFTP50, r.TTFTP95 = quantile(ttft, 0.5), quantile(ttft, 0.95)
 	r.E2EP50, r.E2EP95 = quantile(e2e, 0.5), quantile(e2e, 0.95)
 	return r
