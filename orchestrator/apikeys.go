@@ -22,16 +22,24 @@ import (
 // (x-api-key: KEY). /health and /metrics stay open, as vLLM's do with
 // --api-key, for load balancers and Prometheus.
 
-// An API key entry is KEY or NAME KEY. The name labels the key's
-// requests and tokens in the router's metrics (several keys may share
-// one, as a team's old and new keys do while it rotates them); a key
-// without one is labelled by its fingerprint, sha256: and the first 8 hex
-// digits of its SHA-256, which says nothing of the key itself. Keys hold
-// no spaces or commas, so an entry reads the same in a key file, a flag
-// and a comma-separated environment variable.
+// An API key entry is KEY or NAME KEY, and a named one may go on with the
+// name's limits (keylimits.go). The name labels the key's requests and
+// tokens in the router's metrics (several keys may share one, as a team's
+// old and new keys do while it rotates them); a key without one is
+// labelled by its fingerprint, sha256: and the first 8 hex digits of its
+// SHA-256, which says nothing of the key itself. Keys hold no spaces or
+// commas, so an entry reads the same in a key file, a flag and a
+// comma-separated environment variable.
 
 // apiKey is a key and its metrics label.
 type apiKey struct{ label, key string }
+
+// apiKeys is what key entries give: the keys, and the limits of the names
+// that have some.
+type apiKeys struct {
+	keys   []apiKey
+	limits map[string]*keyLimit
+}
 
 var keyNameRE = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$`)
 
@@ -43,51 +51,69 @@ func CheckAPIKeys(entries []string) error {
 	return err
 }
 
-// splitEntry is a key entry's name ("" when it has none) and key; ok is
-// false when the entry is neither KEY nor NAME KEY.
-func splitEntry(entry string) (name, key string, ok bool) {
+// splitEntry is a key entry's name ("" when it has none), key and the
+// name's limits (what follows NAME KEY); ok is false when the entry is
+// neither KEY nor NAME KEY [LIMIT...].
+func splitEntry(entry string) (name, key string, limits []string, ok bool) {
 	f := strings.Fields(entry)
 	switch {
 	case strings.Contains(entry, ","):
-		return "", "", false
+		return "", "", nil, false
 	case len(f) == 1:
-		return "", f[0], true
-	case len(f) == 2:
-		return f[0], f[1], true
+		return "", f[0], nil, true
+	case len(f) >= 2:
+		return f[0], f[1], f[2:], true
 	}
-	return "", "", false
+	return "", "", nil, false
 }
 
-// EntryKey is the key of a key entry (KEY or NAME KEY), "" if it is none.
+// EntryKey is the key of a key entry (KEY or NAME KEY ...), "" if it is
+// none.
 func EntryKey(entry string) string {
-	_, key, _ := splitEntry(entry)
+	_, key, _, _ := splitEntry(entry)
 	return key
 }
 
-// parseAPIKeys reads key entries, refusing keys a header cannot carry.
-func parseAPIKeys(entries []string) ([]apiKey, error) {
-	var keys []apiKey
+// parseAPIKeys reads key entries, refusing keys a header cannot carry and
+// limits that do not parse or that disagree between keys of one name.
+func parseAPIKeys(entries []string) (apiKeys, error) {
+	var ks apiKeys
 	for _, e := range entries {
-		name, key, ok := splitEntry(e)
+		name, key, limits, ok := splitEntry(e)
 		switch {
 		case !ok:
-			return nil, errors.New("an API key entry is KEY or NAME KEY: a key must be non-empty, with no spaces or commas")
+			return apiKeys{}, errors.New("an API key entry is KEY or NAME KEY, then the name's limits if any (max-concurrency=N, max-wait=D): a key must be non-empty, with no spaces or commas")
 		case name != "" && !keyNameRE.MatchString(name):
-			return nil, fmt.Errorf("API key name %q: want letters, digits, dots, dashes and underscores (up to 64)", name)
+			return apiKeys{}, fmt.Errorf("API key name %q: want letters, digits, dots, dashes and underscores (up to 64)", name)
 		case name == "":
 			sum := sha256.Sum256([]byte(key))
 			name = "sha256:" + hex.EncodeToString(sum[:4])
 		}
-		keys = append(keys, apiKey{label: name, key: key})
+		if len(limits) > 0 {
+			l, err := parseKeyLimit(name, limits)
+			if err != nil {
+				return apiKeys{}, err
+			}
+			if old, ok := ks.limits[name]; ok && (old.max != l.max || old.wait != l.wait) {
+				return apiKeys{}, fmt.Errorf("API key name %s: its keys give different limits (%s, then %s): give them once, or alike", name, old, l)
+			}
+			if ks.limits == nil {
+				ks.limits = map[string]*keyLimit{}
+			}
+			if _, ok := ks.limits[name]; !ok {
+				ks.limits[name] = l
+			}
+		}
+		ks.keys = append(ks.keys, apiKey{label: name, key: key})
 	}
-	return keys, nil
+	return ks, nil
 }
 
 // requireKey wraps the agents' API: a request without one of the keys is
 // answered 401, in Anthropic's shape on its paths or for its clients. A
 // request with one carries the key's label in its context (keyLabel).
 func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
-	if len(o.keys) == 0 {
+	if len(o.keys.keys) == 0 {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -96,7 +122,14 @@ func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
 			return
 		}
 		if label, ok := o.keyOf(r); ok {
-			h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyLabelKey{}, label)))
+			r = r.WithContext(context.WithValue(r.Context(), keyLabelKey{}, label))
+			if l := o.keys.limits[label]; l != nil && limitedPath(r) {
+				if !o.admitUnder(l, w, r) {
+					return
+				}
+				defer l.release()
+			}
+			h.ServeHTTP(w, r)
 			return
 		}
 		o.met.requests.WithLabelValues(o.policy.Name(), "unauthorized").Inc()
@@ -146,7 +179,7 @@ func (o *Orchestrator) keyOf(r *http.Request) (string, bool) {
 		return "", false
 	}
 	label := "" // labels are never empty
-	for _, k := range o.keys {
+	for _, k := range o.keys.keys {
 		if subtle.ConstantTimeCompare([]byte(given), []byte(k.key)) == 1 {
 			label = k.label
 		}

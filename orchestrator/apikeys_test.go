@@ -84,7 +84,7 @@ func TestAPIKeyLabels(t *testing.T) {
 	}
 	sum := sha256.Sum256([]byte("sk-unnamed"))
 	want := []apiKey{{"team-a", "sk-old"}, {"team-a", "sk-new"}, {"sha256:" + hex.EncodeToString(sum[:4]), "sk-unnamed"}}
-	if !slices.Equal(keys, want) {
+	if !slices.Equal(keys.keys, want) || keys.limits != nil {
 		t.Fatalf("parsed %v, want %v", keys, want)
 	}
 	o := &Orchestrator{keys: keys}

@@ -37,6 +37,9 @@ type ClusterStatus struct {
 	Speedup float64 `json:"speedup,omitempty"`
 	// APIKeys is how many keys the agents' API takes (0: it is open).
 	APIKeys int `json:"api_keys"`
+	// KeyLimits are the names with a max-concurrency and how near they
+	// run to it, by name.
+	KeyLimits []KeyLimitStatus `json:"key_limits,omitempty"`
 	// TLSNotAfter is when the certificate the router serves ends; nil
 	// without TLS.
 	TLSNotAfter *time.Time `json:"tls_not_after,omitempty"`
@@ -124,7 +127,7 @@ func (o *Orchestrator) Status() ClusterStatus {
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
-		Recent: recent, APIKeys: len(o.keys)}
+		Recent: recent, APIKeys: len(o.keys.keys), KeyLimits: o.keys.status()}
 	if o.certs != nil {
 		end := o.certs.notAfter().UTC()
 		st.TLSNotAfter = &end

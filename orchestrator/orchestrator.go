@@ -86,7 +86,7 @@ type Orchestrator struct {
 	routerURL, controlURL, natsURL string
 	routerLn, controlLn            net.Listener
 	certs                          *certReloader // nil: plain HTTP
-	keys                           []apiKey      // the agents' API keys (none: open)
+	keys                           apiKeys       // the agents' API keys (none: open) and limits
 }
 
 type metrics struct {
@@ -192,6 +192,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
+	o.met.registerKeyLimits(keys.limits)
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))
@@ -262,7 +263,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	}
 	o.routerURL = scheme(o.certs != nil) + o.routerLn.Addr().String()
 	if !isLoopback(o.cfg.RouterAddr) {
-		if len(o.keys) == 0 {
+		if len(o.keys.keys) == 0 {
 			o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
 		} else if o.certs == nil {
 			o.log.Warn("the agents' API keys cross the network in the clear; serve HTTPS (--tls-cert-file, --tls-key-file) or put a TLS proxy in front", "router_addr", o.cfg.RouterAddr)

@@ -14,7 +14,7 @@ import (
 // (evolve orchestrator and evolve up share them).
 func addAPIKeyFlags(f *pflag.FlagSet) {
 	f.StringSlice("api-key", nil, "a key the agents' API (/v1/) requires, as Authorization: Bearer KEY or x-api-key: KEY (repeat, or separate with commas; a command line shows in ps: prefer --api-key-file or $EVOLVE_<COMMAND>_API_KEY)")
-	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line, KEY or NAME KEY: the name labels the key's requests and tokens in the router's metrics (evolve_router_key_*; a key without one is labelled sha256:<fingerprint>); blank lines and lines starting with # are skipped")
+	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line, KEY or NAME KEY: the name labels the key's requests and tokens in the router's metrics (evolve_router_key_*; a key without one is labelled sha256:<fingerprint>); NAME KEY max-concurrency=N [max-wait=30s] shares the cluster fairly: the name's requests beyond N in flight wait up to max-wait, then get a 429; blank lines and lines starting with # are skipped")
 }
 
 // apiKeys are the keys cmd's --api-key and --api-key-file give (config

@@ -1,15 +1,21 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // evolve up --api-key-file gives the router its keys (through the
@@ -119,4 +125,67 @@ func keyRequests(t *testing.T, base, label string) float64 {
 		}
 	}
 	return total
+}
+
+// A key file's limits hold in a running router: a name's requests beyond
+// its max-concurrency get a 429 the moment it is reached (max-wait=0s),
+// another name's do not, and an answer whose client goes away frees its
+// slot.
+func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(file, []byte("team-a sk-a max-concurrency=1 max-wait=0s\nteam-b sk-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	orch, _ := startOrchestratorLog(t, "--api-key-file", file)
+	// A tenth of real time: an answer of 500 tokens takes seconds.
+	startEngine(t, "--profile", "tiny", "--speedup", "0.1", "--nats", orch.NATSURL)
+	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	send := func(ctx context.Context, key string, stream bool) *http.Response {
+		t.Helper()
+		body := fmt.Sprintf(`{"prompt": "Explain the scheduler.", "max_tokens": 500, "stream": %v}`, stream)
+		req, _ := http.NewRequestWithContext(ctx, "POST", orch.RouterURL+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	long := send(ctx, "sk-a", true)
+	if _, err := bufio.NewReader(long.Body).ReadString('\n'); err != nil || long.StatusCode != 200 {
+		t.Fatalf("team-a's first answer: %d %v", long.StatusCode, err)
+	}
+	short, cancelShort := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancelShort()
+	over := send(short, "sk-a", false)
+	b, _ := io.ReadAll(over.Body)
+	over.Body.Close()
+	if over.StatusCode != 429 || over.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "rate_limit_exceeded") {
+		t.Fatalf("team-a's second while its first streams: %d %s", over.StatusCode, b)
+	}
+	other := send(short, "sk-b", true) // team-b has no limit
+	if other.StatusCode != 200 {
+		t.Fatalf("team-b's while team-a is at its limit: %d", other.StatusCode)
+	}
+	other.Body.Close()
+	if n := metric(t, orch.RouterURL, `evolve_router_key_in_flight{key="team-a"}`); n != 1 {
+		t.Fatalf("team-a in flight: %v", n)
+	}
+	if out, code := runBin(t, nil, "status", "--server", orch.ControlURL); code != 0 || !regexp.MustCompile(`\n  team-a +1 of 1 in flight\n`).MatchString(out) {
+		t.Fatalf("evolve status: exit %d\n%s", code, out)
+	}
+	cancel() // the agent goes away mid-answer
+	long.Body.Close()
+	eventually(t, 10*time.Second, "team-a's slot freed", func() bool {
+		return metric(t, orch.RouterURL, `evolve_router_key_in_flight{key="team-a"}`) == 0
+	})
+	again := send(short, "sk-a", true)
+	again.Body.Close()
+	if again.StatusCode != 200 {
+		t.Fatalf("team-a's after its first went away: %d", again.StatusCode)
+	}
+	if n := metric(t, orch.RouterURL, `evolve_router_key_requests_total{key="team-a",outcome="rate_limited"}`); n != 1 {
+		t.Fatalf("team-a's rate_limited requests: %v, want 1", n)
+	}
 }

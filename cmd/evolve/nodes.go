@@ -52,6 +52,13 @@ func newStatusCmd() *cobra.Command {
 				}
 				if s.APIKeys > 0 {
 					fmt.Fprintf(w, "api keys\t%d\n", s.APIKeys)
+					for _, l := range s.KeyLimits {
+						waiting := ""
+						if l.Waiting > 0 {
+							waiting = fmt.Sprintf(", %d waiting", l.Waiting)
+						}
+						fmt.Fprintf(w, "  %s\t%d of %d in flight%s\n", l.Name, l.InFlight, l.MaxConcurrency, waiting)
+					}
 				} else {
 					fmt.Fprintf(w, "api keys\tnone: open to whoever reaches the router\n")
 				}

@@ -43,7 +43,12 @@ agents' API takes only requests that carry a key (Authorization: Bearer
 KEY, or x-api-key: KEY); /health and /metrics stay open. An entry NAME KEY
 names the key: evolve_router_key_requests_total and _key_tokens_total
 count its requests and tokens under the name (unnamed: sha256:<8 hex
-digits of its fingerprint>). --model-alias
+digits of its fingerprint>); NAME KEY max-concurrency=64 max-wait=30s
+lets the name's keys have 64 answers in flight at once, a request beyond
+waiting up to 30 s (the default) for one to end, then answered 429 with
+Retry-After, so that one team's agents cannot starve another's
+(evolve_router_key_in_flight and _waiting show how near each runs, and
+'evolve status'). --model-alias
 lets clients name the served model their own way (claude-*, gpt-4o).
 With --tls-cert-file and --tls-key-file (PEM) the router, and the control
 API unless it is on loopback, serve HTTPS, and the embedded NATS server
