@@ -275,8 +275,9 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 	}
 	// The node's tokens per second come from its pass records.
 	eventually(t, "tokens per second", func() bool { return tc.o.Nodes()[0].TokensPerSec > 0 })
-	// The control API's last minute counts those requests, measured.
-	if r := tc.o.Status().Recent; r.Requests != 5 || r.TTFTP50 <= 0 || r.E2EP50 < r.TTFTP50 || r.WindowSec != 60 {
+	// The control API's last minute (the router's first seconds, here)
+	// counts those requests, measured.
+	if r := tc.o.Status().Recent; r.Requests != 5 || r.TTFTP50 <= 0 || r.E2EP50 < r.TTFTP50 || r.WindowSec < 1 || r.WindowSec > 60 {
 		t.Fatalf("recent: %+v", r)
 	}
 }
