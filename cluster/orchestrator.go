@@ -82,8 +82,18 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
 	args = append(append(args, o.Args()...), opt.OrchestratorArgs...)
 	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
+	// The keys go in a private file the orchestrator reads again when it
+	// changes: a re-run with other keys rewrites it (in one rename) and
+	// leaves the orchestrator serving, its streams uncut.
+	keyFile := dir + "/api-keys"
 	if len(opt.APIKeys) > 0 {
-		env["EVOLVE_ORCHESTRATOR_API_KEY"] = strings.Join(opt.APIKeys, ",")
+		keys := "# the agents' API keys, written by evolve up -f: give it other keys and run it again\n" + strings.Join(opt.APIKeys, "\n") + "\n"
+		if err := c.Upload(ctx, strings.NewReader(keys), keyFile, 0o600); err != nil {
+			return fail(PhaseConfig, fmt.Errorf("write the API keys to %s: %w", keyFile, err))
+		}
+		args = append(args, "--api-key-file", keyFile)
+	} else if _, err := c.Run(ctx, "rm -f "+keyFile); err != nil {
+		return fail(PhaseConfig, err)
 	}
 	svc := service{name: "orchestrator", what: "the orchestrator of cluster " + f.Metadata.Name, bin: h.StateDir() + "/bin/evolve",
 		dir: dir, env: env, args: args}

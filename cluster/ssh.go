@@ -364,14 +364,17 @@ func (s *sshConn) Upload(ctx context.Context, r io.Reader, path string, mode os.
 	if err != nil {
 		return err
 	}
+	// The mode before the content: a private file is never readable by
+	// others, not even while it is written.
+	if err := c.Chmod(tmp, mode); err != nil {
+		f.Close()
+		return err
+	}
 	if _, err := io.Copy(f, r); err != nil {
 		f.Close()
 		return err
 	}
 	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := c.Chmod(tmp, mode); err != nil {
 		return err
 	}
 	return c.PosixRename(tmp, path)

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/evolvellm/evolve/anthropicapi"
 	"github.com/evolvellm/evolve/openaiapi"
@@ -113,7 +114,7 @@ func parseAPIKeys(entries []string) (apiKeys, error) {
 // answered 401, in Anthropic's shape on its paths or for its clients. A
 // request with one carries the key's label in its context (keyLabel).
 func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
-	if len(o.keys.keys) == 0 {
+	if len(o.keys.get(time.Now()).keys) == 0 {
 		return h
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -121,9 +122,10 @@ func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
 			h.ServeHTTP(w, r)
 			return
 		}
-		if label, ok := o.keyOf(r); ok {
+		ks := o.keys.get(time.Now())
+		if label, ok := ks.keyOf(r); ok {
 			r = r.WithContext(context.WithValue(r.Context(), keyLabelKey{}, label))
-			if l := o.keys.limits[label]; l != nil && limitedPath(r) {
+			if l := ks.limits[label]; l != nil && limitedPath(r) {
 				if !o.admitUnder(l, w, r) {
 					return
 				}
@@ -170,7 +172,7 @@ func (o *Orchestrator) countTokens(r *http.Request, prompt, completion int) {
 
 // keyOf says which of the keys r carries, by its label. Every key is
 // compared, in constant time, whichever matches.
-func (o *Orchestrator) keyOf(r *http.Request) (string, bool) {
+func (ks *apiKeys) keyOf(r *http.Request) (string, bool) {
 	given := r.Header.Get("x-api-key")
 	if auth := r.Header.Get("Authorization"); given == "" && len(auth) > 7 && strings.EqualFold(auth[:7], "bearer ") {
 		given = strings.TrimSpace(auth[7:])
@@ -179,7 +181,7 @@ func (o *Orchestrator) keyOf(r *http.Request) (string, bool) {
 		return "", false
 	}
 	label := "" // labels are never empty
-	for _, k := range o.keys.keys {
+	for _, k := range ks.keys {
 		if subtle.ConstantTimeCompare([]byte(given), []byte(k.key)) == 1 {
 			label = k.label
 		}

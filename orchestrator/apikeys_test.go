@@ -87,11 +87,10 @@ func TestAPIKeyLabels(t *testing.T) {
 	if !slices.Equal(keys.keys, want) || keys.limits != nil {
 		t.Fatalf("parsed %v, want %v", keys, want)
 	}
-	o := &Orchestrator{keys: keys}
 	for key, label := range map[string]string{"sk-new": "team-a", "sk-old": "team-a", "sk-unnamed": want[2].label, "sk-other": ""} {
 		r := httptest.NewRequest("POST", "/v1/completions", nil)
 		r.Header.Set("Authorization", "Bearer "+key)
-		if got, ok := o.keyOf(r); got != label || ok != (label != "") {
+		if got, ok := keys.keyOf(r); got != label || ok != (label != "") {
 			t.Errorf("key %s: label %q (%v), want %q", key, got, ok, label)
 		}
 	}

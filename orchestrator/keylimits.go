@@ -126,19 +126,31 @@ func (o *Orchestrator) admitUnder(l *keyLimit, w http.ResponseWriter, r *http.Re
 	return false
 }
 
-// registerKeyLimits adds, per name with limits, its requests in flight and
-// waiting, and its limit, so that a dashboard shows how near each team
-// runs to its share.
-func (m *metrics) registerKeyLimits(limits map[string]*keyLimit) {
-	for name, l := range limits {
-		key := prometheus.Labels{"key": name}
-		m.reg.MustRegister(
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_key_in_flight", ConstLabels: key,
-				Help: "Requests of an API key name with a max-concurrency in flight now."}, func() float64 { return float64(len(l.slots)) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_key_waiting", ConstLabels: key,
-				Help: "Requests of an API key name waiting for one of its own in flight to end (max-concurrency reached)."}, func() float64 { return float64(l.waiting.Load()) }),
-			prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_key_max_concurrency", ConstLabels: key,
-				Help: "The max-concurrency of an API key name."}, func() float64 { return float64(l.max) }))
+// keyLimitCollector gives, per name with limits, its requests in flight
+// and waiting, and its limit, so that a dashboard shows how near each team
+// runs to its share; the names are those in force at each scrape.
+type keyLimitCollector struct{ keys *keySet }
+
+var (
+	keyInFlightDesc = prometheus.NewDesc("evolve_router_key_in_flight",
+		"Requests of an API key name with a max-concurrency in flight now.", []string{"key"}, nil)
+	keyWaitingDesc = prometheus.NewDesc("evolve_router_key_waiting",
+		"Requests of an API key name waiting for one of its own in flight to end (max-concurrency reached).", []string{"key"}, nil)
+	keyMaxDesc = prometheus.NewDesc("evolve_router_key_max_concurrency",
+		"The max-concurrency of an API key name.", []string{"key"}, nil)
+)
+
+func (c keyLimitCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- keyInFlightDesc
+	ch <- keyWaitingDesc
+	ch <- keyMaxDesc
+}
+
+func (c keyLimitCollector) Collect(ch chan<- prometheus.Metric) {
+	for _, l := range c.keys.cur.Load().status() {
+		ch <- prometheus.MustNewConstMetric(keyInFlightDesc, prometheus.GaugeValue, float64(l.InFlight), l.Name)
+		ch <- prometheus.MustNewConstMetric(keyWaitingDesc, prometheus.GaugeValue, float64(l.Waiting), l.Name)
+		ch <- prometheus.MustNewConstMetric(keyMaxDesc, prometheus.GaugeValue, float64(l.MaxConcurrency), l.Name)
 	}
 }
 
@@ -152,7 +164,7 @@ type KeyLimitStatus struct {
 }
 
 // status is the names with limits, by name.
-func (ks apiKeys) status() []KeyLimitStatus {
+func (ks *apiKeys) status() []KeyLimitStatus {
 	var out []KeyLimitStatus
 	for name, l := range ks.limits {
 		out = append(out, KeyLimitStatus{Name: name, MaxConcurrency: l.max, MaxWaitSec: l.wait.Seconds(),

@@ -52,6 +52,9 @@ type Config struct {
 	// as a bearer token or in x-api-key: each KEY, or NAME KEY to label
 	// the key's requests and tokens in the metrics (see apikeys.go).
 	APIKeys []string
+	// APIKeyFile, when set, is a file of more entries (ReadAPIKeyFile),
+	// read again when it changes.
+	APIKeyFile string
 	// TLSCertFile and TLSKeyFile, when set, make the router and the control
 	// API serve HTTPS with that PEM certificate (chain) and key, read again
 	// when the files change.
@@ -86,7 +89,7 @@ type Orchestrator struct {
 	routerURL, controlURL, natsURL string
 	routerLn, controlLn            net.Listener
 	certs                          *certReloader // nil: plain HTTP
-	keys                           apiKeys       // the agents' API keys (none: open) and limits
+	keys                           *keySet       // the agents' API keys (none: open) and limits
 }
 
 type metrics struct {
@@ -167,7 +170,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err := checkAliases(cfg.ModelAliases); err != nil {
 		return nil, err
 	}
-	keys, err := parseAPIKeys(cfg.APIKeys)
+	keys, err := newKeySet(cfg.APIKeys, cfg.APIKeyFile, cfg.Logger.With("component", "orchestrator"))
 	if err != nil {
 		return nil, err
 	}
@@ -192,7 +195,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
-	o.met.registerKeyLimits(keys.limits)
+	o.met.reg.MustRegister(keyLimitCollector{keys})
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))
@@ -263,7 +266,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	}
 	o.routerURL = scheme(o.certs != nil) + o.routerLn.Addr().String()
 	if !isLoopback(o.cfg.RouterAddr) {
-		if len(o.keys.keys) == 0 {
+		if len(o.keys.get(time.Now()).keys) == 0 {
 			o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
 		} else if o.certs == nil {
 			o.log.Warn("the agents' API keys cross the network in the clear; serve HTTPS (--tls-cert-file, --tls-key-file) or put a TLS proxy in front", "router_addr", o.cfg.RouterAddr)

@@ -1,9 +1,8 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/evolvellm/evolve/orchestrator"
@@ -14,19 +13,19 @@ import (
 // (evolve orchestrator and evolve up share them).
 func addAPIKeyFlags(f *pflag.FlagSet) {
 	f.StringSlice("api-key", nil, "a key the agents' API (/v1/) requires, as Authorization: Bearer KEY or x-api-key: KEY (repeat, or separate with commas; a command line shows in ps: prefer --api-key-file or $EVOLVE_<COMMAND>_API_KEY)")
-	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line, KEY or NAME KEY: the name labels the key's requests and tokens in the router's metrics (evolve_router_key_*; a key without one is labelled sha256:<fingerprint>); NAME KEY max-concurrency=N [max-wait=30s] shares the cluster fairly: the name's requests beyond N in flight wait up to max-wait, then get a 429; blank lines and lines starting with # are skipped")
+	f.String("api-key-file", "", "a file of keys the agents' API requires, one per line, KEY or NAME KEY: the name labels the key's requests and tokens in the router's metrics (evolve_router_key_*; a key without one is labelled sha256:<fingerprint>); NAME KEY max-concurrency=N [max-wait=30s] shares the cluster fairly: the name's requests beyond N in flight wait up to max-wait, then get a 429; blank lines and lines starting with # are skipped; the file is read again when it changes (keys added, revoked or given other limits with no restart)")
 }
 
 // apiKeys are the keys cmd's --api-key and --api-key-file give (config
-// key prefix cmd), in that order.
+// key prefix cmd), in that order, checked.
 func apiKeys(cmd string) ([]string, error) {
 	keys := configList(cmd + ".api-key")
-	path := config.GetString(cmd + ".api-key-file")
-	if path != "" {
-		var err error
-		if keys, err = appendKeyFile(keys, path); err != nil {
-			return nil, err
+	if path := config.GetString(cmd + ".api-key-file"); path != "" {
+		file, err := orchestrator.ReadAPIKeyFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("--api-key-file: %w", err)
 		}
+		keys = append(keys, file...)
 	}
 	if err := orchestrator.CheckAPIKeys(keys); err != nil {
 		return nil, fmt.Errorf("--api-key or --api-key-file: %w", err)
@@ -34,30 +33,14 @@ func apiKeys(cmd string) ([]string, error) {
 	return keys, nil
 }
 
-// appendKeyFile appends the entries of a key file to keys.
-func appendKeyFile(keys []string, path string) ([]string, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("--api-key-file: %w", err)
+// apiKeyFile is cmd's --api-key-file as an absolute path, for an
+// orchestrator that reads it again when it changes ("" for none).
+func apiKeyFile(cmd string) (string, error) {
+	path := config.GetString(cmd + ".api-key-file")
+	if path == "" {
+		return "", nil
 	}
-	defer f.Close()
-	n := 0
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		keys = append(keys, line)
-		n++
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("--api-key-file %s: %w", path, err)
-	}
-	if n == 0 {
-		return nil, fmt.Errorf("--api-key-file %s holds no key", path)
-	}
-	return keys, nil
+	return filepath.Abs(path)
 }
 
 // apiKeyEnv is the environment that gives an orchestrator the keys: not

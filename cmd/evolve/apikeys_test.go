@@ -18,8 +18,8 @@ import (
 	"time"
 )
 
-// evolve up --api-key-file gives the router its keys (through the
-// orchestrator's environment: the key is on no command line), and the
+// evolve up --api-key-file gives the router its keys (the file's path,
+// which it reads again on change, and no key on any command line), and the
 // agents' API refuses requests without one. evolve bench against the
 // local cluster sends the key up kept; against a URL without --api-key
 // it says the router wants one.
@@ -130,13 +130,13 @@ func keyRequests(t *testing.T, base, label string) float64 {
 // A key file's limits hold in a running router: a name's requests beyond
 // its max-concurrency get a 429 the moment it is reached (max-wait=0s),
 // another name's do not, and an answer whose client goes away frees its
-// slot.
+// slot. A change to the file takes effect without a restart.
 func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
 	file := filepath.Join(t.TempDir(), "keys")
 	if err := os.WriteFile(file, []byte("team-a sk-a max-concurrency=1 max-wait=0s\nteam-b sk-b\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	orch, _ := startOrchestratorLog(t, "--api-key-file", file)
+	orch, log := startOrchestratorLog(t, "--api-key-file", file)
 	// A tenth of real time: an answer of 500 tokens takes seconds.
 	startEngine(t, "--profile", "tiny", "--speedup", "0.1", "--nats", orch.NATSURL)
 	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
@@ -188,4 +188,25 @@ func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
 	if n := metric(t, orch.RouterURL, `evolve_router_key_requests_total{key="team-a",outcome="rate_limited"}`); n != 1 {
 		t.Fatalf("team-a's rate_limited requests: %v, want 1", n)
 	}
+
+	// The file is read again when it changes: team-a's key is rotated,
+	// with no restart.
+	if err := os.WriteFile(file, []byte("team-a sk-a2 max-concurrency=1 max-wait=0s\nteam-b sk-b\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	status := func(key string) int { // a model list: no answer to wait for
+		req, _ := http.NewRequestWithContext(short, "GET", orch.RouterURL+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually(t, 10*time.Second, "the old key refused", func() bool { return status("sk-a") == 401 })
+	if s := status("sk-a2"); s != 200 {
+		t.Fatalf("team-a's new key: %d", s)
+	}
+	eventually(t, 5*time.Second, "the reload in the log", func() bool { return strings.Contains(log.String(), "API keys reloaded") })
 }

@@ -138,7 +138,12 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	if err := checkPlannerFlags("orchestrator"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
-	keys, err := apiKeys("orchestrator")
+	// The file is read (and checked) here, then by the orchestrator again
+	// whenever it changes.
+	if _, err := apiKeys("orchestrator"); err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
+	keyFile, err := apiKeyFile("orchestrator")
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
@@ -148,7 +153,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
 		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
-		APIKeys: keys, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
+		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
 			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),

@@ -322,7 +322,16 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
 		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"),
 		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level")}, routingFlags()...)
-	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, apiKeyEnv(keys), orchArgs...)
+	// The key file's path, so that the orchestrator reads it again when
+	// it changes; the flags' keys through its environment.
+	keyFile, err := apiKeyFile("up")
+	if err != nil {
+		return usage(err)
+	}
+	if keyFile != "" {
+		orchArgs = append(orchArgs, "--api-key-file", keyFile)
+	}
+	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, apiKeyEnv(configList("up.api-key")), orchArgs...)
 	if err != nil {
 		return err
 	}

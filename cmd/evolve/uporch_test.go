@@ -8,8 +8,10 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/evolvellm/evolve/cluster/sshtest"
 )
@@ -134,6 +136,34 @@ spec:
 		res.Orchestrator.Action != "unchanged" {
 		t.Fatalf("re-run: exit %d\n%s", code, out)
 	}
+	// A re-run with other keys rotates them with no restart: the keys
+	// are in a private file on the host that the orchestrator reads
+	// again, never on its command line.
+	if fi, err := os.Stat(filepath.Join(dir, "h1", "orchestrator", "api-keys")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("the orchestrator's key file on gpu-01: %v %v", fi, err)
+	}
+	rotated := append(slices.Clone(env), "EVOLVE_UP_API_KEY=sk-remote-2,team-c sk-remote-3")
+	out, code = runBinOut(t, rotated, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Orchestrator.Action != "unchanged" {
+		t.Fatalf("re-run with other keys: exit %d\n%s", code, out)
+	}
+	withKey := func(key string) int {
+		req, _ := http.NewRequest("GET", res.RouterURL+"/v1/models", nil)
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	eventually(t, 10*time.Second, "sk-remote-3 taken and sk-remote-1 refused", func() bool {
+		return withKey("sk-remote-3") == 200 && withKey("sk-remote-1") == 401
+	})
+	if withKey("sk-remote-2") != 200 {
+		t.Fatal("the key kept across the rotation is refused")
+	}
+	env = rotated
 	out, code = runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
 	if code != 0 || !strings.Contains(out, `"orchestrator": "running on host gpu-01"`) {
 		t.Fatalf("status -f: exit %d\n%s", code, out)

@@ -1,0 +1,183 @@
+package orchestrator
+
+import (
+	"bufio"
+	"fmt"
+	"log/slog"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ReadAPIKeyFile reads the key entries of a key file: one per line, blank
+// lines and lines starting with # skipped. A file with none is an error:
+// it would leave the agents' API open or, on a reload, shut.
+func ReadAPIKeyFile(path string) ([]string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var entries []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		entries = append(entries, line)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(entries) == 0 {
+		return nil, fmt.Errorf("%s holds no key", path)
+	}
+	return entries, nil
+}
+
+// keySet holds the agents' API keys in force, and reads the key file
+// again when it changes (checked at most once a second, as requests come),
+// so that a key is added, revoked or given another limit without a
+// restart: a secret rotated in place (a Kubernetes secret volume, a
+// configuration manager) takes effect within a second. A file that does
+// not read or parse is logged, once per change, and the keys in force
+// stay. Safe for concurrent use.
+type keySet struct {
+	cur    atomic.Pointer[apiKeys]
+	static []string // entries given otherwise (flags, environment)
+	path   string   // "" without a file
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	checked time.Time
+	stamp   fileStamp // of the file in force, or of the last that failed
+}
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func stampOf(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{fi.ModTime(), fi.Size()}, nil
+}
+
+// newKeySet reads the entries and the file (if any).
+func newKeySet(static []string, path string, log *slog.Logger) (*keySet, error) {
+	s := &keySet{static: static, path: path, log: log}
+	var st fileStamp
+	entries := static
+	if path != "" {
+		var err error
+		if st, err = stampOf(path); err != nil {
+			return nil, fmt.Errorf("API key file: %w", err)
+		}
+		file, err := ReadAPIKeyFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("API key file: %w", err)
+		}
+		entries = append(slices.Clip(static), file...)
+	}
+	ks, err := parseAPIKeys(entries)
+	if err != nil {
+		return nil, err
+	}
+	s.cur.Store(&ks)
+	s.stamp = st
+	return s, nil
+}
+
+// get is the keys in force now, read again first if the file changed.
+func (s *keySet) get(now time.Time) *apiKeys {
+	if s.path != "" {
+		s.reloadIfChanged(now)
+	}
+	return s.cur.Load()
+}
+
+func (s *keySet) reloadIfChanged(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.Sub(s.checked) < time.Second {
+		return
+	}
+	s.checked = now
+	st, err := stampOf(s.path)
+	if err != nil {
+		if s.stamp != (fileStamp{}) {
+			s.log.Error("API key file unreadable; the keys loaded before stay in force", "file", s.path, "err", err)
+			s.stamp = fileStamp{}
+		}
+		return
+	}
+	if st == s.stamp {
+		return
+	}
+	s.stamp = st
+	old := s.cur.Load()
+	file, err := ReadAPIKeyFile(s.path)
+	var ks apiKeys
+	if err == nil {
+		ks, err = parseAPIKeys(append(slices.Clip(s.static), file...))
+	}
+	if err != nil {
+		s.log.Error("API key file changed but does not load; the keys loaded before stay in force", "file", s.path, "err", err,
+			"keys", len(old.keys))
+		return
+	}
+	ks.keepCounts(old)
+	s.cur.Store(&ks)
+	added, removed := old.diff(&ks)
+	s.log.Info("API keys reloaded", "file", s.path, "keys", len(ks.keys), "added", added, "removed", removed,
+		"names", ks.names())
+}
+
+// keepCounts carries the requests in flight of a name whose limits did
+// not change over to the new keys; a name given other limits starts
+// afresh (its answers in flight end on the old count).
+func (ks *apiKeys) keepCounts(old *apiKeys) {
+	for name, l := range ks.limits {
+		if o := old.limits[name]; o != nil && o.max == l.max && o.wait == l.wait {
+			ks.limits[name] = o
+		}
+	}
+}
+
+// diff counts the keys of next that old lacks, and the reverse.
+func (old *apiKeys) diff(next *apiKeys) (added, removed int) {
+	had := map[string]bool{}
+	for _, k := range old.keys {
+		had[k.key] = true
+	}
+	has := map[string]bool{}
+	for _, k := range next.keys {
+		has[k.key] = true
+		if !had[k.key] {
+			added++
+		}
+	}
+	for k := range had {
+		if !has[k] {
+			removed++
+		}
+	}
+	return added, removed
+}
+
+// names are the labels of the keys, each once, sorted: what a log may show.
+func (ks *apiKeys) names() []string {
+	var out []string
+	for _, k := range ks.keys {
+		out = append(out, k.label)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
