@@ -195,7 +195,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
-	o.met.reg.MustRegister(keyLimitCollector{keys})
+	o.met.reg.MustRegister(keyLimitCollector{keys}, clusterCollector{o})
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))

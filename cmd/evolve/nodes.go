@@ -359,7 +359,7 @@ undoes it).`,
 	addClientFlags(auto)
 	addOutputFlag(auto, "table, json or yaml")
 	cmd.AddCommand(set, auto)
-	return cmd
+	return commandGroup(cmd)
 }
 
 // completeNodes offers the node ids of the cluster for shell completion.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -62,6 +63,29 @@ func newVersionCmd() *cobra.Command {
 }
 
 // noArgs rejects positional arguments as a usage error.
+// commandGroup makes cmd, a group of subcommands, refuse a word that
+// names none of them (exit 2) rather than print its help and succeed.
+func commandGroup(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("unknown command %q: want one of %s", args[0], subcommandNames(cmd))}
+		}
+		return cmd.Help()
+	}
+	return cmd
+}
+
+func subcommandNames(cmd *cobra.Command) string {
+	var names []string
+	for _, c := range cmd.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
 		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("unexpected argument %q", args[0])}

@@ -1,0 +1,176 @@
+package monitoring
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// The dashboard is a Grafana dashboard: panels with unique ids, in a grid
+// 24 wide that they do not overlap, each querying the data source chosen
+// on import with at least one expression.
+func TestDashboardIsAWellFormedGrafanaDashboard(t *testing.T) {
+	var d struct {
+		Title         string `json:"title"`
+		UID           string `json:"uid"`
+		SchemaVersion int    `json:"schemaVersion"`
+		Templating    struct {
+			List []struct{ Name, Type string } `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			ID      int                      `json:"id"`
+			Type    string                   `json:"type"`
+			Title   string                   `json:"title"`
+			GridPos struct{ H, W, X, Y int } `json:"gridPos"`
+			Targets []struct {
+				RefID      string            `json:"refId"`
+				Expr       string            `json:"expr"`
+				Datasource map[string]string `json:"datasource"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(Dashboard(), &d); err != nil {
+		t.Fatal(err)
+	}
+	if d.Title == "" || d.UID == "" || d.SchemaVersion == 0 || len(d.Templating.List) != 1 || d.Templating.List[0].Type != "datasource" {
+		t.Fatalf("dashboard head: %+v", d)
+	}
+	ids := map[int]bool{}
+	cells := map[[2]int]string{}
+	queries := 0
+	for _, p := range d.Panels {
+		if ids[p.ID] {
+			t.Fatalf("panel id %d twice", p.ID)
+		}
+		ids[p.ID] = true
+		if p.GridPos.X+p.GridPos.W > 24 || p.GridPos.W == 0 || p.GridPos.H == 0 {
+			t.Fatalf("panel %q: grid %+v", p.Title, p.GridPos)
+		}
+		for x := p.GridPos.X; x < p.GridPos.X+p.GridPos.W; x++ {
+			for y := p.GridPos.Y; y < p.GridPos.Y+p.GridPos.H; y++ {
+				if other, ok := cells[[2]int{x, y}]; ok {
+					t.Fatalf("panels %q and %q overlap at %d,%d", other, p.Title, x, y)
+				}
+				cells[[2]int{x, y}] = p.Title
+			}
+		}
+		if p.Type == "row" {
+			continue
+		}
+		if len(p.Targets) == 0 {
+			t.Fatalf("panel %q queries nothing", p.Title)
+		}
+		refs := map[string]bool{}
+		for _, q := range p.Targets {
+			if q.Expr == "" || refs[q.RefID] || q.Datasource["uid"] != "${datasource}" || strings.Count(q.Expr, "(") != strings.Count(q.Expr, ")") {
+				t.Fatalf("panel %q: query %+v", p.Title, q)
+			}
+			refs[q.RefID] = true
+			queries++
+		}
+	}
+	if queries < 20 {
+		t.Fatalf("%d queries: the dashboard lost its panels", queries)
+	}
+}
+
+// Every alert has a name, an expression, a severity and a summary, and the
+// file is the rule_files format Prometheus reads.
+func TestAlertRulesAreWellFormed(t *testing.T) {
+	var f struct {
+		Groups []struct {
+			Name  string           `yaml:"name"`
+			Rules []map[string]any `yaml:"rules"`
+		} `yaml:"groups"`
+	}
+	if err := yaml.Unmarshal(Rules(), &f); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.Groups) != 1 || f.Groups[0].Name == "" {
+		t.Fatalf("groups: %+v", f.Groups)
+	}
+	seen := map[string]bool{}
+	for _, r := range alertRules() {
+		sev := r.Labels["severity"]
+		if r.Alert == "" || seen[r.Alert] || r.Expr == "" || (sev != "info" && sev != "warning" && sev != "critical") ||
+			r.Annotations["summary"] == "" || r.Annotations["description"] == "" || strings.Count(r.Expr, "(") != strings.Count(r.Expr, ")") {
+			t.Fatalf("rule %+v", r)
+		}
+		seen[r.Alert] = true
+	}
+	for _, want := range []string{"EvolveNodeDown", "EvolveRequestsFailing", "EvolveTLSCertificateExpiresSoon", "EvolveAPIKeyAtItsLimit"} {
+		if !seen[want] {
+			t.Errorf("no alert %s", want)
+		}
+	}
+	for _, r := range f.Groups[0].Rules {
+		for k := range r {
+			switch k {
+			case "alert", "expr", "for", "labels", "annotations":
+			default:
+				t.Errorf("rule %v: field %q is not Prometheus's", r["alert"], k)
+			}
+		}
+	}
+}
+
+func TestMetricsNamesWhatTheQueriesRead(t *testing.T) {
+	m := Metrics()
+	for _, want := range []string{"evolve_nodes", "evolve_router_e2e_request_latency_seconds_bucket", "vllm:kv_cache_usage_perc", "evolve_tls_certificate_expiry_seconds"} {
+		found := false
+		for _, n := range m {
+			found = found || n == want
+		}
+		if !found {
+			t.Errorf("Metrics() lacks %s: %v", want, m)
+		}
+	}
+}
+
+// The scrape configuration lists the router and the engines, by scheme,
+// and file_sd carries the same targets with their job and scheme.
+func TestScrapeConfigListsTheClustersTargets(t *testing.T) {
+	tg := Targets{Cluster: "lab", Router: "https://10.0.0.1:8000", Engines: []string{"http://10.0.0.5:8000", "http://10.0.0.6:8000"}}
+	b, err := ScrapeConfig(tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			Scheme        string `yaml:"scheme"`
+			StaticConfigs []struct {
+				Targets []string          `yaml:"targets"`
+				Labels  map[string]string `yaml:"labels"`
+			} `yaml:"static_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	sc := cfg.ScrapeConfigs
+	if len(sc) != 2 || sc[0].JobName != "evolve-router" || sc[0].Scheme != "https" || sc[0].StaticConfigs[0].Targets[0] != "10.0.0.1:8000" ||
+		sc[1].JobName != "evolve-engines" || sc[1].Scheme != "" || len(sc[1].StaticConfigs[0].Targets) != 2 || sc[1].StaticConfigs[0].Labels["cluster"] != "lab" {
+		t.Fatalf("scrape config:\n%s", b)
+	}
+	if !strings.Contains(string(b), "ca_file") {
+		t.Fatalf("an HTTPS router's scrape config says nothing of trusting its CA:\n%s", b)
+	}
+	j, err := FileSD(tg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sd []struct {
+		Targets []string          `json:"targets"`
+		Labels  map[string]string `json:"labels"`
+	}
+	if err := json.Unmarshal(j, &sd); err != nil || len(sd) != 2 || sd[0].Labels["__scheme__"] != "https" || sd[1].Labels["job"] != "evolve-engines" ||
+		len(sd[1].Targets) != 2 {
+		t.Fatalf("file_sd: %v\n%s", err, j)
+	}
+	if _, err := ScrapeConfig(Targets{Router: "10.0.0.1:8000"}); err == nil {
+		t.Fatal("a router without a scheme was taken")
+	}
+}
