@@ -1,34 +1,14 @@
 package orchestrator
 
 import (
-	"bytes"
 	"log/slog"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 )
-
-// syncBuffer is a log destination safe to read while written.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // labelOf is the label a key gets from the keys in force at now ("" if
 // refused).
@@ -56,7 +36,7 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 	}
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	write("# team a\nteam-a sk-1 max-concurrency=1\n", t0)
-	var logs syncBuffer
+	var logs strings.Builder // the key set logs from the goroutine that looks at it: this one
 	ks, err := newKeySet([]string{"ops sk-static"}, path, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)

@@ -195,14 +195,7 @@ func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
 		t.Fatal(err)
 	}
 	status := func(key string) int { // a model list: no answer to wait for
-		req, _ := http.NewRequestWithContext(short, "GET", orch.RouterURL+"/v1/models", nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
+		return statusOf(t, http.DefaultClient, "GET", orch.RouterURL+"/v1/models", "Bearer "+key)
 	}
 	eventually(t, 10*time.Second, "the old key refused", func() bool { return status("sk-a") == 401 })
 	if s := status("sk-a2"); s != 200 {

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"io"
 	"net/http"
 	"os"
 	"strings"
@@ -14,23 +13,6 @@ import (
 // withToken is a NATS URL with the event plane's token in it.
 func withToken(natsURL, token string) string {
 	return strings.Replace(natsURL, "://", "://"+token+"@", 1)
-}
-
-// getStatus is the status of GET url with the given Authorization ("" for
-// none).
-func getStatus(t *testing.T, url, auth string) int {
-	t.Helper()
-	req, _ := http.NewRequest("GET", url, nil)
-	if auth != "" {
-		req.Header.Set("Authorization", auth)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	return resp.StatusCode
 }
 
 // Engines that join with the event plane's token take requests from the
@@ -50,10 +32,10 @@ func TestEnginesServeOnlyTheClusterWithTheEventPlanesToken(t *testing.T) {
 	if status, _, body := post(t, pre.url+"/v1/completions", req); status != 401 || obj(body["error"])["code"] != "invalid_engine_token" {
 		t.Fatalf("an engine's port without the token: %d %v", status, body)
 	}
-	if s := getStatus(t, pre.url+"/health", ""); s != 200 {
+	if s := statusOf(t, http.DefaultClient, "GET", pre.url+"/health", ""); s != 200 {
 		t.Fatalf("/health without the token: %d", s)
 	}
-	if s := getStatus(t, pre.url+"/v1/models", "Bearer s3cret"); s != 200 {
+	if s := statusOf(t, http.DefaultClient, "GET", pre.url+"/v1/models", "Bearer s3cret"); s != 200 {
 		t.Fatalf("/v1/models with the token: %d", s)
 	}
 	pre.mu.Lock()
@@ -117,7 +99,7 @@ func TestVLLMGetsTheEngineTokenAsItsAPIKey(t *testing.T) {
 		return []string{"--backend", "vllm", "--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--nats", nats}
 	}
 	startEngine(t, append(append(vllmArgs(), "--listen", listen, "--id", "vllm-a"), "--", exe, "serve", "fake/model")...)
-	if s := getStatus(t, "http://"+listen+"/v1/models", ""); s != 401 {
+	if s := statusOf(t, http.DefaultClient, "GET", "http://"+listen+"/v1/models", ""); s != 401 {
 		t.Fatalf("the started vLLM's /v1/models without the token: %d, want 401", s)
 	}
 	eventually(t, 10*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })

@@ -147,16 +147,7 @@ spec:
 	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Orchestrator.Action != "unchanged" {
 		t.Fatalf("re-run with other keys: exit %d\n%s", code, out)
 	}
-	withKey := func(key string) int {
-		req, _ := http.NewRequest("GET", res.RouterURL+"/v1/models", nil)
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	withKey := func(key string) int { return statusOf(t, client, "GET", res.RouterURL+"/v1/models", "Bearer "+key) }
 	eventually(t, 10*time.Second, "sk-remote-3 taken and sk-remote-1 refused", func() bool {
 		return withKey("sk-remote-3") == 200 && withKey("sk-remote-1") == 401
 	})
