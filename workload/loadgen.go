@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -119,7 +120,12 @@ type Result struct {
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.
 	OverContext int `json:"sessions_over_context"`
-	MaxContext  int `json:"max_model_len,omitempty"`
+	// Retried is how often a request was sent again because the server
+	// asked to retry later (429 or 503 with Retry-After: an API key at its
+	// max-concurrency, an engine draining); a request refused every time
+	// is an error.
+	Retried    int `json:"requests_retried"`
+	MaxContext int `json:"max_model_len,omitempty"`
 	// The first and the last failed request: what went wrong and when, in
 	// wall seconds from the start (to line them up with a role switch or
 	// an engine's log).
@@ -304,7 +310,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				c.request(ctx, cfg.BenchConfig, model, call)
+				c.send(ctx, cfg.BenchConfig, model, call)
 			}()
 		}
 	}()
@@ -396,7 +402,7 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 					c.record.Write(float64(time.Since(c.start).Microseconds())/1000*cfg.Speedup, call)
 					c.mu.Unlock()
 				}
-				out, err := c.request(ctx, cfg, model, call)
+				out, err := c.send(ctx, cfg, model, call)
 				if err != nil {
 					okMu.Lock()
 					ok = false
@@ -444,6 +450,63 @@ func endSession(cfg BenchConfig, session string) {
 	}
 }
 
+// maxRetries is how often a call the server asks to retry later (429 or
+// 503 with Retry-After) is sent again before it counts as an error; each
+// wait is the server's Retry-After, at most maxRetryWait.
+const (
+	maxRetries   = 4
+	maxRetryWait = 30 * time.Second
+)
+
+// retryLater is a refusal that says when to come back.
+type retryLater struct {
+	wait time.Duration
+	err  error
+}
+
+func (r *retryLater) Error() string { return r.err.Error() }
+
+// retryAfter reads a 429's or 503's Retry-After (seconds; a date or
+// nonsense reads as a second).
+func retryAfter(resp *http.Response) (time.Duration, bool) {
+	if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusServiceUnavailable {
+		return 0, false
+	}
+	v := resp.Header.Get("Retry-After")
+	if v == "" {
+		return 0, false
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		n = 1
+	}
+	return min(time.Duration(n)*time.Second, maxRetryWait), true
+}
+
+// send sends a call, and again while the server asks to retry later (up
+// to maxRetries times), as an agent's client would; a call still refused
+// then is an error.
+func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
+	for try := 0; ; try++ {
+		out, err := c.request(ctx, cfg, model, call)
+		var rl *retryLater
+		if !errors.As(err, &rl) {
+			return out, err
+		}
+		if try == maxRetries {
+			return nil, c.fail(ctx, fmt.Errorf("%w (refused %d times, each after its Retry-After)", rl.err, try+1))
+		}
+		c.mu.Lock()
+		c.res.Retried++
+		c.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(rl.wait):
+		}
+	}
+}
+
 // request sends one call, streamed, and records what it measured.
 func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
 	body, _ := json.Marshal(map[string]any{
@@ -473,6 +536,12 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		msg := strings.TrimSpace(string(b))
+		if wait, ok := retryAfter(resp); ok {
+			// Come back later, the server says (an API key at its
+			// limit, an engine draining): the caller waits and retries,
+			// as OpenAI's and Anthropic's clients do.
+			return nil, &retryLater{wait: wait, err: fmt.Errorf("%s: %s", resp.Status, msg)}
+		}
 		if strings.Contains(msg, "out of vocabulary") {
 			// vLLM's refusal of an id its model does not have.
 			msg += " (the model's vocabulary is smaller than evolve's token ids: pass --vocab-size, the vocab_size of the model's config.json)"

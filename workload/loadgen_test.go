@@ -178,3 +178,55 @@ func fakeRouter(t *testing.T, maxLen func() int64, complete http.HandlerFunc) *h
 	t.Cleanup(srv.Close)
 	return srv
 }
+
+// A request the router asks to retry later (429 or 503 with Retry-After)
+// is sent again after the wait, as agents' clients do, and counts as an
+// error only once refused maxRetries+1 times; a 503 without Retry-After
+// is an error at once.
+func TestBenchRetriesWhatTheRouterAsksToRetryLater(t *testing.T) {
+	model, err := New("math", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer := func(w http.ResponseWriter) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"ok\"}]}\n\n")
+		fmt.Fprint(w, "data: {\"choices\": [], \"usage\": {\"prompt_tokens\": 10, \"completion_tokens\": 1}}\n\ndata: [DONE]\n\n")
+	}
+	var n atomic.Int64
+	srv := fakeRouter(t, func() int64 { return 1000000 }, func(w http.ResponseWriter, r *http.Request) {
+		switch i := n.Add(1); {
+		case i == 1:
+			w.Header().Set("Retry-After", "0")
+			http.Error(w, `{"error": {"code": "rate_limit_exceeded"}}`, http.StatusTooManyRequests)
+		case i == 2:
+			w.Header().Set("Retry-After", "0")
+			http.Error(w, `{"error": {"code": "engine_draining"}}`, http.StatusServiceUnavailable)
+		default:
+			answer(w)
+		}
+	})
+	res, err := Bench(context.Background(), BenchConfig{URL: srv.URL, Model: model, Agents: 1, Duration: 300 * time.Millisecond, Speedup: 1000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Retried != 2 || res.Errors != 0 || res.Requests < 1 {
+		t.Fatalf("%d retried, %d errors, %d requests: want the two refusals retried and the call served", res.Retried, res.Errors, res.Requests)
+	}
+
+	var calls atomic.Int64
+	always := fakeRouter(t, func() int64 { return 1000000 }, func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		w.Header().Set("Retry-After", "0")
+		http.Error(w, `{"error": {"code": "rate_limit_exceeded"}}`, http.StatusTooManyRequests)
+	})
+	res, err = Bench(context.Background(), BenchConfig{URL: always.URL, Model: model, Agents: 1, Duration: 300 * time.Millisecond, Speedup: 1000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (the run may end while a call is being retried: its retries count,
+	// its error does not)
+	if res.Errors < 1 || res.Retried < maxRetries*res.Errors || res.Retried >= maxRetries*(res.Errors+1) || !strings.Contains(res.FirstError, "refused 5 times") || int(calls.Load()) < (maxRetries+1)*res.Errors {
+		t.Fatalf("always refused: %d errors, %d retried, %d calls, first error %q", res.Errors, res.Retried, calls.Load(), res.FirstError)
+	}
+}

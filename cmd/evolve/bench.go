@@ -197,6 +197,10 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 		if res.OverContext > 0 {
 			fmt.Fprintf(w, "\t%d sessions ended early: their prompts outgrew the model's context (max_model_len %d)\n", res.OverContext, res.MaxContext)
 		}
+		if res.Retried > 0 {
+			fmt.Fprintf(w, "\t%s again after the router asked to retry later (429 or 503 with Retry-After: an API key at its max-concurrency, an engine draining)\n",
+				counted(res.Retried, "request")+" sent")
+		}
 		fmt.Fprintln(w, "\tmean\tp50\tp95\tp99")
 		for _, r := range []struct {
 			name string
