@@ -1,0 +1,80 @@
+package monitoring
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"gopkg.in/yaml.v3"
+)
+
+// promtool is Prometheus's checker, when this machine has it (.ci/run
+// unpacks Debian's); without it the test is skipped, but not in CI.
+func promtool(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool is not on PATH: .ci/run unpacks it from Debian's prometheus package")
+		}
+		t.Skip("promtool is not on PATH (Debian: apt-get download prometheus, then dpkg-deb -x)")
+	}
+	return p
+}
+
+// checkRules runs promtool check rules on a rules file's content.
+func checkRules(t *testing.T, tool string, content []byte) {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(f, content, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tool, "check", "rules", f).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules: %v\n%s", err, out)
+	}
+}
+
+// Prometheus takes the alerting rules, and every query of the dashboard
+// parses as PromQL (checked as recording rules, Grafana's
+// $__rate_interval read as 5m).
+func TestPromtoolTakesTheRulesAndTheDashboardsQueries(t *testing.T) {
+	tool := promtool(t)
+	checkRules(t, tool, Rules())
+
+	var d struct {
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(Dashboard(), &d); err != nil {
+		t.Fatal(err)
+	}
+	type rule struct {
+		Record string `yaml:"record"`
+		Expr   string `yaml:"expr"`
+	}
+	var rules []rule
+	for _, p := range d.Panels {
+		for _, q := range p.Targets {
+			rules = append(rules, rule{Record: "dashboard:query", Expr: strings.ReplaceAll(q.Expr, "$__rate_interval", "5m")})
+		}
+	}
+	b, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkRules(t, tool, b)
+
+	// And a query that is not PromQL fails: the check is a real one.
+	bad, _ := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "bad", "rules": []rule{{"bad:query", "sum by (le (rate(x[5m])"}}}}})
+	f := filepath.Join(t.TempDir(), "bad.yaml")
+	os.WriteFile(f, bad, 0o644)
+	if err := exec.Command(tool, "check", "rules", f).Run(); err == nil {
+		t.Fatal("promtool took a query that is not PromQL")
+	}
+}
