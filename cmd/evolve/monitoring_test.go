@@ -128,3 +128,18 @@ func TestMonitoringReadsOnlyMetricsACLusterServes(t *testing.T) {
 		}
 	}
 }
+
+// A router listening on every interface is scraped at the control API's
+// host; one with a host keeps it.
+func TestReachableRouter(t *testing.T) {
+	for _, c := range [][3]string{
+		{"https://0.0.0.0:8000", "https://10.0.0.1:8001", "https://10.0.0.1:8000"},
+		{"http://[::]:8000", "http://orch.lab:8001", "http://orch.lab:8000"},
+		{"http://10.0.0.2:8000", "http://10.0.0.1:8001", "http://10.0.0.2:8000"},
+		{"http://0.0.0.0:8000", "", "http://0.0.0.0:8000"},
+	} {
+		if got := reachableRouter(c[0], c[1]); got != c[2] {
+			t.Errorf("reachableRouter(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
+		}
+	}
+}

@@ -2,6 +2,8 @@ package main
 
 import (
 	"fmt"
+	"net"
+	"net/url"
 
 	"github.com/evolvellm/evolve/monitoring"
 	"github.com/evolvellm/evolve/orchestrator"
@@ -65,7 +67,7 @@ and vLLM both export, so they serve clusters of either.`,
 			if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
 				return err
 			}
-			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: st.RouterURL}
+			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: reachableRouter(st.RouterURL, c.base)}
 			for _, n := range nodes {
 				if n.Address != "" {
 					t.Engines = append(t.Engines, n.Address)
@@ -87,4 +89,23 @@ and vLLM both export, so they serve clusters of either.`,
 	addClientFlags(scrape)
 	cmd.AddCommand(scrape)
 	return commandGroup(cmd)
+}
+
+// reachableRouter is the router's URL as others reach it: a router that
+// listens on every interface (0.0.0.0, [::]) names no host, so the host
+// of the control API, which runs in the same process, stands in.
+func reachableRouter(routerURL, controlURL string) string {
+	r, err := url.Parse(routerURL)
+	if err != nil {
+		return routerURL
+	}
+	if ip := net.ParseIP(r.Hostname()); ip == nil || !ip.IsUnspecified() {
+		return routerURL
+	}
+	c, err := url.Parse(controlURL)
+	if err != nil || c.Hostname() == "" {
+		return routerURL
+	}
+	r.Host = net.JoinHostPort(c.Hostname(), r.Port())
+	return r.String()
 }
