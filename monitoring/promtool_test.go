@@ -78,3 +78,20 @@ func TestPromtoolTakesTheRulesAndTheDashboardsQueries(t *testing.T) {
 		t.Fatal("promtool took a query that is not PromQL")
 	}
 }
+
+// The scrape configuration is a prometheus.yml Prometheus takes.
+func TestPromtoolTakesTheScrapeConfig(t *testing.T) {
+	tool := promtool(t)
+	b, err := ScrapeConfig(Targets{Cluster: "lab", Router: "https://10.0.0.1:8000",
+		Engines: []string{"http://10.0.0.5:8000", "https://10.0.0.6:8000"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(t.TempDir(), "prometheus.yml")
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check config: %v\n%s\n%s", err, out, b)
+	}
+}

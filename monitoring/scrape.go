@@ -1,6 +1,7 @@
 package monitoring
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/url"
@@ -83,12 +84,15 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 			return nil, err
 		}
 	}
-	b, err := yaml.Marshal(map[string]any{"scrape_configs": jobs})
-	if err != nil {
+	var buf bytes.Buffer
+	enc := yaml.NewEncoder(&buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(map[string]any{"scrape_configs": jobs}); err != nil {
 		return nil, err
 	}
+	b := buf.Bytes()
 	head := "# Prometheus scrape configuration for evolve cluster " + t.Cluster + " (evolve monitoring scrape):\n" +
-		"# paste under prometheus.yml's scrape_configs, or give -o json to Prometheus's file_sd_configs.\n" +
+		"# a prometheus.yml of its own, or merge its scrape_configs into yours; -o json gives file_sd_configs targets.\n" +
 		"# Engines that join later are not listed: run it again, or list them in the file_sd file.\n"
 	if strings.HasPrefix(t.Router, "https://") {
 		head += "# The router serves HTTPS: trust a private CA with tls_config: {ca_file: ca.pem} under its job.\n"
