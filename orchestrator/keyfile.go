@@ -23,8 +23,12 @@ func ReadAPIKeyFile(path string) ([]string, error) {
 	defer f.Close()
 	var entries []string
 	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
+	for first := true; sc.Scan(); first = false {
+		line := sc.Text()
+		if first {
+			line = strings.TrimPrefix(line, "\ufeff") // a byte order mark, as some editors write
+		}
+		line = strings.TrimSpace(line)
 		if line == "" || strings.HasPrefix(line, "#") {
 			continue
 		}

@@ -95,3 +95,16 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 		t.Fatalf("file removed: keys or log wrong:\n%s", logs.String())
 	}
 }
+
+// A key file as editors write it, with a byte order mark and CRLF line
+// ends, reads as the keys it holds.
+func TestKeyFileWithAByteOrderMarkAndCRLF(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "keys")
+	if err := os.WriteFile(path, []byte("\ufeffteam-a sk-1\r\n# a comment\r\n\r\nsk-2\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := ReadAPIKeyFile(path)
+	if err != nil || len(entries) != 2 || entries[0] != "team-a sk-1" || entries[1] != "sk-2" {
+		t.Fatalf("entries %q, err %v", entries, err)
+	}
+}
