@@ -136,9 +136,15 @@ func (a *NATSAgent) Run(ctx context.Context) error {
 	for {
 		select {
 		case <-ctx.Done():
+			if !a.nc.IsConnected() {
+				// The event plane is gone (its orchestrator stopped
+				// first): nobody to tell, and a flush would wait out its
+				// 10 s timeout.
+				return nil
+			}
 			a.flush()
 			a.publish(protocol.SubjectDeregister, protocol.Deregistration{ID: id})
-			_ = a.nc.Flush()
+			_ = a.nc.FlushTimeout(2 * time.Second)
 			return nil
 		case <-flush.C:
 			a.flush()
