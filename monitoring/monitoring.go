@@ -53,6 +53,8 @@ var rows = []row{
 		{title: "End-to-end latency", unit: "s", desc: "Arrival to the last byte, at the router.", targets: []target{
 			{"histogram_quantile(0.5, sum by (le) (rate(evolve_router_e2e_request_latency_seconds_bucket" + rate + ")))", "P50"},
 			{"histogram_quantile(0.95, sum by (le) (rate(evolve_router_e2e_request_latency_seconds_bucket" + rate + ")))", "P95"}}},
+		{title: "Answers in flight", unit: "short", desc: "Completions, chats and messages the router is writing now: what a shutdown waits for.",
+			targets: []target{{"sum(evolve_router_in_flight)", "in flight"}}},
 		{title: "Prompt tokens by where their KV came from", unit: "short", desc: "gpu, local_host, remote_host (fetched while the request waited), recomputed.",
 			targets: []target{{"sum by (source) (rate(evolve_router_prompt_tokens_total" + rate + "))", "{{source}}"}}},
 	}},

@@ -50,7 +50,19 @@ func (o *Orchestrator) routerHandler() http.Handler {
 		}
 		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
 	})
-	return o.requireKey(mux)
+	return o.countInFlight(o.requireKey(mux))
+}
+
+// countInFlight keeps the number of answers the router is writing
+// (evolve_router_in_flight; what a shutdown waits for).
+func (o *Orchestrator) countInFlight(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if limitedPath(r) {
+			o.inFlight.Add(1)
+			defer o.inFlight.Add(-1)
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func (o *Orchestrator) servingNodes() int {

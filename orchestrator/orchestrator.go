@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/evolvellm/evolve/orchestrator/routing"
@@ -55,6 +57,10 @@ type Config struct {
 	// APIKeyFile, when set, is a file of more entries (ReadAPIKeyFile),
 	// read again when it changes.
 	APIKeyFile string
+	// ShutdownGrace is how long Run, once its context ends, lets the
+	// answers the router is writing finish (no new connection is taken
+	// meanwhile); default 30 s.
+	ShutdownGrace time.Duration
 	// TLSCertFile and TLSKeyFile, when set, make the router and the control
 	// API serve HTTPS with that PEM certificate (chain) and key, read again
 	// when the files change.
@@ -90,6 +96,7 @@ type Orchestrator struct {
 	routerLn, controlLn            net.Listener
 	certs                          *certReloader // nil: plain HTTP
 	keys                           *keySet       // the agents' API keys (none: open) and limits
+	inFlight                       atomic.Int64  // answers the router is writing
 }
 
 type metrics struct {
@@ -195,7 +202,9 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
-	o.met.reg.MustRegister(keyLimitCollector{keys}, clusterCollector{o})
+	o.met.reg.MustRegister(keyLimitCollector{keys}, clusterCollector{o},
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_in_flight",
+			Help: "Answers (completions, chats, messages) the router is writing now."}, func() float64 { return float64(o.inFlight.Load()) }))
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))
@@ -298,10 +307,19 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	case <-ctx.Done():
 	case serveErr = <-errs:
 	}
-	shut, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// The control API has nothing to finish (its watch streams never
+	// end by themselves): it closes at once.
+	control.Close()
+	grace := cmp.Or(o.cfg.ShutdownGrace, 30*time.Second)
+	if n := o.inFlight.Load(); n > 0 {
+		o.log.Info("orchestrator stopping: no new connections; waiting for the answers in flight", "in_flight", n, "grace", grace)
+	}
+	shut, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
-	_ = router.Shutdown(shut)
-	_ = control.Shutdown(shut)
+	if err := router.Shutdown(shut); err != nil {
+		o.log.Warn("shutdown grace over; cutting the answers still in flight", "in_flight", o.inFlight.Load(), "grace", grace)
+		router.Close()
+	}
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}

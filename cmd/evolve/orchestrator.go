@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -11,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/routing"
@@ -106,6 +108,7 @@ Most users start it through 'evolve up'.`,
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
+	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long the answers the router is writing may take to finish; no new connection is taken meanwhile, so a load balancer moves to another router (a second signal stops at once)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
 	f.String("tls-cert-file", "", "PEM certificate (chain) to serve the router, and the control API off loopback, over HTTPS with; read again when it changes")
 	f.String("tls-key-file", "", "PEM private key of --tls-cert-file")
@@ -150,8 +153,8 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
-		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"),
-		DrainTimeout:     config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
+		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"), ShutdownGrace: config.GetDuration("orchestrator.shutdown-grace"),
+		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
@@ -162,8 +165,15 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
+	if config.GetDuration("orchestrator.shutdown-grace") < 0 {
+		return usageError{cmd: cmd.CommandPath(), err: errors.New("--shutdown-grace must not be negative")}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal now stops the process at once
+	}()
 	readyFile := get("ready-file")
 	err = o.Run(ctx, func() {
 		slog.Info("orchestrator ready", "router_url", o.RouterURL(), "control_url", o.ControlURL(), "nats_url", o.NATSURL(), "policy", get("policy"))
