@@ -31,6 +31,9 @@ type Node struct {
 	// which went on on other nodes, and those that could not.
 	Interrupted int `json:"answers_interrupted,omitempty"`
 	Lost        int `json:"answers_lost,omitempty"`
+	// TokenRequired: the engine's port answers only with the engine token
+	// (false: anyone who reaches it may use it).
+	TokenRequired bool `json:"token_required"`
 }
 
 // Switch is a role switch in progress.

@@ -85,6 +85,8 @@ type NodeStatus struct {
 	// Lost: those of them no node could continue.
 	Interrupted int `json:"answers_interrupted,omitempty"`
 	Lost        int `json:"answers_lost,omitempty"`
+	// TokenRequired: the engine's port answers only with the engine token.
+	TokenRequired bool `json:"token_required"`
 }
 
 // node is the orchestrator's record of one engine.
@@ -194,7 +196,7 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
 		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
-		Interrupted: n.interrupted, Lost: n.lost,
+		Interrupted: n.interrupted, Lost: n.lost, TokenRequired: n.reg.TokenRequired,
 	}
 	if n.state == StateDown {
 		// Its last heartbeat's load is no longer true (a killed engine's

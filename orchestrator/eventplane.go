@@ -95,7 +95,11 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 	o.c.mu.Unlock()
 	o.planLimits(reg)
 	if fresh {
-		o.log.Info("engine registered", "id", reg.ID, "url", reg.URL, "role", want, "model", reg.Model)
+		o.log.Info("engine registered", "id", reg.ID, "url", reg.URL, "role", want, "model", reg.Model, "token_required", reg.TokenRequired)
+		if !reg.TokenRequired && o.cfg.engineToken() != "" {
+			o.log.Warn("engine serves its port to anyone who reaches it, past the router's API keys: give it the engine token (evolve engine --nats nats://TOKEN@..., or --token)",
+				"id", reg.ID, "url", reg.URL)
+		}
 		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpResync})
 	}
 	if reg.Role != want {

@@ -139,9 +139,12 @@ type Registration struct {
 	// them) and continues an answer given a Resume, with or without the
 	// KV of the output so far: a router may send it an answer whose
 	// engine failed mid-stream.
-	CanHandOver bool      `json:"can_hand_over,omitempty"`
-	Version     string    `json:"version"`
-	StartedAt   time.Time `json:"started_at"`
+	CanHandOver bool `json:"can_hand_over,omitempty"`
+	// TokenRequired says the engine's HTTP API answers /v1/ only with the
+	// engine token; false: anyone who reaches its port may use it.
+	TokenRequired bool      `json:"token_required,omitempty"`
+	Version       string    `json:"version"`
+	StartedAt     time.Time `json:"started_at"`
 	// LastKVSeq is the sequence of the last KV event published, so that a
 	// consumer joining late knows where the stream stands.
 	LastKVSeq uint64 `json:"last_kv_seq"`

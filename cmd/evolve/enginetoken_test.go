@@ -3,6 +3,7 @@ package main
 import (
 	"net/http"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,10 @@ func TestEnginesServeOnlyTheClusterWithTheEventPlanesToken(t *testing.T) {
 		t.Fatalf("the engine's log should say it requires a token, and never show it:\n%s", ready)
 	}
 
+	if got := tokenRequired(t, orch.ControlURL); got["pre"] != true || got["dec"] != true {
+		t.Fatalf("nodes' token_required: %v", got)
+	}
+
 	status, _, body := post(t, orch.RouterURL+"/v1/completions", req)
 	ev := obj(body["evolve"])
 	if status != 200 || num(obj(body["usage"])["completion_tokens"]) != 8 || ev["engine"] != "dec" || ev["pull_error"] != nil ||
@@ -76,6 +81,14 @@ func TestAnEngineWithAnotherTokenIsRoutedAround(t *testing.T) {
 		t.Fatalf("an engine with --token none: %d %v", status, body)
 	}
 	eventually(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	// The orchestrator, which has a token, says the open one serves anyone.
+	eventually(t, 5*time.Second, "the warning of an open engine", func() bool {
+		return strings.Contains(log.String(), "engine serves its port to anyone") && strings.Contains(log.String(), "id=open")
+	})
+	if out, code := runBin(t, nil, "nodes", "-o", "wide", "--server", orch.ControlURL); code != 0 ||
+		!regexp.MustCompile(`(?m)^open .* open +http://`).MatchString(out) || !regexp.MustCompile(`(?m)^odd .* required +http://`).MatchString(out) {
+		t.Fatalf("evolve nodes -o wide: exit %d\n%s", code, out)
+	}
 	for i := range 4 {
 		if status, _, body := post(t, orch.RouterURL+"/v1/completions", req); status != 200 {
 			t.Fatalf("request %d with an engine that takes the router's token: %d %v", i, status, body)
@@ -103,6 +116,9 @@ func TestVLLMGetsTheEngineTokenAsItsAPIKey(t *testing.T) {
 		t.Fatalf("the started vLLM's /v1/models without the token: %d, want 401", s)
 	}
 	eventually(t, 10*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	if got := tokenRequired(t, orch.ControlURL); got["vllm-a"] != true {
+		t.Fatalf("the vLLM node's token_required: %v (vLLM refuses requests without it)", got)
+	}
 	status, _, body := post(t, orch.RouterURL+"/v1/chat/completions", map[string]any{"model": "fake/model", "max_tokens": 3,
 		"messages": []map[string]any{{"role": "user", "content": "Read the scheduler."}}})
 	if status != 200 {
@@ -125,4 +141,17 @@ func TestVLLMGetsTheEngineTokenAsItsAPIKey(t *testing.T) {
 	if code != 2 || !strings.Contains(out, "sets --api-key") {
 		t.Fatalf("a vLLM command with its own --api-key: exit %d\n%s", code, out)
 	}
+}
+
+// tokenRequired is each node's token_required, by id, as evolve nodes
+// -o json says.
+func tokenRequired(t *testing.T, controlURL string) map[string]any {
+	t.Helper()
+	var nodes []map[string]any
+	getJSON(t, controlURL+"/api/v1/nodes", &nodes)
+	out := map[string]any{}
+	for _, n := range nodes {
+		out[n["id"].(string)] = n["token_required"]
+	}
+	return out
 }

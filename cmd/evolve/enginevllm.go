@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
 	"os/signal"
@@ -17,7 +16,6 @@ import (
 
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/vllm"
-	"github.com/evolvellm/evolve/protocol"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -171,7 +169,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
 		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
-		HTTP: &http.Client{Timeout: 10 * time.Second, Transport: &protocol.BearerTransport{Token: token}},
+		Token: token,
 		Changed: func() {
 			if agent != nil {
 				agent.Register()
@@ -232,7 +230,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	}
 	reg := rep.Registration(buildVersion().Version)
 	slog.Info("engine ready", "id", id, "backend", "vllm", "url", advertise, "model", reg.Model, "block_size", reg.BlockSize,
-		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", redactURL(get("nats")), "requires_token", token != "" && len(command) > 0)
+		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", redactURL(get("nats")), "requires_token", reg.TokenRequired)
 
 	agentDone := make(chan error, 1)
 	agentCtx, cancelAgent := context.WithCancel(context.Background())

@@ -120,7 +120,7 @@ answer no node could continue is sent again from its start instead).`,
 func nodeHeader(wide bool) string {
 	h := "ID\tROLE\tMODE\tSTATE\tQUEUE\tRUNNING\tGPU-KV\tHOST-KV"
 	if wide {
-		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tLAST-SEEN\tADDRESS"
+		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tLAST-SEEN\tTOKEN\tADDRESS"
 	}
 	return h
 }
@@ -141,7 +141,11 @@ func nodeRow(n controlapi.Node, wide bool) string {
 	row := fmt.Sprintf("%s\t%s\t%s\t%s\t%d\t%d\t%.0f%%\t%.0f%%", n.ID, role, n.Mode, nodeState(n),
 		n.Waiting, n.Running, 100*n.GPUKVUsage, 100*n.HostKVUsage)
 	if wide {
-		row += fmt.Sprintf("\t%d\t%d\t%d\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, ago(n.LastSeen), n.Address)
+		token := "open"
+		if n.TokenRequired {
+			token = "required"
+		}
+		row += fmt.Sprintf("\t%d\t%d\t%d\t%s\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, ago(n.LastSeen), token, n.Address)
 	}
 	return row
 }
@@ -149,7 +153,7 @@ func nodeRow(n controlapi.Node, wide bool) string {
 // columns lays a tab-separated row out in the watch's fixed columns (a
 // wider cell pushes the rest of its row along).
 func columns(row string) string {
-	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 12}
+	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 12, 10}
 	cells := strings.Split(row, "\t")
 	var b strings.Builder
 	for i, c := range cells {

@@ -46,7 +46,10 @@ type Config struct {
 	// 0 for DefaultPrefillUsPerToken.
 	PrefillUsPerToken float64
 	HTTP              *http.Client
-	Logger            *slog.Logger
+	// Token is the engine token the agent sends vLLM (protocol's "The
+	// engine token"); the registration says whether vLLM requires it.
+	Token  string
+	Logger *slog.Logger
 	// Changed, if set, is called when the registration changed (a measured
 	// prefill cost moved): the caller publishes it again.
 	Changed func()
@@ -82,6 +85,8 @@ type Replica struct {
 	lastOK    time.Time
 	batches   int // batches handled
 	warned    bool
+	// tokenRequired: vLLM refused a request without the engine token.
+	tokenRequired bool
 }
 
 // New returns a replica for the vLLM server of cfg. Call Probe before
@@ -102,6 +107,11 @@ func New(cfg Config) (*Replica, error) {
 	}
 	if cfg.HTTP == nil {
 		cfg.HTTP = &http.Client{Timeout: 10 * time.Second}
+	}
+	if cfg.Token != "" {
+		open := *cfg.HTTP
+		cfg.HTTP = &open
+		cfg.HTTP.Transport = &protocol.BearerTransport{Token: cfg.Token, Base: open.Transport}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -146,6 +156,13 @@ func (r *Replica) probeOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	// Whether vLLM requires the token: it refuses a request without.
+	required := false
+	if r.cfg.Token != "" {
+		plain := &http.Client{Timeout: 10 * time.Second}
+		_, err := Models(ctx, plain, r.cfg.LocalURL)
+		required = errors.Is(err, ErrUnauthorized)
+	}
 	l, err := ScrapeMetrics(ctx, r.cfg.HTTP, r.cfg.LocalURL)
 	if err != nil {
 		return err
@@ -156,7 +173,7 @@ func (r *Replica) probeOnce(ctx context.Context) error {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.info, r.load, r.base, r.lastOK = info, l, l, time.Now()
+	r.info, r.load, r.base, r.lastOK, r.tokenRequired = info, l, l, time.Now(), required
 	if r.tr == nil {
 		r.tr = NewTranslator(bs)
 	}
@@ -199,7 +216,7 @@ func (r *Replica) Registration(version string) protocol.Registration {
 		GPUs: r.cfg.GPUs, Role: r.role, BlockSize: cmp.Or(r.load.BlockSize, r.cfg.BlockSize),
 		GPUBlocks: r.load.GPUBlocks, HostBlocks: r.load.CPUBlocks, MaxModelLen: r.info.MaxModelLen, Speedup: 1,
 		Version: version, StartedAt: r.start, LastKVSeq: seq, PrefillUsPerToken: r.prefillUs,
-		Tokenizer: "engine", SelfManagedKV: true,
+		Tokenizer: "engine", SelfManagedKV: true, TokenRequired: r.tokenRequired,
 	}
 }
 
