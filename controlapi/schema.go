@@ -78,6 +78,18 @@ type Cluster struct {
 	// Speedup: the engines run this many modelled seconds per wall second
 	// (0 or 1: real time). Recent's latencies are wall-clock.
 	Speedup float64 `json:"speedup,omitempty"`
+	// KeyLimits are the API key names with a max-concurrency and how near
+	// they run to it.
+	KeyLimits []KeyLimit `json:"key_limits,omitempty"`
+}
+
+// KeyLimit is an API key name's limit and its requests now.
+type KeyLimit struct {
+	Name           string  `json:"name"`
+	MaxConcurrency int     `json:"max_concurrency"`
+	MaxWaitSec     float64 `json:"max_wait_s"`
+	InFlight       int     `json:"in_flight"`
+	Waiting        int     `json:"waiting"`
 }
 
 // Simulation is a simulated cluster's progress.

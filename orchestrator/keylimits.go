@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/anthropicapi"
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -155,13 +156,7 @@ func (c keyLimitCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // KeyLimitStatus is an API key name's limit and its requests now.
-type KeyLimitStatus struct {
-	Name           string  `json:"name"`
-	MaxConcurrency int     `json:"max_concurrency"`
-	MaxWaitSec     float64 `json:"max_wait_s"`
-	InFlight       int     `json:"in_flight"`
-	Waiting        int     `json:"waiting"`
-}
+type KeyLimitStatus = controlapi.KeyLimit
 
 // status is the names with limits, by name.
 func (ks *apiKeys) status() []KeyLimitStatus {

@@ -518,3 +518,18 @@ func TestAFailedNodeSaysWhatBecameOfItsAnswers(t *testing.T) {
 		t.Fatalf("events view:\n%s", v)
 	}
 }
+
+// An API key at its share shows in the summary, with its waiting
+// requests; one with room does not.
+func TestSummaryNamesKeysAtTheirLimit(t *testing.T) {
+	m := New(&fakeSource{watch: make(chan WatchEvent)}, Options{Now: func() time.Time { return t0 }, Poll: time.Hour})
+	m.cluster = Cluster{Model: "m", KeyLimits: []KeyLimit{
+		{Name: "team-a", MaxConcurrency: 64, InFlight: 64, Waiting: 3},
+		{Name: "team-b", MaxConcurrency: 32, InFlight: 5},
+		{Name: "team-c", MaxConcurrency: 8, InFlight: 8}}}
+	s := m.summary()
+	if !strings.Contains(s, "key team-a at its limit: 64 of 64 in flight, 3 waiting") || !strings.Contains(s, "key team-c at its limit: 8 of 8 in flight") ||
+		strings.Contains(s, "team-b") {
+		t.Fatalf("summary:\n%s", s)
+	}
+}

@@ -24,6 +24,7 @@ type (
 	Cluster    = controlapi.Cluster
 	Simulation = controlapi.Simulation
 	Recent     = controlapi.Recent
+	KeyLimit   = controlapi.KeyLimit
 	Branch     = controlapi.Branch
 	Residency  = controlapi.Residency
 	KV         = controlapi.KV

@@ -194,6 +194,16 @@ func (m *Model) summary() string {
 	if m.kv != nil && m.kv.PromptTokens > 0 {
 		segs = append(segs, fmt.Sprintf("KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100))
 	}
+	// API keys at their share: their agents wait, or get 429s.
+	for _, l := range m.cluster.KeyLimits {
+		if l.Waiting > 0 || l.InFlight >= l.MaxConcurrency {
+			seg := fmt.Sprintf("key %s at its limit: %d of %d in flight", l.Name, l.InFlight, l.MaxConcurrency)
+			if l.Waiting > 0 {
+				seg += fmt.Sprintf(", %d waiting", l.Waiting)
+			}
+			segs = append(segs, seg)
+		}
+	}
 	s := wrapSegments(segs, m.width)
 	// Measured, not predicted: the last minute's requests (a simulation's
 	// last full modelled minute).
