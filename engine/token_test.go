@@ -10,11 +10,15 @@ import (
 	"github.com/evolvellm/evolve/engine/sim"
 )
 
-// send posts body to url with the given Authorization ("" for none) and
-// returns the status and the decoded answer.
-func send(t *testing.T, url, auth, body string) (int, map[string]any) {
+// call sends body (GET when empty, else POST) to url with the given
+// Authorization ("" for none) and returns the status and the answer.
+func call(t *testing.T, url, auth, body string) (int, []byte) {
 	t.Helper()
-	req, err := http.NewRequest("POST", url, strings.NewReader(body))
+	method := "POST"
+	if body == "" {
+		method = "GET"
+	}
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -28,11 +32,18 @@ func send(t *testing.T, url, auth, body string) (int, map[string]any) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// send is call for a JSON answer, decoded.
+func send(t *testing.T, url, auth, body string) (int, map[string]any) {
+	t.Helper()
+	status, b := call(t, url, auth, body)
 	var out map[string]any
 	if err := json.Unmarshal(b, &out); err != nil {
-		t.Fatalf("POST %s: %d %q is not JSON", url, resp.StatusCode, b)
+		t.Fatalf("POST %s: %d %q is not JSON", url, status, b)
 	}
-	return resp.StatusCode, out
+	return status, out
 }
 
 // An engine with a token serves /v1/ and /evolve/v1/ only to requests that
@@ -45,13 +56,8 @@ func TestEngineTokenGuardsTheAPIAndTravelsToPeers(t *testing.T) {
 	_, open := startEngineConfig(t, Config{ID: "open", Role: sim.RoleDecode, Speedup: 50}, nil)
 
 	for _, path := range []string{"/health", "/metrics"} {
-		resp, err := http.Get(pre.URL + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 200 {
-			t.Fatalf("GET %s without the token: %d, want 200 (it stays open)", path, resp.StatusCode)
+		if status, _ := call(t, pre.URL+path, "", ""); status != 200 {
+			t.Fatalf("GET %s without the token: %d, want 200 (it stays open)", path, status)
 		}
 	}
 	prompt := `{"prompt": "` + strings.Repeat("Trace the request through the scheduler. ", 12) + `", "max_tokens": 1, "kv_transfer_params": {"do_remote_decode": true}}`
@@ -63,22 +69,8 @@ func TestEngineTokenGuardsTheAPIAndTravelsToPeers(t *testing.T) {
 		{"/evolve/v1/kv/lookup", "", `{"blocks": [1, 2]}`},
 		{"/evolve/v1/kv/pull", "", `{"remote_request_id": "x"}`},
 	} {
-		method := "POST"
-		if c.body == "" {
-			method = "GET"
-		}
-		req, _ := http.NewRequest(method, pre.URL+c.path, strings.NewReader(c.body))
-		if c.auth != "" {
-			req.Header.Set("Authorization", c.auth)
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 401 || !strings.Contains(string(b), `"invalid_engine_token"`) {
-			t.Fatalf("%s %s with Authorization %q: %d %s, want 401 invalid_engine_token", method, c.path, c.auth, resp.StatusCode, b)
+		if status, b := call(t, pre.URL+c.path, c.auth, c.body); status != 401 || !strings.Contains(string(b), `"invalid_engine_token"`) {
+			t.Fatalf("%s with Authorization %q: %d %s, want 401 invalid_engine_token", c.path, c.auth, status, b)
 		}
 	}
 

@@ -18,28 +18,40 @@ type Targets struct {
 	Engines []string // e.g. http://10.0.0.5:8000
 }
 
-// group is the targets of one scheme, as Prometheus lists them.
+// group is the targets of one job and one scheme, as Prometheus lists
+// them; split says the job's targets come in more than one scheme.
 type group struct {
-	scheme  string
-	targets []string
+	job, scheme string
+	split       bool
+	targets     []string
 }
 
-// groups splits URLs by scheme (host:port each), in their order.
-func groups(urls []string) ([]group, error) {
+// groups are the cluster's router and engines, by job and then scheme
+// (host:port each), in their order.
+func (t Targets) groups() ([]group, error) {
 	var out []group
-	for _, raw := range urls {
-		u, err := url.Parse(raw)
-		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return nil, fmt.Errorf("target %q: want http://HOST:PORT or https://HOST:PORT", raw)
+	for _, part := range []struct {
+		job  string
+		urls []string
+	}{{"evolve-router", []string{t.Router}}, {"evolve-engines", t.Engines}} {
+		first := len(out)
+		for _, raw := range part.urls {
+			u, err := url.Parse(raw)
+			if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+				return nil, fmt.Errorf("target %q: want http://HOST:PORT or https://HOST:PORT", raw)
+			}
+			i := len(out) - 1
+			for ; i >= first && out[i].scheme != u.Scheme; i-- {
+			}
+			if i < first {
+				out = append(out, group{job: part.job, scheme: u.Scheme})
+				i = len(out) - 1
+			}
+			out[i].targets = append(out[i].targets, u.Host)
 		}
-		i := len(out) - 1
-		for ; i >= 0 && out[i].scheme != u.Scheme; i-- {
+		for i := first; i < len(out); i++ {
+			out[i].split = len(out)-first > 1
 		}
-		if i < 0 {
-			out = append(out, group{scheme: u.Scheme})
-			i = len(out) - 1
-		}
-		out[i].targets = append(out[i].targets, u.Host)
 	}
 	return out, nil
 }
@@ -58,31 +70,20 @@ type staticConfig struct {
 // ScrapeConfig is the scrape_configs section of prometheus.yml for the
 // cluster: a job for its router and one for its engines, per scheme.
 func ScrapeConfig(t Targets) ([]byte, error) {
-	var jobs []scrapeJob
-	add := func(name string, urls []string) error {
-		gs, err := groups(urls)
-		if err != nil {
-			return err
-		}
-		for _, g := range gs {
-			j := scrapeJob{JobName: name, StaticConfigs: []staticConfig{{Targets: g.targets, Labels: map[string]string{"cluster": t.Cluster}}}}
-			if g.scheme == "https" {
-				j.Scheme = "https"
-			}
-			if len(gs) > 1 {
-				j.JobName += "-" + g.scheme
-			}
-			jobs = append(jobs, j)
-		}
-		return nil
-	}
-	if err := add("evolve-router", []string{t.Router}); err != nil {
+	gs, err := t.groups()
+	if err != nil {
 		return nil, err
 	}
-	if len(t.Engines) > 0 {
-		if err := add("evolve-engines", t.Engines); err != nil {
-			return nil, err
+	var jobs []scrapeJob
+	for _, g := range gs {
+		j := scrapeJob{JobName: g.job, StaticConfigs: []staticConfig{{Targets: g.targets, Labels: map[string]string{"cluster": t.Cluster}}}}
+		if g.scheme == "https" {
+			j.Scheme = "https"
 		}
+		if g.split {
+			j.JobName += "-" + g.scheme
+		}
+		jobs = append(jobs, j)
 	}
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
@@ -104,18 +105,13 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 // for a file_sd_configs file that is rewritten as engines come and go:
 // each group's __scheme__ and job say what it is.
 func FileSD(t Targets) ([]byte, error) {
+	gs, err := t.groups()
+	if err != nil {
+		return nil, err
+	}
 	var out []staticConfig
-	for _, part := range []struct {
-		job  string
-		urls []string
-	}{{"evolve-router", []string{t.Router}}, {"evolve-engines", t.Engines}} {
-		gs, err := groups(part.urls)
-		if err != nil {
-			return nil, err
-		}
-		for _, g := range gs {
-			out = append(out, staticConfig{Targets: g.targets, Labels: map[string]string{"cluster": t.Cluster, "job": part.job, "__scheme__": g.scheme}})
-		}
+	for _, g := range gs {
+		out = append(out, staticConfig{Targets: g.targets, Labels: map[string]string{"cluster": t.Cluster, "job": g.job, "__scheme__": g.scheme}})
 	}
 	b, err := json.MarshalIndent(out, "", "  ")
 	if err != nil {

@@ -140,7 +140,7 @@ type Error struct {
 	Code       string
 	Param      string
 	Message    string
-	RetryAfter int // seconds; 503 only
+	RetryAfter int // seconds, for a 503 or a 429
 }
 
 func (e *Error) Error() string { return e.Message }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -95,7 +96,7 @@ func parseAPIKeys(entries []string) (apiKeys, error) {
 			if err != nil {
 				return apiKeys{}, err
 			}
-			if old, ok := ks.limits[name]; ok && (old.max != l.max || old.wait != l.wait) {
+			if old, ok := ks.limits[name]; ok && !old.same(l) {
 				return apiKeys{}, fmt.Errorf("API key name %s: its keys give different limits (%s, then %s): give them once, or alike", name, old, l)
 			}
 			if ks.limits == nil {
@@ -136,13 +137,23 @@ func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
 		}
 		o.met.requests.WithLabelValues(o.policy.Name(), "unauthorized").Inc()
 		w.Header().Set("WWW-Authenticate", `Bearer realm="evolve"`)
-		const msg = "a valid API key is required: send it as Authorization: Bearer KEY or x-api-key: KEY"
-		if strings.HasPrefix(r.URL.Path, "/v1/messages") || anthropicClient(r) {
-			anthropicapi.NewError(401, msg).Write(w)
-			return
-		}
-		(&openaiapi.Error{Status: 401, Type: "invalid_request_error", Code: "invalid_api_key", Message: msg}).Write(w)
+		writeShaped(w, r, &openaiapi.Error{Status: 401, Type: "invalid_request_error", Code: "invalid_api_key",
+			Message: "a valid API key is required: send it as Authorization: Bearer KEY or x-api-key: KEY"})
 	})
+}
+
+// writeShaped answers r with e in the shape of the API it asked:
+// Anthropic's on its paths or for its clients (the status's type, e's
+// message and Retry-After), else OpenAI's.
+func writeShaped(w http.ResponseWriter, r *http.Request, e *openaiapi.Error) {
+	if !strings.HasPrefix(r.URL.Path, "/v1/messages") && !anthropicClient(r) {
+		e.Write(w)
+		return
+	}
+	if e.RetryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
+	}
+	anthropicapi.NewError(e.Status, e.Message).Write(w)
 }
 
 type keyLabelKey struct{}

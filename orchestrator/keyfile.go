@@ -56,9 +56,9 @@ type keySet struct {
 	path   string   // "" without a file
 	log    *slog.Logger
 
-	mu      sync.Mutex
-	checked time.Time
-	stamp   fileStamp // of the file in force, or of the last that failed
+	checked atomic.Int64 // when the file was last looked at, Unix nanoseconds
+	mu      sync.Mutex   // one look at a time
+	stamp   fileStamp    // of the file in force, or of the last that failed
 }
 
 type fileStamp struct {
@@ -108,12 +108,16 @@ func (s *keySet) get(now time.Time) *apiKeys {
 }
 
 func (s *keySet) reloadIfChanged(now time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if now.Sub(s.checked) < time.Second {
+	// Every request asks: between looks, without a lock.
+	if now.UnixNano()-s.checked.Load() < int64(time.Second) {
 		return
 	}
-	s.checked = now
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if now.UnixNano()-s.checked.Load() < int64(time.Second) {
+		return // another request looked meanwhile
+	}
+	s.checked.Store(now.UnixNano())
 	st, err := stampOf(s.path)
 	if err != nil {
 		if s.stamp != (fileStamp{}) {
@@ -149,7 +153,7 @@ func (s *keySet) reloadIfChanged(now time.Time) {
 // afresh (its answers in flight end on the old count).
 func (ks *apiKeys) keepCounts(old *apiKeys) {
 	for name, l := range ks.limits {
-		if o := old.limits[name]; o != nil && o.max == l.max && o.wait == l.wait {
+		if o := old.limits[name]; o != nil && o.same(l) {
 			ks.limits[name] = o
 		}
 	}

@@ -83,7 +83,7 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 	// Another limit for team-a starts its count afresh.
 	write("team-a sk-2 max-concurrency=4\n", t0.Add(5*time.Minute))
 	now = now.Add(2 * time.Second)
-	if l := ks.get(now).limits["team-a"]; l == a || l.max != 4 || len(l.slots) != 0 {
+	if l := ks.get(now).limits["team-a"]; l == a || l.max() != 4 || len(l.slots) != 0 {
 		t.Fatalf("team-a's new limit: %+v", l)
 	}
 	a.release() // the answer in flight ends on the old count

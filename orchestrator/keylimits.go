@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/evolvellm/evolve/anthropicapi"
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,19 +33,25 @@ const defaultMaxWait = 30 * time.Second
 
 // keyLimit is one name's share of the cluster. Safe for concurrent use.
 type keyLimit struct {
-	max     int
 	wait    time.Duration
-	slots   chan struct{} // a value per request in flight
+	slots   chan struct{} // a value per request in flight, max-concurrency of them
 	waiting atomic.Int64
 }
 
+// max is the name's max-concurrency.
+func (l *keyLimit) max() int { return cap(l.slots) }
+
+// same says whether l and m give the same limits.
+func (l *keyLimit) same(m *keyLimit) bool { return l.max() == m.max() && l.wait == m.wait }
+
 func (l *keyLimit) String() string {
-	return fmt.Sprintf("max-concurrency=%d max-wait=%s", l.max, l.wait)
+	return fmt.Sprintf("max-concurrency=%d max-wait=%s", l.max(), l.wait)
 }
 
 // parseKeyLimit reads the limits of name from NAME KEY's further fields.
 func parseKeyLimit(name string, fields []string) (*keyLimit, error) {
 	l := &keyLimit{wait: defaultMaxWait}
+	n := 0 // max-concurrency
 	seen := map[string]bool{}
 	for _, f := range fields {
 		k, v, ok := strings.Cut(f, "=")
@@ -59,11 +64,10 @@ func parseKeyLimit(name string, fields []string) (*keyLimit, error) {
 		seen[k] = true
 		switch k {
 		case "max-concurrency":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 1 {
+			var err error
+			if n, err = strconv.Atoi(v); err != nil || n < 1 {
 				return nil, fmt.Errorf("API key name %s: max-concurrency=%s: want a whole number of requests, 1 or more", name, v)
 			}
-			l.max = n
 		case "max-wait":
 			d, err := time.ParseDuration(v)
 			if err != nil || d < 0 {
@@ -74,10 +78,10 @@ func parseKeyLimit(name string, fields []string) (*keyLimit, error) {
 			return nil, fmt.Errorf("API key name %s: unknown limit %q: want max-concurrency=N or max-wait=DURATION", name, k)
 		}
 	}
-	if l.max == 0 {
+	if n == 0 {
 		return nil, fmt.Errorf("API key name %s: max-wait needs max-concurrency=N beside it", name)
 	}
-	l.slots = make(chan struct{}, l.max)
+	l.slots = make(chan struct{}, n)
 	return l, nil
 }
 
@@ -117,13 +121,9 @@ func (o *Orchestrator) admitUnder(l *keyLimit, w http.ResponseWriter, r *http.Re
 		}
 	}
 	o.countRequest(r, "rate_limited")
-	msg := fmt.Sprintf("API key %s has %d requests in flight, its limit (max-concurrency), and none ended within %s: retry later", keyLabel(r), l.max, l.wait)
-	w.Header().Set("Retry-After", "1")
-	if strings.HasPrefix(r.URL.Path, "/v1/messages") || anthropicClient(r) {
-		anthropicapi.NewError(429, msg).Write(w)
-		return false
-	}
-	(&openaiapi.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", Message: msg}).Write(w)
+	writeShaped(w, r, &openaiapi.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: 1,
+		Message: fmt.Sprintf("API key %s has %d requests in flight, its limit (max-concurrency), and none ended within %s: retry later",
+			keyLabel(r), l.max(), l.wait)})
 	return false
 }
 
@@ -162,7 +162,7 @@ type KeyLimitStatus = controlapi.KeyLimit
 func (ks *apiKeys) status() []KeyLimitStatus {
 	var out []KeyLimitStatus
 	for name, l := range ks.limits {
-		out = append(out, KeyLimitStatus{Name: name, MaxConcurrency: l.max, MaxWaitSec: l.wait.Seconds(),
+		out = append(out, KeyLimitStatus{Name: name, MaxConcurrency: l.max(), MaxWaitSec: l.wait.Seconds(),
 			InFlight: len(l.slots), Waiting: int(l.waiting.Load())})
 	}
 	slices.SortFunc(out, func(a, b KeyLimitStatus) int { return strings.Compare(a.Name, b.Name) })

@@ -19,8 +19,8 @@ func TestKeyLimitsParse(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(ks.limits) != 2 || ks.limits["team-a"].max != 2 || ks.limits["team-a"].wait != defaultMaxWait ||
-		ks.limits["team-b"].max != 5 || ks.limits["team-b"].wait != 0 {
+	if len(ks.limits) != 2 || ks.limits["team-a"].max() != 2 || ks.limits["team-a"].wait != defaultMaxWait ||
+		ks.limits["team-b"].max() != 5 || ks.limits["team-b"].wait != 0 {
 		t.Fatalf("limits %v", ks.limits)
 	}
 	for entries, want := range map[string]string{

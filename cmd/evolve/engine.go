@@ -176,10 +176,11 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	if n := geti("host-kv-tokens"); n > 0 {
 		simCfg.HostBlocks = max(1, n/profile.BlockSize)
 	}
+	token := engineToken()
 	eng, err := engine.New(engine.Config{
 		ID: id, Profile: profile, Sim: simCfg, ServedModelName: get("served-model-name"), Role: role,
 		Speedup: speedup, AdvertiseURL: advertise, DefaultMaxTokens: geti("default-max-tokens"), Logger: slog.Default(),
-		Token: engineToken(),
+		Token: token,
 	})
 	if err != nil {
 		return usage(err)
@@ -218,7 +219,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile.Name,
-		"role", role.String(), "speedup", speedup, "nats", redactURL(get("nats")), "requires_token", engineToken() != "")
+		"role", role.String(), "speedup", speedup, "nats", redactURL(get("nats")), "requires_token", token != "")
 
 	select {
 	case <-sigCtx.Done():

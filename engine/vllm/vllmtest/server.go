@@ -94,7 +94,6 @@ type Stats struct {
 	BlocksStored   int
 	BlocksEvicted  int
 	PublishedBatch int
-	Unauthorized   int // /v1/ requests refused for want of the API key
 }
 
 // Start runs a server on loopback: HTTP on a free port (or addr), the
@@ -205,9 +204,6 @@ func (s *Server) handler() http.Handler {
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if strings.HasPrefix(r.URL.Path, "/v1") && r.Header.Get("Authorization") != "Bearer "+s.opts.APIKey {
-			s.mu.Lock()
-			s.stats.Unauthorized++
-			s.mu.Unlock()
 			openaiapi.WriteJSON(w, 401, map[string]string{"error": "Unauthorized"})
 			return
 		}
