@@ -136,7 +136,6 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 		st.DecodeTopK = topK.at(passes)
 		d := m.passTime(&st)
 		ao.Passes = append(ao.Passes, Pass{Start: now, Duration: d, Stats: st})
-		m.pass++
 		m.counters.Passes++
 		m.counters.BusyTime += d
 		now = now.Add(d)

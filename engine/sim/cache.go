@@ -41,7 +41,7 @@ func (m *Model) allocGPU() BlockID {
 	m.gpuUsed++
 	id := m.blocks.alloc()
 	b := m.blocks.Get(id)
-	b.Tier, b.ref, b.LastUse = kv.TierGPU, 1, m.pass
+	b.Tier, b.ref = kv.TierGPU, 1
 	return id
 }
 
@@ -84,7 +84,6 @@ func (m *Model) storeHost(h, parent kv.BlockHash, depth int32, prio int8) bool {
 	b := m.blocks.Get(id)
 	b.Hash, b.Parent, b.Depth, b.Hashed, b.Tier = h, parent, depth, true, kv.TierHost
 	b.Priority = prio
-	b.LastUse = m.pass
 	m.hostByHash.Put(h, int32(id))
 	m.hostPolicy.Add(id)
 	m.emitBlock(kv.BlockStored, b)
@@ -92,7 +91,6 @@ func (m *Model) storeHost(h, parent kv.BlockHash, depth int32, prio int8) bool {
 }
 
 func (m *Model) touchHost(id BlockID) {
-	m.blocks.Get(id).LastUse = m.pass
 	m.hostPolicy.Remove(id)
 	m.hostPolicy.Add(id)
 }
@@ -104,7 +102,6 @@ func (m *Model) acquireCached(id BlockID) {
 		m.gpuPolicy.Remove(id)
 	}
 	b.ref++
-	b.LastUse = m.pass
 }
 
 // commitBlock gives a freshly filled private block its hash and caches it,
@@ -135,7 +132,6 @@ func (m *Model) release(id BlockID) {
 		return
 	}
 	if b.Hashed {
-		b.LastUse = m.pass
 		m.gpuPolicy.Add(id)
 		return
 	}

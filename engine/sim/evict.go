@@ -17,15 +17,13 @@ const NoBlock BlockID = -1
 type Block struct {
 	Hash     kv.BlockHash
 	Parent   kv.BlockHash
-	LastUse  int64 // model pass counter when last taken or released
-	Depth    int32 // position in its sequence, 0-based
-	ref      int32 // running or held sequences using this GPU copy
-	prev     BlockID
-	next     BlockID
-	list     int16 // LRU list holding the block, -1 if none
-	Priority int8  // eviction hint: lower is evicted first (0 = no hint)
+	Depth    int32  // position in its sequence, 0-based
+	ref      int32  // running or held sequences using this GPU copy
+	lru      uint32 // the stamp of its entry in the LRU queues (see lruPolicy)
+	Priority int8   // eviction hint: lower is evicted first (0 = no hint)
 	Tier     kv.Tier
 	Hashed   bool
+	listed   bool // in the LRU queue of its priority
 }
 
 const (
@@ -59,12 +57,13 @@ func (t *BlockTable) alloc() BlockID {
 		t.n++
 	}
 	b := t.Get(id)
-	*b = Block{prev: NoBlock, next: NoBlock, list: -1}
+	*b = Block{lru: b.lru}
 	return id
 }
 
 func (t *BlockTable) release(id BlockID) {
-	*t.Get(id) = Block{prev: NoBlock, next: NoBlock, list: -1}
+	b := t.Get(id)
+	*b = Block{lru: b.lru} // a stale queue entry must not match the id's next block
 	t.free = append(t.free, id)
 }
 
@@ -72,7 +71,9 @@ func (t *BlockTable) release(id BlockID) {
 // sequence uses, and every host copy). The model tells it which blocks become
 // evictable and which stop being so, and asks it for the next victim.
 // Implementations read blocks through the BlockTable they were made with and
-// may use Block's exported fields (Priority, LastUse, Depth, Hash).
+// may use Block's exported fields (Priority, Depth, Hash). A block's
+// Priority changes only while it is not evictable: the model removes it,
+// sets the new hint, and adds it again.
 type EvictionPolicy interface {
 	// Add makes a block evictable. Blocks are added in the order they were
 	// last used; of one sequence's blocks, the deepest is added first.
@@ -91,14 +92,28 @@ type EvictionPolicy interface {
 // of a lower Priority hint goes before any block of a higher one.
 func NewLRUPolicy(t *BlockTable) EvictionPolicy { return &lruPolicy{t: t} }
 
+// The LRU lists are queues in the order blocks were added, oldest first.
+// Removing a block only bumps its stamp, which makes its entry stale; stale
+// entries are skipped when they reach the head and dropped in bulk once they
+// outnumber the live ones twice over. A linked list would touch a block's
+// neighbours, scattered over the table, on every add and removal; the
+// queues touch only the block itself and their own array, in order. The
+// order, and so every victim, is the linked list's.
+type lruEntry struct {
+	id    BlockID
+	stamp uint32
+}
+
 type lruList struct {
-	prio       int8
-	head, tail BlockID // head is evicted first
+	prio int8
+	q    []lruEntry // q[head:] in the order added, stale entries among them
+	head int
+	live int
 }
 
 type lruPolicy struct {
 	t     *BlockTable
-	lists []lruList // indexed by Block.list; never reordered
+	lists []lruList // never reordered
 	order []int16   // indices of lists by ascending priority
 	n     int
 }
@@ -110,7 +125,7 @@ func (p *lruPolicy) listFor(prio int8) int16 {
 		}
 	}
 	i := int16(len(p.lists))
-	p.lists = append(p.lists, lruList{prio: prio, head: NoBlock, tail: NoBlock})
+	p.lists = append(p.lists, lruList{prio: prio})
 	k := 0
 	for k < len(p.order) && p.lists[p.order[k]].prio < prio {
 		k++
@@ -123,46 +138,72 @@ func (p *lruPolicy) listFor(prio int8) int16 {
 
 func (p *lruPolicy) Add(id BlockID) {
 	b := p.t.Get(id)
-	if b.list >= 0 {
+	if b.listed {
 		p.Remove(id)
 	}
-	li := p.listFor(b.Priority)
-	l := &p.lists[li]
-	b.list, b.prev, b.next = li, l.tail, NoBlock
-	if l.tail != NoBlock {
-		p.t.Get(l.tail).next = id
-	} else {
-		l.head = id
+	l := &p.lists[p.listFor(b.Priority)]
+	if l.head >= maxStale && 2*l.head >= len(l.q) {
+		// Victims taken from the head leave room there: reuse it.
+		n := copy(l.q, l.q[l.head:])
+		l.q, l.head = l.q[:n], 0
 	}
-	l.tail = id
+	b.lru++
+	b.listed = true
+	l.q = append(l.q, lruEntry{id: id, stamp: b.lru})
+	l.live++
 	p.n++
 }
 
+// Remove leaves the block's entry stale: a listed block's Priority is the
+// priority of its queue (a new hint removes it first).
 func (p *lruPolicy) Remove(id BlockID) {
 	b := p.t.Get(id)
-	if b.list < 0 {
+	if !b.listed {
 		return
 	}
-	l := &p.lists[b.list]
-	if b.prev != NoBlock {
-		p.t.Get(b.prev).next = b.next
-	} else {
-		l.head = b.next
-	}
-	if b.next != NoBlock {
-		p.t.Get(b.next).prev = b.prev
-	} else {
-		l.tail = b.prev
-	}
-	b.prev, b.next, b.list = NoBlock, NoBlock, -1
+	l := &p.lists[p.listFor(b.Priority)]
+	b.lru++
+	b.listed = false
+	l.live--
 	p.n--
+	if stale := len(l.q) - l.head - l.live; stale > 2*l.live+maxStale {
+		p.compact(l)
+	}
+}
+
+// maxStale is how many stale entries beyond twice the live ones a queue
+// keeps before it drops them: each compaction visits every entry, so it
+// costs at most 1.5 block visits per removal, and a queue holds at most
+// three entries per evictable block, plus maxStale.
+const maxStale = 1024
+
+func (p *lruPolicy) live(e lruEntry) bool {
+	b := p.t.Get(e.id)
+	return b.listed && b.lru == e.stamp
+}
+
+// compact drops l's stale entries, keeping the live ones in order.
+func (p *lruPolicy) compact(l *lruList) {
+	k := 0
+	for _, e := range l.q[l.head:] {
+		if p.live(e) {
+			l.q[k] = e
+			k++
+		}
+	}
+	l.q, l.head = l.q[:k], 0
 }
 
 func (p *lruPolicy) Victim() BlockID {
 	for _, i := range p.order {
-		if h := p.lists[i].head; h != NoBlock {
-			return h
+		l := &p.lists[i]
+		for l.head < len(l.q) {
+			if e := l.q[l.head]; p.live(e) {
+				return e.id
+			}
+			l.head++
 		}
+		l.q, l.head = l.q[:0], 0
 	}
 	return NoBlock
 }

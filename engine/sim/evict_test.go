@@ -51,7 +51,7 @@ func TestLRUPolicyMatchesPlainLRU(t *testing.T) {
 	ref := &refLRU{prio: map[BlockID]int8{}, order: map[int8][]BlockID{}}
 	r := rand.New(rand.NewPCG(1, 2))
 	var ids []BlockID
-	for step := range 60000 {
+	for step := range 200000 {
 		switch op := r.IntN(20); {
 		case op < 5 || len(ids) == 0: // a new block
 			id := tab.alloc()
@@ -92,6 +92,11 @@ func TestLRUPolicyMatchesPlainLRU(t *testing.T) {
 		}
 		if pol.Len() != len(ref.prio) {
 			t.Fatalf("step %d: Len %d, want %d", step, pol.Len(), len(ref.prio))
+		}
+		for _, l := range pol.(*lruPolicy).lists {
+			if n := len(l.q) - l.head; n > 3*l.live+maxStale+1 || len(l.q) > 2*n+maxStale+1 {
+				t.Fatalf("step %d: a queue holds %d entries (%d from its head) for %d blocks", step, len(l.q), n, l.live)
+			}
 		}
 	}
 	for pol.Len() > 0 { // drain: the whole order agrees

@@ -260,7 +260,6 @@ type Model struct {
 	sink       kv.BlockHash    // keeps prefetching reads alive (see kv.Table.Prefetch)
 	sinkRef    int32           // the same, for reads of blocks
 
-	pass      int64
 	busyUntil time.Time
 	eventSeq  uint64
 	delivered bool // out.Events was handed out; clear before the next emit

@@ -18,7 +18,6 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 		m.out.Events = m.out.Events[:0]
 		m.delivered = false
 	}
-	m.pass++
 	out := &m.out
 	out.Start, out.Duration, out.Idle = now, 0, false
 	out.Tokens, out.Finished = out.Tokens[:0], out.Finished[:0]
