@@ -84,19 +84,17 @@ func (x *Table[V]) Ptr(h BlockHash) *V {
 	}
 }
 
-// Prefetch reads the slot where each hash in hs starts its probe. A walk
+// Prefetch fetches the slot where each hash in hs starts its probe. A walk
 // that will look up a run of hashes in turn, each likely a cache miss,
 // lets the processor fetch their cache lines in parallel this way rather
-// than one after the other. The result only keeps the reads alive.
+// than one after the other. On amd64 it issues prefetch instructions and
+// returns at once; elsewhere it reads the slots, and the result only keeps
+// those reads alive.
 func (x *Table[V]) Prefetch(hs []BlockHash) BlockHash {
-	if x.slots == nil {
+	if x.slots == nil || len(hs) == 0 {
 		return 0
 	}
-	var sink BlockHash
-	for _, h := range hs {
-		sink ^= x.PrefetchOne(h)
-	}
-	return sink
+	return x.prefetch(hs)
 }
 
 // PrefetchOne reads the slot where h starts its probe, as Prefetch does
