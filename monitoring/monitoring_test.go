@@ -174,3 +174,58 @@ func TestScrapeConfigListsTheClustersTargets(t *testing.T) {
 		t.Fatal("a router without a scheme was taken")
 	}
 }
+
+// A router listening on every interface is scraped at the control API's
+// host; one with a host keeps it.
+func TestReachableRouter(t *testing.T) {
+	for _, c := range [][3]string{
+		{"https://0.0.0.0:8000", "10.0.0.1:8001", "https://10.0.0.1:8000"},
+		{"http://[::]:8000", "orch.lab:8001", "http://orch.lab:8000"},
+		{"http://[::]:8000", "[fd00::1]:8001", "http://[fd00::1]:8000"},
+		{"http://0.0.0.0:8000", "orch.lab", "http://orch.lab:8000"},
+		{"http://10.0.0.2:8000", "10.0.0.1:8001", "http://10.0.0.2:8000"},
+		{"http://0.0.0.0:8000", "", "http://0.0.0.0:8000"},
+	} {
+		if got := ReachableRouter(c[0], c[1]); got != c[2] {
+			t.Errorf("ReachableRouter(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
+		}
+	}
+}
+
+// The http_sd configuration asks the control API for the targets, with
+// the cluster label, the token file when there is a token, and a word on
+// trusting a private CA where something serves HTTPS.
+func TestHTTPSDConfigAsksTheControlAPI(t *testing.T) {
+	b, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab a", TokenFile: "/etc/prometheus/tok", RouterTLS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg struct {
+		ScrapeConfigs []struct {
+			JobName       string `yaml:"job_name"`
+			HTTPSDConfigs []struct {
+				URL           string            `yaml:"url"`
+				Authorization map[string]string `yaml:"authorization"`
+			} `yaml:"http_sd_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	if sc := cfg.ScrapeConfigs; len(sc) != 1 || len(sc[0].HTTPSDConfigs) != 1 ||
+		sc[0].HTTPSDConfigs[0].URL != "https://10.0.0.1:8001/api/v1/prometheus/targets?cluster=lab+a" ||
+		sc[0].HTTPSDConfigs[0].Authorization["credentials_file"] != "/etc/prometheus/tok" || sc[0].HTTPSDConfigs[0].Authorization["type"] != "Bearer" {
+		t.Fatalf("http_sd config:\n%s", b)
+	}
+	if strings.Count(string(b), "ca_file") != 2 {
+		t.Fatalf("an HTTPS control API and router, and not two words on trusting their CA:\n%s", b)
+	}
+	b, err = HTTPSDConfig(HTTPSD{ControlURL: "http://10.0.0.1:8001/", Cluster: "evolve"})
+	if err != nil || strings.Contains(string(b), "authorization") || strings.Contains(string(b), "ca_file") ||
+		!strings.Contains(string(b), "url: http://10.0.0.1:8001/api/v1/prometheus/targets?cluster=evolve\n") {
+		t.Fatalf("http_sd config without a token or TLS: %v\n%s", err, b)
+	}
+	if _, err := HTTPSDConfig(HTTPSD{ControlURL: "10.0.0.1:8001"}); err == nil {
+		t.Fatal("a control API without a scheme was taken")
+	}
+}

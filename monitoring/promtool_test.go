@@ -95,3 +95,24 @@ func TestPromtoolTakesTheScrapeConfig(t *testing.T) {
 		t.Fatalf("promtool check config: %v\n%s\n%s", err, out, b)
 	}
 }
+
+// The http_sd configuration is a prometheus.yml Prometheus takes.
+func TestPromtoolTakesTheHTTPSDConfig(t *testing.T) {
+	tool := promtool(t)
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	if err := os.WriteFile(tok, []byte("ct\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b, err := HTTPSDConfig(HTTPSD{ControlURL: "http://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, RouterTLS: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, "prometheus.yml")
+	if err := os.WriteFile(f, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check config: %v\n%s\n%s", err, out, b)
+	}
+}

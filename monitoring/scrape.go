@@ -94,7 +94,7 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 	b := buf.Bytes()
 	head := "# Prometheus scrape configuration for evolve cluster " + t.Cluster + " (evolve monitoring scrape):\n" +
 		"# a prometheus.yml of its own, or merge its scrape_configs into yours; -o json gives file_sd_configs targets.\n" +
-		"# Engines that join later are not listed: run it again, or list them in the file_sd file.\n"
+		"# Engines that join later are not listed: run it again, or use --http-sd, which asks the cluster as it changes.\n"
 	if strings.HasPrefix(t.Router, "https://") {
 		head += "# The router serves HTTPS: trust a private CA with tls_config: {ca_file: ca.pem} under its job.\n"
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/monitoring"
 	"github.com/evolvellm/evolve/openaiapi"
 )
 
@@ -100,6 +101,7 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		}
 		openaiapi.WriteJSON(w, 200, st)
 	})
+	mux.HandleFunc("GET "+monitoring.TargetsPath, o.servePrometheusTargets)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { apiError(w, 404, "no route %s %s", r.Method, r.URL.Path) })
 	if o.cfg.ControlToken == "" {
 		return mux

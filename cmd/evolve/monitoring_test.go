@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -113,6 +114,49 @@ func TestMonitoringReadsOnlyMetricsACLusterServes(t *testing.T) {
 	if code != 0 || json.Unmarshal([]byte(out), &sd) != nil || len(sd) != 2 {
 		t.Fatalf("monitoring scrape -o json: exit %d\n%s", code, out)
 	}
+	// Prometheus's http_sd: the control API lists the targets as they are
+	// now, and an engine that joins is listed with nothing run again.
+	sdTargets := func() (router, engines []string) {
+		resp, err := anyCert.Get(orch.ControlURL + monitoring.TargetsPath + "?cluster=lab")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var sd []struct {
+			Targets []string          `json:"targets"`
+			Labels  map[string]string `json:"labels"`
+		}
+		if err := json.NewDecoder(resp.Body).Decode(&sd); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("the control API's Prometheus targets: %d %v", resp.StatusCode, err)
+		}
+		for _, g := range sd {
+			if g.Labels["cluster"] != "lab" {
+				t.Fatalf("targets without the cluster label asked for: %+v", sd)
+			}
+			switch g.Labels["job"] {
+			case "evolve-router":
+				router = append(router, g.Targets...)
+			case "evolve-engines":
+				engines = append(engines, g.Targets...)
+			}
+		}
+		return router, engines
+	}
+	if router, engines := sdTargets(); len(router) != 1 || router[0] != strings.TrimPrefix(orch.RouterURL, "https://") || len(engines) != 2 {
+		t.Fatalf("http_sd targets: router %v, engines %v", router, engines)
+	}
+	late := startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "decode", "--id", "late", "--nats", orch.NATSURL)
+	eventually(t, 10*time.Second, "the engine that joined, among the http_sd targets", func() bool {
+		_, engines := sdTargets()
+		return len(engines) == 3 && slices.Contains(engines, strings.TrimPrefix(late.url, "http://"))
+	})
+	out, code = runBin(t, nil, "monitoring", "scrape", "--http-sd", "--server", orch.ControlURL, "--cluster", "lab")
+	if code != 0 || !strings.Contains(out, "url: "+orch.ControlURL+monitoring.TargetsPath+"?cluster=lab\n") || strings.Contains(out, "authorization") {
+		t.Fatalf("monitoring scrape --http-sd: exit %d\n%s", code, out)
+	}
+	if out, code = runBin(t, nil, "monitoring", "scrape", "--http-sd", "-o", "json", "--server", orch.ControlURL); code != 2 {
+		t.Fatalf("monitoring scrape --http-sd -o json: exit %d\n%s", code, out)
+	}
 	if out, code = runBin(t, nil, "monitoring", "scrape", "-o", "table"); code != 2 {
 		t.Fatalf("monitoring scrape -o table: exit %d\n%s", code, out)
 	}
@@ -125,21 +169,6 @@ func TestMonitoringReadsOnlyMetricsACLusterServes(t *testing.T) {
 	for _, sub := range []string{"grafana", "alerts"} {
 		if out, code := runBin(t, nil, "monitoring", sub); code != 0 || len(out) < 1000 {
 			t.Fatalf("monitoring %s: exit %d\n%s", sub, code, out)
-		}
-	}
-}
-
-// A router listening on every interface is scraped at the control API's
-// host; one with a host keeps it.
-func TestReachableRouter(t *testing.T) {
-	for _, c := range [][3]string{
-		{"https://0.0.0.0:8000", "https://10.0.0.1:8001", "https://10.0.0.1:8000"},
-		{"http://[::]:8000", "http://orch.lab:8001", "http://orch.lab:8000"},
-		{"http://10.0.0.2:8000", "http://10.0.0.1:8001", "http://10.0.0.2:8000"},
-		{"http://0.0.0.0:8000", "", "http://0.0.0.0:8000"},
-	} {
-		if got := reachableRouter(c[0], c[1]); got != c[2] {
-			t.Errorf("reachableRouter(%q, %q) = %q, want %q", c[0], c[1], got, c[2])
 		}
 	}
 }

@@ -2,8 +2,8 @@ package main
 
 import (
 	"fmt"
-	"net"
 	"net/url"
+	"strings"
 
 	"github.com/evolvellm/evolve/monitoring"
 	"github.com/evolvellm/evolve/orchestrator"
@@ -26,7 +26,8 @@ func newMonitoringCmd() *cobra.Command {
            a TLS certificate near its end
   scrape   the scrape configuration of a running cluster's router and
            engines (YAML for prometheus.yml; -o json: file_sd targets),
-           read from its control API as 'evolve nodes' does
+           read from its control API as 'evolve nodes' does; --http-sd:
+           Prometheus asks the control API for them as engines come and go
 
 The dashboard and the alerts read only metrics evolve exports: the
 router's evolve_* and the engines' vllm:*, which evolve's simulated engines
@@ -34,6 +35,7 @@ and vLLM both export, so they serve clusters of either.`,
 		Example: `  evolve monitoring grafana > evolve-dashboard.json
   evolve monitoring alerts > /etc/prometheus/evolve-rules.yaml
   evolve monitoring scrape >> prometheus-scrape.yaml
+  evolve monitoring scrape --http-sd --server http://10.0.0.1:8001 > /etc/prometheus/evolve.yml
   evolve monitoring scrape -o json --server https://10.0.0.1:8001 --token "$TOKEN" > /etc/prometheus/evolve-targets.json`,
 	}
 	cmd.AddCommand(&cobra.Command{
@@ -52,22 +54,54 @@ and vLLM both export, so they serve clusters of either.`,
 	scrape := &cobra.Command{
 		Use:   "scrape",
 		Short: "Print the scrape configuration of a running cluster's router and engines",
-		Args:  noArgs,
+		Long: `Print the scrape configuration of a running cluster's router and engines,
+read from its control API as 'evolve nodes' does.
+
+By default the configuration lists the targets as they are now (YAML for
+prometheus.yml, or -o json for a file_sd_configs file): engines that join
+later need it run again. With --http-sd it tells Prometheus to ask the
+control API itself (` + monitoring.TargetsPath + `, every 30 s), so engines
+that join, leave or move are scraped with nothing run again; a control API
+that takes a token gets it from --token-file, which Prometheus must be
+able to read.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			format := flagOrConfig(cmd, "output")
+			httpSD := config.GetBool(cfgKey(cmd) + ".http-sd")
 			if format != "yaml" && format != "json" {
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("-o %q: want yaml (prometheus.yml's scrape_configs) or json (file_sd targets)", format)}
+			}
+			if httpSD && format == "json" {
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--http-sd prints YAML for prometheus.yml; file_sd targets (-o json) are for a cluster's targets as they are now")}
 			}
 			c := newControlClient(cmd)
 			var st orchestrator.ClusterStatus
 			if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
 				return err
 			}
+			if httpSD {
+				// Ask once, as Prometheus will: a wrong token or an old
+				// orchestrator shows here rather than in Prometheus's log.
+				var sd []map[string]any
+				if err := c.do(cmd.Context(), "GET", monitoring.TargetsPath, nil, &sd); err != nil {
+					return fmt.Errorf("the control API's Prometheus targets: %w", err)
+				}
+				h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), RouterTLS: strings.HasPrefix(st.RouterURL, "https://")}
+				if c.token != "" {
+					h.TokenFile = flagOrConfig(cmd, "token-file")
+				}
+				out, err := monitoring.HTTPSDConfig(h)
+				if err != nil {
+					return err
+				}
+				_, err = cmd.OutOrStdout().Write(out)
+				return err
+			}
 			var nodes []orchestrator.NodeStatus
 			if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
 				return err
 			}
-			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: reachableRouter(st.RouterURL, c.base)}
+			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: monitoring.ReachableRouter(st.RouterURL, hostOf(c.base))}
 			for _, n := range nodes {
 				if n.Address != "" {
 					t.Engines = append(t.Engines, n.Address)
@@ -86,26 +120,18 @@ and vLLM both export, so they serve clusters of either.`,
 	}
 	scrape.Flags().StringP("output", "o", "yaml", "output format: yaml (scrape_configs) or json (file_sd targets)")
 	scrape.Flags().String("cluster", "evolve", "the cluster label every scraped series gets")
+	scrape.Flags().Bool("http-sd", false, "have Prometheus ask the control API for the targets as they change (http_sd_configs)")
+	scrape.Flags().String("token-file", "/etc/prometheus/evolve-control-token", "with --http-sd and a control token: the file Prometheus reads the token from")
 	addClientFlags(scrape)
 	cmd.AddCommand(scrape)
 	return commandGroup(cmd)
 }
 
-// reachableRouter is the router's URL as others reach it: a router that
-// listens on every interface (0.0.0.0, [::]) names no host, so the host
-// of the control API, which runs in the same process, stands in.
-func reachableRouter(routerURL, controlURL string) string {
-	r, err := url.Parse(routerURL)
+// hostOf is the host:port of a URL ("" if it names none).
+func hostOf(raw string) string {
+	u, err := url.Parse(raw)
 	if err != nil {
-		return routerURL
+		return ""
 	}
-	if ip := net.ParseIP(r.Hostname()); ip == nil || !ip.IsUnspecified() {
-		return routerURL
-	}
-	c, err := url.Parse(controlURL)
-	if err != nil || c.Hostname() == "" {
-		return routerURL
-	}
-	r.Host = net.JoinHostPort(c.Hostname(), r.Port())
-	return r.String()
+	return u.Host
 }
