@@ -27,7 +27,7 @@ func (*goldenSource) Planner(context.Context) (Planner, error) {
 		Prefill: 2, Decode: 1, Recommend: 1, HeldSec: 40, ActsInSec: 20, GainSec: 310, CostSec: 12,
 		Current: Pred{Prefill: 2, Decode: 1, TTFT: 0.21, ITL: 0.0194, E2E: 8.1},
 		Best:    Pred{Prefill: 1, Decode: 2, TTFT: 0.25, ITL: 0.0185, E2E: 7.6},
-		Short:   Demand{HorizonSec: 30, Requests: 4.2, PrefillTok: 21000, OutputTok: 9100, HiddenTok: 6000, PrefillQueue: 12},
+		Short:   Demand{HorizonSec: 30, Requests: 4.2, PrefillTok: 21000, OutputTok: 9100, LocalTok: 800, HiddenTok: 6000, PrefillQueue: 12},
 		Long:    Demand{HorizonSec: 600, Requests: 3.1},
 		Avoided: []string{"0:3 (1:2 was overloaded at this demand)"}}
 	p.PrefillFit.Ready, p.PrefillFit.Samples, p.PrefillFit.RelErr = true, 812, 0.004

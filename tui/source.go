@@ -88,8 +88,11 @@ type Coef struct {
 type Demand struct {
 	HorizonSec float64 `json:"horizon_s"`
 	Requests   float64 `json:"requests_per_s"`
-	PrefillTok float64 `json:"prefill_tokens_per_s"`
+	PrefillTok float64 `json:"prefill_tokens_per_s"` // on prefill nodes
 	OutputTok  float64 `json:"output_tokens_per_s"`
+	// LocalTok is prefilled on decode nodes: the short uncached parts of
+	// prompts that skip the prefill nodes.
+	LocalTok float64 `json:"local_prefill_tokens_per_s"`
 	// Of PrefillTok, what arrivals did not show; and the prefill queue.
 	HiddenTok    float64 `json:"hidden_prefill_tokens_per_s"`
 	PrefillQueue float64 `json:"prefill_queue"`

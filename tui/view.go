@@ -399,6 +399,12 @@ func (m *Model) viewPlanner() string {
 		b.WriteString(strings.Repeat(" ", 14) + wrapJoin([]string{fmt.Sprintf("of which %.0f prefill tok/s not seen in arrivals", p.Short.HiddenTok),
 			fmt.Sprintf("(%.0f requests queued on prefill nodes)", p.Short.PrefillQueue)}, " ", "", strings.Repeat(" ", 14), m.width) + "\n")
 	}
+	if p.Short.LocalTok >= 0.5 {
+		// Without it output-heavy traffic, whose prompts skip the prefill
+		// nodes, reads as next to no prefill at all.
+		b.WriteString(strings.Repeat(" ", 14) + wrapJoin([]string{fmt.Sprintf("and %.0f prefill tok/s on decode nodes", p.Short.LocalTok),
+			"(uncached parts too short for a prefill node)"}, " ", "", strings.Repeat(" ", 14), m.width) + "\n")
+	}
 	split := []string{fmt.Sprintf("%d prefill : %d decode", p.Prefill, p.Decode)}
 	if p.Recommend >= 0 && p.Recommend != p.Prefill {
 		split = append(split, fmt.Sprintf(" ->  recommended %d : %d,", p.Recommend, p.Prefill+p.Decode-p.Recommend),
