@@ -14,3 +14,10 @@ func (x *Table[V]) prefetch(hs []BlockHash) BlockHash {
 	prefetchSlots(uintptr(unsafe.Pointer(&x.slots[0])), uintptr(x.mask), unsafe.Sizeof(x.slots[0]), hs)
 	return 0
 }
+
+//go:noescape
+func prefetchAddr(p uintptr)
+
+// PrefetchLine asks the processor to fetch the cache line holding *p, for
+// a walk that will read it soon; it returns at once.
+func PrefetchLine[T any](p *T) { prefetchAddr(uintptr(unsafe.Pointer(p))) }

@@ -19,3 +19,9 @@ loop:
 	JNE loop
 done:
 	RET
+
+// func prefetchAddr(p uintptr)
+TEXT ·prefetchAddr(SB), NOSPLIT, $0-8
+	MOVQ p+0(FP), AX
+	PREFETCHT0 (AX)
+	RET

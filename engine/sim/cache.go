@@ -146,11 +146,9 @@ func (m *Model) freeSeq(s *seq) {
 		if k := len(s.blocks) - 1 - i; k%prefetchBatch == 0 {
 			// The blocks lie scattered over the table: read the next
 			// batch's in parallel rather than wait for each in turn.
-			var sink int32
 			for _, id := range s.blocks[max(0, i-prefetchBatch+1) : i+1] {
-				sink ^= m.blocks.Get(id).ref
+				kv.PrefetchLine(m.blocks.Get(id))
 			}
-			m.sinkRef ^= sink
 		}
 		m.release(s.blocks[i])
 	}

@@ -258,7 +258,6 @@ type Model struct {
 	hints      *kv.Table[int8] // hints for blocks not held yet (see arrivingHint)
 	hitScratch []BlockID       // admit's GPU hits
 	sink       kv.BlockHash    // keeps prefetching reads alive (see kv.Table.Prefetch)
-	sinkRef    int32           // the same, for reads of blocks
 
 	busyUntil time.Time
 	eventSeq  uint64

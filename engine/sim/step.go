@@ -130,17 +130,25 @@ func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bo
 	// being evictable once taken: count them out of the room left.
 	hits, evictableHits := m.hitScratch[:0], 0
 	walk := s.chain[:min(maxHit, len(s.chain))]
-	for g := range walk {
-		if g%prefetchBatch == 0 {
-			m.sink ^= m.gpuByHash.Prefetch(walk[g:min(g+prefetchBatch, len(walk))])
+	for g, missed := 0, false; g < len(walk) && !missed; {
+		// A batch at a time: fetch its slots, look its blocks up and fetch
+		// their lines, then read them.
+		end := min(g+prefetchBatch, len(walk))
+		m.sink ^= m.gpuByHash.Prefetch(walk[g:end])
+		from := len(hits)
+		for ; g < end; g++ {
+			id, ok := m.gpuByHash.Get(walk[g])
+			if !ok {
+				missed = true
+				break
+			}
+			hits = append(hits, BlockID(id))
+			kv.PrefetchLine(m.blocks.Get(BlockID(id)))
 		}
-		id, ok := m.gpuByHash.Get(walk[g])
-		if !ok {
-			break
-		}
-		hits = append(hits, BlockID(id))
-		if m.blocks.Get(BlockID(id)).ref == 0 {
-			evictableHits++
+		for _, id := range hits[from:] {
+			if m.blocks.Get(id).ref == 0 {
+				evictableHits++
+			}
 		}
 	}
 	m.hitScratch = hits
