@@ -167,8 +167,20 @@ func progressLine(w io.Writer, s workload.Snapshot, total time.Duration, extra s
 		frac := min(1, float64(s.Elapsed)/float64(total))
 		at = fmt.Sprintf("%s/%s %s %3.0f%%", at, total.Round(time.Second), bar(frac, 10), 100*frac)
 	}
-	fmt.Fprintf(w, "%-8s requests %d (%d errors), sessions %d | last interval: TTFT p50 %.3fs p95 %.3fs, E2E p50 %.3fs p95 %.3fs%s\n",
-		at, s.Requests, s.Errors, s.Sessions, s.TTFT.P50, s.TTFT.P95, s.E2E.P50, s.E2E.P95, extra)
+	interval := "no answer finished" // long answers: not a latency of 0
+	if s.TTFT.N > 0 || s.E2E.N > 0 {
+		interval = "TTFT " + percentiles(s.TTFT) + ", E2E " + percentiles(s.E2E)
+	}
+	fmt.Fprintf(w, "%-8s requests %d (%d errors), sessions %d | last interval: %s%s\n",
+		at, s.Requests, s.Errors, s.Sessions, interval, extra)
+}
+
+// percentiles is a progress line's p50 and p95 of d, or - without samples.
+func percentiles(d workload.Dist) string {
+	if d.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("p50 %.3fs p95 %.3fs", d.P50, d.P95)
 }
 
 // bar draws frac (0..1) in n cells, to the eighth of a cell.
@@ -195,7 +207,7 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 		}
 		fmt.Fprintf(w, "requests\t%d completed, %d errors; %d sessions completed\n", res.Requests, res.Errors, res.Sessions)
 		if res.OverContext > 0 {
-			fmt.Fprintf(w, "\t%d sessions ended early: their prompts outgrew the model's context (max_model_len %d)\n", res.OverContext, res.MaxContext)
+			fmt.Fprintf(w, "\t%s ended early: their prompts outgrew the model's context (max_model_len %d)\n", counted(res.OverContext, "session"), res.MaxContext)
 		}
 		if res.Retried > 0 {
 			fmt.Fprintf(w, "\t%s again after the router asked to retry later (429 or 503 with Retry-After: an API key at its max-concurrency, an engine draining)\n",

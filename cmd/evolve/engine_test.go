@@ -774,6 +774,17 @@ func TestBenchProgressBar(t *testing.T) {
 		!strings.HasSuffix(lines[1], "| split 1P/3D") {
 		t.Fatalf("progress lines:\n%s", b.String())
 	}
+	// An interval in which no answer finished says so, rather than a
+	// latency of 0; one with first tokens alone marks E2E as unknown.
+	if !strings.HasSuffix(lines[0], "| last interval: no answer finished") {
+		t.Fatalf("an interval without answers: %q", lines[0])
+	}
+	b.Reset()
+	s.TTFT = workload.Summarize([]float64{0.5, 0.1})
+	progressLine(&b, s, 0, "")
+	if got := strings.TrimSpace(b.String()); !strings.HasSuffix(got, "| last interval: TTFT p50 0.100s p95 0.500s, E2E -") {
+		t.Fatalf("an interval with first tokens alone: %q", got)
+	}
 }
 
 func TestSimReportsProgress(t *testing.T) {
