@@ -144,8 +144,8 @@ func (m *Model) release(id BlockID) {
 func (m *Model) freeSeq(s *seq) {
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		if k := len(s.blocks) - 1 - i; k%prefetchBatch == 0 {
-			// The blocks lie scattered over the table: read the next
-			// batch's in parallel rather than wait for each in turn.
+			// The blocks lie scattered over the table: fetch the next
+			// batch's lines together rather than wait for each in turn.
 			for _, id := range s.blocks[max(0, i-prefetchBatch+1) : i+1] {
 				kv.PrefetchLine(m.blocks.Get(id))
 			}

@@ -382,6 +382,7 @@ func (m *Model) fillQueueStats(st *PassStats) {
 }
 
 // prefetchBatch is how many blocks ahead a walk over a sequence's blocks
-// reads what it will touch (the GPU index's slots on admission, the blocks
-// on release): such a walk is bound by memory latency otherwise.
+// fetches what it will touch (the GPU index's slots and the blocks on
+// admission, the blocks on release): such a walk is bound by memory
+// latency otherwise.
 const prefetchBatch = 32
