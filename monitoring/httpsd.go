@@ -24,10 +24,15 @@ type HTTPSD struct {
 	TokenFile string
 	// RouterTLS says the router serves HTTPS.
 	RouterTLS bool
+	// CAFile is the CA that the control API's and the router's
+	// certificates are checked against, as a path on Prometheus's host
+	// ("": the system's).
+	CAFile string
 }
 
 type httpSDJob struct {
 	JobName       string         `yaml:"job_name"`
+	TLSConfig     *tlsConfig     `yaml:"tls_config,omitempty"` // for HTTPS targets
 	HTTPSDConfigs []httpSDConfig `yaml:"http_sd_configs"`
 }
 
@@ -35,6 +40,7 @@ type httpSDConfig struct {
 	URL             string         `yaml:"url"`
 	RefreshInterval string         `yaml:"refresh_interval"`
 	Authorization   *authorization `yaml:"authorization,omitempty"`
+	TLSConfig       *tlsConfig     `yaml:"tls_config,omitempty"` // for the control API
 }
 
 // authorization names its type: Prometheus 2.42 (Debian 12's) sends a
@@ -59,10 +65,18 @@ func HTTPSDConfig(h HTTPSD) ([]byte, error) {
 	if h.TokenFile != "" {
 		sd.Authorization = &authorization{Type: "Bearer", CredentialsFile: h.TokenFile}
 	}
+	job := httpSDJob{JobName: "evolve"}
+	if u.Scheme == "https" {
+		sd.TLSConfig = trust(h.CAFile)
+	}
+	if h.RouterTLS {
+		job.TLSConfig = trust(h.CAFile)
+	}
+	job.HTTPSDConfigs = []httpSDConfig{sd}
 	var buf bytes.Buffer
 	enc := yaml.NewEncoder(&buf)
 	enc.SetIndent(2)
-	if err := enc.Encode(map[string]any{"scrape_configs": []httpSDJob{{JobName: "evolve", HTTPSDConfigs: []httpSDConfig{sd}}}}); err != nil {
+	if err := enc.Encode(map[string]any{"scrape_configs": []httpSDJob{job}}); err != nil {
 		return nil, err
 	}
 	head := "# Prometheus scrape configuration for evolve cluster " + h.Cluster + " (evolve monitoring scrape --http-sd):\n" +
@@ -72,11 +86,11 @@ func HTTPSDConfig(h HTTPSD) ([]byte, error) {
 		head += "# Write the control API's token to " + h.TokenFile + ", readable by Prometheus\n" +
 			"# (evolve up -f keeps a cluster's in the state file it names, as control_token).\n"
 	}
-	if u.Scheme == "https" {
-		head += "# The control API serves HTTPS: trust a private CA with tls_config: {ca_file: ca.pem} under http_sd_configs.\n"
+	if u.Scheme == "https" && h.CAFile == "" {
+		head += "# The control API serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under http_sd_configs.\n"
 	}
-	if h.RouterTLS {
-		head += "# The router serves HTTPS: trust a private CA with tls_config: {ca_file: ca.pem} under the job.\n"
+	if h.RouterTLS && h.CAFile == "" {
+		head += "# The router serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under the job.\n"
 	}
 	return append([]byte(head), buf.Bytes()...), nil
 }

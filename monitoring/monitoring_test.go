@@ -170,6 +170,20 @@ func TestScrapeConfigListsTheClustersTargets(t *testing.T) {
 		len(sd[1].Targets) != 2 {
 		t.Fatalf("file_sd: %v\n%s", err, j)
 	}
+	// With a CA file, the HTTPS job trusts it and the HTTP one has no TLS.
+	tg.CAFile = "/etc/prometheus/evolve-ca.pem"
+	if b, err = ScrapeConfig(tg); err != nil {
+		t.Fatal(err)
+	}
+	var withCA struct {
+		ScrapeConfigs []struct {
+			TLSConfig map[string]string `yaml:"tls_config"`
+		} `yaml:"scrape_configs"`
+	}
+	if err := yaml.Unmarshal(b, &withCA); err != nil || len(withCA.ScrapeConfigs) != 2 || withCA.ScrapeConfigs[0].TLSConfig["ca_file"] != tg.CAFile ||
+		withCA.ScrapeConfigs[1].TLSConfig != nil || strings.Contains(string(b), "--ca-file") {
+		t.Fatalf("scrape config with a CA file: %v\n%s", err, b)
+	}
 	if _, err := ScrapeConfig(Targets{Router: "10.0.0.1:8000"}); err == nil {
 		t.Fatal("a router without a scheme was taken")
 	}
@@ -224,6 +238,21 @@ func TestHTTPSDConfigAsksTheControlAPI(t *testing.T) {
 	if err != nil || strings.Contains(string(b), "authorization") || strings.Contains(string(b), "ca_file") ||
 		!strings.Contains(string(b), "url: http://10.0.0.1:8001/api/v1/prometheus/targets?cluster=evolve\n") {
 		t.Fatalf("http_sd config without a token or TLS: %v\n%s", err, b)
+	}
+	// With a CA file, both the control API and the router are checked
+	// against it, and nothing is left to the reader.
+	b, err = HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", RouterTLS: true, CAFile: "/etc/prometheus/ca.pem"})
+	var withCA struct {
+		ScrapeConfigs []struct {
+			TLSConfig     map[string]string `yaml:"tls_config"`
+			HTTPSDConfigs []struct {
+				TLSConfig map[string]string `yaml:"tls_config"`
+			} `yaml:"http_sd_configs"`
+		} `yaml:"scrape_configs"`
+	}
+	if err != nil || yaml.Unmarshal(b, &withCA) != nil || len(withCA.ScrapeConfigs) != 1 || withCA.ScrapeConfigs[0].TLSConfig["ca_file"] != "/etc/prometheus/ca.pem" ||
+		withCA.ScrapeConfigs[0].HTTPSDConfigs[0].TLSConfig["ca_file"] != "/etc/prometheus/ca.pem" || strings.Contains(string(b), "--ca-file") {
+		t.Fatalf("http_sd config with a CA file: %v\n%s", err, b)
 	}
 	if _, err := HTTPSDConfig(HTTPSD{ControlURL: "10.0.0.1:8001"}); err == nil {
 		t.Fatal("a control API without a scheme was taken")

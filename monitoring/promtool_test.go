@@ -82,12 +82,17 @@ func TestPromtoolTakesTheRulesAndTheDashboardsQueries(t *testing.T) {
 // The scrape configuration is a prometheus.yml Prometheus takes.
 func TestPromtoolTakesTheScrapeConfig(t *testing.T) {
 	tool := promtool(t)
+	dir := t.TempDir()
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	b, err := ScrapeConfig(Targets{Cluster: "lab", Router: "https://10.0.0.1:8000",
-		Engines: []string{"http://10.0.0.5:8000", "https://10.0.0.6:8000"}})
+		Engines: []string{"http://10.0.0.5:8000", "https://10.0.0.6:8000"}, CAFile: ca})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := filepath.Join(t.TempDir(), "prometheus.yml")
+	f := filepath.Join(dir, "prometheus.yml")
 	if err := os.WriteFile(f, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -104,7 +109,11 @@ func TestPromtoolTakesTheHTTPSDConfig(t *testing.T) {
 	if err := os.WriteFile(tok, []byte("ct\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b, err := HTTPSDConfig(HTTPSD{ControlURL: "http://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, RouterTLS: true})
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, RouterTLS: true, CAFile: ca})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,9 @@ type Targets struct {
 	Cluster string   // the cluster label every series gets
 	Router  string   // e.g. https://10.0.0.1:8000
 	Engines []string // e.g. http://10.0.0.5:8000
+	// CAFile is the CA that HTTPS targets' certificates are checked
+	// against, as a path on Prometheus's host ("": the system's).
+	CAFile string
 }
 
 // group is the targets of one job and one scheme, as Prometheus lists
@@ -59,7 +62,21 @@ func (t Targets) groups() ([]group, error) {
 type scrapeJob struct {
 	JobName       string         `yaml:"job_name"`
 	Scheme        string         `yaml:"scheme,omitempty"`
+	TLSConfig     *tlsConfig     `yaml:"tls_config,omitempty"`
 	StaticConfigs []staticConfig `yaml:"static_configs"`
+}
+
+type tlsConfig struct {
+	CAFile string `yaml:"ca_file"`
+}
+
+// trust is the tls_config that checks certificates against caFile, or
+// nil for the system's CAs.
+func trust(caFile string) *tlsConfig {
+	if caFile == "" {
+		return nil
+	}
+	return &tlsConfig{CAFile: caFile}
 }
 
 type staticConfig struct {
@@ -78,7 +95,7 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 	for _, g := range gs {
 		j := scrapeJob{JobName: g.job, StaticConfigs: []staticConfig{{Targets: g.targets, Labels: map[string]string{"cluster": t.Cluster}}}}
 		if g.scheme == "https" {
-			j.Scheme = "https"
+			j.Scheme, j.TLSConfig = "https", trust(t.CAFile)
 		}
 		if g.split {
 			j.JobName += "-" + g.scheme
@@ -95,8 +112,8 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 	head := "# Prometheus scrape configuration for evolve cluster " + t.Cluster + " (evolve monitoring scrape):\n" +
 		"# a prometheus.yml of its own, or merge its scrape_configs into yours; -o json gives file_sd_configs targets.\n" +
 		"# Engines that join later are not listed: run it again, or use --http-sd, which asks the cluster as it changes.\n"
-	if strings.HasPrefix(t.Router, "https://") {
-		head += "# The router serves HTTPS: trust a private CA with tls_config: {ca_file: ca.pem} under its job.\n"
+	if strings.HasPrefix(t.Router, "https://") && t.CAFile == "" {
+		head += "# The router serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under its job.\n"
 	}
 	return append([]byte(head), b...), nil
 }

@@ -86,7 +86,8 @@ able to read.`,
 				if err := c.do(cmd.Context(), "GET", monitoring.TargetsPath, nil, &sd); err != nil {
 					return fmt.Errorf("the control API's Prometheus targets: %w", err)
 				}
-				h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), RouterTLS: strings.HasPrefix(st.RouterURL, "https://")}
+				h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), RouterTLS: strings.HasPrefix(st.RouterURL, "https://"),
+					CAFile: flagOrConfig(cmd, "ca-file")}
 				if c.token != "" {
 					h.TokenFile = flagOrConfig(cmd, "token-file")
 				}
@@ -101,7 +102,8 @@ able to read.`,
 			if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
 				return err
 			}
-			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: monitoring.ReachableRouter(st.RouterURL, hostOf(c.base))}
+			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: monitoring.ReachableRouter(st.RouterURL, hostOf(c.base)),
+				CAFile: flagOrConfig(cmd, "ca-file")}
 			for _, n := range nodes {
 				if n.Address != "" {
 					t.Engines = append(t.Engines, n.Address)
@@ -122,6 +124,7 @@ able to read.`,
 	scrape.Flags().String("cluster", "evolve", "the cluster label every scraped series gets")
 	scrape.Flags().Bool("http-sd", false, "have Prometheus ask the control API for the targets as they change (http_sd_configs)")
 	scrape.Flags().String("token-file", "/etc/prometheus/evolve-control-token", "with --http-sd and a control token: the file Prometheus reads the token from")
+	scrape.Flags().String("ca-file", "", "the CA file, on Prometheus's host, that HTTPS certificates (the router's, and with --http-sd the control API's) are checked against (default: the system's)")
 	addClientFlags(scrape)
 	cmd.AddCommand(scrape)
 	return commandGroup(cmd)

@@ -28,15 +28,17 @@ func prometheusBin(t *testing.T) string {
 
 // A real Prometheus, configured by evolve monitoring scrape --http-sd,
 // finds the cluster's router and engines through the control API (with
-// its token), scrapes them, and finds an engine that joins later with
-// nothing run again.
+// its token), scrapes them (the router over HTTPS, trusting the CA file it
+// was given), and finds an engine that joins later with nothing run again.
 func TestPrometheusFindsTheClusterThroughTheControlAPI(t *testing.T) {
 	bin := prometheusBin(t)
-	orch, _ := startOrchestratorLog(t, "--token", "ct")
+	dir := t.TempDir()
+	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	writeCert(t, certFile, keyFile, 7)
+	orch, _ := startOrchestratorLog(t, "--token", "ct", "--tls-cert-file", certFile, "--tls-key-file", keyFile)
 	startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "prefill", "--id", "pre", "--nats", orch.NATSURL)
 	startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "decode", "--id", "dec", "--nats", orch.NATSURL)
 
-	dir := t.TempDir()
 	tokenFile := filepath.Join(dir, "control-token")
 	if err := os.WriteFile(tokenFile, []byte("ct\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -44,8 +46,9 @@ func TestPrometheusFindsTheClusterThroughTheControlAPI(t *testing.T) {
 	if out, code := runBinOut(t, nil, "monitoring", "scrape", "--http-sd", "--server", orch.ControlURL, "--token", "wrong"); code != 1 || !strings.Contains(out, "wrong bearer token") {
 		t.Fatalf("monitoring scrape --http-sd with a wrong token: exit %d\n%s", code, out)
 	}
-	out, code := runBinOut(t, nil, "monitoring", "scrape", "--http-sd", "--server", orch.ControlURL, "--token", "ct", "--token-file", tokenFile, "--cluster", "lab")
-	if code != 0 || !strings.Contains(out, "credentials_file: "+tokenFile) {
+	out, code := runBinOut(t, nil, "monitoring", "scrape", "--http-sd", "--server", orch.ControlURL, "--token", "ct", "--token-file", tokenFile,
+		"--ca-file", certFile, "--cluster", "lab")
+	if code != 0 || !strings.Contains(out, "credentials_file: "+tokenFile) || !strings.Contains(out, "ca_file: "+certFile) {
 		t.Fatalf("monitoring scrape --http-sd: exit %d\n%s", code, out)
 	}
 	// Scrape and refresh every second rather than every minute and 30 s.
@@ -96,7 +99,7 @@ func TestPrometheusFindsTheClusterThroughTheControlAPI(t *testing.T) {
 		}
 		return got
 	}
-	host := func(u string) string { return strings.TrimPrefix(u, "http://") }
+	host := func(u string) string { return strings.TrimPrefix(strings.TrimPrefix(u, "https://"), "http://") }
 	eventually(t, 60*time.Second, "Prometheus scraping the router and both engines", func() bool {
 		got := up()
 		return len(got) == 3 && got["evolve-router "+host(orch.RouterURL)]
