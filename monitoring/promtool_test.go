@@ -79,49 +79,33 @@ func TestPromtoolTakesTheRulesAndTheDashboardsQueries(t *testing.T) {
 	}
 }
 
-// The scrape configuration is a prometheus.yml Prometheus takes.
-func TestPromtoolTakesTheScrapeConfig(t *testing.T) {
+// Both scrape configurations are a prometheus.yml Prometheus takes, with
+// the files they name (a CA, a token) in place.
+func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 	tool := promtool(t)
 	dir := t.TempDir()
-	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, nil, 0o644); err != nil {
-		t.Fatal(err)
+	ca, tok := filepath.Join(dir, "ca.pem"), filepath.Join(dir, "token")
+	for _, f := range []string{ca, tok} {
+		if err := os.WriteFile(f, []byte("x\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
-	b, err := ScrapeConfig(Targets{Cluster: "lab", Router: "https://10.0.0.1:8000",
+	static, err := ScrapeConfig(Targets{Cluster: "lab", Router: "https://10.0.0.1:8000",
 		Engines: []string{"http://10.0.0.5:8000", "https://10.0.0.6:8000"}, CAFile: ca})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(f, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
-		t.Fatalf("promtool check config: %v\n%s\n%s", err, out, b)
-	}
-}
-
-// The http_sd configuration is a prometheus.yml Prometheus takes.
-func TestPromtoolTakesTheHTTPSDConfig(t *testing.T) {
-	tool := promtool(t)
-	dir := t.TempDir()
-	tok := filepath.Join(dir, "token")
-	if err := os.WriteFile(tok, []byte("ct\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ca := filepath.Join(dir, "ca.pem")
-	if err := os.WriteFile(ca, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, RouterTLS: true, CAFile: ca})
+	httpSD, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, RouterTLS: true, CAFile: ca})
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := filepath.Join(dir, "prometheus.yml")
-	if err := os.WriteFile(f, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
-		t.Fatalf("promtool check config: %v\n%s\n%s", err, out, b)
+	for name, b := range map[string][]byte{"static": static, "http_sd": httpSD} {
+		f := filepath.Join(dir, name+".yml")
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
+			t.Errorf("promtool check config, %s: %v\n%s\n%s", name, err, out, b)
+		}
 	}
 }
