@@ -1,13 +1,9 @@
 package monitoring
 
 import (
-	"bytes"
-	"fmt"
 	"net"
 	"net/url"
 	"strings"
-
-	"gopkg.in/yaml.v3"
 )
 
 // TargetsPath is where a cluster's control API serves its targets, live,
@@ -22,9 +18,9 @@ type HTTPSD struct {
 	// TokenFile is where Prometheus reads the control API's bearer token
 	// ("" when the control API takes no token).
 	TokenFile string
-	// RouterTLS says the router serves HTTPS.
-	RouterTLS bool
-	// CAFile is the CA that the control API's and the router's
+	// TargetsTLS says some target (the router, an engine) serves HTTPS.
+	TargetsTLS bool
+	// CAFile is the CA that the control API's and the HTTPS targets'
 	// certificates are checked against, as a path on Prometheus's host
 	// ("": the system's).
 	CAFile string
@@ -56,9 +52,9 @@ type authorization struct {
 // nothing to run again. Each target's job (evolve-router, evolve-engines)
 // and scheme come with it.
 func HTTPSDConfig(h HTTPSD) ([]byte, error) {
-	u, err := url.Parse(h.ControlURL)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return nil, fmt.Errorf("control API %q: want http://HOST:PORT or https://HOST:PORT", h.ControlURL)
+	u, err := parseBase("control API", h.ControlURL)
+	if err != nil {
+		return nil, err
 	}
 	u.Path, u.RawQuery = strings.TrimSuffix(u.Path, "/")+TargetsPath, url.Values{"cluster": {h.Cluster}}.Encode()
 	sd := httpSDConfig{URL: u.String(), RefreshInterval: "30s"}
@@ -69,16 +65,10 @@ func HTTPSDConfig(h HTTPSD) ([]byte, error) {
 	if u.Scheme == "https" {
 		sd.TLSConfig = trust(h.CAFile)
 	}
-	if h.RouterTLS {
+	if h.TargetsTLS {
 		job.TLSConfig = trust(h.CAFile)
 	}
 	job.HTTPSDConfigs = []httpSDConfig{sd}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(map[string]any{"scrape_configs": []httpSDJob{job}}); err != nil {
-		return nil, err
-	}
 	head := "# Prometheus scrape configuration for evolve cluster " + h.Cluster + " (evolve monitoring scrape --http-sd):\n" +
 		"# Prometheus asks the control API for the router and the engines every 30 s, so engines that\n" +
 		"# join or leave need nothing run again. A prometheus.yml of its own, or merge its scrape_configs into yours.\n"
@@ -89,10 +79,10 @@ func HTTPSDConfig(h HTTPSD) ([]byte, error) {
 	if u.Scheme == "https" && h.CAFile == "" {
 		head += "# The control API serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under http_sd_configs.\n"
 	}
-	if h.RouterTLS && h.CAFile == "" {
-		head += "# The router serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under the job.\n"
+	if h.TargetsTLS && h.CAFile == "" {
+		head += "# Targets serve HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under the job.\n"
 	}
-	return append([]byte(head), buf.Bytes()...), nil
+	return scrapeConfigs(head, []httpSDJob{job})
 }
 
 // ReachableRouter is the router's URL as others reach it: a router that

@@ -210,7 +210,7 @@ func TestReachableRouter(t *testing.T) {
 // the cluster label, the token file when there is a token, and a word on
 // trusting a private CA where something serves HTTPS.
 func TestHTTPSDConfigAsksTheControlAPI(t *testing.T) {
-	b, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab a", TokenFile: "/etc/prometheus/tok", RouterTLS: true})
+	b, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab a", TokenFile: "/etc/prometheus/tok", TargetsTLS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -241,7 +241,7 @@ func TestHTTPSDConfigAsksTheControlAPI(t *testing.T) {
 	}
 	// With a CA file, both the control API and the router are checked
 	// against it, and nothing is left to the reader.
-	b, err = HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", RouterTLS: true, CAFile: "/etc/prometheus/ca.pem"})
+	b, err = HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", TargetsTLS: true, CAFile: "/etc/prometheus/ca.pem"})
 	var withCA struct {
 		ScrapeConfigs []struct {
 			TLSConfig     map[string]string `yaml:"tls_config"`

@@ -95,7 +95,7 @@ func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	httpSD, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, RouterTLS: true, CAFile: ca})
+	httpSD, err := HTTPSDConfig(HTTPSD{ControlURL: "https://10.0.0.1:8001", Cluster: "lab", TokenFile: tok, TargetsTLS: true, CAFile: ca})
 	if err != nil {
 		t.Fatal(err)
 	}

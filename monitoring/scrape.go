@@ -39,9 +39,9 @@ func (t Targets) groups() ([]group, error) {
 	}{{"evolve-router", []string{t.Router}}, {"evolve-engines", t.Engines}} {
 		first := len(out)
 		for _, raw := range part.urls {
-			u, err := url.Parse(raw)
-			if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-				return nil, fmt.Errorf("target %q: want http://HOST:PORT or https://HOST:PORT", raw)
+			u, err := parseBase("target", raw)
+			if err != nil {
+				return nil, err
 			}
 			i := len(out) - 1
 			for ; i >= first && out[i].scheme != u.Scheme; i-- {
@@ -102,20 +102,34 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 		}
 		jobs = append(jobs, j)
 	}
-	var buf bytes.Buffer
-	enc := yaml.NewEncoder(&buf)
-	enc.SetIndent(2)
-	if err := enc.Encode(map[string]any{"scrape_configs": jobs}); err != nil {
-		return nil, err
-	}
-	b := buf.Bytes()
 	head := "# Prometheus scrape configuration for evolve cluster " + t.Cluster + " (evolve monitoring scrape):\n" +
 		"# a prometheus.yml of its own, or merge its scrape_configs into yours; -o json gives file_sd_configs targets.\n" +
 		"# Engines that join later are not listed: run it again, or use --http-sd, which asks the cluster as it changes.\n"
 	if strings.HasPrefix(t.Router, "https://") && t.CAFile == "" {
 		head += "# The router serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under its job.\n"
 	}
-	return append([]byte(head), b...), nil
+	return scrapeConfigs(head, jobs)
+}
+
+// scrapeConfigs is a prometheus.yml of jobs alone, after the comment head.
+func scrapeConfigs(head string, jobs any) ([]byte, error) {
+	buf := bytes.NewBufferString(head)
+	enc := yaml.NewEncoder(buf)
+	enc.SetIndent(2)
+	if err := enc.Encode(map[string]any{"scrape_configs": jobs}); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}
+
+// parseBase reads the base URL of a server Prometheus reaches (what names
+// it in errors): http or https, with a host.
+func parseBase(what, raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return nil, fmt.Errorf("%s %q: want http://HOST:PORT or https://HOST:PORT", what, raw)
+	}
+	return u, nil
 }
 
 // FileSD is the cluster's targets in Prometheus's file_sd format (JSON),

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/url"
-	"strings"
 
 	"github.com/evolvellm/evolve/monitoring"
 	"github.com/evolvellm/evolve/orchestrator"
@@ -75,19 +74,19 @@ able to read.`,
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--http-sd prints YAML for prometheus.yml; file_sd targets (-o json) are for a cluster's targets as they are now")}
 			}
 			c := newControlClient(cmd)
-			var st orchestrator.ClusterStatus
-			if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
-				return err
-			}
 			if httpSD {
 				// Ask once, as Prometheus will: a wrong token or an old
 				// orchestrator shows here rather than in Prometheus's log.
-				var sd []map[string]any
+				var sd []struct {
+					Labels map[string]string `json:"labels"`
+				}
 				if err := c.do(cmd.Context(), "GET", monitoring.TargetsPath, nil, &sd); err != nil {
 					return fmt.Errorf("the control API's Prometheus targets: %w", err)
 				}
-				h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), RouterTLS: strings.HasPrefix(st.RouterURL, "https://"),
-					CAFile: flagOrConfig(cmd, "ca-file")}
+				h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), CAFile: flagOrConfig(cmd, "ca-file")}
+				for _, g := range sd {
+					h.TargetsTLS = h.TargetsTLS || g.Labels["__scheme__"] == "https"
+				}
 				if c.token != "" {
 					h.TokenFile = flagOrConfig(cmd, "token-file")
 				}
@@ -96,6 +95,10 @@ able to read.`,
 					return err
 				}
 				_, err = cmd.OutOrStdout().Write(out)
+				return err
+			}
+			var st orchestrator.ClusterStatus
+			if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
 				return err
 			}
 			var nodes []orchestrator.NodeStatus

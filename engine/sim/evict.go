@@ -177,7 +177,8 @@ func (p *lruPolicy) Remove(id BlockID) {
 // three entries per evictable block, plus maxStale.
 const maxStale = 1024
 
-func (p *lruPolicy) live(e lruEntry) bool {
+// current says e is its block's entry: listed, and not removed since.
+func (p *lruPolicy) current(e lruEntry) bool {
 	b := p.t.Get(e.id)
 	return b.listed && b.lru == e.stamp
 }
@@ -186,7 +187,7 @@ func (p *lruPolicy) live(e lruEntry) bool {
 func (p *lruPolicy) compact(l *lruList) {
 	k := 0
 	for _, e := range l.q[l.head:] {
-		if p.live(e) {
+		if p.current(e) {
 			l.q[k] = e
 			k++
 		}
@@ -198,7 +199,7 @@ func (p *lruPolicy) Victim() BlockID {
 	for _, i := range p.order {
 		l := &p.lists[i]
 		for l.head < len(l.q) {
-			if e := l.q[l.head]; p.live(e) {
+			if e := l.q[l.head]; p.current(e) {
 				return e.id
 			}
 			l.head++
