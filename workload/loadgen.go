@@ -120,6 +120,10 @@ type Result struct {
 	// Sessions that ended because their next prompt outgrew the model's
 	// context (max_model_len), as agents give up a session then.
 	OverContext int `json:"sessions_over_context"`
+	// GaveUp says the run stopped before its time because no prompt fits
+	// the model's context: giveUpAfter sessions in a row ended at their
+	// first call and none was ever sent.
+	GaveUp bool `json:"gave_up_over_context,omitempty"`
 	// Retried is how often a request was sent again because the server
 	// asked to retry later (429 or 503 with Retry-After: an API key at its
 	// max-concurrency, an engine draining); a request refused every time
@@ -141,8 +145,11 @@ type Snapshot struct {
 	Requests int
 	Errors   int
 	Sessions int
-	TTFT     Dist // over the last interval
-	E2E      Dist // over the last interval
+	// OverContext is how many sessions ended because their next prompt
+	// outgrew the model's context.
+	OverContext int
+	TTFT        Dist // over the last interval
+	E2E         Dist // over the last interval
 }
 
 // withLimit bounds ctx by d when d is positive.
@@ -174,7 +181,14 @@ type collector struct {
 	e2e, ttft, itl  []float64
 	winE2E, winTTFT []float64
 	maxContext      int
+	sent            int                // calls sent so far
+	stop            context.CancelFunc // ends the run early
 }
+
+// giveUpAfter is how many sessions in a row must end at their first call,
+// past the model's context with nothing ever sent, before a run of agents
+// agents stops: every agent has tried twice, and the run has a few tries.
+func giveUpAfter(agents int) int { return max(2*agents, 8) }
 
 // Bench runs cfg.Agents closed-loop agents until cfg.Duration passes or ctx
 // ends, and returns what they measured.
@@ -191,6 +205,7 @@ func Bench(ctx context.Context, cfg BenchConfig) (Result, error) {
 	c.maxContext, c.res.MaxContext = maxLen, maxLen
 	ctx, cancel := withLimit(ctx, cfg.Duration)
 	defer cancel()
+	c.stop = cancel
 	start := time.Now()
 	c.start = start
 	var wg sync.WaitGroup
@@ -247,7 +262,7 @@ func (c *collector) wait(wg *sync.WaitGroup, cfg BenchConfig, start time.Time) R
 			if cfg.Progress != nil {
 				c.mu.Lock()
 				snap := Snapshot{Elapsed: time.Since(start), Requests: c.res.Requests, Errors: c.res.Errors, Sessions: c.res.Sessions,
-					TTFT: Summarize(c.winTTFT), E2E: Summarize(c.winE2E)}
+					OverContext: c.res.OverContext, TTFT: Summarize(c.winTTFT), E2E: Summarize(c.winE2E)}
 				c.winE2E, c.winTTFT = c.winE2E[:0], c.winTTFT[:0]
 				c.mu.Unlock()
 				cfg.Progress(snap)
@@ -426,6 +441,12 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 	if overContext {
 		c.mu.Lock()
 		c.res.OverContext++ // once per session, whichever lanes outgrew
+		if c.sent == 0 && c.res.OverContext >= giveUpAfter(cfg.Agents) && c.stop != nil {
+			// No prompt of this workload fits: waiting out the run's
+			// time would only print empty progress lines.
+			c.res.GaveUp = true
+			c.stop()
+		}
 		c.mu.Unlock()
 	}
 	if s.ID != "" {
@@ -527,6 +548,9 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	if call.Rewrite {
 		req.Header.Set("X-Evolve-Rewrite", "true")
 	}
+	c.mu.Lock()
+	c.sent++
+	c.mu.Unlock()
 	start := time.Now()
 	resp, err := cfg.Client.Do(req)
 	if err != nil {

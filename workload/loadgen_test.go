@@ -150,12 +150,24 @@ func TestBenchCountsSessionsPastTheContext(t *testing.T) {
 			posts.Load(), res.Sessions, res.OverContext)
 	}
 
+	// A run that has nothing to send stops once every agent has tried
+	// twice, not at the end of its ten minutes.
+	long := cfg
+	long.Agents, long.Duration = 8, 10*time.Minute
+	if res, err = Bench(context.Background(), long); err != nil {
+		t.Fatal(err)
+	}
+	if !res.GaveUp || posts.Load() != 0 || res.OverContext < giveUpAfter(8) || res.DurationSec > 60 {
+		t.Fatalf("gave up %v after %.1fs, %d sessions over the context, %d sent: want it to give up after %d sessions, with none sent",
+			res.GaveUp, res.DurationSec, res.OverContext, posts.Load(), giveUpAfter(8))
+	}
+
 	first, _ := model.NewSession(rand.New(rand.NewPCG(1, 1)), 0, 0, 0).Lanes[0].Next()
 	maxLen.Store(int64(len(first.Tokens) + 4*first.MaxTokens))
 	if res, err = Bench(context.Background(), cfg); err != nil {
 		t.Fatal(err)
 	}
-	if res.Requests == 0 || res.Sessions == 0 || res.Sessions > res.OverContext {
+	if res.Requests == 0 || res.Sessions == 0 || res.Sessions > res.OverContext || res.GaveUp {
 		t.Fatalf("%d requests, %d sessions completed, %d over the context: want every served session to end at the context and count",
 			res.Requests, res.Sessions, res.OverContext)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -171,8 +172,12 @@ func progressLine(w io.Writer, s workload.Snapshot, total time.Duration, extra s
 	if s.TTFT.N > 0 || s.E2E.N > 0 {
 		interval = "TTFT " + percentiles(s.TTFT) + ", E2E " + percentiles(s.E2E)
 	}
-	fmt.Fprintf(w, "%-8s requests %d (%d errors), sessions %d | last interval: %s%s\n",
-		at, s.Requests, s.Errors, s.Sessions, interval, extra)
+	sessions := strconv.Itoa(s.Sessions)
+	if s.OverContext > 0 {
+		sessions += fmt.Sprintf(" (%d ended past the context)", s.OverContext)
+	}
+	fmt.Fprintf(w, "%-8s requests %d (%d errors), sessions %s | last interval: %s%s\n",
+		at, s.Requests, s.Errors, sessions, interval, extra)
 }
 
 // percentiles is a progress line's p50 and p95 of d, or - without samples.
@@ -208,6 +213,9 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 		fmt.Fprintf(w, "requests\t%d completed, %d errors; %d sessions completed\n", res.Requests, res.Errors, res.Sessions)
 		if res.OverContext > 0 {
 			fmt.Fprintf(w, "\t%s ended early: their prompts outgrew the model's context (max_model_len %d)\n", counted(res.OverContext, "session"), res.MaxContext)
+			if res.GaveUp {
+				fmt.Fprintln(w, "\tstopped early: no session's first prompt fits the model's context")
+			}
 		}
 		if res.Retried > 0 {
 			fmt.Fprintf(w, "\t%s again after the router asked to retry later (429 or 503 with Retry-After: an API key at its max-concurrency, an engine draining)\n",
@@ -218,6 +226,10 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 			name string
 			d    workload.Dist
 		}{{"e2e (s)", res.E2E}, {"ttft (s)", res.TTFT}, {"itl (s)", res.ITL}} {
+			if r.d.N == 0 { // nothing measured: not a latency of 0
+				fmt.Fprintf(w, "%s\t-\t-\t-\t-\n", r.name)
+				continue
+			}
 			fmt.Fprintf(w, "%s\t%.3f\t%.3f\t%.3f\t%.3f\n", r.name, r.d.Mean, r.d.P50, r.d.P95, r.d.P99)
 		}
 		fmt.Fprintf(w, "throughput\t%.0f output tokens/s\n", res.TokensPerSec)

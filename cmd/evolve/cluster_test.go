@@ -666,11 +666,13 @@ func TestBenchRecordsAndReplaysTraces(t *testing.T) {
 
 // Coding agents against a model whose context cannot hold their prompts:
 // no request can be sent, and bench says why instead of reporting an
-// empty success.
+// empty success, and says so within seconds, not at the end of its two
+// minutes, with no latency of 0 in its table.
 func TestBenchSaysWhenPromptsOutgrowTheContext(t *testing.T) {
-	c := upCluster(t, "--engines", "2", "--speedup", "50") // the tiny profile: 2K-token context
-	out, code := runBinOut(t, c.env, "bench", "--workload", "coding", "--agents", "2", "--duration", "2s", "--speedup", "50")
-	if code != 1 || !strings.Contains(out, "no request was sent") || !strings.Contains(out, "max_model_len") || !strings.Contains(out, "--profile") {
+	c := upCluster(t, "--engines", "2", "--speedup", "50") // the tiny profile: an 8K-token context
+	out, code := runBinOut(t, c.env, "bench", "--workload", "coding", "--agents", "4", "--duration", "2m", "--speedup", "50")
+	if code != 1 || !strings.Contains(out, "no request was sent") || !strings.Contains(out, "max_model_len") || !strings.Contains(out, "--profile") ||
+		!strings.Contains(out, "stopped early") || !regexp.MustCompile(`e2e \(s\)\s+-\s+-\s+-\s+-\n`).MatchString(out) {
 		t.Fatalf("bench with prompts past the context: exit %d\n%s", code, out)
 	}
 }
