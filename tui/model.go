@@ -51,6 +51,7 @@ type Model struct {
 	wrap bool
 
 	width, height int
+	minCols       int // the least width it draws in; 0: minWidth
 	view          int
 
 	nodes      map[string]*Node

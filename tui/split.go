@@ -23,8 +23,9 @@ type paneMsg struct {
 	msg  tea.Msg
 }
 
-// NewSplit returns a monitor of a (left) beside b (right).
+// NewSplit returns a monitor of a (left, or above) beside b.
 func NewSplit(a, b *Model) *Split {
+	a.minCols, b.minCols = minPaneWidth, minPaneWidth
 	return &Split{panes: [2]*Model{a, b}, width: 2*120 + 3, height: 40}
 }
 
@@ -61,9 +62,9 @@ func (s *Split) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		return s, s.wrap(msg.pane, c)
 	case tea.WindowSizeMsg:
 		s.width, s.height = msg.Width, msg.Height
-		half := tea.WindowSizeMsg{Width: paneWidth(msg.Width), Height: msg.Height}
-		for _, p := range s.panes {
-			p.Update(half)
+		for i, p := range s.panes {
+			w, h := s.paneSize(i)
+			p.Update(tea.WindowSizeMsg{Width: w, Height: h})
 		}
 		return s, nil
 	case tea.KeyMsg:
@@ -87,13 +88,42 @@ func (s *Split) quit() tea.Cmd {
 	return tea.Quit
 }
 
-// paneWidth is each pane's width on a screen of width w: a bar between.
+// minPaneWidth is the narrowest a pane may be side by side: the nodes
+// table of short node names (a simulation's e0, e1...) keeps every
+// figure, and drops only its LOAD sparkline; longer names cut the row.
+const minPaneWidth = 76
+
+// paneWidth is each pane's width side by side on a screen of width w: a
+// bar between.
 func paneWidth(w int) int { return (w - 3) / 2 }
 
-// View draws the panes side by side, a bar between them.
+// stacked reports whether the panes go one above the other: the screen is
+// too narrow for them side by side, but tall enough for two.
+func (s *Split) stacked() bool {
+	return paneWidth(s.width) < minPaneWidth && s.width >= minWidth && s.height >= 2*minHeight+1
+}
+
+// paneSize is pane i's size in the current layout.
+func (s *Split) paneSize(i int) (int, int) {
+	if !s.stacked() {
+		return paneWidth(s.width), s.height
+	}
+	top := (s.height - 1) / 2 // a rule between
+	if i == 0 {
+		return s.width, top
+	}
+	return s.width, s.height - 1 - top
+}
+
+// View draws the panes side by side, a bar between them, or one above
+// the other on a tall, narrow screen.
 func (s *Split) View() string {
-	if w := paneWidth(s.width); w < minWidth || s.height < minHeight {
-		return fmt.Sprintf("terminal too small: side by side needs %dx%d, this one is %dx%d\n(q quits)", 2*minWidth+3, minHeight, s.width, s.height)
+	if s.stacked() {
+		return strings.TrimSuffix(s.panes[0].View(), "\n") + "\n" + strings.Repeat("─", s.width) + "\n" + s.panes[1].View()
+	}
+	if w := paneWidth(s.width); w < minPaneWidth || s.height < minHeight {
+		return fmt.Sprintf("terminal too small: side by side needs %dx%d, one above the other %dx%d; this one is %dx%d\n(q quits)",
+			2*minPaneWidth+3, minHeight, minWidth, 2*minHeight+1, s.width, s.height)
 	}
 	w := paneWidth(s.width)
 	left := strings.Split(strings.TrimSuffix(s.panes[0].View(), "\n"), "\n")

@@ -3,10 +3,14 @@ package tui
 import (
 	"bytes"
 	"context"
+	"regexp"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	tea "github.com/charmbracelet/bubbletea"
+	"github.com/charmbracelet/lipgloss"
 	"github.com/charmbracelet/x/exp/golden"
 	"github.com/charmbracelet/x/exp/teatest"
 )
@@ -57,7 +61,36 @@ func TestSplitShowsTwoClusters(t *testing.T) {
 		t.Fatalf("key 2 moved the panes to views %d and %d", a.view, b.view)
 	}
 	s.Update(tea.WindowSizeMsg{Width: 150, Height: 30})
-	if v := s.View(); !bytes.Contains([]byte(v), []byte("side by side needs 163x24")) {
+	if v := s.View(); !strings.Contains(v, "side by side needs 155x24, one above the other 80x49; this one is 150x30") {
 		t.Fatalf("a 150-column screen: %q", v)
+	}
+	s.Update(tea.KeyMsg{Type: tea.KeyRunes, Runes: []rune("1")})
+
+	// 156 columns: two panes of 76, every figure of the nodes table
+	// shown, the LOAD sparklines dropped.
+	s.Update(tea.WindowSizeMsg{Width: 156, Height: 30})
+	v := s.View()
+	lines := strings.Split(v, "\n")
+	if len(lines) != 30 || !strings.Contains(v, " │ ") || strings.Contains(v, "too small") || strings.Contains(v, "LOAD") ||
+		!strings.Contains(v, "sim-b") || !regexp.MustCompile(`e2 .* 0%\s+-\s+│`).MatchString(v) {
+		t.Fatalf("156x30 side by side:\n%s", v)
+	}
+	for _, l := range lines {
+		if w := lipgloss.Width(l); w > 156 {
+			t.Fatalf("a line of %d cells on 156 columns: %q", w, l)
+		}
+	}
+
+	// Tall and narrow: one above the other, a rule between.
+	s.Update(tea.WindowSizeMsg{Width: 100, Height: 50})
+	v = s.View()
+	lines = strings.Split(v, "\n")
+	rule := slices.Index(lines, strings.Repeat("─", 100))
+	if len(lines) != 50 || rule != 24 || !strings.Contains(strings.Join(lines[:rule], "\n"), "e2") ||
+		!strings.Contains(strings.Join(lines[rule:], "\n"), "sim-b") || strings.Contains(v, "sim-b │") {
+		t.Fatalf("100x50 stacked (rule at line %d of %d):\n%s", rule, len(lines), v)
+	}
+	if w, h := a.width, a.height; w != 100 || h != 24 || b.height != 25 {
+		t.Fatalf("stacked panes sized %dx%d and %dx%d", w, h, b.width, b.height)
 	}
 }

@@ -12,6 +12,15 @@ import (
 // Minimum terminal size.
 const minWidth, minHeight = 80, 24
 
+// narrowest is the least width the model draws in: minWidth alone, less
+// as a pane of a Split.
+func (m *Model) narrowest() int {
+	if m.minCols > 0 {
+		return m.minCols
+	}
+	return minWidth
+}
+
 // staleAfter is how long a live stream may stay silent before the header
 // says the data is stale.
 const staleAfter = 10 * time.Second
@@ -29,7 +38,7 @@ var (
 
 // View renders the screen.
 func (m *Model) View() string {
-	if m.width < minWidth || m.height < minHeight {
+	if m.width < m.narrowest() || m.height < minHeight {
 		return fmt.Sprintf("terminal too small: evolve top needs %dx%d, this one is %dx%d\n(q quits)", minWidth, minHeight, m.width, m.height)
 	}
 	if m.paused && m.frozen != "" {

@@ -39,8 +39,9 @@ It also watches simulations: evolve sim --live serves each simulated
 policy's cluster at its own address, and --beside shows a second one next
 to the first, keys moving both.
 
-It needs a terminal of at least 80x24 (163x24 side by side); for scripts,
---once prints one snapshot (-o json for the data).`,
+It needs a terminal of at least 80x24 (with --beside: 155x24 side by
+side, or 80x49 one above the other); for scripts, --once prints one
+snapshot (-o json for the data).`,
 		Example: `  evolve top
   evolve top --server http://10.0.0.5:8001 --token $TOKEN --readonly
   evolve top --once -o json | jq '.nodes[] | {id, role, state}'
@@ -50,7 +51,7 @@ It needs a terminal of at least 80x24 (163x24 side by side); for scripts,
 	}
 	cmd.Flags().Bool("readonly", false, "watch only: refuse to switch nodes")
 	cmd.Flags().Bool("once", false, "print one snapshot and exit (no terminal needed)")
-	cmd.Flags().String("beside", "", "show a second control API beside the first (for two policies of evolve sim --live); read-only, needs a terminal 163 columns wide")
+	cmd.Flags().String("beside", "", "show a second control API beside the first (for two policies of evolve sim --live); read-only, needs a terminal 155 columns wide, or 49 rows tall to show them one above the other")
 	addClientFlags(cmd)
 	addOutputFlag(cmd, "with --once: table or json")
 	return cmd
