@@ -442,10 +442,15 @@ func (d *Directory) Residency(chain []BlockHash) []NodeCopies {
 }
 
 // DropNode removes every copy node n holds (the node went down, or is
-// resyncing) and reports how many there were. The node keeps its id.
+// resyncing) and reports how many there were. The node keeps its id, and
+// its events start over: a new process in its place numbers them from 1,
+// and the node, should it come back with more of its old ones, has a gap
+// (what it stored before is gone from here) and must resync.
 func (d *Directory) DropNode(n NodeID) int {
 	before := d.replicas
 	d.clearNode(n)
+	st := &d.nodes[n]
+	st.lastSeq, st.resync, st.everEvents = 0, false, false
 	return before - d.replicas
 }
 

@@ -134,6 +134,24 @@ func TestDirectoryDropNode(t *testing.T) {
 	if m.Cluster != 20 || len(m.Nodes) != 1 || m.Nodes[0].Node != b || f.d.Blocks() != 20 {
 		t.Fatalf("after drop: %+v, %d blocks", m, f.d.Blocks())
 	}
+
+	// A new process in a's place numbers its events from 1 again: they
+	// are its, not duplicates of the old one's.
+	f.seq[a] = 0
+	f.ev(t, a, BlockStored, TierGPU, chain[:30]...)
+	f.d.Match(chain, &m)
+	if got := m.For(a); got.GPU != 30 {
+		t.Fatalf("a restarted and stored 30 blocks; the directory has %+v", got)
+	}
+
+	// The same process back after a drop (its heartbeats were late)
+	// goes on from where it was: what it stored before the drop is gone
+	// from the directory, so that is a gap, and it must resync.
+	f.d.DropNode(b)
+	err := f.d.Apply(b, Event{Seq: f.seq[b] + 1, Kind: BlockStored, Tier: TierHost, Hash: chain[20]})
+	if !errors.Is(err, ErrGap) || !f.d.NeedsResync(b) {
+		t.Fatalf("b's event %d after a drop: %v, resync %v; want a gap", f.seq[b]+1, err, f.d.NeedsResync(b))
+	}
 }
 
 // naive is the obviously correct model the directory is checked against.
@@ -220,6 +238,7 @@ func TestDirectoryMatchesNaiveModel(t *testing.T) {
 			}
 		default:
 			f.d.DropNode(n)
+			f.seq[n] = 0 // a new process in its place numbers its events from 1
 			for h, set := range nv {
 				delete(set, MakeReplica(n, TierGPU))
 				delete(set, MakeReplica(n, TierHost))

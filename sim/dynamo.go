@@ -147,7 +147,10 @@ func (r *run) remove(i int) {
 		r.res.Retried++
 		r.push(&event{at: r.now, kind: evArrive, req: req})
 	}
+	// The worker's process is gone, and its KV with it, in the directory
+	// and in the engine (a step still due finds nothing to do).
 	r.dir.DropNode(e.dir)
+	e.model = enginesim.NewModel(r.sc.Profile, enginesim.Config{WriteThrough: r.pol.WriteThrough})
 	e.state = engOff
 	e.stats = enginesim.PassStats{}
 	r.res.RoleSwitches++

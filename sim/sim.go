@@ -378,6 +378,8 @@ type runHooks struct {
 	// call gets every call as it arrives (an agent's, or a trace's), with
 	// the modelled time since the run's start.
 	call func(at time.Duration, call workload.Call)
+	// inspect gets the run itself before each event (tests).
+	inspect func(r *run)
 }
 
 // runWith is RunWatched with the other hooks.
@@ -503,6 +505,9 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		r.now = ev.at
 		if ev.kind != evWatch {
 			simulated = r.now
+		}
+		if r.hooks.inspect != nil {
+			r.hooks.inspect(r)
 		}
 		switch ev.kind {
 		case evStep:
