@@ -76,31 +76,7 @@ func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, r
 			want++
 		}
 		p, _ := sim.LoadProfile(name)
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		e, err := engine.New(engine.Config{ID: fmt.Sprint("e", i), Profile: p, Role: r, Speedup: 20, AdvertiseURL: "http://" + ln.Addr().String()})
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc, err := nats.Connect(o.NATSURL())
-		if err != nil {
-			t.Fatal(err)
-		}
-		a := engine.AttachNATS(e, nc, "test")
-		ectx, ecancel := context.WithCancel(context.Background())
-		if err := a.Start(ectx); err != nil {
-			t.Fatal(err)
-		}
-		srv := &http.Server{Handler: e.Handler()}
-		tc.servers = append(tc.servers, srv)
-		var wg sync.WaitGroup
-		wg.Add(3)
-		go func() { defer wg.Done(); e.Run(ectx) }()
-		go func() { defer wg.Done(); a.Run(ectx) }()
-		go func() { defer wg.Done(); srv.Serve(ln) }()
-		tc.engines = append(tc.engines, func() { ecancel(); srv.Close(); wg.Wait(); nc.Close() })
+		tc.addEngine(t, fmt.Sprint("e", i), p, r)
 	}
 	t.Cleanup(tc.stop)
 	deadline := time.Now().Add(10 * time.Second)
@@ -111,6 +87,37 @@ func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, r
 		time.Sleep(20 * time.Millisecond)
 	}
 	return tc
+}
+
+// addEngine starts an engine process of profile p and role r that joins
+// the cluster as id; tc.engines gets the function that stops it.
+func (tc *testCluster) addEngine(t *testing.T, id string, p *sim.Profile, r sim.Role) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := engine.New(engine.Config{ID: id, Profile: p, Role: r, Speedup: 20, AdvertiseURL: "http://" + ln.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nc, err := nats.Connect(tc.o.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := engine.AttachNATS(e, nc, "test")
+	ectx, ecancel := context.WithCancel(context.Background())
+	if err := a.Start(ectx); err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: e.Handler()}
+	tc.servers = append(tc.servers, srv)
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); e.Run(ectx) }()
+	go func() { defer wg.Done(); a.Run(ectx) }()
+	go func() { defer wg.Done(); srv.Serve(ln) }()
+	tc.engines = append(tc.engines, func() { ecancel(); srv.Close(); wg.Wait(); nc.Close() })
 }
 
 func (tc *testCluster) stop() {
