@@ -134,14 +134,7 @@ that think and tool times shrink to match).`,
 			if err := printBench(cmd, res); err != nil {
 				return err
 			}
-			if res.Requests == 0 && res.Errors > 0 {
-				return fmt.Errorf("every request failed; last error: %s", res.LastError)
-			}
-			if res.Requests == 0 && res.OverContext > 0 {
-				return fmt.Errorf("no request was sent: %d sessions ended because their prompts exceed the model's context (max_model_len %d); "+
-					"run the cluster with a longer-context profile (evolve up --profile gb300-kimi-k2) or another --workload", res.OverContext, res.MaxContext)
-			}
-			return nil
+			return servedNothing(res)
 		},
 	}
 	f := cmd.Flags()
@@ -158,6 +151,19 @@ that think and tool times shrink to match).`,
 	f.String("record", "", "record every call of the agents to this JSONL trace (gzipped if it ends in .gz)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
+}
+
+// servedNothing is a load run's failure when no request was answered:
+// every one failed, or none could be sent; nil otherwise.
+func servedNothing(res workload.Result) error {
+	if res.Requests == 0 && res.Errors > 0 {
+		return fmt.Errorf("every request failed; last error: %s", res.LastError)
+	}
+	if res.Requests == 0 && res.OverContext > 0 {
+		return fmt.Errorf("no request was sent: %d sessions ended because their prompts exceed the model's context (max_model_len %d); "+
+			"run the cluster with a longer-context profile (evolve up --profile gb300-kimi-k2) or another --workload", res.OverContext, res.MaxContext)
+	}
+	return nil
 }
 
 // progressLine is a load run's line every few seconds: with a known

@@ -452,6 +452,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintln(errw, "agents:", berr)
 		} else {
 			printBench(cmd, res)
+			berr = servedNothing(res)
 		}
 		// The signals stay caught through the teardown: a closed terminal
 		// or a dead pipe must not kill up before it stops the cluster.

@@ -186,6 +186,22 @@ func TestUpWithAgentsStopsTheClusterWhateverFollowsCtrlC(t *testing.T) {
 	}
 }
 
+// Agents whose prompts no model context holds: up says so within seconds
+// rather than at the end of --duration, fails with the way out, and stops
+// the cluster it started.
+func TestUpWithAgentsPastTheContextFails(t *testing.T) {
+	cmd, home, stderr := startUp(t, "--agents", "4", "--workload", "coding", "--profile", "tiny", "--duration", "2m")
+	var out strings.Builder
+	copied := make(chan struct{})
+	go func() { io.Copy(&out, stderr); close(copied) }()
+	stoppedEverything(t, cmd, home)
+	<-copied
+	if code := cmd.ProcessState.ExitCode(); code != 1 || !strings.Contains(out.String(), "stopping the cluster") ||
+		!strings.Contains(out.String(), "no request was sent") || !strings.Contains(out.String(), "--profile gb300-kimi-k2") {
+		t.Fatalf("up --agents with prompts past the context: exit %d\n%s", code, out.String())
+	}
+}
+
 // An orchestrator killed outright leaves its engines running: the next
 // up stops them before its own cluster's record replaces the old one, so
 // that down can still reach everything.
