@@ -282,33 +282,53 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 	}
 }
 
-// What a prefill computes beyond its placement's plan is lost KV reuse:
-// read from the engine's usage, once per request, never from engines that
-// do not report cached tokens.
-func TestLostReuseCountsPrefillBeyondPlan(t *testing.T) {
+// Lost KV reuse is read from the prefill's usage, once per request: the
+// blocks some engine had computed that this one computed again, not those
+// it found cached after all; never from engines that report no cached
+// tokens (the router counts those as placed when the answer ends).
+func TestLostReuseCountsWhatThePrefillRecomputed(t *testing.T) {
+	const bs = 16
+	tokens := make([]uint32, 1000) // 62 whole blocks and 8 tokens
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	chain := kv.ChainHashes(tokens, bs)
+	ever := &kv.Set{}
+	for _, h := range chain[:50] { // engines computed 50 blocks before
+		ever.Add(h)
+	}
+	placed := func() *kv.PlacedReuse { r := kv.NotePlacement(chain, 30, ever); return &r } // the node held 30
 	o := &Orchestrator{}
-	a := &attempt{o: o, planned: 100, dec: routing.Decision{Disaggregated: true}}
-	a.countComputed(prefillUsage(t, `{"usage": {"prompt_tokens": 1000, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 700}}}`))
-	if got := o.kvc.lostReuse.Load(); got != 200 {
-		t.Fatalf("computed 300 where 100 were planned: lost %d, want 200", got)
+	a := &attempt{o: o, reuse: placed(), bs: bs, chain: chain, dec: routing.Decision{Disaggregated: true}}
+	a.countComputed(prefillUsage(t, `{"usage": {"prompt_tokens": 1000, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 480}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 20*bs {
+		t.Fatalf("found the 30 blocks held, computed 20 computed before: lost %d, want %d", got, 20*bs)
 	}
 	a.countComputed(prefillUsage(t, `{"usage": {"prompt_tokens": 1000, "prompt_tokens_details": {"cached_tokens": 0}}}`))
-	if got := o.kvc.lostReuse.Load(); got != 200 {
+	if got := o.kvc.lostReuse.Load(); got != 20*bs {
 		t.Fatalf("a second answer counted again: %d", got)
 	}
-	// Served on one node: the whole answer's usage; as planned, nothing.
-	b := &attempt{o: o, planned: 300}
-	b.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 700}}}`))
-	if got := o.kvc.lostReuse.Load(); got != 200 || b.outTokens != 9 {
-		t.Fatalf("lost %d (want 200), output %d (want 9)", got, b.outTokens)
+	// Served on one node, the whole answer's usage: a request of the same
+	// prefix computed the other 20 meanwhile, so nothing is lost.
+	o = &Orchestrator{}
+	b := &attempt{o: o, reuse: placed(), bs: bs, chain: chain}
+	b.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 800}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 0 || b.outTokens != 9 {
+		t.Fatalf("lost %d (want 0), output %d (want 9)", got, b.outTokens)
 	}
-	// No cached-token report, or a retried routing: not counted.
-	c := &attempt{o: o, planned: 0}
-	c.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9}}`))
-	d := &attempt{o: o, planned: -1}
-	d.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
-	if got := o.kvc.lostReuse.Load(); got != 200 {
-		t.Fatalf("counted without a report or on a retry: %d", got)
+	// Nothing found cached: the 30 held and the 20 after them.
+	c := &attempt{o: o, reuse: placed(), bs: bs, chain: chain}
+	c.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 50*bs {
+		t.Fatalf("nothing cached: lost %d, want %d", got, 50*bs)
+	}
+	// No cached-token report, or a request already counted: not here.
+	d := &attempt{o: o, reuse: placed(), bs: bs, chain: chain}
+	d.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9}}`))
+	e := &attempt{o: o, reuse: &kv.PlacedReuse{}, bs: bs, chain: chain}
+	e.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
+	if got := o.kvc.lostReuse.Load(); got != 50*bs || !d.reuse.Noted() {
+		t.Fatalf("counted without a report or twice: %d", got)
 	}
 }
 

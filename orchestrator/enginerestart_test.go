@@ -13,7 +13,8 @@ import (
 // copies when it stops and learns the new one's (the orchestrator asks a
 // newly registered engine to resync, and the directory takes a dropped
 // node's events from 1), rather than taking them for duplicates of the
-// old process's and routing blind to the engine.
+// old process's and routing blind to the engine. What the old process
+// computed and the new one computes again is lost KV reuse.
 func TestRestartedEngineKVIsSeen(t *testing.T) {
 	tc := startTestCluster(t, sim.RoleDecode)
 	held := func() (gpu int, seq uint64) {
@@ -64,4 +65,24 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 		gpu, seq := held()
 		return gpu > 0 && seq < before
 	})
+
+	// A prompt the old process computed is computed again from scratch:
+	// every whole block of it is lost KV reuse.
+	lost := tc.o.KV().LostKVReuse
+	status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 2}`, prompt("old0-", 300)))
+	usage, _ := body["usage"].(map[string]any)
+	n, _ := usage["prompt_tokens"].(float64)
+	if status != 200 || n < 64 {
+		t.Fatalf("the old prompt again: %d %v", status, body)
+	}
+	bs := p.BlockSize
+	want := int64(int(n)/bs*bs - bs*b2i(int(n)%bs == 0)) // a prompt of whole blocks computes its last anyway
+	eventually(t, "the recomputed prompt counted as lost KV reuse", func() bool { return tc.o.KV().LostKVReuse-lost == want })
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -195,9 +195,10 @@ type attempt struct {
 	// outTokens: output tokens the client got, from the answer's usage
 	// or, in a stream without usage, one per content chunk.
 	outTokens int
-	// planned: prompt tokens the placement left to compute, on the first
-	// routing; -1 on later ones and once counted (never counted twice).
-	planned int
+	// reuse: what the request's first placement knew, for its lost KV
+	// reuse; shared by its attempts, emptied once counted (never twice).
+	reuse *kv.PlacedReuse
+	bs    int // the cluster's block size
 	// decode is the node decoding the request now: dec.Decode until a
 	// switching node hands the request over (moveOn), then its peer.
 	decode string
@@ -293,6 +294,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	branch := o.branchBegin(id, chain)
 	defer o.branchFinish(id.Session, branch)
 	var match kv.Match
+	var reuse kv.PlacedReuse // the first placement's, for lost KV reuse
 	exclude := o.suspects()
 	path := r.URL.Path
 	var lastErr error
@@ -319,18 +321,22 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 				"disaggregated", dec.Disaggregated, "fetches", len(dec.Fetches), "prompt_tokens", len(p.Tokens),
 				"compute_tokens", dec.ComputeTokens, "est_ttft", dec.EstTTFT, "why", dec.Reason)
 		}
-		computed := o.countHits(&match, v, dec, bs, len(p.Tokens), chain, try == 0)
+		computed, held := o.countHits(&match, v, dec, bs, len(p.Tokens), try == 0)
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
+			o.c.mu.Lock()
+			reuse = kv.NotePlacement(chain, held, o.c.ever)
+			o.c.mu.Unlock()
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), planned: -1, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}
-		if try == 0 && len(p.Tokens) > 0 {
-			// An engine computes at least the prompt's last token (the
-			// simulated one its last block).
-			a.planned = max(computed, len(p.Tokens)-(len(p.Tokens)-1)/bs*bs)
-		}
+		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
+		if a.started && reuse.Noted() {
+			// Its engine did not say what it found cached: count the lost
+			// reuse as placed.
+			o.kvc.lostReuse.Add(reuse.Planned(bs))
+			reuse = kv.PlacedReuse{}
+		}
 		o.policyMu.Lock()
 		o.policy.Finished(time.Now(), reqID)
 		o.policyMu.Unlock()
@@ -372,9 +378,10 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 
 // countHits records where the prompt's KV comes from for the chosen
 // prefill node, by tier.
-// It returns the tokens the prefill computes; first says whether this is
-// the request's first routing (later ones are not counted again).
-func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int, chain []kv.BlockHash, first bool) int {
+// It returns the tokens the prefill computes and the leading blocks the
+// node holds or fetches; first says whether this is the request's first
+// routing (later ones are not counted again).
+func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int, first bool) (int, int) {
 	var dir kv.NodeID
 	for _, n := range v.Nodes {
 		if n.ID == dec.Prefill {
@@ -403,11 +410,8 @@ func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decis
 		if dec.Disaggregated {
 			k.transferredTokens.Add(int64(tokens))
 		}
-		o.c.mu.Lock()
-		k.lostReuse.Add(o.lostReuseLocked(chain, nm.Local+fetched, bs))
-		o.c.mu.Unlock()
 	}
-	return computed
+	return computed, nm.Local + fetched
 }
 
 func (o *Orchestrator) urls(dec routing.Decision) map[string]string {

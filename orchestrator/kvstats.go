@@ -174,18 +174,6 @@ func (o *Orchestrator) noteStoredLocked(events []kv.Event) []protocol.Hint {
 	return hints
 }
 
-// lostReuseLocked counts the tokens of chain[from:] that some engine had
-// computed before. Call with mu held.
-func (o *Orchestrator) lostReuseLocked(chain []kv.BlockHash, from, bs int) int64 {
-	var n int64
-	for _, h := range chain[min(from, len(chain)):] {
-		if o.c.ever.Has(h) {
-			n += int64(bs)
-		}
-	}
-	return n
-}
-
 // noteReferencedEvictionsLocked counts, after a node's events are applied,
 // the copies of referenced blocks it evicted, and those that were the
 // last copy anywhere. Call with mu held.

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/protocol"
@@ -279,19 +280,17 @@ func (a *attempt) countUsage(b []byte) {
 	}
 }
 
-// countComputed adds to the lost KV reuse what the prefill computed beyond
-// its placement's plan: blocks the cluster held when the request was
-// placed (evicted while it waited, or a fetch that did not arrive).
-// Engines that do not report cached tokens are not counted.
+// countComputed adds the request's lost KV reuse once its prefill's
+// usage says what the engine found cached (kv.PlacedReuse.Lost): blocks
+// the cluster had computed that the engine computed again. Engines that
+// do not report cached tokens are counted as placed when the answer ends.
 func (a *attempt) countComputed(u *usage) {
-	if a.planned < 0 || u.Details == nil || u.PromptTokens <= 0 {
+	if a.reuse == nil || !a.reuse.Noted() || u.Details == nil || u.PromptTokens <= 0 {
 		return
 	}
-	extra := u.PromptTokens - u.Details.CachedTokens - a.planned
-	a.planned = -1
-	if extra > 0 {
-		a.o.kvc.lostReuse.Add(int64(extra))
-	}
+	lost := a.reuse.Lost(len(a.chain), u.PromptTokens, u.Details.CachedTokens, u.PromptTokens-u.Details.CachedTokens, a.bs)
+	*a.reuse = kv.PlacedReuse{}
+	a.o.kvc.lostReuse.Add(lost)
 }
 
 // countChunk counts a streamed chunk: its usage when it has one (the

@@ -36,7 +36,7 @@ func TestDirectoryHoldsWhatTheEnginesHold(t *testing.T) {
 		checked, readded, mismatched := 0, 0, 0
 		var m kv.Match
 		var last time.Time
-		_, err = runWith(sc, pol, runHooks{inspect: func(r *run) {
+		res, err := runWith(sc, pol, runHooks{inspect: func(r *run) {
 			if r.now.Sub(last) < 5*time.Second {
 				return
 			}
@@ -73,6 +73,10 @@ func TestDirectoryHoldsWhatTheEnginesHold(t *testing.T) {
 		}
 		if checked == 0 || mismatched > 0 {
 			t.Fatalf("%s: %d of %d checks disagreed", name, mismatched, checked)
+		}
+		// Lost reuse is recomputation: it cannot exceed what was computed.
+		if res.LostKVReuse > res.ComputedTokens {
+			t.Fatalf("%s: %d tokens of lost KV reuse, %d computed", name, res.LostKVReuse, res.ComputedTokens)
 		}
 	}
 }

@@ -10,11 +10,10 @@ import (
 	"github.com/evolvellm/evolve/workload"
 )
 
-// Lost KV reuse counts what a placement leaves to recompute of blocks the
-// cluster had computed, and then what the engine recomputed beyond that
-// plan: blocks the placement counted on that were evicted while the
-// request waited.
-func TestLostReuseCountsRecomputeBeyondThePlan(t *testing.T) {
+// A placement counts, for lost KV reuse, what its prefill node holds and
+// what the decision fetches; a retried placement keeps the first one's
+// view (kv.PlacedReuse counts the rest).
+func TestLostReuseFollowsThePlacement(t *testing.T) {
 	const bs = 16
 	p := &enginesim.Profile{BlockSize: bs}
 	r := &run{sc: Scenario{Profile: p}, engines: []*engine{{dir: 3}}, ever: &kv.Set{}, res: Result{Timeline: []Window{{}}}}
@@ -30,33 +29,22 @@ func TestLostReuseCountsRecomputeBeyondThePlan(t *testing.T) {
 	req := &request{call: workload.Call{Tokens: tokens}, chain: chain, scored: true,
 		dec: routing.Decision{Fetches: []routing.Fetch{{From: 4, End: 7}}}}
 	m := kv.Match{Nodes: []kv.NodeMatch{{Node: 3, GPU: 4, Local: 4}}}
-	r.countLostReuse(req, &m, true)
-	if got, want := r.res.LostKVReuse, int64(2*bs); got != want { // blocks 7 and 8
-		t.Fatalf("lost at placement %d tokens, want %d", got, want)
+	r.notePlacement(req, &m, true)
+	prefilled := func(hitBlocks int) enginesim.Usage {
+		return enginesim.Usage{PromptTokens: len(tokens), GPUHitTokens: hitBlocks * bs, ComputedTokens: len(tokens) - hitBlocks*bs}
 	}
-	if want := 3*bs + 5; req.planned != want {
-		t.Fatalf("planned %d tokens to compute, want %d", req.planned, want)
+	if got := r.lostReuse(req, prefilled(7)); got != 2*bs {
+		t.Fatalf("computed as placed: lost %d tokens, want %d (blocks 7 and 8)", got, 2*bs)
 	}
-	// The engine computed as planned: nothing more is lost; it computed
-	// two blocks more (evicted while it waited): they are.
-	if n := lostOnTheWay(req, req.planned); n != 0 {
-		t.Fatalf("computing the plan lost %d tokens", n)
+	if got := r.lostReuse(req, prefilled(4)); got != 5*bs {
+		t.Fatalf("the fetch came too late: lost %d tokens, want %d (blocks 4 to 8)", got, 5*bs)
 	}
-	if n := lostOnTheWay(req, req.planned+2*bs); n != 2*bs {
-		t.Fatalf("computing 2 blocks beyond the plan lost %d tokens, want %d", n, 2*bs)
-	}
-	// A retried placement renews the plan without counting twice.
+	// A retried placement on a node holding it all keeps the first view.
 	m = kv.Match{Nodes: []kv.NodeMatch{{Node: 3, GPU: 10, Local: 10}}}
 	req.dec.Fetches = nil
-	r.countLostReuse(req, &m, false)
-	if r.res.LostKVReuse != int64(2*bs) || req.planned != 5 {
-		t.Fatalf("retry: lost %d, planned %d; want %d and 5", r.res.LostKVReuse, req.planned, 2*bs)
-	}
-	// A prompt of whole blocks, all cached, still computes its last block.
-	whole := &request{call: workload.Call{Tokens: tokens[:10*bs]}, chain: chain[:10]}
-	r.countLostReuse(whole, &m, false)
-	if whole.planned != bs {
-		t.Fatalf("a fully cached prompt plans %d tokens, want %d (its last block)", whole.planned, bs)
+	r.notePlacement(req, &m, false)
+	if got := r.lostReuse(req, prefilled(7)); got != 2*bs {
+		t.Fatalf("retry: lost %d tokens, want %d", got, 2*bs)
 	}
 }
 

@@ -257,8 +257,8 @@ type request struct {
 	pendingAt                  int // 1 + the engine whose pendingDecodes counts this request; 0: none
 	carry                      *carried
 	migrations                 int
-	branch                     string // as the branch tracker named it
-	planned                    int    // prompt tokens its placement leaves to compute
+	branch                     string         // as the branch tracker named it
+	reuse                      kv.PlacedReuse // what its first placement knew, for its lost KV reuse
 }
 
 type laneState struct {
@@ -646,7 +646,7 @@ func (r *run) arrive(req *request) {
 	if r.planner != nil && !req.retry {
 		r.planner.Arrive(r.now, planner.Arrival{Tokens: len(req.call.Tokens), ComputeTokens: dec.ComputeTokens, Disaggregated: dec.Disaggregated})
 	}
-	r.countLostReuse(req, &m, !req.retry)
+	r.notePlacement(req, &m, !req.retry)
 	for _, f := range dec.Fetches {
 		to := r.engines[r.byID[f.To]]
 		to.model.Fetch(r.now, req.chain[:f.End], f.From, 0)
@@ -683,41 +683,26 @@ func (r *run) unpend(req *request) {
 	}
 }
 
-// countLostReuse adds the tokens this request will recompute that some
-// engine had computed before (lost KV reuse), as placed: what neither the
-// prefill node's prefix nor a fetch covers. It notes how many tokens the
-// placement leaves to compute, so that what the engine recomputes beyond
-// that (blocks evicted while the request waited, recomputation after a
-// preemption) is counted when its prefill ends (lostOnTheWay).
-func (r *run) countLostReuse(req *request, m *kv.Match, count bool) {
-	nm := m.For(r.engines[req.prefillAt].dir)
-	covered := nm.Local
+// notePlacement records, at a request's first placement, what its lost
+// KV reuse is counted from when its prefill ends: how far the prefill node
+// holds the prompt or fetches it, and which later blocks the cluster had
+// computed before. A retry keeps the first placement's view: what the
+// aborted attempt computed is not counted as lost again.
+func (r *run) notePlacement(req *request, m *kv.Match, first bool) {
+	if !first {
+		return
+	}
+	covered := m.For(r.engines[req.prefillAt].dir).Local
 	for _, f := range req.dec.Fetches {
 		covered = max(covered, f.End)
 	}
-	bs := r.sc.Profile.BlockSize
-	// An engine computes at least the last token: a prompt of whole blocks
-	// all cached recomputes its last block.
-	req.planned = len(req.call.Tokens) - min(covered, (len(req.call.Tokens)-1)/bs)*bs
-	if !count {
-		return
-	}
-	var lost int64
-	for _, h := range req.chain[covered:] {
-		if r.ever.Has(h) {
-			lost += int64(bs)
-		}
-	}
-	r.window().LostReuse += lost
-	if req.scored {
-		r.res.LostKVReuse += lost
-	}
+	req.reuse = kv.NotePlacement(req.chain, covered, r.ever)
 }
 
-// lostOnTheWay is what a prefill computed beyond its placement's plan:
-// tokens whose KV the cluster held when the request was placed.
-func lostOnTheWay(req *request, computed int) int64 {
-	return int64(max(0, computed-req.planned))
+// lostReuse is a request's lost KV reuse once its prefill ended (src):
+// see kv.PlacedReuse.Lost.
+func (r *run) lostReuse(req *request, src enginesim.Usage) int64 {
+	return req.reuse.Lost(len(req.chain), len(req.call.Tokens), src.CachedTokens(), src.ComputedTokens, r.sc.Profile.BlockSize)
 }
 
 func (r *run) startDecode(req *request) {
@@ -826,7 +811,8 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 	w.GPUHit += int64(src.GPUHitTokens)
 	w.HostHit += int64(src.HostHitTokens)
 	w.Computed += int64(src.ComputedTokens)
-	w.LostReuse += lostOnTheWay(req, src.ComputedTokens)
+	lost := r.lostReuse(req, src)
+	w.LostReuse += lost
 	if req.scored {
 		r.e2e = append(r.e2e, end.Sub(req.arrival).Seconds())
 		r.ttft = append(r.ttft, u.FirstToken.Sub(req.arrival).Seconds())
@@ -838,7 +824,7 @@ func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
 		r.res.GPUHitTokens += int64(src.GPUHitTokens)
 		r.res.HostHitTokens += int64(src.HostHitTokens)
 		r.res.ComputedTokens += int64(src.ComputedTokens)
-		r.res.LostKVReuse += lostOnTheWay(req, src.ComputedTokens)
+		r.res.LostKVReuse += lost
 	}
 	if req.lane.lane != nil {
 		req.lane.lane.Answer(output)
