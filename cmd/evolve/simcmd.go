@@ -133,8 +133,8 @@ One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets, after
 the research system's experiments:
 ` + presetTable(),
 		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve
-  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve --kv-block-tokens 256
-    (KV in 256-token blocks: about 2.6x faster, mean latency within 3%)
+  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve --kv-block-tokens 128
+    (KV in 128-token blocks: about 1.9x faster, mean latency within 1%; 256: 2.6x, within 3%)
   evolve sim --preset claude-code-126x36 --policies dynamo,evolve --live 127.0.0.1:7070
     (then: evolve top --readonly --server http://127.0.0.1:7070/evolve --beside http://127.0.0.1:7070/dynamo)
   evolve sim --gpus 16 --workload math --agents 40 --duration 20m --warmup 5m -o json
@@ -148,7 +148,7 @@ the research system's experiments:
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload")
 	f.Int("kv-block-tokens", 0, "model KV in blocks of this many tokens, a power-of-two multiple of the profile's block size, for every policy alike: "+
-		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (256 on claude-code-126x36: 2.6x faster, mean E2E within 3%; TTFT tails can move more, see the README); 0: the profile's")
+		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (on claude-code-126x36, 128: 1.9x faster, mean E2E within 1%; 256: 2.6x faster, within 3%; TTFT tails can move more, see the README); 0: the profile's")
 	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes, as the live orchestrator does with evolve's engines; false: the node finishes them first, as a live node running vLLM does (vLLM cannot hand a decode over)")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
