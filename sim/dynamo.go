@@ -96,8 +96,7 @@ func (r *run) addWorker(role routing.Role) {
 			continue
 		}
 		r.noteRole(i, "down", roleName(role), "planner added a worker: cold start")
-		e.role, e.state = role, engStarting
-		e.model = enginesim.NewModel(r.sc.Profile, enginesim.Config{WriteThrough: r.pol.WriteThrough})
+		e.role, e.state = role, engStarting // its model is the empty one remove left
 		e.stats = enginesim.PassStats{}
 		r.push(&event{at: r.now.Add(r.pol.ColdStart), kind: evReady, eng: i})
 		return

@@ -441,7 +441,7 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 	if overContext {
 		c.mu.Lock()
 		c.res.OverContext++ // once per session, whichever lanes outgrew
-		if c.sent == 0 && c.res.OverContext >= giveUpAfter(cfg.Agents) && c.stop != nil {
+		if c.sent == 0 && c.res.OverContext >= giveUpAfter(cfg.Agents) {
 			// No prompt of this workload fits: waiting out the run's
 			// time would only print empty progress lines.
 			c.res.GaveUp = true
