@@ -17,8 +17,18 @@ type Body struct {
 	Members map[string]json.RawMessage // its top-level members
 }
 
-// ParseObject reads a JSON object body.
-func ParseObject(b []byte) (Body, error) {
+// ParseObject reads a JSON object body. Its members share b's bytes.
+func ParseObject(b []byte) (Body, error) { return parseObject(b, nil) }
+
+// parseObject is ParseObject, and puts the prompt's ids in *prompt when it
+// is a list of token ids (see splitObject).
+func parseObject(b []byte, prompt *[]uint32) (Body, error) {
+	if m, ok := splitObject(b, "prompt", prompt); ok {
+		return Body{Raw: b, Members: m}, nil
+	}
+	if prompt != nil {
+		*prompt = nil
+	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
 		return Body{}, err
@@ -75,23 +85,44 @@ func (b Body) With(set map[string]json.RawMessage) []byte {
 // would read a 128K-token prompt four times instead of twice. What it
 // accepts and refuses, and how it says so, are Parse's.
 func ParseBody(body []byte, chat bool, defaultMaxTokens int) (*Parsed, Body, *Error) {
-	b, err := ParseObject(body)
-	if err != nil { // not an object: Parse refuses it too, in its words
-		p, perr := Parse(body, chat, defaultMaxTokens)
+	var ids []uint32
+	b, err := parseObject(body, &ids)
+	if err != nil { // not an object: parse refuses it too, in its words
+		p, perr := parse(body, chat, defaultMaxTokens, nil, nil)
 		return p, Body{}, perr
 	}
 	prompt, ok := b.Members["prompt"]
-	for k := range b.Members {
-		// encoding/json matches names whatever their case, the last one
-		// written winning: a body with "Prompt" too is left to it.
-		ok = ok && (k == "prompt" || !strings.EqualFold(k, "prompt"))
-	}
-	if !ok { // a chat request, or a prompt spelt another way
-		p, perr := Parse(body, chat, defaultMaxTokens)
+	if !ok || !foldUnique(b.Members) {
+		// A chat request, or a prompt spelt another way: encoding/json
+		// matches names whatever their case, the last one written winning,
+		// and the rest below would be in another order.
+		p, perr := parse(body, chat, defaultMaxTokens, nil, nil)
 		return p, b, perr
 	}
 	rest := Body{Members: maps.Clone(b.Members)}
 	delete(rest.Members, "prompt")
-	p, perr := parse(rest.With(nil), chat, defaultMaxTokens, prompt)
+	if len(ids) == 0 {
+		ids = nil // another shape of prompt: parse reads it
+	}
+	p, perr := parse(rest.With(nil), chat, defaultMaxTokens, prompt, ids)
+	if perr != nil {
+		// Refused: in the words encoding/json has for the body as sent
+		// (of two wrong members, the first in the body's order).
+		p, perr = parse(body, chat, defaultMaxTokens, nil, nil)
+	}
 	return p, b, perr
+}
+
+// foldUnique reports whether no two member names are equal whatever their
+// case.
+func foldUnique(m map[string]json.RawMessage) bool {
+	seen := make(map[string]bool, len(m))
+	for k := range m {
+		l := strings.ToLower(k)
+		if seen[l] {
+			return false
+		}
+		seen[l] = true
+	}
+	return true
 }

@@ -101,3 +101,65 @@ func FuzzParseBody(f *testing.F) {
 		}
 	})
 }
+
+// FuzzSplitObject: reading a body's members in one pass gives what
+// encoding/json gives, members and refusals alike.
+func FuzzSplitObject(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt": [1, 2, 3], "max_tokens": 8}`, `{}`, ` { } `, `{"a":1 "b":2}`, `{"a":1,}`, `{"a":[1,2}`, `{"a":"\"}"}`,
+		`{"a":{"b":[1,{"c":"]"}]}}`, `{"a":1}x`, `{"a":tru}`, `{"a":01}`, `{"prompt":[01]}`, `{"prompt":[1,2]]}`,
+		`{"prompt":[[1,2]}`, `{"a":1,"a":2}`, `{"A":1,"a":2}`, `{"\u0061":1}`, "{\"a\x01\":1}", "{\"\xff\":1}",
+		`{"prompt":[1 ,2 , 3 ]}`, `{"prompt":[]}`, `{"prompt":[-1]}`, `{"prompt":[1e3]}`, `{"s":"a\\"}`, `null`, `[1]`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		var want map[string]json.RawMessage
+		werr := json.Unmarshal(body, &want)
+		got, gerr := ParseObject(body)
+		if (werr == nil) != (gerr == nil) {
+			t.Fatalf("body %q: ParseObject says %v, encoding/json %v", body, gerr, werr)
+		}
+		if werr == nil && !reflect.DeepEqual(got.Members, want) {
+			t.Fatalf("body %q: members %q, encoding/json %q", body, got.Members, want)
+		}
+		var ids []uint32
+		if m, ok := splitObject(body, "prompt", &ids); ok {
+			if werr != nil {
+				t.Fatalf("body %q: split although encoding/json says %v", body, werr)
+			}
+			if len(ids) > 0 {
+				want, _ := scanIDs(m["prompt"])
+				if !slices.Equal(ids, want) {
+					t.Fatalf("body %q: prompt ids %v, want %v", body, ids, want)
+				}
+			}
+		}
+	})
+}
+
+// FuzzParseAsEncodingJSON: Parse, which reads a completion's members and
+// its token ids in one pass, accepts and refuses what encoding/json alone
+// does, with the same words.
+func FuzzParseAsEncodingJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt": [1, 2, 3], "max_tokens": 8, "stream": true}`, `{"prompt": [1], "max_tokens": "8", "stream": "x"}`,
+		`{"stream": "x", "prompt": [1], "max_tokens": "8"}`, `{"prompt": [1], "MAX_TOKENS": 3, "max_tokens": 4}`,
+		`{"max_tokens": 4, "MAX_TOKENS": 3, "prompt": [1]}`, `{"prompt": [131072]}`, `{"prompt": [[1, 2]]}`,
+		`{"prompt": [1], "n": 2}`, `{"prompt": [], "max_tokens": 1}`, `{"prompt": [1], "kv_transfer_params": {"do_remote_decode": true}}`,
+		`{"prompt": "text", "seed": 3}`, `{"prompt": [1], "max_tokens": 0}`, `{"prompt": [1], "Prompt": [2]}`,
+		`{"prompt": [1], "prompt": [2, 3]}`, `{"prompt": "a", "prompt": [2]}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		want, werr := parse(body, false, 0, nil, nil)
+		got, gerr := Parse(body, false, 0)
+		if (werr == nil) != (gerr == nil) || (werr != nil && *werr != *gerr) {
+			t.Fatalf("body %q: Parse says %v, encoding/json %v", body, gerr, werr)
+		}
+		if werr == nil && !reflect.DeepEqual(got, want) {
+			t.Fatalf("body %q: Parse read %+v, encoding/json %+v", body, got, want)
+		}
+	})
+}

@@ -82,11 +82,19 @@ type Parsed struct {
 // /v1/chat/completions, tokenizes the prompt with evolve's tokenizer, and
 // applies defaultMaxTokens (0: 16 for completions, as OpenAI; 256 for chat).
 func Parse(body []byte, chat bool, defaultMaxTokens int) (*Parsed, *Error) {
-	return parse(body, chat, defaultMaxTokens, nil)
+	if chat {
+		return parse(body, chat, defaultMaxTokens, nil, nil)
+	}
+	// A completion's prompt, token ids most often, is most of its body:
+	// ParseBody reads it once, where encoding/json would read it twice
+	// and then the prompt again.
+	p, _, err := ParseBody(body, chat, defaultMaxTokens)
+	return p, err
 }
 
-// parse is Parse; a prompt given apart (ParseBody's) replaces the body's.
-func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage) (*Parsed, *Error) {
+// parse is Parse; a prompt given apart (ParseBody's) replaces the body's,
+// and ids, when not nil, are its token ids, read already.
+func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage, ids []uint32) (*Parsed, *Error) {
 	p := &Parsed{Chat: chat}
 	r := &p.Req
 	if err := json.Unmarshal(body, r); err != nil {
@@ -98,6 +106,8 @@ func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage)
 	var err *Error
 	if chat {
 		p.Tokens, err = chatTokens(r)
+	} else if ids != nil {
+		p.Tokens = ids
 	} else {
 		p.Tokens, err = promptTokens(r.Prompt)
 	}
@@ -265,31 +275,60 @@ func scanIDs(b []byte) (ids []uint32, ok bool) {
 	}
 	// An id and its comma take about as many bytes as a uint32.
 	ids = make([]uint32, 0, len(b)/4+1)
+	if _, ok := readIDs(b, &ids); !ok {
+		return nil, false
+	}
+	return ids, true
+}
+
+// readIDs reads the list scanIDs reads, appending its ids to *ids (nil:
+// it only checks them), and returns the list's length in bytes. What it
+// accepts is valid JSON.
+func readIDs(b []byte, ids *[]uint32) (int, bool) {
+	if len(b) == 0 || b[0] != '[' {
+		return 0, false
+	}
+	var out []uint32
+	if ids != nil {
+		out = *ids
+	}
 	for i := skipSpace(b, 1); i < len(b); {
 		start := i
-		var v int64
-		for i < len(b) && b[i] >= '0' && b[i] <= '9' {
-			v = v*10 + int64(b[i]-'0')
-			i++
+		var v uint64
+		for ; i < len(b); i++ {
+			d := b[i] - '0'
+			if d > 9 {
+				break
+			}
+			v = v*10 + uint64(d)
 		}
-		if i == start || i-start > maxScanDigits || (b[start] == '0' && i-start > 1) || v >= tokenizer.VocabSize {
-			return nil, false
+		if n := i - start; n == 0 || n > maxScanDigits || (b[start] == '0' && n > 1) || v >= tokenizer.VocabSize {
+			return 0, false
 		}
-		ids = append(ids, uint32(v))
-		i = skipSpace(b, i)
+		if ids != nil {
+			out = append(out, uint32(v))
+		}
+		if i < len(b) && b[i] != ',' && b[i] != ']' {
+			i = skipSpace(b, i)
+		}
 		if i >= len(b) {
-			return nil, false
+			return 0, false
 		}
 		switch b[i] {
 		case ']':
-			return ids, true
+			if ids != nil {
+				*ids = out
+			}
+			return i + 1, true
 		case ',':
-			i = skipSpace(b, i+1)
+			if i++; i < len(b) && (b[i] < '0' || b[i] > '9') {
+				i = skipSpace(b, i)
+			}
 		default:
-			return nil, false
+			return 0, false
 		}
 	}
-	return nil, false
+	return 0, false
 }
 
 // idsLen is the length of the list scanIDs read at the start of b.

@@ -31,13 +31,16 @@ func chatBody(n int) []byte {
 }
 
 // BenchmarkParse: what each front door (router, engine) spends reading a
-// request, for a 32K-token context given as ids and as chat text.
+// request, for a 32K- and a 128K-token context given as ids and for a
+// 32K-word one as chat text. A request of ids is read three times on its
+// way (the router, the prefill engine, the decode engine), all of it
+// before its first token.
 func BenchmarkParse(b *testing.B) {
 	for _, c := range []struct {
 		name string
 		body []byte
 		chat bool
-	}{{"ids-32k", benchBody(32768), false}, {"chat-32k-words", chatBody(32768), true}} {
+	}{{"ids-32k", benchBody(32768), false}, {"ids-128k", benchBody(131072), false}, {"chat-32k-words", chatBody(32768), true}} {
 		b.Run(c.name, func(b *testing.B) {
 			b.SetBytes(int64(len(c.body)))
 			b.ReportAllocs()

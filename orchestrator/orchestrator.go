@@ -196,8 +196,10 @@ func New(cfg Config) (*Orchestrator, error) {
 		return nil, errors.New("an embedded NATS server needs a data directory")
 	}
 	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
+		// Buffers of 64 KiB (not 4): a leg carries an agent's prompt, a
+		// megabyte of token ids at 128K tokens, in 16 writes, not 256.
 		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),
-			Base: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second}}},
+			Base: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, WriteBufferSize: 64 << 10, ReadBufferSize: 64 << 10}}},
 		met: newMetrics(), started: time.Now(), certs: certs, keys: keys}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
