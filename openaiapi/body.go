@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/evolvellm/evolve/tokenizer"
 )
 
 // Body is a request body kept as the client sent it and as its top-level
@@ -20,14 +22,11 @@ type Body struct {
 // ParseObject reads a JSON object body. Its members share b's bytes.
 func ParseObject(b []byte) (Body, error) { return parseObject(b, nil) }
 
-// parseObject is ParseObject, and puts the prompt's ids in *prompt when it
-// is a list of token ids (see splitObject).
-func parseObject(b []byte, prompt *[]uint32) (Body, error) {
-	if m, ok := splitObject(b, "prompt", prompt); ok {
+// parseObject is ParseObject, and reads the ids of the member want names
+// when it is a list of token ids (see splitObject).
+func parseObject(b []byte, want *idsMember) (Body, error) {
+	if m, ok := splitObject(b, want); ok {
 		return Body{Raw: b, Members: m}, nil
-	}
-	if prompt != nil {
-		*prompt = nil
 	}
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
@@ -85,10 +84,24 @@ func (b Body) With(set map[string]json.RawMessage) []byte {
 // would read a 128K-token prompt four times instead of twice. What it
 // accepts and refuses, and how it says so, are Parse's.
 func ParseBody(body []byte, chat bool, defaultMaxTokens int) (*Parsed, Body, *Error) {
-	var ids []uint32
-	b, err := parseObject(body, &ids)
+	return parseBody(body, parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens})
+}
+
+// ParseBodyUntokenized is ParseBody for a router whose engines tokenize
+// text themselves (vLLM's POST /tokenize gives the ids their KV is hashed
+// over): a prompt of text or chat messages is checked as ParseBody checks
+// it but left untokenized, Tokens nil, where ParseBody would spend a few
+// milliseconds per 32K tokens on ids the router throws away. A prompt of
+// token ids is read as ParseBody reads it.
+func ParseBodyUntokenized(body []byte, chat bool, defaultMaxTokens int) (*Parsed, Body, *Error) {
+	return parseBody(body, parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens, leaveText: true})
+}
+
+func parseBody(body []byte, o parseOptions) (*Parsed, Body, *Error) {
+	want := idsMember{name: "prompt", limit: tokenizer.VocabSize}
+	b, err := parseObject(body, &want)
 	if err != nil { // not an object: parse refuses it too, in its words
-		p, perr := parse(body, chat, defaultMaxTokens, nil, nil)
+		p, perr := parse(body, o)
 		return p, Body{}, perr
 	}
 	prompt, ok := b.Members["prompt"]
@@ -96,19 +109,19 @@ func ParseBody(body []byte, chat bool, defaultMaxTokens int) (*Parsed, Body, *Er
 		// A chat request, or a prompt spelt another way: encoding/json
 		// matches names whatever their case, the last one written winning,
 		// and the rest below would be in another order.
-		p, perr := parse(body, chat, defaultMaxTokens, nil, nil)
+		p, perr := parse(body, o)
 		return p, b, perr
 	}
 	rest := Body{Members: maps.Clone(b.Members)}
 	delete(rest.Members, "prompt")
-	if len(ids) == 0 {
-		ids = nil // another shape of prompt: parse reads it
-	}
-	p, perr := parse(rest.With(nil), chat, defaultMaxTokens, prompt, ids)
+	// want.ids is nil for another shape of prompt: parse reads it.
+	apart := o
+	apart.prompt, apart.ids = prompt, want.ids
+	p, perr := parse(rest.With(nil), apart)
 	if perr != nil {
 		// Refused: in the words encoding/json has for the body as sent
 		// (of two wrong members, the first in the body's order).
-		p, perr = parse(body, chat, defaultMaxTokens, nil, nil)
+		p, perr = parse(body, o)
 	}
 	return p, b, perr
 }

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"slices"
 	"testing"
+
+	"github.com/evolvellm/evolve/tokenizer"
 )
 
 // FuzzParse sends arbitrary bodies through the parser both front doors
@@ -43,7 +45,7 @@ func referencePromptTokens(raw json.RawMessage) ([]uint32, *Error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, BadRequest("prompt", "prompt is required")
 	}
-	return decodePrompt(raw)
+	return decodePrompt(raw, false)
 }
 
 // FuzzPromptTokens: reading token ids in one pass gives what encoding/json
@@ -60,7 +62,7 @@ func FuzzPromptTokens(f *testing.F) {
 		if !json.Valid(raw) {
 			return // a prompt comes out of a body encoding/json read
 		}
-		got, gerr := promptTokens(raw)
+		got, gerr := promptTokens(raw, false)
 		want, werr := referencePromptTokens(raw)
 		if !slices.Equal(got, want) || (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Message != werr.Message) {
 			t.Fatalf("prompt %q: got %v %v, want %v %v", raw, got, gerr, want, werr)
@@ -110,6 +112,8 @@ func FuzzSplitObject(f *testing.F) {
 		`{"a":{"b":[1,{"c":"]"}]}}`, `{"a":1}x`, `{"a":tru}`, `{"a":01}`, `{"prompt":[01]}`, `{"prompt":[1,2]]}`,
 		`{"prompt":[[1,2]}`, `{"a":1,"a":2}`, `{"A":1,"a":2}`, `{"\u0061":1}`, "{\"a\x01\":1}", "{\"\xff\":1}",
 		`{"prompt":[1 ,2 , 3 ]}`, `{"prompt":[]}`, `{"prompt":[-1]}`, `{"prompt":[1e3]}`, `{"s":"a\\"}`, `null`, `[1]`,
+		`{"count": 3, "max_model_len": 8192, "tokens": [163839, 0, 7], "token_strs": null}`, `{"tokens": [4294967296]}`,
+		`{"tokens": []}`, `{"tokens": null}`, `{"Tokens": [1]}`, `{"tokens": [1], "tokens": [2]}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -123,17 +127,24 @@ func FuzzSplitObject(f *testing.F) {
 		if werr == nil && !reflect.DeepEqual(got.Members, want) {
 			t.Fatalf("body %q: members %q, encoding/json %q", body, got.Members, want)
 		}
-		var ids []uint32
-		if m, ok := splitObject(body, "prompt", &ids); ok {
+		prompt := idsMember{name: "prompt", limit: tokenizer.VocabSize}
+		if m, ok := splitObject(body, &prompt); ok {
 			if werr != nil {
 				t.Fatalf("body %q: split although encoding/json says %v", body, werr)
 			}
-			if len(ids) > 0 {
-				want, _ := scanIDs(m["prompt"])
-				if !slices.Equal(ids, want) {
-					t.Fatalf("body %q: prompt ids %v, want %v", body, ids, want)
-				}
+			if want, _ := scanIDs(m["prompt"]); !slices.Equal(prompt.ids, want) {
+				t.Fatalf("body %q: prompt ids %v, want %v", body, prompt.ids, want)
 			}
+		}
+		// vLLM's /tokenize answer, its ids unbounded by evolve's vocabulary.
+		var tokens []uint32
+		aerr := werr
+		if raw, ok := want["tokens"]; werr == nil && ok {
+			aerr = json.Unmarshal(raw, &tokens)
+		}
+		ids, err := TokenIDs(body, "tokens")
+		if (aerr == nil) != (err == nil) || (err == nil && !slices.Equal(ids, tokens)) {
+			t.Fatalf("body %q: tokens %v (%v), encoding/json %v (%v)", body, ids, err, tokens, aerr)
 		}
 	})
 }
@@ -153,13 +164,48 @@ func FuzzParseAsEncodingJSON(f *testing.F) {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, body []byte) {
-		want, werr := parse(body, false, 0, nil, nil)
+		want, werr := parse(body, parseOptions{})
 		got, gerr := Parse(body, false, 0)
 		if (werr == nil) != (gerr == nil) || (werr != nil && *werr != *gerr) {
 			t.Fatalf("body %q: Parse says %v, encoding/json %v", body, gerr, werr)
 		}
 		if werr == nil && !reflect.DeepEqual(got, want) {
 			t.Fatalf("body %q: Parse read %+v, encoding/json %+v", body, got, want)
+		}
+	})
+}
+
+// FuzzParseBodyUntokenized: a router whose engines tokenize reads a body
+// as ParseBody does, refusing the same bodies with the same words, but
+// leaves a prompt of text or messages untokenized.
+func FuzzParseBodyUntokenized(f *testing.F) {
+	for _, s := range []string{
+		`{"prompt": [1, 2, 3], "max_tokens": 8}`, `{"prompt": "Hello, agent"}`, `{"prompt": ["Hello"]}`, `{"prompt": [[4, 5]]}`,
+		`{"prompt": ""}`, `{"prompt": ["a", "b"]}`, `{"messages": [{"role": "user", "content": "hi"}]}`,
+		`{"messages": [{"role": "", "content": "hi"}]}`, `{"messages": [{"role": "user", "content": 3}]}`,
+		`{"messages": [{"role": "user", "content": "hi"}], "continue_final_message": true}`,
+		`{"messages": [{"role": "assistant", "content": [{"type": "text", "text": "so"}]}], "continue_final_message": true, "tools": [{"type": "function"}]}`,
+	} {
+		f.Add([]byte(s), false)
+		f.Add([]byte(s), true)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		want, _, werr := ParseBody(body, chat, 0)
+		got, b, gerr := ParseBodyUntokenized(body, chat, 0)
+		if (werr == nil) != (gerr == nil) || (werr != nil && *werr != *gerr) {
+			t.Fatalf("body %q: untokenized says %v, ParseBody %v", body, gerr, werr)
+		}
+		if werr != nil {
+			return
+		}
+		prompt := bytes.TrimLeft(b.Members["prompt"], " \t\r\n[")
+		text := chat || len(prompt) > 0 && prompt[0] == '"'
+		if text != (got.Tokens == nil) || (!text && !slices.Equal(got.Tokens, want.Tokens)) {
+			t.Fatalf("body %q: untokenized read %v, ParseBody %v", body, got.Tokens, want.Tokens)
+		}
+		got.Tokens = want.Tokens
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("body %q: untokenized read %+v, ParseBody %+v", body, got, want)
 		}
 	})
 }

@@ -2,6 +2,42 @@ package openaiapi
 
 import "encoding/json"
 
+// idsMember names the member whose token ids splitObject reads, and bounds
+// them: ids must be below limit.
+type idsMember struct {
+	name  string
+	limit uint64
+	ids   []uint32
+}
+
+// anyID bounds no id that a list's nine-digit numbers can hold.
+const anyID = 1 << 32
+
+// TokenIDs reads the member name of a JSON object, a list of token ids
+// (vLLM's /tokenize answer has them under "tokens"), in one pass where it
+// can and with encoding/json otherwise. A missing member is no ids.
+func TokenIDs(b []byte, name string) ([]uint32, error) {
+	want := idsMember{name: name, limit: anyID}
+	m, ok := splitObject(b, &want)
+	if ok && want.ids != nil {
+		return want.ids, nil
+	}
+	if !ok {
+		if err := json.Unmarshal(b, &m); err != nil {
+			return nil, err
+		}
+	}
+	raw, ok := m[name]
+	if !ok {
+		return nil, nil
+	}
+	var ids []uint32
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
 // splitObject splits a JSON object into its top-level members in one pass,
 // giving what json.Unmarshal into a map of raw messages gives, without
 // encoding/json's two passes over every value (one to check the body, one
@@ -15,9 +51,19 @@ import "encoding/json"
 // rewrite it), a key given twice, or anything invalid. Every value is
 // checked: a list of token ids as it is read, any other by json.Valid. The
 // values share b's bytes (capped, so appending to one copies it). When the
-// member named idsOf is a list of token ids, its ids are appended to *ids:
-// a router reads an agent's prompt once.
-func splitObject(b []byte, idsOf string, ids *[]uint32) (map[string]json.RawMessage, bool) {
+// member want names is a list of token ids within its bound, they are put
+// in want.ids (nil want: none): a router reads an agent's prompt once.
+func splitObject(b []byte, want *idsMember) (map[string]json.RawMessage, bool) {
+	m, ok := split(b, want)
+	if !ok && want != nil {
+		want.ids = nil
+	}
+	return m, ok
+}
+
+// split is splitObject, but for the ids it may have read of a body it then
+// refuses.
+func split(b []byte, want *idsMember) (map[string]json.RawMessage, bool) {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, false
@@ -39,14 +85,13 @@ func splitObject(b []byte, idsOf string, ids *[]uint32) (map[string]json.RawMess
 		}
 		i = skipSpace(b, i+1)
 		var keep *[]uint32
-		if key == idsOf && ids != nil {
-			keep = ids
-			if *keep == nil {
-				// An id and its comma take about as many bytes as a uint32.
-				*keep = make([]uint32, 0, (len(b)-i)/4+1)
-			}
+		limit := uint64(anyID)
+		if want != nil && key == want.name && i < len(b) && b[i] == '[' {
+			// An id and its comma take about as many bytes as a uint32.
+			want.ids = make([]uint32, 0, (len(b)-i)/4+1)
+			keep, limit = &want.ids, want.limit
 		}
-		end, ok := valueEnd(b, i, keep)
+		end, ok := valueEnd(b, i, keep, limit)
 		if !ok {
 			return nil, false
 		}
@@ -83,20 +128,21 @@ func plainKey(b []byte, i int) (string, int, bool) {
 }
 
 // valueEnd checks the JSON value that starts at b[i] and returns where it
-// ends. A list of token ids is checked as it is read (its ids appended to
-// *ids unless ids is nil); any other value is delimited (strings, nesting)
-// and then checked by json.Valid, so what lies between the values is all
-// splitObject has to check itself.
-func valueEnd(b []byte, i int, ids *[]uint32) (int, bool) {
+// ends. A list of token ids below limit is checked as it is read (its ids
+// appended to *ids unless ids is nil; left nil if it is not such a list);
+// any other value is delimited (strings, nesting) and then checked by
+// json.Valid, so what lies between the values is all splitObject has to
+// check itself.
+func valueEnd(b []byte, i int, ids *[]uint32, limit uint64) (int, bool) {
 	if i >= len(b) {
 		return 0, false
 	}
 	if b[i] == '[' {
-		if n, ok := readIDs(b[i:], ids); ok {
+		if n, ok := readIDs(b[i:], ids, limit); ok {
 			return i + n, true
 		}
 		if ids != nil {
-			*ids = (*ids)[:0]
+			*ids = nil
 		}
 	}
 	end := delimit(b, i)

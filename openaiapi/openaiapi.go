@@ -83,18 +83,31 @@ type Parsed struct {
 // applies defaultMaxTokens (0: 16 for completions, as OpenAI; 256 for chat).
 func Parse(body []byte, chat bool, defaultMaxTokens int) (*Parsed, *Error) {
 	if chat {
-		return parse(body, chat, defaultMaxTokens, nil, nil)
+		return parse(body, parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens})
 	}
 	// A completion's prompt, token ids most often, is most of its body:
 	// ParseBody reads it once, where encoding/json would read it twice
 	// and then the prompt again.
-	p, _, err := ParseBody(body, chat, defaultMaxTokens)
+	p, _, err := parseBody(body, parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens})
 	return p, err
 }
 
-// parse is Parse; a prompt given apart (ParseBody's) replaces the body's,
-// and ids, when not nil, are its token ids, read already.
-func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage, ids []uint32) (*Parsed, *Error) {
+// parseOptions say how parse reads a body.
+type parseOptions struct {
+	chat             bool
+	defaultMaxTokens int
+	// prompt, read apart (ParseBody's), replaces the body's; ids, when not
+	// nil, are its token ids, read already.
+	prompt json.RawMessage
+	ids    []uint32
+	// leaveText checks a prompt of text or chat messages but does not
+	// tokenize it (see ParseBodyUntokenized).
+	leaveText bool
+}
+
+// parse is Parse, as o says.
+func parse(body []byte, o parseOptions) (*Parsed, *Error) {
+	chat, defaultMaxTokens, prompt, ids := o.chat, o.defaultMaxTokens, o.prompt, o.ids
 	p := &Parsed{Chat: chat}
 	r := &p.Req
 	if err := json.Unmarshal(body, r); err != nil {
@@ -105,11 +118,11 @@ func parse(body []byte, chat bool, defaultMaxTokens int, prompt json.RawMessage,
 	}
 	var err *Error
 	if chat {
-		p.Tokens, err = chatTokens(r)
+		p.Tokens, err = chatTokens(r, o.leaveText)
 	} else if ids != nil {
 		p.Tokens = ids
 	} else {
-		p.Tokens, err = promptTokens(r.Prompt)
+		p.Tokens, err = promptTokens(r.Prompt, o.leaveText)
 	}
 	if err != nil {
 		return nil, err
@@ -208,8 +221,9 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // promptTokens reads the prompt of a completion request: a string, a list
 // of one string, a list of token ids, or a list of one list of token ids.
 // The prompt's first bytes say which it is; token ids (an agent's whole
-// context, often 100K of them) are read in one pass.
-func promptTokens(raw json.RawMessage) ([]uint32, *Error) {
+// context, often 100K of them) are read in one pass. Text is left
+// untokenized (nil) when leaveText says so.
+func promptTokens(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, BadRequest("prompt", "prompt is required")
@@ -222,25 +236,25 @@ func promptTokens(raw json.RawMessage) ([]uint32, *Error) {
 			return ids, nil
 		}
 	}
-	return decodePrompt(raw)
+	return decodePrompt(raw, leaveText)
 }
 
 // decodePrompt reads a prompt (trimmed, not null) with encoding/json alone,
 // trying each shape a completion prompt may have in turn.
-func decodePrompt(raw json.RawMessage) ([]uint32, *Error) {
+func decodePrompt(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		if s == "" {
 			return nil, BadRequest("prompt", "prompt is empty")
 		}
-		return tokenizer.Encode(s), nil
+		return encode(s, leaveText), nil
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil {
 		if len(ss) != 1 || ss[0] == "" {
 			return nil, BadRequest("prompt", "a list prompt must hold exactly one non-empty string (batched prompts are not supported)")
 		}
-		return tokenizer.Encode(ss[0]), nil
+		return encode(ss[0], leaveText), nil
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
@@ -254,6 +268,14 @@ func decodePrompt(raw json.RawMessage) ([]uint32, *Error) {
 		return checkIDs(idss[0])
 	}
 	return nil, BadRequest("prompt", "prompt must be a string or a list of token ids")
+}
+
+// encode tokenizes text, unless leaveText says not to.
+func encode(text string, leaveText bool) []uint32 {
+	if leaveText {
+		return nil
+	}
+	return tokenizer.Encode(text)
 }
 
 const jsonSpace = " \t\r\n"
@@ -275,16 +297,16 @@ func scanIDs(b []byte) (ids []uint32, ok bool) {
 	}
 	// An id and its comma take about as many bytes as a uint32.
 	ids = make([]uint32, 0, len(b)/4+1)
-	if _, ok := readIDs(b, &ids); !ok {
+	if _, ok := readIDs(b, &ids, tokenizer.VocabSize); !ok {
 		return nil, false
 	}
 	return ids, true
 }
 
-// readIDs reads the list scanIDs reads, appending its ids to *ids (nil:
-// it only checks them), and returns the list's length in bytes. What it
-// accepts is valid JSON.
-func readIDs(b []byte, ids *[]uint32) (int, bool) {
+// readIDs reads the list scanIDs reads, of ids below limit, appending them
+// to *ids (nil: it only checks them), and returns the list's length in
+// bytes. What it accepts is valid JSON.
+func readIDs(b []byte, ids *[]uint32, limit uint64) (int, bool) {
 	if len(b) == 0 || b[0] != '[' {
 		return 0, false
 	}
@@ -302,7 +324,7 @@ func readIDs(b []byte, ids *[]uint32) (int, bool) {
 			}
 			v = v*10 + uint64(d)
 		}
-		if n := i - start; n == 0 || n > maxScanDigits || (b[start] == '0' && n > 1) || v >= tokenizer.VocabSize {
+		if n := i - start; n == 0 || n > maxScanDigits || (b[start] == '0' && n > 1) || v >= limit {
 			return 0, false
 		}
 		if ids != nil {
@@ -360,7 +382,7 @@ func checkIDs(ids []int64) ([]uint32, *Error) {
 // templates put them in the system prompt), and an assistant message's
 // tool calls follow its content as their JSON: an agent's tool
 // definitions and calls take their place in the prompt and its KV.
-func chatTokens(r *Request) ([]uint32, *Error) {
+func chatTokens(r *Request, leaveText bool) ([]uint32, *Error) {
 	msgs, tools := r.Messages, r.Tools
 	if len(msgs) == 0 {
 		return nil, BadRequest("messages", "messages is required and must not be empty")
@@ -376,6 +398,9 @@ func chatTokens(r *Request) ([]uint32, *Error) {
 		}
 	}
 	out := make([]tokenizer.Message, 0, len(msgs)+1)
+	if leaveText {
+		tools = nil // checked by encoding/json already; rendered by no one here
+	}
 	if t := compactJSON(tools); t != "" {
 		out = append(out, tokenizer.Message{Role: "system", Content: t})
 	}
@@ -387,7 +412,12 @@ func chatTokens(r *Request) ([]uint32, *Error) {
 		if err != nil {
 			return nil, BadRequest(fmt.Sprintf("messages[%d].content", i), "messages[%d]: %v", i, err)
 		}
-		out = append(out, tokenizer.Message{Role: m.Role, Content: text + compactJSON(m.ToolCalls)})
+		if !leaveText {
+			out = append(out, tokenizer.Message{Role: m.Role, Content: text + compactJSON(m.ToolCalls)})
+		}
+	}
+	if leaveText {
+		return nil, nil
 	}
 	return tokenizer.EncodeChatWith(out, opts), nil
 }

@@ -52,3 +52,52 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkTokenIDs: what a router spends reading a vLLM engine's
+// /tokenize answer for a 128K-token chat prompt, with TokenIDs and with
+// encoding/json.
+func BenchmarkTokenIDs(b *testing.B) {
+	ids := make([]int, 131072)
+	for i := range ids {
+		ids[i] = (i * 7919) % 163840 // Kimi K2's vocabulary: larger than evolve's
+	}
+	body, _ := json.Marshal(map[string]any{"count": len(ids), "max_model_len": 262144, "tokens": ids, "token_strs": nil})
+	b.Run("TokenIDs", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			if toks, err := TokenIDs(body, "tokens"); err != nil || len(toks) != len(ids) {
+				b.Fatal(err, len(toks))
+			}
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var out struct {
+				Tokens []uint32 `json:"tokens"`
+			}
+			if err := json.Unmarshal(body, &out); err != nil || len(out.Tokens) != len(ids) {
+				b.Fatal(err)
+			}
+		}
+	})
+}
+
+// BenchmarkParseBodyUntokenized: a router whose engines tokenize (vLLM)
+// reads a 32K-word chat request without tokenizing it, against ParseBody.
+func BenchmarkParseBodyUntokenized(b *testing.B) {
+	body := chatBody(32768)
+	for _, c := range []struct {
+		name  string
+		parse func([]byte, bool, int) (*Parsed, Body, *Error)
+	}{{"untokenized", ParseBodyUntokenized}, {"tokenized", ParseBody}} {
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, _, err := c.parse(body, true, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -248,7 +248,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		openaiapi.BadRequest("", "read body: %v", err).Write(w)
 		return
 	}
-	p, rb, perr := openaiapi.ParseBody(body, chat, 0)
+	p, rb, perr := o.parseRequest(body, chat)
 	if perr != nil {
 		o.countRequest(r, "bad_request")
 		perr.Write(w)

@@ -46,7 +46,7 @@ func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) 
 		aerr.Write(w)
 		return
 	}
-	p, rb, perr := openaiapi.ParseBody(chat, true, 0)
+	p, rb, perr := o.parseRequest(chat, true)
 	if perr != nil {
 		anthropicapi.NewError(perr.Status, perr.Message).Write(w)
 		return

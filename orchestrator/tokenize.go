@@ -59,6 +59,22 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 	return urls, engineTokenizer
 }
 
+// parseRequest reads a request body as openaiapi.ParseBody does, but
+// leaves a prompt of text or messages untokenized when engines tokenize
+// for themselves: engineTokens asks one of them for the ids.
+func (o *Orchestrator) parseRequest(body []byte, chat bool) (*openaiapi.Parsed, openaiapi.Body, *openaiapi.Error) {
+	o.c.mu.Lock()
+	engines := false
+	for _, n := range o.c.nodes {
+		engines = engines || n.reg.Tokenizer == "engine"
+	}
+	o.c.mu.Unlock()
+	if engines {
+		return openaiapi.ParseBodyUntokenized(body, chat, 0)
+	}
+	return openaiapi.ParseBody(body, chat, 0)
+}
+
 // engineTokens replaces p.Tokens by the token ids an engine with its own
 // tokenizer (vLLM) gives the prompt: its KV events are hashed over those
 // ids, and so must the router's block chains be. A completion prompt given
@@ -67,7 +83,8 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb openaiapi.Body, model string) *openaiapi.Error {
 	urls, needed := o.tokenizerURLs()
 	if !needed {
-		return nil
+		// Read for engines that tokenize, which have left since.
+		return localTokens(p, rb)
 	}
 	body := map[string]any{"model": model}
 	if p.Chat {
@@ -79,9 +96,9 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 			}
 		}
 	} else {
-		var s string
-		if prompt := bytes.TrimSpace(rb.Members["prompt"]); len(prompt) == 0 || prompt[0] != '"' || json.Unmarshal(prompt, &s) != nil {
-			return nil // token ids (or a list): Parse took them as given
+		s, ok := textPrompt(rb.Members["prompt"])
+		if !ok {
+			return localTokens(p, rb) // token ids: Parse took them as given
 		}
 		body["prompt"] = s
 		if v, ok := rb.Members["add_special_tokens"]; ok {
@@ -123,6 +140,43 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 	return openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
 }
 
+// localTokens gives p the tokens of evolve's tokenizer if it has none (a
+// prompt parseRequest left untokenized for engines that tokenize).
+func localTokens(p *openaiapi.Parsed, rb openaiapi.Body) *openaiapi.Error {
+	if p.Tokens != nil {
+		return nil
+	}
+	q, _, perr := openaiapi.ParseBody(rb.Raw, p.Chat, 0)
+	if perr != nil {
+		return perr
+	}
+	p.Tokens = q.Tokens
+	return nil
+}
+
+// textPrompt is a completion prompt's text, given as a string or as a list
+// of one string (as Parse reads it); false for token ids.
+func textPrompt(raw json.RawMessage) (string, bool) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) > 0 && raw[0] == '[' {
+		// A list of one string, not of ids: looked at before decoding,
+		// as a list of 100K ids would be read through to refuse it.
+		if inner := bytes.TrimLeft(raw[1:], " \t\r\n"); len(inner) == 0 || inner[0] != '"' {
+			return "", false
+		}
+		var ss []string
+		if json.Unmarshal(raw, &ss) != nil || len(ss) != 1 {
+			return "", false
+		}
+		return ss[0], true
+	}
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
 // tokenizeAt posts a /tokenize request to one engine.
 func (o *Orchestrator) tokenizeAt(ctx context.Context, base string, body []byte) ([]uint32, error) {
 	ctx, cancel := context.WithTimeout(ctx, tokenizeTimeout)
@@ -140,11 +194,10 @@ func (o *Orchestrator) tokenizeAt(ctx context.Context, base string, body []byte)
 	if err != nil {
 		return nil, err
 	}
-	var out struct {
-		Tokens []uint32 `json:"tokens"`
-	}
-	if err := json.Unmarshal(b, &out); err != nil {
+	// An agent's context is 100K ids and more: read them in one pass.
+	toks, err := openaiapi.TokenIDs(b, "tokens")
+	if err != nil {
 		return nil, fmt.Errorf("tokenize answer: %w", err)
 	}
-	return out.Tokens, nil
+	return toks, nil
 }

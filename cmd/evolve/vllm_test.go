@@ -232,6 +232,23 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 		t.Fatalf("Anthropic stream from vLLM: err %v, message %+v", err, msg)
 	}
 
+	// A completion whose prompt is a list of one string is vLLM's to
+	// tokenize too: asked again, it finds its KV (hashed over evolve's
+	// token ids, the router would see none).
+	listPrompt := []string{strings.Repeat("The scheduler orders the runnable tasks by deadline. ", 100)}
+	eventually(t, 10*time.Second, "a list prompt asked again found on GPU", func() bool {
+		var before, after struct {
+			GPUHitTokens int64 `json:"gpu_hit_tokens"`
+		}
+		getJSON(t, orch.ControlURL+"/api/v1/kv", &before)
+		if status, _, body := post(t, orch.RouterURL+"/v1/completions", map[string]any{"model": "fake/model",
+			"prompt": listPrompt, "max_tokens": 2}); status != 200 {
+			t.Fatalf("list prompt: %d %v", status, body)
+		}
+		getJSON(t, orch.ControlURL+"/api/v1/kv", &after)
+		return after.GPUHitTokens-before.GPUHitTokens >= 20*vllmtest.BlockSize
+	})
+
 	// A prompt vLLM's /tokenize refuses is the client's error, passed on.
 	status, _, body := post(t, orch.RouterURL+"/v1/chat/completions", map[string]any{"model": "fake/model",
 		"messages": []map[string]any{{"role": "wizard", "content": "abracadabra"}}})

@@ -321,7 +321,11 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 	ids := p.Tokens // token ids given are used as they are, as vLLM does
+	// Text, alone or as a list of one string, is tokenized as vLLM does.
 	_, textPrompt := raw["prompt"].(string)
+	if list, ok := raw["prompt"].([]any); ok && len(list) == 1 {
+		_, textPrompt = list[0].(string)
+	}
 	if textPrompt || chat {
 		ids = tokens(p.Tokens)
 	}
