@@ -1,6 +1,7 @@
 package openaiapi
 
 import (
+	"encoding/json"
 	"slices"
 	"testing"
 )
@@ -70,5 +71,47 @@ func TestChatPromptContinuesAFinalMessage(t *testing.T) {
 		if _, err := Parse([]byte(body), true, 0); err == nil || err.Status != 400 || err.Param != "continue_final_message" {
 			t.Errorf("%s: %v", body, err)
 		}
+	}
+}
+
+// An engine given the router's ids in PromptTokensMember reads the same
+// request as from its messages, without them; a client cannot hand the
+// router ids in their place.
+func TestChatPromptGivenAsTokens(t *testing.T) {
+	chat := []byte(`{"model": "m", "messages": [{"role": "system", "content": "You are a coding agent."},
+		{"role": "user", "content": "fix the scheduler"}], "tools": [{"type": "function", "function": {"name": "Read"}}],
+		"tool_choice": "required", "max_tokens": 9, "stream": true}`)
+	want, perr := Parse(chat, true, 0)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	b, err := ParseObject(chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, _ := json.Marshal(want.Tokens)
+	for _, leg := range [][]byte{
+		b.With(map[string]json.RawMessage{"messages": nil, PromptTokensMember: ids}),
+		b.With(map[string]json.RawMessage{PromptTokensMember: ids}), // the ids win over messages
+	} {
+		got, perr := Parse(leg, true, 0)
+		if perr != nil {
+			t.Fatalf("%s: %v", leg, perr)
+		}
+		if !slices.Equal(got.Tokens, want.Tokens) || got.MaxTokens != 9 || !got.Req.Stream || string(got.Req.ToolChoice) != `"required"` ||
+			len(got.Req.Tools) == 0 || got.Req.Model != "m" {
+			t.Fatalf("%s read as %+v, want %+v", leg, got, want)
+		}
+	}
+	for _, bad := range []string{`[]`, `"hi"`, `[1, -2]`, `[131072]`} {
+		leg := b.With(map[string]json.RawMessage{"messages": nil, PromptTokensMember: json.RawMessage(bad)})
+		if _, perr := Parse(leg, true, 0); perr == nil || perr.Param != PromptTokensMember {
+			t.Fatalf("%s: %v", leg, perr)
+		}
+	}
+	// The router reads a client's messages, whatever ids it adds.
+	sly := b.With(map[string]json.RawMessage{PromptTokensMember: json.RawMessage(`[1, 2, 3]`)})
+	if p, _, perr := ParseBody(sly, true, 0); perr != nil || !slices.Equal(p.Tokens, want.Tokens) {
+		t.Fatalf("router read %v, %v", p, perr)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -81,9 +82,18 @@ type Parsed struct {
 // Parse decodes and validates a body for /v1/completions (chat false) or
 // /v1/chat/completions, tokenizes the prompt with evolve's tokenizer, and
 // applies defaultMaxTokens (0: 16 for completions, as OpenAI; 256 for chat).
+//
+// A chat request from evolve's router may carry its prompt as token ids in
+// PromptTokensMember, in place of its messages: those ids are the prompt.
 func Parse(body []byte, chat bool, defaultMaxTokens int) (*Parsed, *Error) {
 	if chat {
-		return parse(body, parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens})
+		o := parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens}
+		if bytes.Contains(body, promptTokensKey) {
+			if p, perr, ok := parseGivenTokens(body, o); ok {
+				return p, perr
+			}
+		}
+		return parse(body, o)
 	}
 	// A completion's prompt, token ids most often, is most of its body:
 	// ParseBody reads it once, where encoding/json would read it twice
@@ -103,6 +113,40 @@ type parseOptions struct {
 	// leaveText checks a prompt of text or chat messages but does not
 	// tokenize it (see ParseBodyUntokenized).
 	leaveText bool
+	// tokensGiven says ids are a chat request's prompt (PromptTokensMember).
+	tokensGiven bool
+}
+
+// PromptTokensMember is the member of a chat request in which evolve's
+// router gives evolve's engines the prompt it rendered and tokenized, in
+// place of the messages: an engine then reads ids, where it would read,
+// render and tokenize 100K tokens of messages again (several milliseconds
+// of the first token's time per 32K tokens, on each of a split request's
+// two engines). The router sends it only to engines that say they read it
+// (protocol.Registration.PromptTokens); Parse reads it, ParseBody (the
+// router's, for clients) does not.
+const PromptTokensMember = "evolve_prompt_tokens"
+
+var promptTokensKey = []byte(`"` + PromptTokensMember + `"`)
+
+// parseGivenTokens is Parse for a chat request whose prompt is given in
+// PromptTokensMember; false when it is not (the member was only a
+// string in the body, or the body is not one parseObject reads).
+func parseGivenTokens(body []byte, o parseOptions) (*Parsed, *Error, bool) {
+	want := idsMember{name: PromptTokensMember, limit: tokenizer.VocabSize}
+	b, err := parseObject(body, &want)
+	if err != nil || !b.Has(PromptTokensMember) || !foldUnique(b.Members) {
+		return nil, nil, false
+	}
+	if want.ids == nil {
+		return nil, BadRequest(PromptTokensMember, "%s must be a non-empty list of token ids below %d", PromptTokensMember, tokenizer.VocabSize), true
+	}
+	rest := Body{Members: maps.Clone(b.Members)}
+	delete(rest.Members, PromptTokensMember)
+	delete(rest.Members, "messages") // the ids stand for them
+	o.ids, o.tokensGiven = want.ids, true
+	p, perr := parse(rest.With(nil), o)
+	return p, perr, true
 }
 
 // parse is Parse, as o says.
@@ -117,7 +161,9 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 		r.Prompt = prompt
 	}
 	var err *Error
-	if chat {
+	if chat && o.tokensGiven {
+		p.Tokens = ids
+	} else if chat {
 		p.Tokens, err = chatTokens(r, o.leaveText)
 	} else if ids != nil {
 		p.Tokens = ids

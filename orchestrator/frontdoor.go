@@ -176,7 +176,8 @@ type attempt struct {
 	w        http.ResponseWriter
 	r        *http.Request
 	p        *openaiapi.Parsed
-	body     openaiapi.Body // the client's body, re-sent to engines
+	body     openaiapi.Body // the body evolve's engines get (legBody)
+	client   openaiapi.Body // the client's, re-sent to vLLM engines
 	path     string
 	reqID    string
 	dec      routing.Decision
@@ -293,6 +294,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	id := identity(r, p)
 	branch := o.branchBegin(id, chain)
 	defer o.branchFinish(id.Session, branch)
+	legs := o.legBody(p, rb)
 	var match kv.Match
 	var reuse kv.PlacedReuse // the first placement's, for lost KV reuse
 	exclude := o.suspects()
@@ -328,7 +330,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			reuse = kv.NotePlacement(chain, held, o.c.ever)
 			o.c.mu.Unlock()
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}
+		a := &attempt{o: o, w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
 		if a.started && reuse.Noted() {

@@ -97,19 +97,19 @@ func (a *attempt) watchVLLM() map[string]json.RawMessage {
 	if !vllm {
 		return nil
 	}
-	v := &vllmStream{backend: backend, clientIDs: string(bytes.TrimSpace(a.body.Members["return_token_ids"])) == "true"}
+	v := &vllmStream{backend: backend, clientIDs: string(bytes.TrimSpace(a.client.Members["return_token_ids"])) == "true"}
 	parsed := completionParsed
 	if a.p.Chat {
 		parsed = chatParsed
 	}
 	for _, k := range parsed {
-		if m, ok := a.body.Members[k]; ok && !jsonEmpty(m) {
+		if m, ok := a.client.Members[k]; ok && !jsonEmpty(m) {
 			v.refused = "the request has " + k
 			break
 		}
 	}
 	for _, k := range chatTools {
-		if m, ok := a.body.Members[k]; a.p.Chat && ok && !jsonEmpty(m) && !toolsOff(a.body.Members["tool_choice"]) {
+		if m, ok := a.client.Members[k]; a.p.Chat && ok && !jsonEmpty(m) && !toolsOff(a.client.Members["tool_choice"]) {
 			v.asChat = true
 		}
 	}
@@ -382,7 +382,7 @@ func (a *attempt) vllmContinuation() ([]byte, error) {
 	if a.vllm.asChat {
 		// The client's chat, its answer so far the message to go on.
 		var msgs []json.RawMessage
-		if err := json.Unmarshal(a.body.Members["messages"], &msgs); err != nil {
+		if err := json.Unmarshal(a.client.Members["messages"], &msgs); err != nil {
 			return nil, fmt.Errorf("read the request's messages: %w", err)
 		}
 		last, _ := json.Marshal(map[string]string{"role": "assistant", "content": a.vllm.text.String()})
@@ -391,9 +391,9 @@ func (a *attempt) vllmContinuation() ([]byte, error) {
 		set["messages"], set["kv_transfer_params"] = mb, nil
 		set["continue_final_message"], set["add_generation_prompt"] = json.RawMessage("true"), json.RawMessage("false")
 	}
-	asked := a.body.Members["max_tokens"]
-	if a.p.Chat && a.body.Has("max_completion_tokens") {
-		asked = a.body.Members["max_completion_tokens"]
+	asked := a.client.Members["max_tokens"]
+	if a.p.Chat && a.client.Has("max_completion_tokens") {
+		asked = a.client.Members["max_completion_tokens"]
 	}
 	switch {
 	case !jsonEmpty(asked) || !a.p.Chat:
@@ -404,25 +404,25 @@ func (a *attempt) vllmContinuation() ([]byte, error) {
 			return nil, errors.New("the answer had all its tokens but not its end")
 		}
 		set["max_tokens"] = json.RawMessage(strconv.Itoa(left))
-		if a.vllm.asChat && a.body.Has("max_completion_tokens") {
+		if a.vllm.asChat && a.client.Has("max_completion_tokens") {
 			set["max_completion_tokens"], set["max_tokens"] = set["max_tokens"], nil
 		}
 	}
-	if m := a.body.Members["min_tokens"]; !jsonEmpty(m) {
+	if m := a.client.Members["min_tokens"]; !jsonEmpty(m) {
 		set["min_tokens"] = json.RawMessage(strconv.Itoa(max(0, jsonInt(m)-k)))
 	}
 	switch {
 	case a.vllm.asChat:
-		return a.body.With(set), nil
+		return a.client.With(set), nil
 	case !a.p.Chat:
 		// The client's completions request, its prompt the whole
 		// context: echo and a prefill leg's params do not carry on.
 		set["echo"], set["kv_transfer_params"], set["max_completion_tokens"] = nil, nil, nil
-		return a.body.With(set), nil
+		return a.client.With(set), nil
 	}
 	members := map[string]json.RawMessage{}
 	for _, k := range vllmContinued {
-		if v, ok := a.body.Members[k]; ok {
+		if v, ok := a.client.Members[k]; ok {
 			members[k] = v
 		}
 	}

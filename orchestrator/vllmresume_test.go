@@ -15,7 +15,7 @@ func vllmAttempt(t *testing.T, body string, chat bool, out []uint32) *attempt {
 		t.Fatal(perr.Message)
 	}
 	p.Tokens = []uint32{101, 102, 103} // as vLLM's /tokenize gave them
-	return &attempt{p: p, body: rb, out: out, answerID: "chatcmpl-1", created: 1700000000,
+	return &attempt{p: p, body: rb, client: rb, out: out, answerID: "chatcmpl-1", created: 1700000000,
 		vllm: &vllmStream{backend: "vllm", base: len(out), cont: true}}
 }
 

@@ -140,6 +140,10 @@ type Registration struct {
 	// KV of the output so far: a router may send it an answer whose
 	// engine failed mid-stream.
 	CanHandOver bool `json:"can_hand_over,omitempty"`
+	// PromptTokens says the engine reads a chat request's prompt as the
+	// token ids a router gives in openaiapi.PromptTokensMember, in place
+	// of its messages (the router tokenized them with evolve's tokenizer).
+	PromptTokens bool `json:"prompt_tokens,omitempty"`
 	// TokenRequired says the engine's HTTP API answers /v1/ only with the
 	// engine token; false: anyone who reaches its port may use it.
 	TokenRequired bool      `json:"token_required,omitempty"`
