@@ -98,7 +98,9 @@ func ParseBodyUntokenized(body []byte, chat bool, defaultMaxTokens int) (*Parsed
 }
 
 func parseBody(body []byte, o parseOptions) (*Parsed, Body, *Error) {
-	want := idsMember{name: "prompt", limit: tokenizer.VocabSize}
+	// Every member but the prompt goes to encoding/json below (parse):
+	// it checks them.
+	want := idsMember{name: "prompt", limit: tokenizer.VocabSize, decoded: true}
 	b, err := parseObject(body, &want)
 	if err != nil { // not an object: parse refuses it too, in its words
 		p, perr := parse(body, o)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/evolvellm/evolve/tokenizer"
@@ -136,6 +137,12 @@ func FuzzSplitObject(f *testing.F) {
 				t.Fatalf("body %q: prompt ids %v, want %v", body, prompt.ids, want)
 			}
 		}
+		// Split for a caller that decodes the other members itself: the
+		// same members for any valid body.
+		lazy := idsMember{name: "prompt", limit: tokenizer.VocabSize, decoded: true}
+		if m, ok := splitObject(body, &lazy); ok && werr == nil && !reflect.DeepEqual(m, want) {
+			t.Fatalf("body %q: members %q (decoded later), encoding/json %q", body, m, want)
+		}
 		// vLLM's /tokenize answer, its ids unbounded by evolve's vocabulary.
 		var tokens []uint32
 		aerr := werr
@@ -198,6 +205,11 @@ func FuzzParseBodyUntokenized(f *testing.F) {
 		if werr != nil {
 			return
 		}
+		for k := range b.Members {
+			if k != "prompt" && strings.EqualFold(k, "prompt") {
+				return // encoding/json's pick among such names is not this test's
+			}
+		}
 		prompt := bytes.TrimLeft(b.Members["prompt"], " \t\r\n[")
 		text := chat || len(prompt) > 0 && prompt[0] == '"'
 		if text != (got.Tokens == nil) || (!text && !slices.Equal(got.Tokens, want.Tokens)) {
@@ -206,6 +218,28 @@ func FuzzParseBodyUntokenized(f *testing.F) {
 		got.Tokens = want.Tokens
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("body %q: untokenized read %+v, ParseBody %+v", body, got, want)
+		}
+	})
+}
+
+// FuzzUnquote: a message's text read in one pass is what encoding/json
+// reads, for every string literal it takes.
+func FuzzUnquote(f *testing.F) {
+	for _, s := range []string{`"plain"`, `"a\nb\t\"c\"\\d\/e"`, `"\u00e9\u4e2d"`, `"\ud83d\ude00"`, `"\ud83d"`, `"é中"`,
+		"\"\xff\"", `"\b\f\r"`, `""`, `"\u0000"`, `"x\\"`, `"a"b"`, `"\uZZZZ"`, `"\x"`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		got, ok := unquote(raw)
+		var want string
+		if err := json.Unmarshal(raw, &want); err != nil {
+			if ok && json.Valid(raw) {
+				t.Fatalf("%q: read %q where encoding/json refuses", raw, got)
+			}
+			return
+		}
+		if ok && got != want {
+			t.Fatalf("%q: read %q, encoding/json %q", raw, got, want)
 		}
 	})
 }

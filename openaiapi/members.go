@@ -8,6 +8,10 @@ type idsMember struct {
 	name  string
 	limit uint64
 	ids   []uint32
+	// decoded says the caller decodes every other member with
+	// encoding/json, which checks it: splitObject only delimits them
+	// (json.Valid would read an agent's 100K tokens of messages once more).
+	decoded bool
 }
 
 // anyID bounds no id that a list's nine-digit numbers can hold.
@@ -86,13 +90,18 @@ func split(b []byte, want *idsMember) (map[string]json.RawMessage, bool) {
 		i = skipSpace(b, i+1)
 		var keep *[]uint32
 		limit := uint64(anyID)
-		if want != nil && key == want.name && i < len(b) && b[i] == '[' {
+		wanted := want != nil && key == want.name
+		if wanted && i < len(b) && b[i] == '[' {
 			// An id and its comma take about as many bytes as a uint32.
 			want.ids = make([]uint32, 0, (len(b)-i)/4+1)
 			keep, limit = &want.ids, want.limit
 		}
-		end, ok := valueEnd(b, i, keep, limit)
-		if !ok {
+		var end int
+		if want != nil && want.decoded && !wanted && i < len(b) {
+			if end = delimit(b, i); end <= i {
+				return nil, false
+			}
+		} else if end, ok = valueEnd(b, i, keep, limit); !ok {
 			return nil, false
 		}
 		m[key] = json.RawMessage(b[i:end:end])

@@ -485,6 +485,9 @@ func messageText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
 	}
+	if s, ok := unquote(raw); ok {
+		return s, nil
+	}
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		return s, nil
