@@ -24,7 +24,7 @@ func ParseObject(b []byte) (Body, error) { return parseObject(b, nil) }
 
 // parseObject is ParseObject, and reads the ids of the member want names
 // when it is a list of token ids (see splitObject).
-func parseObject(b []byte, want *idsMember) (Body, error) {
+func parseObject(b []byte, want *splitOptions) (Body, error) {
 	if m, ok := splitObject(b, want); ok {
 		return Body{Raw: b, Members: m}, nil
 	}
@@ -100,7 +100,7 @@ func ParseBodyUntokenized(body []byte, chat bool, defaultMaxTokens int) (*Parsed
 func parseBody(body []byte, o parseOptions) (*Parsed, Body, *Error) {
 	// Every member but the prompt goes to encoding/json below (parse):
 	// it checks them.
-	want := idsMember{name: "prompt", limit: tokenizer.VocabSize, decoded: true}
+	want := splitOptions{name: "prompt", limit: tokenizer.VocabSize, decoded: true}
 	b, err := parseObject(body, &want)
 	if err != nil { // not an object: parse refuses it too, in its words
 		p, perr := parse(body, o)

@@ -128,7 +128,7 @@ func FuzzSplitObject(f *testing.F) {
 		if werr == nil && !reflect.DeepEqual(got.Members, want) {
 			t.Fatalf("body %q: members %q, encoding/json %q", body, got.Members, want)
 		}
-		prompt := idsMember{name: "prompt", limit: tokenizer.VocabSize}
+		prompt := splitOptions{name: "prompt", limit: tokenizer.VocabSize}
 		if m, ok := splitObject(body, &prompt); ok {
 			if werr != nil {
 				t.Fatalf("body %q: split although encoding/json says %v", body, werr)
@@ -139,7 +139,7 @@ func FuzzSplitObject(f *testing.F) {
 		}
 		// Split for a caller that decodes the other members itself: the
 		// same members for any valid body.
-		lazy := idsMember{name: "prompt", limit: tokenizer.VocabSize, decoded: true}
+		lazy := splitOptions{name: "prompt", limit: tokenizer.VocabSize, decoded: true}
 		if m, ok := splitObject(body, &lazy); ok && werr == nil && !reflect.DeepEqual(m, want) {
 			t.Fatalf("body %q: members %q (decoded later), encoding/json %q", body, m, want)
 		}

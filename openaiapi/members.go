@@ -2,9 +2,10 @@ package openaiapi
 
 import "encoding/json"
 
-// idsMember names the member whose token ids splitObject reads, and bounds
-// them: ids must be below limit.
-type idsMember struct {
+// splitOptions say what splitObject does besides splitting: it reads the
+// token ids of the member named name (below limit) into ids, and, when
+// decoded, leaves the other members unchecked.
+type splitOptions struct {
 	name  string
 	limit uint64
 	ids   []uint32
@@ -21,7 +22,7 @@ const anyID = 1 << 32
 // (vLLM's /tokenize answer has them under "tokens"), in one pass where it
 // can and with encoding/json otherwise. A missing member is no ids.
 func TokenIDs(b []byte, name string) ([]uint32, error) {
-	want := idsMember{name: name, limit: anyID}
+	want := splitOptions{name: name, limit: anyID}
 	m, ok := splitObject(b, &want)
 	if ok && want.ids != nil {
 		return want.ids, nil
@@ -53,11 +54,12 @@ func TokenIDs(b []byte, name string) ([]uint32, error) {
 // ok is false for a body it leaves to encoding/json: not an object, a key
 // with an escape or a byte outside printable ASCII (encoding/json would
 // rewrite it), a key given twice, or anything invalid. Every value is
-// checked: a list of token ids as it is read, any other by json.Valid. The
-// values share b's bytes (capped, so appending to one copies it). When the
-// member want names is a list of token ids within its bound, they are put
-// in want.ids (nil want: none): a router reads an agent's prompt once.
-func splitObject(b []byte, want *idsMember) (map[string]json.RawMessage, bool) {
+// checked (but those want.decoded leaves to its caller): a list of token
+// ids as it is read, any other by json.Valid. The values share b's bytes
+// (capped, so appending to one copies it). When the member want names is a
+// list of token ids within its bound, they are put in want.ids (nil want:
+// none): a router reads an agent's prompt once.
+func splitObject(b []byte, want *splitOptions) (map[string]json.RawMessage, bool) {
 	m, ok := split(b, want)
 	if !ok && want != nil {
 		want.ids = nil
@@ -67,7 +69,7 @@ func splitObject(b []byte, want *idsMember) (map[string]json.RawMessage, bool) {
 
 // split is splitObject, but for the ids it may have read of a body it then
 // refuses.
-func split(b []byte, want *idsMember) (map[string]json.RawMessage, bool) {
+func split(b []byte, want *splitOptions) (map[string]json.RawMessage, bool) {
 	i := skipSpace(b, 0)
 	if i >= len(b) || b[i] != '{' {
 		return nil, false

@@ -133,7 +133,7 @@ var promptTokensKey = []byte(`"` + PromptTokensMember + `"`)
 // PromptTokensMember; false when it is not (the member was only a
 // string in the body, or the body is not one parseObject reads).
 func parseGivenTokens(body []byte, o parseOptions) (*Parsed, *Error, bool) {
-	want := idsMember{name: PromptTokensMember, limit: tokenizer.VocabSize}
+	want := splitOptions{name: PromptTokensMember, limit: tokenizer.VocabSize}
 	b, err := parseObject(body, &want)
 	if err != nil || !b.Has(PromptTokensMember) || !foldUnique(b.Members) {
 		return nil, nil, false
