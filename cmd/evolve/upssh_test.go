@@ -31,14 +31,7 @@ func TestUpOverSSH(t *testing.T) {
 	h1, h2, h3, jump := sshtest.Start(t, pub), sshtest.Start(t, pub), sshtest.Start(t, pub), sshtest.Start(t, pub)
 	kh := filepath.Join(dir, "known_hosts")
 	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"+h3.KnownHostsLine()+"\n"+jump.KnownHostsLine()+"\n"), 0o600)
-	free := func() int {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer l.Close()
-		return l.Addr().(*net.TCPAddr).Port
-	}
+	free := func() int { return port(t) }
 	dead := free() // nothing listens there
 	file := filepath.Join(dir, "cluster.yaml")
 	ports := []int{free(), free(), free(), free(), free(), free(), free()}
