@@ -78,6 +78,20 @@ func (b Body) With(set map[string]json.RawMessage) []byte {
 	return append(out, '}')
 }
 
+// Set is the body with the members of set replaced, added or (nil) left
+// out, as With writes them, its members and its bytes alike.
+func (b Body) Set(set map[string]json.RawMessage) Body {
+	members := maps.Clone(b.Members)
+	for k, v := range set {
+		if v == nil {
+			delete(members, k)
+		} else {
+			members[k] = v
+		}
+	}
+	return Body{Raw: b.With(set), Members: members}
+}
+
 // ParseBody is Parse for a router: it also keeps the body's members (see
 // Body) to send on. It reads the body once for both, and a prompt of
 // token ids only to tokenize it: a router that kept the members apart
@@ -114,12 +128,12 @@ func parseBody(body []byte, o parseOptions) (*Parsed, Body, *Error) {
 		p, perr := parse(body, o)
 		return p, b, perr
 	}
-	rest := Body{Members: maps.Clone(b.Members)}
-	delete(rest.Members, "prompt")
-	// want.ids is nil for another shape of prompt: parse reads it.
 	apart := o
-	apart.prompt, apart.ids = prompt, want.ids
-	p, perr := parse(rest.With(nil), apart)
+	apart.prompt = prompt
+	if !o.chat {
+		apart.ids = want.ids // nil for another shape of prompt: parse reads it
+	}
+	p, perr := parse(b.With(map[string]json.RawMessage{"prompt": nil}), apart)
 	if perr != nil {
 		// Refused: in the words encoding/json has for the body as sent
 		// (of two wrong members, the first in the body's order).

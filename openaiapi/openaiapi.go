@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/http"
 	"strconv"
 	"strings"
@@ -107,14 +106,13 @@ type parseOptions struct {
 	chat             bool
 	defaultMaxTokens int
 	// prompt, read apart (ParseBody's), replaces the body's; ids, when not
-	// nil, are its token ids, read already.
+	// nil, are the prompt's token ids, read already (a completion's prompt,
+	// or a chat request's PromptTokensMember).
 	prompt json.RawMessage
 	ids    []uint32
 	// leaveText checks a prompt of text or chat messages but does not
 	// tokenize it (see ParseBodyUntokenized).
 	leaveText bool
-	// tokensGiven says ids are a chat request's prompt (PromptTokensMember).
-	tokensGiven bool
 }
 
 // PromptTokensMember is the member of a chat request in which evolve's
@@ -141,11 +139,9 @@ func parseGivenTokens(body []byte, o parseOptions) (*Parsed, *Error, bool) {
 	if want.ids == nil {
 		return nil, BadRequest(PromptTokensMember, "%s must be a non-empty list of token ids below %d", PromptTokensMember, tokenizer.VocabSize), true
 	}
-	rest := Body{Members: maps.Clone(b.Members)}
-	delete(rest.Members, PromptTokensMember)
-	delete(rest.Members, "messages") // the ids stand for them
-	o.ids, o.tokensGiven = want.ids, true
-	p, perr := parse(rest.With(nil), o)
+	o.ids = want.ids
+	// The ids stand for the messages.
+	p, perr := parse(b.With(map[string]json.RawMessage{PromptTokensMember: nil, "messages": nil}), o)
 	return p, perr, true
 }
 
@@ -161,12 +157,10 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 		r.Prompt = prompt
 	}
 	var err *Error
-	if chat && o.tokensGiven {
+	if ids != nil {
 		p.Tokens = ids
 	} else if chat {
 		p.Tokens, err = chatTokens(r, o.leaveText)
-	} else if ids != nil {
-		p.Tokens = ids
 	} else {
 		p.Tokens, err = promptTokens(r.Prompt, o.leaveText)
 	}
@@ -278,7 +272,8 @@ func promptTokens(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
 		return ids, nil
 	}
 	if inner := bytes.TrimLeft(raw[1:], jsonSpace); raw[0] == '[' && len(inner) > 0 && inner[0] == '[' {
-		if ids, ok := scanIDs(inner); ok && len(bytes.TrimLeft(inner[idsLen(inner):], jsonSpace)) == 1 {
+		ids := make([]uint32, 0, len(inner)/4+1)
+		if n, ok := readIDs(inner, &ids, tokenizer.VocabSize); ok && len(bytes.TrimLeft(inner[n:], jsonSpace)) == 1 {
 			return ids, nil
 		}
 	}
@@ -399,9 +394,6 @@ func readIDs(b []byte, ids *[]uint32, limit uint64) (int, bool) {
 	return 0, false
 }
 
-// idsLen is the length of the list scanIDs read at the start of b.
-func idsLen(b []byte) int { return bytes.IndexByte(b, ']') + 1 }
-
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
 		i++
@@ -444,10 +436,7 @@ func chatTokens(r *Request, leaveText bool) ([]uint32, *Error) {
 		}
 	}
 	out := make([]tokenizer.Message, 0, len(msgs)+1)
-	if leaveText {
-		tools = nil // checked by encoding/json already; rendered by no one here
-	}
-	if t := compactJSON(tools); t != "" {
+	if t := compactJSON(tools); t != "" && !leaveText {
 		out = append(out, tokenizer.Message{Role: "system", Content: t})
 	}
 	for i, m := range msgs {

@@ -3,7 +3,6 @@ package orchestrator
 import (
 	"encoding/json"
 	"fmt"
-	"maps"
 	"path"
 	"strings"
 
@@ -73,7 +72,5 @@ func (o *Orchestrator) unknownModel(asked, served string) *openaiapi.Error {
 // client asked for.
 func servedBody(rb openaiapi.Body, served string) openaiapi.Body {
 	name, _ := json.Marshal(served)
-	members := maps.Clone(rb.Members)
-	members["model"] = name
-	return openaiapi.Body{Raw: rb.With(map[string]json.RawMessage{"model": name}), Members: members}
+	return rb.Set(map[string]json.RawMessage{"model": name})
 }

@@ -2,10 +2,10 @@ package orchestrator
 
 import (
 	"encoding/json"
-	"maps"
 	"strconv"
 
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/protocol"
 )
 
 // legBody is the body the engines get of a request the client sent as rb.
@@ -23,36 +23,29 @@ func (o *Orchestrator) legBody(p *openaiapi.Parsed, rb openaiapi.Body) openaiapi
 		if !rb.Has(openaiapi.PromptTokensMember) {
 			return rb
 		}
-		return withMembers(rb, map[string]json.RawMessage{openaiapi.PromptTokensMember: nil})
+		return rb.Set(map[string]json.RawMessage{openaiapi.PromptTokensMember: nil})
 	}
-	return withMembers(rb, map[string]json.RawMessage{"messages": nil, openaiapi.PromptTokensMember: appendIDs(nil, p.Tokens)})
+	return rb.Set(map[string]json.RawMessage{"messages": nil, openaiapi.PromptTokensMember: appendIDs(nil, p.Tokens)})
 }
 
 // enginesReadPromptTokens reports whether every registered engine reads a
-// chat prompt given as token ids.
+// chat prompt given as token ids (and one is registered).
 func (o *Orchestrator) enginesReadPromptTokens() bool {
+	n, all := o.nodesWith(func(r protocol.Registration) bool { return r.PromptTokens })
+	return n > 0 && all
+}
+
+// nodesWith reports how many nodes are registered and whether ok holds for
+// every one's registration.
+func (o *Orchestrator) nodesWith(ok func(protocol.Registration) bool) (int, bool) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	for _, n := range o.c.nodes {
-		if !n.reg.PromptTokens {
-			return false
+		if !ok(n.reg) {
+			return len(o.c.nodes), false
 		}
 	}
-	return len(o.c.nodes) > 0
-}
-
-// withMembers is rb with the members of set replaced, added or (nil)
-// left out, its members and its bytes alike.
-func withMembers(rb openaiapi.Body, set map[string]json.RawMessage) openaiapi.Body {
-	members := maps.Clone(rb.Members)
-	for k, v := range set {
-		if v == nil {
-			delete(members, k)
-		} else {
-			members[k] = v
-		}
-	}
-	return openaiapi.Body{Raw: rb.With(set), Members: members}
+	return len(o.c.nodes), true
 }
 
 // appendIDs appends ids to b as a JSON list.

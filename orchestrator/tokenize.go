@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/protocol"
 )
 
 // tokenizeTimeout bounds one POST /tokenize to an engine.
@@ -63,13 +64,7 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 // leaves a prompt of text or messages untokenized when engines tokenize
 // for themselves: engineTokens asks one of them for the ids.
 func (o *Orchestrator) parseRequest(body []byte, chat bool) (*openaiapi.Parsed, openaiapi.Body, *openaiapi.Error) {
-	o.c.mu.Lock()
-	engines := false
-	for _, n := range o.c.nodes {
-		engines = engines || n.reg.Tokenizer == "engine"
-	}
-	o.c.mu.Unlock()
-	if engines {
+	if _, ours := o.nodesWith(func(r protocol.Registration) bool { return r.Tokenizer != "engine" }); !ours {
 		return openaiapi.ParseBodyUntokenized(body, chat, 0)
 	}
 	return openaiapi.ParseBody(body, chat, 0)
