@@ -470,3 +470,65 @@ func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
 		t.Fatal("Leave did not return once the engine's work was done")
 	}
 }
+
+// An answer that goes on here after its engine failed (evolve_resume)
+// has a client mid-read: it waits ahead of the requests that arrived
+// before it and are still queued, rather than behind them.
+func TestAResumedAnswerWaitsAheadOfQueuedRequests(t *testing.T) {
+	e, srv := startEngineConfig(t, Config{ID: "a", Role: sim.RoleDecode, Speedup: 4, Sim: sim.Config{MaxNumSeqs: 1}}, nil)
+	chat := func(words, maxTokens int) []byte {
+		return []byte(fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d}`,
+			strings.Repeat("context ", words), maxTokens))
+	}
+	// One request runs (the engine takes one at a time), two wait.
+	runs, err := openaiapi.ParseObject(chat(40, 2000))
+	if err != nil {
+		t.Fatal(err)
+	}
+	running := postRaw(t, srv.URL+"/v1/chat/completions", runs.With(map[string]json.RawMessage{"stream": json.RawMessage("true")}), false)
+	defer running.Body.Close()
+	done := make(chan string, 3)
+	post := func(name string, body []byte) {
+		go func() {
+			r, err := http.Post(srv.URL+"/v1/chat/completions", "application/json", bytes.NewReader(body))
+			if err == nil {
+				io.Copy(io.Discard, r.Body)
+				r.Body.Close()
+				if r.StatusCode != 200 {
+					name += fmt.Sprintf(" (%d)", r.StatusCode)
+				}
+			} else {
+				name += " (" + err.Error() + ")"
+			}
+			done <- name
+		}()
+	}
+	post("queued-1", chat(41, 20))
+	post("queued-2", chat(42, 20))
+	deadline := time.Now().Add(5 * time.Second)
+	for e.Heartbeat().Waiting < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the engine has %d waiting", e.Heartbeat().Waiting)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rb, err := openaiapi.ParseObject(chat(43, 20))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _ := json.Marshal(protocol.Resume{ID: "chatcmpl-elsewhere", Created: 1,
+		Output: []uint32{tokenizer.Word(1), tokenizer.Word(2), tokenizer.Word(3)}})
+	post("resumed", rb.With(map[string]json.RawMessage{"evolve_resume": res}))
+	var order []string
+	for range 3 {
+		select {
+		case name := <-done:
+			order = append(order, name)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("answers so far, in order: %v", order)
+		}
+	}
+	if order[0] != "resumed" || !slices.Contains(order, "queued-1") || !slices.Contains(order, "queued-2") {
+		t.Fatalf("answers in order %v: the resumed one should come first", order)
+	}
+}

@@ -167,7 +167,8 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 
 	var resume *protocol.Resume
-	if len(req.EvolveResume) > 0 && string(req.EvolveResume) != "null" {
+	continues := len(req.EvolveResume) > 0 && string(req.EvolveResume) != "null"
+	if continues {
 		resume = new(protocol.Resume)
 		if err := json.Unmarshal(req.EvolveResume, resume); err != nil {
 			writeError(w, badRequest("evolve_resume", "evolve_resume: %v", err))
@@ -205,7 +206,9 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, RemoteDecode: kvp.DoRemoteDecode,
 		// An answer it handed over that no peer took comes back to be
 		// finished, even while the engine drains (Leave).
-		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && routed == protocol.HandOverNever}
+		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && routed == protocol.HandOverNever,
+		// Its client is mid-read: it waits ahead of new arrivals.
+		Continues: continues}
 	if kvp.DoRemoteDecode {
 		sr.MaxTokens = 1
 	}

@@ -56,7 +56,9 @@
 // far; without, it recomputes what it lacks; as a prefill leg
 // (do_remote_decode), an engine only computes and holds that KV for a
 // decode engine to pull. The client reads one answer, with the id and the
-// tokens the first engine would have written.
+// tokens the first engine would have written. Its client is mid-read, so
+// an engine queues a leg with evolve_resume ahead of new arrivals, as it
+// requeues a preempted sequence.
 package protocol
 
 import (

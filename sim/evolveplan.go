@@ -159,7 +159,7 @@ func (r *run) handOver(i int) {
 		req.migrations++
 		r.res.HandedOver++
 		sr := enginesim.Request{ID: req.id, Tokens: mg.Tokens, Chain: mg.Chain, MaxTokens: mg.Remaining,
-			Seed: req.seed + uint64(req.migrations), Remote: &enginesim.RemoteKV{Blocks: mg.Chain}}
+			Seed: req.seed + uint64(req.migrations), Remote: &enginesim.RemoteKV{Blocks: mg.Chain}, Continues: true}
 		if mg.Remaining < 1 {
 			continue
 		}

@@ -89,6 +89,12 @@ type Request struct {
 	// Finishing marks an answer this engine began, which comes back to
 	// be finished here: it is taken while the engine drains.
 	Finishing bool
+	// Continues marks an answer already begun elsewhere (its engine
+	// failed or handed it over), or the prefill that readies its KV: its
+	// client is mid-read. It joins the waiting queue ahead of new
+	// arrivals, behind the sequences already there ahead of them, as a
+	// preempted sequence does (vLLM requeues those at the front).
+	Continues bool
 }
 
 // RemoteKV says which blocks a peer holds for a decode leg.
@@ -225,6 +231,9 @@ type seq struct {
 	// heldBlocks is how much of chain a held sequence holds for its peer.
 	heldBlocks int
 	admitted   bool
+	// ahead: the sequence waits ahead of new arrivals (preempted, or a
+	// Request.Continues).
+	ahead bool
 }
 
 type fetch struct {
@@ -409,7 +418,11 @@ func (m *Model) Submit(now time.Time, r Request) error {
 		}
 	}
 	m.byID[r.ID] = s
-	m.waiting = append(m.waiting, s)
+	if r.Continues {
+		m.queueAhead(s)
+	} else {
+		m.waiting = append(m.waiting, s)
+	}
 	m.counters.Requests++
 	return nil
 }

@@ -873,3 +873,29 @@ func TestCoarserBlocksKeepCapacityAndRoundHitsDown(t *testing.T) {
 		}
 	}
 }
+
+// An answer that continues here (its engine failed or handed it over)
+// waits ahead of new arrivals, in the order the continuations came: its
+// client is mid-read, as a preempted sequence's is.
+func TestContinuingAnswersWaitAheadOfNewArrivals(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{MaxNumSeqs: 1})
+	for i := 0; i < 3; i++ {
+		submit(t, m, t0, Request{ID: fmt.Sprint("new", i), Tokens: prompt(40, uint32(i)), MaxTokens: 5})
+	}
+	for i := 0; i < 2; i++ {
+		submit(t, m, t0, Request{ID: fmt.Sprint("cont", i), Tokens: prompt(40, uint32(10+i)), MaxTokens: 5, Continues: true})
+	}
+	submit(t, m, t0, Request{ID: "new3", Tokens: prompt(40, 3), MaxTokens: 5})
+	r := run(t, m, t0, 1000)
+	var order []string
+	for id := range r.finished {
+		order = append(order, id)
+	}
+	slices.SortFunc(order, func(a, b string) int {
+		return r.finished[a].Usage.FirstToken.Compare(r.finished[b].Usage.FirstToken)
+	})
+	if want := []string{"cont0", "cont1", "new0", "new1", "new2", "new3"}; !slices.Equal(order, want) {
+		t.Fatalf("first tokens in order %v, want %v", order, want)
+	}
+}

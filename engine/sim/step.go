@@ -355,6 +355,21 @@ func (m *Model) preempt(s *seq) {
 	m.waiting = append(m.waiting, nil)
 	copy(m.waiting[1:], m.waiting)
 	m.waiting[0] = s
+	s.ahead = true
+}
+
+// queueAhead puts s in the waiting queue ahead of new arrivals, behind
+// the sequences already waiting ahead of them (preempted ones, answers
+// that continue here).
+func (m *Model) queueAhead(s *seq) {
+	i := 0
+	for i < len(m.waiting) && m.waiting[i].ahead {
+		i++
+	}
+	m.waiting = append(m.waiting, nil)
+	copy(m.waiting[i+1:], m.waiting[i:])
+	m.waiting[i] = s
+	s.ahead = true
 }
 
 func (m *Model) expireHolds(now time.Time) {
