@@ -65,6 +65,9 @@ type Engine struct {
 	// handingOver: told to hand its decodes over (protocol.OpHandOver),
 	// the engine ends each movable request as soon as it has output.
 	handingOver bool
+	// orphanHoldWait is how long a draining engine with nothing in
+	// flight but KV held for peers waits for them to pull it.
+	orphanHoldWait time.Duration
 
 	sink  EventSink
 	met   *metrics
@@ -111,6 +114,8 @@ func New(cfg Config) (*Engine, error) {
 		wake:    make(chan struct{}, 1),
 		start:   time.Now(),
 		peers:   &http.Client{Timeout: 30 * time.Second, Transport: &protocol.BearerTransport{Token: cfg.Token}},
+
+		orphanHoldWait: orphanHoldWait,
 	}
 	e.model.SetRole(cfg.Role)
 	e.met = newMetrics(e)
@@ -451,6 +456,13 @@ func (e *Engine) Leave(ctx context.Context) int {
 	return e.drain(ctx, true)
 }
 
+// orphanHoldWait: a peer pulls the KV it is handed at once (a router
+// sends the decode leg, or the continuation of an answer handed over, as
+// soon as it reads the hand-off, and the peer gives up a pull after
+// pullTimeout). KV still held this long after everything else has ended
+// was handed to a router that went away: no one will pull it.
+const orphanHoldWait = 2 * pullTimeout
+
 func (e *Engine) drain(ctx context.Context, handOver bool) int {
 	e.mu.Lock()
 	e.model.SetDraining(true)
@@ -461,13 +473,25 @@ func (e *Engine) drain(ctx context.Context, handOver bool) int {
 	e.poke()
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
+	var onlyHolds time.Time // since when nothing but holds is in flight
 	for {
 		e.mu.Lock()
 		// A request the model has finished may still have its last pass's
 		// tokens on the way to its client: wait for the handlers too.
 		n := max(e.model.InFlight(), len(e.pending))
+		if held := e.model.Held(); held == 0 || n != held || len(e.pending) != 0 {
+			onlyHolds = time.Time{}
+		} else if onlyHolds.IsZero() {
+			onlyHolds = time.Now()
+		} else if waited := time.Since(onlyHolds); waited >= e.orphanHoldWait {
+			e.model.DropHolds()
+			n = e.model.InFlight()
+			e.log.Warn("no peer pulled the KV held for it; ending the holds", "holds", held,
+				"waited", waited.Round(time.Millisecond).String())
+		}
 		e.mu.Unlock()
 		if n == 0 {
+			e.poke() // refresh the reported state
 			return 0
 		}
 		select {

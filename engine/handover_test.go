@@ -532,3 +532,47 @@ func TestAResumedAnswerWaitsAheadOfQueuedRequests(t *testing.T) {
 		t.Fatalf("answers in order %v: the resumed one should come first", order)
 	}
 }
+
+// A leaving engine whose router went away after reading a hand-over (no
+// peer will pull that KV) stops waiting for the pull once nothing else is
+// in flight for orphanHoldWait, rather than for its whole grace, and ends
+// the hold.
+func TestALeavingEngineGivesUpAHoldNoPeerPulls(t *testing.T) {
+	a, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
+	a.orphanHoldWait = 400 * time.Millisecond
+	body := []byte(`{"messages": [{"role": "user", "content": "an agent's context"}], "max_tokens": 300, "stream": true}`)
+	left := make(chan int, 1)
+	var handed time.Time
+	moving := postRaw(t, srvA.URL+"/v1/chat/completions", body, true)
+	first := readChat(t, moving.Body, func(k int) {
+		if k == 20 {
+			go func() { left <- a.Leave(context.Background()) }()
+		}
+	})
+	handed = time.Now()
+	moving.Body.Close()
+	if first.HandOver == nil {
+		t.Fatalf("leaving, the engine did not hand the stream over (done %v)", first.Done)
+	}
+	if a.Heartbeat().Held != 1 {
+		t.Fatalf("held after the hand-over: %+v", a.Heartbeat())
+	}
+	select {
+	case k := <-left:
+		if waited := time.Since(handed); k != 0 || waited < a.orphanHoldWait {
+			t.Fatalf("Leave returned %d in flight after %v", k, waited)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Leave still waits for a hold no peer pulls")
+	}
+	// The hold is over: a late pull finds nothing.
+	pull, _ := json.Marshal(protocol.PullRequest{RemoteRequestID: first.HandOver.KVTransferParams["remote_request_id"].(string)})
+	r, err := http.Post(srvA.URL+"/evolve/v1/kv/pull", "application/json", bytes.NewReader(pull))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Body.Close()
+	if r.StatusCode == 200 || a.Heartbeat().Held != 0 {
+		t.Fatalf("a pull after the hold ended: %d; held %d", r.StatusCode, a.Heartbeat().Held)
+	}
+}

@@ -352,6 +352,23 @@ func (m *Model) Counters() Counters { return m.counters }
 // InFlight is the number of requests waiting, running or holding KV.
 func (m *Model) InFlight() int { return len(m.byID) }
 
+// Held is the number of requests holding KV for a peer to pull (prefill
+// legs and handed-over decodes), counted in InFlight.
+func (m *Model) Held() int { return len(m.held) }
+
+// DropHolds ends every hold no peer has pulled, as if its timeout had
+// passed: the blocks stay cached, evictable. It reports how many it ended.
+func (m *Model) DropHolds() int {
+	n := len(m.held)
+	for _, s := range m.held {
+		m.freeSeq(s)
+		delete(m.byID, s.req.ID)
+	}
+	clear(m.held)
+	m.held = m.held[:0]
+	return n
+}
+
 // Accepts reports whether a request of this kind would be taken now, and if
 // not, why (ErrDraining or ErrWrongRole).
 func (m *Model) Accepts(remoteDecode, remotePrefill bool) error {
