@@ -300,6 +300,8 @@ func TestConfigValuesAreCheckedAndReachEveryFlag(t *testing.T) {
 		// up -f reads --ssh-timeout from its flag, not through config.
 		{[]string{"EVOLVE_UP_SSH_TIMEOUT=-1s"}, []string{"up", "-f", write("c.yaml", "apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: lab}\nspec:\n  hosts: [{name: a, address: 10.0.0.1}]\n"), "--dry-run"},
 			[]string{"--ssh-timeout must be positive"}},
+		// A mistyped role is named, before any cluster is asked.
+		{nil, []string{"role", "set", "engine-1", "banana"}, []string{`unknown role "banana": want prefill or decode`}},
 	} {
 		out, code := runBin(t, tc.env, tc.args...)
 		for _, w := range tc.want {

@@ -276,7 +276,10 @@ undoes it).`,
 		Example: `  evolve role set engine-2 decode --pin
   evolve role set engine-2 prefill --detach`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) != 2 || (args[1] != "prefill" && args[1] != "decode") {
+			if len(args) == 2 && args[1] != "prefill" && args[1] != "decode" {
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("unknown role %q: want prefill or decode", args[1])}
+			}
+			if len(args) != 2 {
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("want NODE and a role, prefill or decode")}
 			}
 			return nil
