@@ -26,6 +26,9 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	if a.legPath != "" {
 		path = a.legPath
 	}
+	if a.body.Has(openaiapi.PromptTokensMember) && !a.o.readsPromptTokens(url) {
+		body = a.withMessages(body)
+	}
 	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+path, bytes.NewReader(body))
 	if err != nil {
 		return nil, err

@@ -35,6 +35,32 @@ func (o *Orchestrator) enginesReadPromptTokens() bool {
 	return n > 0 && all
 }
 
+// readsPromptTokens reports whether the node at url reads a chat prompt
+// given as token ids; false for a node it does not know.
+func (o *Orchestrator) readsPromptTokens(url string) bool {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	for _, n := range o.c.nodes {
+		if n.reg.URL == url {
+			return n.reg.PromptTokens
+		}
+	}
+	return false
+}
+
+// withMessages is a leg's body with the client's messages in place of
+// the router's token ids, for a node that does not read those: one that
+// joined (an older engine, in a rolling upgrade) after the request's legs
+// were built with them, and that the answer then goes on on. A body that
+// does not parse is sent as it is.
+func (a *attempt) withMessages(body []byte) []byte {
+	b, err := openaiapi.ParseObject(body)
+	if err != nil {
+		return body
+	}
+	return b.With(map[string]json.RawMessage{"messages": a.client.Members["messages"], openaiapi.PromptTokensMember: nil})
+}
+
 // nodesWith reports how many nodes are registered and whether ok holds for
 // every one's registration.
 func (o *Orchestrator) nodesWith(ok func(protocol.Registration) bool) (int, bool) {

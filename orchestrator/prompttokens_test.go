@@ -2,6 +2,9 @@ package orchestrator
 
 import (
 	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"testing"
 
@@ -50,5 +53,48 @@ func TestLegBodyGivesEvolveEnginesTheTokens(t *testing.T) {
 	p, rb, _ = openaiapi.ParseBody(comp, false, 0)
 	if leg := o.legBody(p, rb); string(leg.Raw) != string(comp) {
 		t.Fatalf("completion leg %s", leg.Raw)
+	}
+}
+
+// A request whose legs were built with the router's token ids goes on on
+// an engine that joined since and does not read them (an older engine,
+// in a rolling upgrade): that engine gets the client's messages instead,
+// and an engine that reads the ids still gets them.
+func TestALegToAnEngineThatReadsNoIdsCarriesTheMessages(t *testing.T) {
+	got := map[string][]byte{}
+	engine := func(name string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			got[name], _ = io.ReadAll(r.Body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	reads, old := engine("reads"), engine("old")
+	o := &Orchestrator{c: newCluster(), http: http.DefaultClient}
+	o.c.nodes["e0"] = &node{reg: protocol.Registration{ID: "e0", URL: reads.URL, PromptTokens: true}}
+	chat := []byte(`{"messages": [{"role": "user", "content": "fix the scheduler"}], "max_tokens": 9}`)
+	p, rb, perr := openaiapi.ParseBody(chat, true, 0)
+	if perr != nil {
+		t.Fatal(perr)
+	}
+	legs := o.legBody(p, rb)
+	o.c.nodes["e1"] = &node{reg: protocol.Registration{ID: "e1", URL: old.URL}}
+	a := &attempt{o: o, r: httptest.NewRequest("POST", "/v1/chat/completions", nil), p: p, body: legs, client: rb,
+		path: "/v1/chat/completions"}
+	for _, srv := range []*httptest.Server{reads, old} {
+		resp, err := a.post(srv.URL, legs.With(map[string]json.RawMessage{"stream": json.RawMessage("true")}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	for name, ids := range map[string]bool{"reads": true, "old": false} {
+		leg, err := openaiapi.ParseObject(got[name])
+		if err != nil || leg.Has(openaiapi.PromptTokensMember) != ids || leg.Has("messages") == ids || string(leg.Members["stream"]) != "true" {
+			t.Fatalf("%s engine got %s (%v)", name, got[name], err)
+		}
+		if e, perr := openaiapi.Parse(got[name], true, 0); perr != nil || !slices.Equal(e.Tokens, p.Tokens) {
+			t.Fatalf("%s engine reads %v, %v; the router read %v", name, e, perr, p.Tokens)
+		}
 	}
 }
