@@ -585,14 +585,29 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	done := false
+	gotText := func(t []byte) {
+		if len(t) == 0 {
+			return
+		}
+		now := time.Now()
+		if first.IsZero() {
+			first = now
+		}
+		last = now
+		text.Write(t)
+	}
 	for sc.Scan() {
-		line, ok := strings.CutPrefix(sc.Text(), "data: ")
+		line, ok := bytes.CutPrefix(sc.Bytes(), []byte("data: "))
 		if !ok {
 			continue
 		}
-		if line == "[DONE]" {
+		if string(line) == "[DONE]" {
 			done = true
 			break
+		}
+		if tok, ok := tokenText(line); ok {
+			gotText(tok)
+			continue
 		}
 		var chunk struct {
 			Choices []struct {
@@ -605,19 +620,14 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 				Prefill *kvSource `json:"prefill"` // added by evolve's router
 			} `json:"evolve"`
 		}
-		if err := json.Unmarshal([]byte(line), &chunk); err != nil {
+		if err := json.Unmarshal(line, &chunk); err != nil {
 			continue
 		}
 		if chunk.Error != nil {
 			return nil, c.fail(ctx, fmt.Errorf("stream error: %s", *chunk.Error))
 		}
-		if len(chunk.Choices) > 0 && chunk.Choices[0].Text != "" {
-			now := time.Now()
-			if first.IsZero() {
-				first = now
-			}
-			last = now
-			text.WriteString(chunk.Choices[0].Text)
+		if len(chunk.Choices) > 0 {
+			gotText([]byte(chunk.Choices[0].Text))
 		}
 		if chunk.Usage != nil {
 			json.Unmarshal(*chunk.Usage, &usage)
