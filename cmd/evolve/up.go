@@ -445,12 +445,44 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if agents > 0 {
 		fmt.Fprintf(errw, "running %s (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", counted(agents, model.Name()+" agent"),
 			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
-		res, berr := workload.Bench(ctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey,
+		// The agents stop when the orchestrator does (killed, crashed):
+		// with their router gone every call would fail until the run's end.
+		bctx, stopAgents := context.WithCancel(ctx)
+		var orchGone atomic.Bool
+		go func() {
+			select {
+			case <-orchDone:
+				orchGone.Store(true)
+				stopAgents()
+			case <-bctx.Done():
+			}
+		}()
+		res, berr := workload.Bench(bctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
 			Progress: func(s workload.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
-		if berr != nil {
+		stopAgents()
+		if berr != nil && !orchGone.Load() {
+			// The agents may have failed on the dying router before up
+			// saw the orchestrator exit.
+			select {
+			case <-orchDone:
+				orchGone.Store(true)
+			case <-time.After(2 * time.Second):
+			}
+		}
+		switch {
+		case orchGone.Load():
+			fmt.Fprintf(errw, "the orchestrator exited (%s); the agents stopped. The end of its log:\n%s\n", orch.ProcessState,
+				tail(filepath.Join(logDir, "orchestrator.log"), 10))
+			if berr == nil {
+				printBench(cmd, res)
+			} else {
+				fmt.Fprintln(errw, "agents:", berr)
+			}
+			berr = errors.New("the orchestrator exited while the agents ran")
+		case berr != nil:
 			fmt.Fprintln(errw, "agents:", berr)
-		} else {
+		default:
 			printBench(cmd, res)
 			berr = servedNothing(res)
 		}
@@ -464,7 +496,8 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	case <-ctx.Done():
 		fmt.Fprintln(errw, "\nstopping the cluster")
 	case <-orchDone:
-		fmt.Fprintf(errw, "the orchestrator exited:\n%s\n", tail(filepath.Join(logDir, "orchestrator.log"), 10))
+		fmt.Fprintf(errw, "the orchestrator exited (%s). The end of its log:\n%s\n", orch.ProcessState,
+			tail(filepath.Join(logDir, "orchestrator.log"), 10))
 	}
 	cleanup()
 	return nil

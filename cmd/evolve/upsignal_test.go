@@ -51,6 +51,7 @@ func startUp(t *testing.T, args ...string) (cmd *exec.Cmd, stateHome string, std
 	stateHome = t.TempDir()
 	cmd = exec.Command(evolveBin, append([]string{"up", "--engines", "2", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0"}, args...)...)
 	cmd.Env = append(os.Environ(), "XDG_STATE_HOME="+stateHome)
+	cmd.Stdout = new(bytes.Buffer) // read once up has exited
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -286,4 +287,27 @@ func readStateIn(t *testing.T, home string) localState {
 		t.Fatalf("the local cluster's record: %v %s", err, b)
 	}
 	return st
+}
+
+// With agents running in the foreground, an orchestrator that dies
+// (killed, crashed) stops them at once rather than leaving every call to
+// fail until --duration ends: up says how it exited, prints what the
+// agents measured, fails, and stops the engines.
+func TestUpWithAgentsStopsWhenTheOrchestratorDies(t *testing.T) {
+	cmd, home, stderr := startUp(t, "--agents", "2", "--workload", "math", "--duration", "10m")
+	waitFor(t, stderr, "t=5s/") // the first progress line: the agents are at work
+	var out strings.Builder
+	copied := make(chan struct{})
+	go func() { io.Copy(&out, stderr); close(copied) }()
+	st := readStateIn(t, home)
+	syscall.Kill(st.Orchestrator, syscall.SIGKILL)
+	stoppedEverything(t, cmd, home)
+	<-copied
+	summary := cmd.Stdout.(*bytes.Buffer).String()
+	if code := cmd.ProcessState.ExitCode(); code != 1 ||
+		!strings.Contains(out.String(), "the orchestrator exited (signal: killed); the agents stopped") ||
+		!strings.Contains(out.String(), "error: the orchestrator exited while the agents ran") ||
+		!strings.Contains(summary, "workload     math, 2 agents") {
+		t.Fatalf("up --agents after the orchestrator died: exit %d\n%s\nstdout:\n%s", code, out.String(), summary)
+	}
 }
