@@ -486,12 +486,13 @@ func (a *attempt) resumeVLLM(cause error) error {
 				a.legPath = a.path
 			}
 			var after func()
+			leg := body
 			if recompute := len(a.p.Tokens) - held + len(a.out); split && recompute > routing.DefaultLocalPrefillTokens {
 				if b, ok := a.vllmResumePrefill(to, body, recompute); ok {
-					body, after = b, a.dropResumePrefill
+					leg, after = b, a.dropResumePrefill
 				}
 			}
-			done, ferr := a.continueOn(to, url, body, resumeEngineFailed, after)
+			done, ferr := a.continueOn(to, url, a.prioritised(to, leg), resumeEngineFailed, after)
 			if done {
 				return ferr
 			}
@@ -503,6 +504,38 @@ func (a *attempt) resumeVLLM(cause error) error {
 	err = fmt.Errorf("no node could continue the answer (%v)", err)
 	a.streamError(err)
 	return err
+}
+
+// prioritised is body, the continuation of an answer whose engine
+// failed, as sent to node: ahead of the client's priority (one less: vLLM
+// schedules lower values first) when node orders its queue by priority
+// (protocol.Registration.PriorityScheduling), so that the answer the
+// client is reading does not wait behind requests that came after it.
+// Otherwise it is body itself: vLLM refuses a priority it does not
+// schedule by.
+func (a *attempt) prioritised(node string, body []byte) []byte {
+	pr, ok := a.priorityOn(node)
+	if !ok {
+		return body
+	}
+	b, err := openaiapi.ParseObject(body)
+	if err != nil {
+		return body
+	}
+	return b.With(map[string]json.RawMessage{"priority": pr})
+}
+
+// priorityOn is the priority of a continuation sent to node, and whether
+// node schedules by priority (prioritised).
+func (a *attempt) priorityOn(node string) (json.RawMessage, bool) {
+	a.o.c.mu.Lock()
+	n := a.o.c.nodes[node]
+	by := n != nil && n.reg.PriorityScheduling
+	a.o.c.mu.Unlock()
+	if !by {
+		return nil, false
+	}
+	return json.RawMessage(strconv.Itoa(jsonInt(a.client.Members["priority"]) - 1)), true
 }
 
 // vllmResumePrefill has a serving vLLM prefill engine, the one holding
@@ -520,7 +553,11 @@ func (a *attempt) vllmResumePrefill(to string, body []byte, recompute int) ([]by
 		return nil, false
 	}
 	a.urls[p] = url
-	kvp, ok := a.prefillForResume(p, url, to, cont, nil, recompute)
+	leg := cont
+	if pr, ok := a.priorityOn(p); ok {
+		leg = cont.Set(map[string]json.RawMessage{"priority": pr})
+	}
+	kvp, ok := a.prefillForResume(p, url, to, leg, nil, recompute)
 	if !ok {
 		return nil, false
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/protocol"
 )
 
 func vllmAttempt(t *testing.T, body string, chat bool, out []uint32) *attempt {
@@ -181,5 +182,34 @@ func TestVLLMWithoutTokenIDsIsNotContinued(t *testing.T) {
 	a.vllmData([]byte(`{"id":"c","choices":[{"index":0,"text":" hello"}]}`))
 	if a.canResumeVLLM() {
 		t.Fatal("an answer whose tokens are unknown could go on")
+	}
+}
+
+// A continuation goes to a node that schedules by priority one ahead of
+// the client's priority (vLLM runs lower values first), and to any other
+// node without one, which vLLM would refuse there.
+func TestVLLMContinuationPriority(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want string
+	}{
+		{`{"prompt":"hi","max_tokens":9,"stream":true}`, `-1`},
+		{`{"prompt":"hi","max_tokens":9,"stream":true,"priority":3}`, `2`},
+	} {
+		a := vllmAttempt(t, tc.body, false, []uint32{7})
+		a.o = &Orchestrator{c: newCluster()}
+		a.o.c.nodes["by-priority"] = &node{reg: protocol.Registration{ID: "by-priority", PriorityScheduling: true}}
+		a.o.c.nodes["fcfs"] = &node{reg: protocol.Registration{ID: "fcfs"}}
+		body, err := a.vllmContinuation()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := a.prioritised("fcfs", body); string(got) != string(body) {
+			t.Errorf("%s: to an FCFS node %s, want %s", tc.body, got, body)
+		}
+		got, err := openaiapi.ParseObject(a.prioritised("by-priority", body))
+		if err != nil || string(got.Members["priority"]) != tc.want || string(got.Members["prompt"]) != "[101,102,103,7]" {
+			t.Errorf("%s: to a node scheduling by priority %v (%v), want priority %s", tc.body, got.Members, err, tc.want)
+		}
 	}
 }

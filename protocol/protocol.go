@@ -146,6 +146,12 @@ type Registration struct {
 	// token ids a router gives in openaiapi.PromptTokensMember, in place
 	// of its messages (the router tokenized them with evolve's tokenizer).
 	PromptTokens bool `json:"prompt_tokens,omitempty"`
+	// PriorityScheduling says the engine orders its waiting queue by the
+	// request's "priority", lower first (vLLM's --scheduling-policy
+	// priority; vLLM refuses a priority otherwise): a router sends the
+	// continuation of an answer whose engine failed ahead of the client's
+	// priority, as evolve's engines queue it ahead of new arrivals.
+	PriorityScheduling bool `json:"priority_scheduling,omitempty"`
 	// TokenRequired says the engine's HTTP API answers /v1/ only with the
 	// engine token; false: anyone who reaches its port may use it.
 	TokenRequired bool      `json:"token_required,omitempty"`

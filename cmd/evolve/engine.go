@@ -268,7 +268,7 @@ func connectEngineNATS(url, id string) (*nats.Conn, error) {
 var (
 	simOnlyFlags  = []string{"profile", "speedup", "max-num-seqs", "max-num-batched-tokens", "gpu-kv-tokens", "host-kv-tokens", "default-max-tokens"}
 	vllmOnlyFlags = []string{"vllm-url", "kv-events", "kv-replay", "kv-events-topic", "kv-events-port", "kv-replay-port", "nixl-port",
-		"gpus", "block-size", "prefill-us-per-token", "vllm-start-timeout"}
+		"gpus", "block-size", "prefill-us-per-token", "vllm-start-timeout", "vllm-priority-scheduling"}
 )
 
 // flagsOfOtherBackend refuses flags given on the command line that only

@@ -302,6 +302,9 @@ func TestConfigValuesAreCheckedAndReachEveryFlag(t *testing.T) {
 			[]string{"--ssh-timeout must be positive"}},
 		// A mistyped role is named, before any cluster is asked.
 		{nil, []string{"role", "set", "engine-1", "banana"}, []string{`unknown role "banana": want prefill or decode`}},
+		// A started vLLM's command says how it schedules.
+		{nil, []string{"engine", "--backend", "vllm", "--vllm-priority-scheduling", "--", "vllm", "serve", "m"},
+			[]string{"--vllm-priority-scheduling is for a joined server (--vllm-url)"}},
 	} {
 		out, code := runBin(t, tc.env, tc.args...)
 		for _, w := range tc.want {

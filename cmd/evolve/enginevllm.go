@@ -32,6 +32,7 @@ func addVLLMFlags(f *pflag.FlagSet) {
 	f.Int("block-size", 0, "vllm: KV block size, if the server's metrics do not say")
 	f.Float64("prefill-us-per-token", vllm.DefaultPrefillUsPerToken, "vllm: the router's prefill cost per token until the server's metrics measure it")
 	f.Duration("vllm-start-timeout", 30*time.Minute, "vllm: how long the server may take to load its model and answer")
+	f.Bool("vllm-priority-scheduling", false, "vllm: the joined server (--vllm-url) runs --scheduling-policy priority, so the router sends an answer it continues there after its engine failed ahead of the queue; a started server's command says so itself")
 }
 
 // vllmAPIKey is the key a vLLM command gives with --api-key, if it does.
@@ -61,6 +62,8 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		return usage(errors.New("--backend vllm needs the server: a command after -- (vllm serve MODEL ...) or --vllm-url"))
 	case attach != "" && len(command) > 0:
 		return usage(errors.New("give either --vllm-url or a command after --, not both"))
+	case len(command) > 0 && config.GetBool("engine.vllm-priority-scheduling"):
+		return usage(errors.New("--vllm-priority-scheduling is for a joined server (--vllm-url): a started server's command says it with --scheduling-policy priority"))
 	}
 	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port"} {
 		if geti(k) < 0 {
@@ -169,7 +172,8 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
 		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
-		Token: token,
+		Token:              token,
+		PriorityScheduling: vllm.PriorityScheduling(command) || config.GetBool("engine.vllm-priority-scheduling"),
 		Changed: func() {
 			if agent != nil {
 				agent.Register()

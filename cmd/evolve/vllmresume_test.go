@@ -287,3 +287,42 @@ func TestVLLMStreamSurvivesItsDecodeEngineInASplitCluster(t *testing.T) {
 		t.Fatalf("%v answers resumed, want 1", n)
 	}
 }
+
+// vLLM engines that schedule by priority (--scheduling-policy priority,
+// which the engine agent is told with --vllm-priority-scheduling) get an
+// answer continued after its engine died ahead of the client's priority:
+// the client is mid-read, and the continuation should not wait behind
+// requests that came after the answer began. The first request, with no
+// priority, reaches its engine without one.
+func TestVLLMContinuationGoesAheadOnPriorityScheduling(t *testing.T) {
+	orch := startOrchestrator(t)
+	servers := map[string]*vllmtest.Server{}
+	for _, id := range []string{"vllm-a", "vllm-b"} {
+		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{TokenDelay: 15 * time.Millisecond, PriorityScheduling: true}, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(srv.Close)
+		servers[id] = srv
+		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+			"--id", id, "--gpus", "4", "--nats", orch.NATSURL, "--vllm-priority-scheduling")
+	}
+	eventually(t, 30*time.Second, "the vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	completion := map[string]any{"model": "fake/model", "prompt": strings.Repeat("The scheduler keeps a queue. ", 40),
+		"max_tokens": 60, "stream": true}
+	want := streamThroughRouter(t, orch.RouterURL+"/v1/completions", completion, 0, nil)
+	var died string
+	got := streamThroughRouter(t, orch.RouterURL+"/v1/completions", completion, 20, func(node string) {
+		died = node
+		servers[node].Kill()
+	})
+	if len(got.errors) > 0 || !got.done || got.text != want.text {
+		t.Fatalf("interrupted completion: errors %v, done %v, text\n%q\nwant\n%q", got.errors, got.done, got.text, want.text)
+	}
+	for id, srv := range servers {
+		if st := srv.Stats(); id != died && (st.Prioritised != 1 || st.IDPrompts != 1) {
+			t.Fatalf("%s, which went on with the answer: %d requests ahead of the default priority, %d continuations; want 1 and 1",
+				id, st.Prioritised, st.IDPrompts)
+		}
+	}
+}

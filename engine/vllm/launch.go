@@ -55,6 +55,13 @@ func flagValue(args []string, name string) (string, bool) {
 	return "", false
 }
 
+// PriorityScheduling says whether the vLLM command line orders the
+// server's queue by request priority (--scheduling-policy priority).
+func PriorityScheduling(command []string) bool {
+	v, ok := flagValue(command, "--scheduling-policy")
+	return ok && v == "priority"
+}
+
 // Args returns the command line to run: the operator's, plus --host,
 // --port, --kv-events-config (ZMQ publisher with replay) and
 // --kv-transfer-config (NixlConnector, kv_both: any instance prefills or

@@ -53,6 +53,9 @@ type Config struct {
 	// Changed, if set, is called when the registration changed (a measured
 	// prefill cost moved): the caller publishes it again.
 	Changed func()
+	// PriorityScheduling: vLLM runs with --scheduling-policy priority
+	// (protocol.Registration.PriorityScheduling).
+	PriorityScheduling bool
 	// SilentAfter is how long vLLM may serve prompts without a KV event
 	// reaching the agent before it warns that events are not configured
 	// or not reachable; default 30 s.
@@ -217,6 +220,7 @@ func (r *Replica) Registration(version string) protocol.Registration {
 		GPUBlocks: r.load.GPUBlocks, HostBlocks: r.load.CPUBlocks, MaxModelLen: r.info.MaxModelLen, Speedup: 1,
 		Version: version, StartedAt: r.start, LastKVSeq: seq, PrefillUsPerToken: r.prefillUs,
 		Tokenizer: "engine", SelfManagedKV: true, TokenRequired: r.tokenRequired,
+		PriorityScheduling: r.cfg.PriorityScheduling,
 	}
 }
 

@@ -54,6 +54,11 @@ type Options struct {
 	TokenDelay time.Duration
 	// Version is what GET /version answers; default "0.11.0".
 	Version string
+	// PriorityScheduling takes a request's "priority", as vLLM's
+	// --scheduling-policy priority does; without it a non-zero priority
+	// is refused, as vLLM refuses it (Stats.Prioritised counts requests
+	// ahead of the default).
+	PriorityScheduling bool
 	// APIKey, when set, is required of /v1/ requests as a bearer token,
 	// as vLLM's --api-key (or VLLM_API_KEY) does; other paths stay open.
 	APIKey string
@@ -88,6 +93,7 @@ type Stats struct {
 	Tokenize       int
 	IDPrompts      int // completions whose prompt came as token ids
 	Continued      int // chat requests with continue_final_message
+	Prioritised    int // requests with a priority below the default 0
 	PromptTokens   int
 	CachedTokens   int // prompt tokens found in the prefix cache
 	Generated      int // output tokens
@@ -320,6 +326,11 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		vllmError(w, 400, perr.Message)
 		return
 	}
+	prio, _ := raw["priority"].(float64)
+	if prio != 0 && !s.opts.PriorityScheduling {
+		vllmError(w, 400, fmt.Sprintf("Got priority %v but Priority scheduling is not enabled.", prio))
+		return
+	}
 	ids := p.Tokens // token ids given are used as they are, as vLLM does
 	// Text, alone or as a list of one string, is tokenized as vLLM does.
 	_, textPrompt := raw["prompt"].(string)
@@ -344,6 +355,9 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	if p.Req.ContinueFinalMessage {
 		s.stats.Continued++
+	}
+	if prio < 0 {
+		s.stats.Prioritised++
 	}
 	if p.KV.DoRemoteDecode {
 		s.stats.PrefillLegs++
