@@ -484,10 +484,9 @@ func (e *Engine) drain(ctx context.Context, handOver bool) int {
 		} else if onlyHolds.IsZero() {
 			onlyHolds = time.Now()
 		} else if waited := time.Since(onlyHolds); waited >= e.orphanHoldWait {
-			e.model.DropHolds()
-			n = e.model.InFlight()
-			e.log.Warn("no peer pulled the KV held for it; ending the holds", "holds", held,
+			e.log.Warn("no peer pulled the KV held for it; ending the holds", "holds", e.model.DropHolds(),
 				"waited", waited.Round(time.Millisecond).String())
+			n = e.model.InFlight()
 		}
 		e.mu.Unlock()
 		if n == 0 {

@@ -448,11 +448,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		// The agents stop when the orchestrator does (killed, crashed):
 		// with their router gone every call would fail until the run's end.
 		bctx, stopAgents := context.WithCancel(ctx)
-		var orchGone atomic.Bool
 		go func() {
 			select {
 			case <-orchDone:
-				orchGone.Store(true)
 				stopAgents()
 			case <-bctx.Done():
 			}
@@ -461,17 +459,14 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
 			Progress: func(s workload.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
 		stopAgents()
-		if berr != nil && !orchGone.Load() {
-			// The agents may have failed on the dying router before up
-			// saw the orchestrator exit.
-			select {
-			case <-orchDone:
-				orchGone.Store(true)
-			case <-time.After(2 * time.Second):
-			}
+		// The agents may have failed on the dying router before up saw
+		// the orchestrator exit: give it a moment to.
+		var grace time.Duration
+		if berr != nil {
+			grace = 2 * time.Second
 		}
 		switch {
-		case orchGone.Load():
+		case closedWithin(orchDone, grace):
 			fmt.Fprintf(errw, "the orchestrator exited (%s); the agents stopped. The end of its log:\n%s\n", orch.ProcessState,
 				tail(filepath.Join(logDir, "orchestrator.log"), 10))
 			if berr == nil {
@@ -501,6 +496,23 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	}
 	cleanup()
 	return nil
+}
+
+// closedWithin says whether ch is closed, or closes within d.
+func closedWithin(ch <-chan struct{}, d time.Duration) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 var shortClient = newHTTPClient(5 * time.Second)

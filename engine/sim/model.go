@@ -360,12 +360,13 @@ func (m *Model) Held() int { return len(m.held) }
 // passed: the blocks stay cached, evictable. It reports how many it ended.
 func (m *Model) DropHolds() int {
 	n := len(m.held)
+	var last time.Time
 	for _, s := range m.held {
-		m.freeSeq(s)
-		delete(m.byID, s.req.ID)
+		if s.holdUntil.After(last) {
+			last = s.holdUntil
+		}
 	}
-	clear(m.held)
-	m.held = m.held[:0]
+	m.expireHolds(last)
 	return n
 }
 
