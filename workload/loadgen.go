@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -43,7 +44,18 @@ type BenchConfig struct {
 	// a real model served by vLLM refuses ids beyond its vocabulary, and
 	// evolve's tokenizer uses ids up to tokenizer.VocabSize.
 	VocabSize int
+	// Unreachable is how long the router may refuse connections before
+	// the run stops early: from the first call that cannot connect, with
+	// no answer (of any status) since, until a call fails to connect that
+	// long after. 0: DefaultUnreachable; negative: never stop, for a run
+	// that should ride out a long router restart.
+	Unreachable time.Duration
 }
+
+// DefaultUnreachable is how long a run waits, by default, for a router that
+// refuses connections: longer than a router's restart, short enough that a
+// dead one does not leave a long run counting errors.
+const DefaultUnreachable = 15 * time.Second
 
 // MinVocabSize is the smallest vocabulary FoldVocab folds into: evolve's
 // special, byte and output-word ids stay as they are below it.
@@ -137,6 +149,12 @@ type Result struct {
 	FirstErrorAtS float64 `json:"first_error_at_s,omitempty"`
 	LastError     string  `json:"last_error,omitempty"`
 	LastErrorAtS  float64 `json:"last_error_at_s,omitempty"`
+	// RouterGone says the run stopped before its time because the router
+	// refused connections for BenchConfig.Unreachable; RouterGoneAtS is
+	// when the first call that could not connect failed (wall seconds from
+	// the start). What ran until then is measured as usual.
+	RouterGone    bool    `json:"stopped_router_unreachable,omitempty"`
+	RouterGoneAtS float64 `json:"router_unreachable_since_s,omitempty"`
 }
 
 // Snapshot is the progress of a run so far.
@@ -171,6 +189,9 @@ func (cfg *BenchConfig) defaults() {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 5 * time.Second
 	}
+	if cfg.Unreachable == 0 {
+		cfg.Unreachable = DefaultUnreachable
+	}
 }
 
 type collector struct {
@@ -183,6 +204,42 @@ type collector struct {
 	maxContext      int
 	sent            int                // calls sent so far
 	stop            context.CancelFunc // ends the run early
+	// When the first call that could not connect failed, since the last
+	// answer from the router (zero: it answers).
+	unreachableSince time.Time
+}
+
+// reached notes that the router answered a call (with any status).
+func (c *collector) reached() {
+	c.mu.Lock()
+	c.unreachableSince = time.Time{}
+	c.mu.Unlock()
+}
+
+// unreachable notes a call that could not connect to the router, and
+// stops the run once calls have failed so for limit with no answer
+// between (limit < 0: never).
+func (c *collector) unreachable(limit time.Duration) {
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.unreachableSince.IsZero() {
+		c.unreachableSince = now
+		return
+	}
+	if limit >= 0 && now.Sub(c.unreachableSince) >= limit && !c.res.RouterGone {
+		c.res.RouterGone = true
+		c.res.RouterGoneAtS = c.unreachableSince.Sub(c.start).Seconds()
+		c.stop()
+	}
+}
+
+// cannotConnect says err is a failure to reach the server at all (no
+// connection: refused, no route, an unknown host), not an answer or a
+// connection lost mid-call.
+func cannotConnect(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // giveUpAfter is how many sessions in a row must end at their first call,
@@ -298,6 +355,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 	c := &collector{res: Result{Workload: "trace", Agents: 0}, maxContext: maxLen}
 	ctx, cancel := withLimit(ctx, cfg.Duration)
 	defer cancel()
+	c.stop = cancel
 	start := time.Now()
 	c.start = start
 	var wg sync.WaitGroup
@@ -554,8 +612,13 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	start := time.Now()
 	resp, err := cfg.Client.Do(req)
 	if err != nil {
-		return nil, c.fail(ctx, err)
+		err = c.fail(ctx, err)
+		if ctx.Err() == nil && cannotConnect(err) {
+			c.unreachable(cfg.Unreachable)
+		}
+		return nil, err
 	}
+	c.reached()
 	defer resp.Body.Close()
 	if resp.StatusCode != 200 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))

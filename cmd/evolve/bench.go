@@ -31,7 +31,12 @@ latency, time to first token and inter-token latency, requests and sessions
 completed, tokens/s, prompt tokens by where their KV came from, errors) to
 stdout, as a table or with -o json. Latencies are wall seconds: with engines
 at --speedup X, multiply by X for modelled time (pass the same --speedup so
-that think and tool times shrink to match).`,
+that think and tool times shrink to match).
+
+A router that refuses connections for --unreachable-timeout (no answer of
+any status between) ends the run early: the summary covers what ran until
+then, says when the router went, and the exit status is 1. A router back
+within that time (a restart) loses the run only the calls it refused.`,
 		Example: `  evolve bench --workload coding --agents 32 --duration 10m
   evolve bench --url http://10.0.0.5:8000 --workload mix:coding=3,math=1 -o json
   evolve bench --workload coding --agents 8 --duration 5m --record fleet.jsonl
@@ -50,6 +55,8 @@ that think and tool times shrink to match).`,
 			switch {
 			case config.GetDuration(k("duration")) < 0:
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--duration must not be negative (0 runs until Ctrl-C)")}
+			case config.GetDuration(k("unreachable-timeout")) < 0:
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--unreachable-timeout must not be negative (0 never stops for an unreachable router)")}
 			case config.GetFloat64(k("speedup")) <= 0:
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--speedup must be positive")}
 			case config.GetFloat64(k("playback")) <= 0:
@@ -64,7 +71,10 @@ that think and tool times shrink to match).`,
 			errw := cmd.ErrOrStderr()
 			base := workload.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
-				VocabSize: config.GetInt(k("vocab-size"))}
+				VocabSize: config.GetInt(k("vocab-size")), Unreachable: config.GetDuration(k("unreachable-timeout"))}
+			if base.Unreachable == 0 {
+				base.Unreachable = -1 // 0 on the command line: never stop
+			}
 			trace := config.GetString(k("trace"))
 			local := 0.0 // the local cluster's engine speedup, when bench runs against it
 			if config.GetString(k("url")) == "" {
@@ -134,6 +144,10 @@ that think and tool times shrink to match).`,
 			if err := printBench(cmd, res); err != nil {
 				return err
 			}
+			if res.RouterGone {
+				return fmt.Errorf("the router at %s refused connections from %.1fs on for %s, so the run stopped early; the summary covers what ran until then (--unreachable-timeout 0 keeps trying)",
+					base.URL, res.RouterGoneAtS, base.Unreachable)
+			}
 			return servedNothing(res)
 		},
 	}
@@ -149,6 +163,7 @@ that think and tool times shrink to match).`,
 	f.String("trace", "", "replay this JSONL trace (Mooncake format, or one recorded with --record; .gz read as gzip) instead of running agents")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
 	f.String("record", "", "record every call of the agents to this JSONL trace (gzipped if it ends in .gz)")
+	f.Duration("unreachable-timeout", workload.DefaultUnreachable, "stop early, with the summary so far and exit status 1, once the router has refused connections this long with no answer between (0: never; keep trying through a long router restart)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -256,6 +271,9 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 		}
 		if res.HandedOver > 0 {
 			fmt.Fprintf(w, "moved\t%s continued on another engine mid-answer (a decode node switched role, or an engine stopped or failed)\n", counted(res.HandedOver, "request"))
+		}
+		if res.RouterGone {
+			fmt.Fprintf(w, "stopped\tearly: the router refused connections from %.1fs on\n", res.RouterGoneAtS)
 		}
 		if res.Errors > 1 {
 			fmt.Fprintf(w, "first error\tat %.1fs: %s\n", res.FirstErrorAtS, res.FirstError)

@@ -572,7 +572,7 @@ func TestBenchAgainstLocalCluster(t *testing.T) {
 		!strings.Contains(out, "cannot reach a router at "+closed+" (is a cluster up?") {
 		t.Errorf("bench --url CLOSED: exit %d\n%s", code, out)
 	}
-	for _, bad := range [][]string{{"--workload", "poetry"}, {"--duration", "-1s"}, {"--speedup", "0"}, {"--trace", "/dev/null", "--playback", "0"}} {
+	for _, bad := range [][]string{{"--workload", "poetry"}, {"--duration", "-1s"}, {"--unreachable-timeout", "-1s"}, {"--speedup", "0"}, {"--trace", "/dev/null", "--playback", "0"}} {
 		// Refused: --playback 0 or --speedup 0 once ran at 1x unasked.
 		if out, code := runBinOut(t, c.env, append([]string{"bench"}, bad...)...); code != 2 || strings.Contains(out, "requests") {
 			t.Errorf("bench %v: exit %d %s", bad, code, out)
