@@ -467,7 +467,7 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	} else if _, err := png.Decode(f); err != nil || !strings.Contains(out, "plot written to "+plotFile) {
 		t.Fatalf("--plot %s: %v\n%s", plotFile, err, out)
 	}
-	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"},
+	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--policies", "evolve,dynamo,evolve"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"},
 		{"sim", "--workload", "poetry"}, {"sim", "--workload", "shift:math>poetry:1m:1m:1m"},
 		{"sim", "--timeline", filepath.Join(t.TempDir(), "missing", "t.csv")}, {"sim", "--plot", t.TempDir()}, {"sim", "--plot", "run.gif"}} {
 		// Refused before any simulation starts.

@@ -257,7 +257,12 @@ func runSim(cmd *cobra.Command, _ []string) error {
 		return usage(fmt.Errorf("--eviction %q: want ref or lru", e))
 	}
 	names := strings.Split(config.GetString(k("policies")), ",")
+	seen := map[string]bool{}
 	for _, n := range names {
+		if seen[n] {
+			return usage(fmt.Errorf("--policies names %q twice (a column per policy: name each once)", n))
+		}
+		seen[n] = true
 		if isSweep(n) {
 			continue
 		}

@@ -96,6 +96,11 @@ func TestTopOnceAndNoTerminal(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "P prefill") || !strings.Contains(out, "evolve top") {
 		t.Fatalf("top --once: %d\n%s", code, out)
 	}
+	// Nothing there: --once says so, and how to start one, as top does.
+	out, code = runBinOut(t, c.env, "top", "--once", "-o", "json", "--server", "http://127.0.0.1:1")
+	if code != 1 || !strings.Contains(out, "no orchestrator at http://127.0.0.1:1") || !strings.Contains(out, "start one with 'evolve up', or pass --server") {
+		t.Fatalf("top --once against nothing: %d\n%s", code, out)
+	}
 }
 
 // NO_COLOR turns colour off; without it, roles are coloured (and named).

@@ -91,7 +91,7 @@ func topOnce(cmd *cobra.Command, c *controlClient, src *tui.HTTPSource) error {
 	var snap topSnapshot
 	var err error
 	if snap.Cluster, err = src.Cluster(ctx); err != nil {
-		return fmt.Errorf("no orchestrator at %s: %w", c.base, err)
+		return fmt.Errorf("no orchestrator at %s: %w (start one with 'evolve up', or pass --server)", c.base, err)
 	}
 	if err := c.do(ctx, "GET", "/api/v1/nodes", nil, &snap.Nodes); err != nil {
 		return err
