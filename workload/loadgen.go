@@ -152,7 +152,8 @@ type Result struct {
 	// RouterGone says the run stopped before its time because the router
 	// refused connections for BenchConfig.Unreachable; RouterGoneAtS is
 	// when the first call that could not connect failed (wall seconds from
-	// the start). What ran until then is measured as usual.
+	// the start). What ran until then is measured as usual, and
+	// TokensPerSec is over that time.
 	RouterGone    bool    `json:"stopped_router_unreachable,omitempty"`
 	RouterGoneAtS float64 `json:"router_unreachable_since_s,omitempty"`
 }
@@ -311,8 +312,12 @@ func (c *collector) wait(wg *sync.WaitGroup, cfg BenchConfig, start time.Time) R
 			res := c.res
 			res.DurationSec = time.Since(start).Seconds()
 			res.E2E, res.TTFT, res.ITL = Summarize(c.e2e), Summarize(c.ttft), Summarize(c.itl)
-			if res.DurationSec > 0 {
-				res.TokensPerSec = float64(res.OutputTokens) / res.DurationSec
+			span := res.DurationSec
+			if res.RouterGone {
+				span = res.RouterGoneAtS // the time after served nothing
+			}
+			if span > 0 {
+				res.TokensPerSec = float64(res.OutputTokens) / span
 			}
 			return res
 		case <-tick.C:

@@ -134,6 +134,11 @@ func TestBenchStopsWhenTheRouterIsGone(t *testing.T) {
 			if !strings.Contains(res.LastError, "connection refused") {
 				t.Fatalf("last error %q: want the refusal", res.LastError)
 			}
+			// Throughput is over the time the router served, not the
+			// wait for it after.
+			if want := float64(res.OutputTokens) / res.RouterGoneAtS; res.OutputTokens == 0 || res.TokensPerSec != want {
+				t.Fatalf("%d output tokens, %.1f tokens/s: want %.1f, over the %.2fs served", res.OutputTokens, res.TokensPerSec, want, res.RouterGoneAtS)
+			}
 		})
 	}
 }
