@@ -205,12 +205,22 @@ func TestGenerationGapResyncs(t *testing.T) {
 	if cmd == nil || m.conn != ConnReconnecting || !strings.Contains(m.View(), "reconnecting") {
 		t.Fatalf("after the stream ended: %s", m.conn)
 	}
+	// Its header says why, by the cause at the end of Go's error chain,
+	// and how old the state on screen is.
+	now := t0.Add(12 * time.Second)
+	m.opt.Now = func() time.Time { return now }
 	for i := 0; i < 4; i++ {
-		m.Update(watchEnded{err: fmt.Errorf("connection refused")})
+		m.Update(watchEnded{err: fmt.Errorf(`Get "http://127.0.0.1:34465/api/v1/watch": dial tcp 127.0.0.1:34465: connect: connection refused`)})
 	}
-	if m.conn != ConnUnreachable || !strings.Contains(m.View(), "unreachable: connection refused") {
-		t.Fatalf("conn %s", m.conn)
+	if m.conn != ConnUnreachable || !strings.Contains(m.View(), "unreachable: connection refused (showing the state of 12s ago)") {
+		t.Fatalf("conn %s:\n%s", m.conn, m.View())
 	}
+	// On a narrow screen the cause stays, the age goes.
+	m.Update(tea.WindowSizeMsg{Width: 80, Height: 40})
+	if h := strings.Split(m.View(), "\n")[0]; !strings.Contains(h, "unreachable: connection refused") || strings.Contains(h, "showing") {
+		t.Fatalf("narrow header %q", h)
+	}
+	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
 	m.Update(snapshot(20, threeNodes()...))
 	if m.conn != ConnLive {
 		t.Fatalf("after a snapshot: %s", m.conn)

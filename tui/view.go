@@ -21,6 +21,17 @@ func (m *Model) narrowest() int {
 	return minWidth
 }
 
+// rootCause is the end of an error's chain, its cause: Go's wrapped
+// errors read 'Get "http://host/api/v1/watch": dial tcp host: connect:
+// connection refused', whose start a narrow header would show, and whose
+// end says what went wrong.
+func rootCause(msg string) string {
+	if i := strings.LastIndex(msg, ": "); i >= 0 && i+2 < len(msg) {
+		return msg[i+2:]
+	}
+	return msg
+}
+
 // staleAfter is how long a live stream may stay silent before the header
 // says the data is stale.
 const staleAfter = 10 * time.Second
@@ -121,7 +132,11 @@ func (m *Model) header() string {
 	case ConnReconnecting, ConnUnreachable:
 		conn = stBad.Render(m.conn)
 		if m.connErr != "" {
-			conn += ": " + truncate(m.connErr, 40)
+			conn += ": " + truncate(rootCause(m.connErr), 40)
+		}
+		if !m.lastUpdate.IsZero() {
+			// What the screen shows is that old.
+			conn += " (showing the state of " + m.opt.Now().Sub(m.lastUpdate).Round(time.Second).String() + " ago)"
 		}
 	}
 	name := m.cluster.Model
@@ -141,7 +156,7 @@ func (m *Model) header() string {
 		name = "simulated " + m.cluster.Policy + "  " + clock
 	}
 	line := fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, conn)
-	if m.conn == ConnLive && lipgloss.Width(line) > m.width {
+	if lipgloss.Width(line) > m.width {
 		// Narrow: the state without its age.
 		line = fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, strings.SplitN(conn, " (", 2)[0])
 	}
