@@ -47,8 +47,8 @@ type BenchConfig struct {
 	// Unreachable is how long the router may refuse connections before
 	// the run stops early: from the first call that cannot connect, with
 	// no answer (of any status) since, until a call fails to connect that
-	// long after. 0: DefaultUnreachable; negative: never stop, for a run
-	// that should ride out a long router restart.
+	// long after. 0 or negative: never stop, for a run that should ride
+	// out a long router restart (DefaultUnreachable is evolve's default).
 	Unreachable time.Duration
 }
 
@@ -190,9 +190,6 @@ func (cfg *BenchConfig) defaults() {
 	if cfg.ProgressEvery <= 0 {
 		cfg.ProgressEvery = 5 * time.Second
 	}
-	if cfg.Unreachable == 0 {
-		cfg.Unreachable = DefaultUnreachable
-	}
 }
 
 type collector struct {
@@ -219,7 +216,7 @@ func (c *collector) reached() {
 
 // unreachable notes a call that could not connect to the router, and
 // stops the run once calls have failed so for limit with no answer
-// between (limit < 0: never).
+// between (limit <= 0: never).
 func (c *collector) unreachable(limit time.Duration) {
 	now := time.Now()
 	c.mu.Lock()
@@ -228,7 +225,7 @@ func (c *collector) unreachable(limit time.Duration) {
 		c.unreachableSince = now
 		return
 	}
-	if limit >= 0 && now.Sub(c.unreachableSince) >= limit && !c.res.RouterGone {
+	if limit > 0 && now.Sub(c.unreachableSince) >= limit && !c.res.RouterGone {
 		c.res.RouterGone = true
 		c.res.RouterGoneAtS = c.unreachableSince.Sub(c.start).Seconds()
 		c.stop()

@@ -72,9 +72,6 @@ within that time (a restart) loses the run only the calls it refused.`,
 			base := workload.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
 				VocabSize: config.GetInt(k("vocab-size")), Unreachable: config.GetDuration(k("unreachable-timeout"))}
-			if base.Unreachable == 0 {
-				base.Unreachable = -1 // 0 on the command line: never stop
-			}
 			trace := config.GetString(k("trace"))
 			local := 0.0 // the local cluster's engine speedup, when bench runs against it
 			if config.GetString(k("url")) == "" {

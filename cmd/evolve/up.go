@@ -455,7 +455,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			case <-bctx.Done():
 			}
 		}()
-		res, berr := workload.Bench(bctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey,
+		res, berr := workload.Bench(bctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey, Unreachable: workload.DefaultUnreachable,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
 			Progress: func(s workload.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
 		stopAgents()
