@@ -215,6 +215,10 @@ func TestGenerationGapResyncs(t *testing.T) {
 	if m.conn != ConnUnreachable || !strings.Contains(m.View(), "unreachable: connection refused (showing the state of 12s ago)") {
 		t.Fatalf("conn %s:\n%s", m.conn, m.View())
 	}
+	// The node table says it is the last state known, not the state now.
+	if v := m.View(); !strings.Contains(v, "last known nodes 3:") {
+		t.Fatalf("the node table does not say it is old:\n%s", v)
+	}
 	// On a narrow screen the cause stays, the age goes.
 	m.Update(tea.WindowSizeMsg{Width: 80, Height: 40})
 	if h := strings.Split(m.View(), "\n")[0]; !strings.Contains(h, "unreachable: connection refused") || strings.Contains(h, "showing") {
@@ -222,8 +226,8 @@ func TestGenerationGapResyncs(t *testing.T) {
 	}
 	m.Update(tea.WindowSizeMsg{Width: 120, Height: 40})
 	m.Update(snapshot(20, threeNodes()...))
-	if m.conn != ConnLive {
-		t.Fatalf("after a snapshot: %s", m.conn)
+	if m.conn != ConnLive || strings.Contains(m.View(), "last known") {
+		t.Fatalf("after a snapshot: %s:\n%s", m.conn, m.View())
 	}
 }
 
@@ -498,9 +502,15 @@ func TestSilentStreamIsStale(t *testing.T) {
 	if h := m.header(); !strings.Contains(h, "stale (no update for 25s)") || strings.Contains(h, "live") {
 		t.Fatalf("after 25 s of silence: %s", h)
 	}
+	if v := m.View(); !strings.Contains(v, "last known nodes 3:") {
+		t.Fatalf("a stale node table does not say so:\n%s", v)
+	}
 	m.cluster.Simulation = &Simulation{}
 	if h := m.header(); !strings.Contains(h, "live") {
 		t.Fatalf("a simulation sends only what changes, at its pace: quiet, not stale: %s", h)
+	}
+	if v := m.View(); strings.Contains(v, "last known") {
+		t.Fatalf("a quiet simulation's nodes are shown as old:\n%s", v)
 	}
 }
 

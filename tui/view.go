@@ -124,7 +124,7 @@ func (m *Model) header() string {
 		// never goes quiet for long: a silent one is stuck somewhere. A
 		// simulation sends only what changes, at its own pace: quiet
 		// says nothing there.
-		if !m.lastUpdate.IsZero() && since > staleAfter && m.cluster.Simulation == nil {
+		if m.outdated() {
 			conn = stBad.Render("stale") + " (no update for " + since.Round(time.Second).String() + ")"
 		} else {
 			conn = stGood.Render("live") + " (" + age + ")"
@@ -174,6 +174,22 @@ func (m *Model) header() string {
 	return line + "\n" + strings.Join(tabs, "")
 }
 
+// outdated reports whether what the screen shows may no longer be the
+// cluster's state: the orchestrator is lost, or a live cluster's stream
+// has gone quiet for longer than its heartbeats allow.
+func (m *Model) outdated() bool {
+	if m.lastUpdate.IsZero() {
+		return false
+	}
+	switch m.conn {
+	case ConnReconnecting, ConnUnreachable:
+		return true
+	case ConnLive:
+		return m.cluster.Simulation == nil && m.opt.Now().Sub(m.lastUpdate) > staleAfter
+	}
+	return false
+}
+
 func (m *Model) footer() string {
 	switch {
 	case m.confirm != nil:
@@ -205,6 +221,11 @@ func (m *Model) summary() string {
 		}
 	}
 	head := fmt.Sprintf("nodes %d: %d prefill, %d decode serving, %d switching, %d down", len(m.nodes), p, d, sw, down)
+	if m.outdated() {
+		// Said in words, not only by the faint rows below: NO_COLOR
+		// shows no faintness.
+		head = "last known " + head
+	}
 	if draining > 0 {
 		head += fmt.Sprintf(", %d draining", draining)
 	}
@@ -334,7 +355,11 @@ func (m *Model) viewNodes() string {
 		if loadW >= 4 {
 			line += "  " + sparkline(m.load[n.ID], loadW)
 		}
-		if n.State == "down" {
+		switch {
+		case m.outdated():
+			// Not the nodes' state now: the header says how old it is.
+			line = stDim.Render(stripANSI(line))
+		case n.State == "down":
 			line = stBad.Render(line)
 		}
 		if sel != nil && n.ID == sel.ID {
