@@ -40,6 +40,7 @@ func (x *Table[V]) init(n int) {
 		size <<= 1
 	}
 	x.slots = make([]tableSlot[V], size)
+	AdviseHugePages(x.slots)
 	x.mask = uint64(size - 1)
 	x.minSlots = size
 }
@@ -208,6 +209,7 @@ func (x *Table[V]) Range(f func(h BlockHash, v V) bool) {
 func (x *Table[V]) resize(size int) {
 	old := x.slots
 	x.slots = make([]tableSlot[V], size)
+	AdviseHugePages(x.slots)
 	x.mask = uint64(size - 1)
 	for _, s := range old {
 		if s.key == 0 {

@@ -63,6 +63,7 @@ func (s *Set) grow() {
 	old := s.slots
 	size := max(1024, 2*len(old))
 	s.slots, s.mask = make([]BlockHash, size), uint64(size-1)
+	AdviseHugePages(s.slots)
 	for _, h := range old {
 		if h == 0 {
 			continue

@@ -26,8 +26,10 @@ type Block struct {
 	listed   bool // in the LRU queue of its priority
 }
 
+// A chunk is 4 MiB, so that at least one aligned huge page lies in it
+// (kv.AdviseHugePages).
 const (
-	chunkBits = 14
+	chunkBits = 17
 	chunkSize = 1 << chunkBits
 )
 
@@ -52,6 +54,7 @@ func (t *BlockTable) alloc() BlockID {
 	} else {
 		if t.n == len(t.chunks)*chunkSize {
 			t.chunks = append(t.chunks, make([]Block, chunkSize))
+			kv.AdviseHugePages(t.chunks[len(t.chunks)-1])
 		}
 		id = BlockID(t.n)
 		t.n++

@@ -1,0 +1,81 @@
+package kv
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"unsafe"
+)
+
+// vmFlags returns the VmFlags of the mapping of this process that holds
+// addr, from /proc/self/smaps.
+func vmFlags(t *testing.T, addr uintptr) []string {
+	t.Helper()
+	f, err := os.Open("/proc/self/smaps")
+	if err != nil {
+		t.Skipf("no smaps: %v", err)
+	}
+	defer f.Close()
+	in := false
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		// A mapping's first line starts with its range, "lo-hi"; the
+		// lines after it are "Key: value".
+		if f := strings.Fields(line); len(f) > 0 && !strings.HasSuffix(f[0], ":") {
+			var lo, hi uintptr
+			if _, err := fmt.Sscanf(f[0], "%x-%x", &lo, &hi); err == nil {
+				in = lo <= addr && addr < hi
+			}
+			continue
+		}
+		if in && strings.HasPrefix(line, "VmFlags:") {
+			return strings.Fields(strings.TrimPrefix(line, "VmFlags:"))
+		}
+	}
+	t.Fatalf("no mapping holds %#x", addr)
+	return nil
+}
+
+// A large table's slots are advised for huge pages: the kernel marks the
+// mapping that holds them ("hg" in smaps), whatever its system-wide
+// setting, and the data stays as it was.
+func TestLargeTablesAskForHugePages(t *testing.T) {
+	if _, err := os.Stat("/sys/kernel/mm/transparent_hugepage/enabled"); err != nil {
+		t.Skip("this kernel has no transparent huge pages")
+	}
+	x := NewIndex(1 << 20) // 2M slots of 16 bytes: 32 MiB
+	for i := 1; i <= 1000; i++ {
+		x.Put(BlockHash(i*7919), int32(i))
+	}
+	mid := uintptr(unsafe.Pointer(&x.slots[len(x.slots)/2]))
+	flags := vmFlags(t, mid)
+	if !slices.Contains(flags, "hg") {
+		t.Fatalf("a 32 MiB table's mapping is not advised for huge pages: VmFlags %v", flags)
+	}
+	for i := 1; i <= 1000; i++ {
+		if v, ok := x.Get(BlockHash(i * 7919)); !ok || v != int32(i) {
+			t.Fatalf("entry %d: %d %v", i, v, ok)
+		}
+	}
+}
+
+// Slices with no whole aligned huge page in them, and empty ones, are left
+// alone.
+func TestAdviseHugePagesSmallSlices(t *testing.T) {
+	AdviseHugePages([]int32(nil))
+	AdviseHugePages(make([]byte, 4096))
+	s := make([]byte, hugePage)
+	for i := range s {
+		s[i] = byte(i)
+	}
+	AdviseHugePages(s)
+	for i := range s {
+		if s[i] != byte(i) {
+			t.Fatalf("byte %d changed", i)
+		}
+	}
+}
