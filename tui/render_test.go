@@ -48,6 +48,28 @@ func TestRenderPlannerWrapsRatherThanCuts(t *testing.T) {
 	}
 }
 
+// A planner that has learned nothing yet says so on one line per cost,
+// without an error figure no pass gave.
+func TestRenderPlannerBeforeAnyPass(t *testing.T) {
+	p := Planner{State: "learning", Enabled: true, Reason: "the cost models are not trusted yet; holding the split",
+		PrefillFit: Fit{Note: "learning: too few passes"}, DecodeFit: Fit{Note: "learning: too few passes"},
+		Prefill: 1, Decode: 3, Recommend: -1}
+	out := RenderPlanner(p, 80)
+	for _, want := range []string{"prefill cost  0 passes, learning: too few passes\n", "decode cost   0 passes, learning: too few passes\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the report lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "±") {
+		t.Errorf("an error figure without passes:\n%s", out)
+	}
+	// Once passes come in, their error shows.
+	p.PrefillFit = Fit{Samples: 12, RelErr: 0.083, Note: "learning: error above 5%", Coefs: []Coef{{Name: "base_ms", Value: 0.2}}}
+	if out := RenderPlanner(p, 80); !strings.Contains(out, "12 passes, ±8.3%, learning: error above 5%") {
+		t.Errorf("with passes:\n%s", out)
+	}
+}
+
 func TestWhereShortNamesTheLargestHolder(t *testing.T) {
 	b := Branch{Residency: []Residency{{Node: "engine-0", GPU: 437}, {Node: "engine-3", GPU: 855, Host: 44}, {Node: "engine-9", Host: 12}}}
 	if got := WhereShort(b); got != "engine-3 855G/44H +2 more" {

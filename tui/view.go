@@ -432,7 +432,17 @@ func (m *Model) viewPlanner() string {
 		if !f.fit.Ready {
 			conf = f.fit.Note
 		}
-		fmt.Fprintf(&b, "%-13s %s\n%-13s %d passes, ±%.1f%%, %s\n", f.name, wrapJoin(parts, ", ", ",", strings.Repeat(" ", 14), m.width), "", f.fit.Samples, f.fit.RelErr*100, conf)
+		fit := fmt.Sprintf("%d passes, %s", f.fit.Samples, conf)
+		if f.fit.Samples > 0 {
+			// No passes, no error to speak of.
+			fit = fmt.Sprintf("%d passes, ±%.1f%%, %s", f.fit.Samples, f.fit.RelErr*100, conf)
+		}
+		if len(parts) == 0 {
+			// Nothing learned yet: one line, not an empty one above it.
+			fmt.Fprintf(&b, "%-13s %s\n", f.name, fit)
+			continue
+		}
+		fmt.Fprintf(&b, "%-13s %s\n%-13s %s\n", f.name, wrapJoin(parts, ", ", ",", strings.Repeat(" ", 14), m.width), "", fit)
 	}
 	trend := "steady"
 	if p.Long.Requests > 0 {
