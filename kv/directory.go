@@ -175,11 +175,10 @@ func (d *Directory) place(parent BlockHash, cursor *int32) int32 {
 		}
 	}
 	if n := len(d.free); n == 0 || len(d.arena) < 2*d.t.Len()+1024 {
-		if len(d.arena) == cap(d.arena) {
-			d.arena = append(d.arena, dirEntry{})
+		grows := len(d.arena) == cap(d.arena)
+		d.arena = append(d.arena, dirEntry{})
+		if grows {
 			AdviseHugePages(d.arena[:cap(d.arena)])
-		} else {
-			d.arena = append(d.arena, dirEntry{})
 		}
 		return int32(len(d.arena) - 1)
 	}

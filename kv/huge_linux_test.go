@@ -77,8 +77,8 @@ func TestLargeTablesAskForHugePages(t *testing.T) {
 	}
 }
 
-// Slices with no whole aligned huge page in them, and empty ones, are left
-// alone.
+// Empty slices, slices with no whole aligned huge page in them and ones
+// with one are advised without a fault, and keep their data.
 func TestAdviseHugePagesSmallSlices(t *testing.T) {
 	AdviseHugePages([]int32(nil))
 	AdviseHugePages(make([]byte, 4096))

@@ -320,6 +320,7 @@ func (m *Model) viewNodes() string {
 	}
 	nodes := m.sortedNodes()
 	sel := m.selected()
+	outdated := m.outdated()
 	// The NODE and STATE columns are as wide as what they hold, and the
 	// load sparkline takes what width is left: at 80 columns every
 	// figure still shows, and rows keep their colour (a row cut to fit
@@ -356,7 +357,7 @@ func (m *Model) viewNodes() string {
 			line += "  " + sparkline(m.load[n.ID], loadW)
 		}
 		switch {
-		case m.outdated():
+		case outdated:
 			// Not the nodes' state now: the header says how old it is.
 			line = stDim.Render(stripANSI(line))
 		case n.State == "down":
