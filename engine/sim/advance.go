@@ -53,7 +53,7 @@ func (m *Model) Advance(now, until time.Time) AdvanceOutput {
 			ao.Idle = true
 			break
 		}
-		ao.Tokens += len(out.Tokens)
+		ao.Tokens += out.Sampled
 		ao.Passes = append(ao.Passes, Pass{Start: out.Start, Duration: d, Stats: out.Stats})
 		ao.Finished = append(ao.Finished, out.Finished...)
 		now = out.Start.Add(d)
@@ -143,11 +143,10 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 	}
 	sh, bs := m.bsShift, m.bs
 	for _, s := range m.running {
-		for i := 0; i < passes; i++ {
-			s.out = append(s.out, m.nextToken(s))
-		}
 		s.generated += passes
-		s.usage.CompletionTokens = s.generated
+		if !m.cfg.NoTokenStream {
+			m.materialize(s)
+		}
 		before := s.computed >> sh
 		s.computed += passes
 		after := s.computed >> sh
@@ -157,6 +156,7 @@ func (m *Model) bulkDecode(now, until time.Time, k int, ao *AdvanceOutput) time.
 			}
 		}
 		if s.ntok()>>sh > len(s.chain) {
+			m.materialize(s)
 			s.extendChain(bs)
 		}
 		for i := before; i < after; i++ {

@@ -67,6 +67,10 @@ type Config struct {
 	// stored on GPU, as Dynamo's KVBM does, instead of on eviction.
 	WriteThrough bool
 	NewPolicy    func(*BlockTable) EvictionPolicy // default NewLRUPolicy
+	// NoTokenStream leaves Output.Tokens empty, for a caller that reads
+	// only how many tokens each pass sampled (Output.Sampled), as the
+	// simulator does: a decode pass then writes nothing per sequence.
+	NoTokenStream bool
 }
 
 // Request is one generation request.
@@ -74,15 +78,15 @@ type Request struct {
 	ID        string
 	Tokens    []uint32 // prompt; kept, not copied, while the request is in flight: do not modify
 	MaxTokens int      // output tokens to generate (no EOS is modelled)
+	// RemoteDecode makes this the prefill leg of a disaggregated request: it
+	// stops after its first token and holds its KV until a peer pulls it
+	// (Release) or HoldTimeout passes.
+	RemoteDecode bool
 	// Chain optionally gives kv.ChainHashes(Tokens, block size), when the
 	// caller (a router, the simulator) has it already; it is not hashed again.
 	Chain []kv.BlockHash
 	Seed  uint64 // output token stream; 0 derives one from ID
 
-	// RemoteDecode makes this the prefill leg of a disaggregated request: it
-	// stops after its first token and holds its KV until a peer pulls it
-	// (Release) or HoldTimeout passes.
-	RemoteDecode bool
 	// Remote makes this the decode leg: its prompt's blocks are pulled from a
 	// peer before it is scheduled.
 	Remote *RemoteKV
@@ -176,8 +180,9 @@ type PassStats struct {
 type Output struct {
 	Start    time.Time
 	Duration time.Duration
-	Idle     bool // nothing could run; Duration is 0
-	Tokens   []Token
+	Idle     bool    // nothing could run; Duration is 0
+	Tokens   []Token // the tokens sampled (none with Config.NoTokenStream)
+	Sampled  int     // how many tokens the pass sampled
 	Finished []Finished
 	Events   []kv.Event // every KV change since the previous Step, in order
 	Stats    PassStats
@@ -209,24 +214,32 @@ const (
 	stDone
 )
 
+// A seq's fields are in the order a decode pass reads them, so that the
+// pass, which visits every running sequence once, takes few cache lines of
+// each: the request's prompt and limits (near the start of Request), the
+// output, the counts, the sampler, the blocks.
 type seq struct {
 	req Request
 	// The sequence's tokens are the prompt (the request's own slice,
-	// shared, never written) followed by out: a 100K-token context is not
-	// copied on every turn.
+	// shared, never written) followed by the generated output tokens: a
+	// 100K-token context is not copied on every turn. out holds the
+	// output's ids, all of them but, with Config.NoTokenStream, those
+	// sampled since the last materialize.
 	out       []uint32
-	chain     []kv.BlockHash // hashes of the full blocks of the tokens
+	computed  int // tokens whose KV is in blocks
+	generated int // output tokens sampled
+	rng       uint64
+	state     seqState
 	blocks    []BlockID      // GPU blocks; blocks[i] holds tokens [i*bs, (i+1)*bs)
-	computed  int            // tokens whose KV is in blocks
-	generated int
+	chain     []kv.BlockHash // hashes of the full blocks of the tokens
 	// kvReady is when KV coming from elsewhere will have arrived: a decode
 	// leg's pull from its prefill peer, or a fetch of its prefix into the
 	// host tier. The sequence is not admitted before (vLLM keeps such
 	// requests aside, waiting for remote KV, and admits the others).
-	kvReady   time.Time
+	kvReady time.Time
+	// usage is what the request cost so far but for CompletionTokens,
+	// which is generated (see report).
 	usage     Usage
-	rng       uint64
-	state     seqState
 	holdUntil time.Time
 	// heldBlocks is how much of chain a held sequence holds for its peer.
 	heldBlocks int
@@ -234,6 +247,13 @@ type seq struct {
 	// ahead: the sequence waits ahead of new arrivals (preempted, or a
 	// Request.Continues).
 	ahead bool
+}
+
+// report is the request's usage so far.
+func (s *seq) report() Usage {
+	u := s.usage
+	u.CompletionTokens = s.generated
+	return u
 }
 
 type fetch struct {
@@ -464,7 +484,7 @@ func (m *Model) Abort(now time.Time, id string) (Usage, bool) {
 	delete(m.byID, id)
 	s.usage.Finish = now
 	m.counters.Aborted++
-	return s.usage, true
+	return s.report(), true
 }
 
 // Migrated is a decoding sequence taken off an engine to continue on
@@ -501,8 +521,9 @@ func (m *Model) migrate(now time.Time, id string, hold bool) (Migrated, bool) {
 	if !ok || s.state != stRunning || s.generated == 0 || s.req.RemoteDecode {
 		return Migrated{}, false
 	}
+	m.materialize(s)
 	full := min(s.computed>>m.bsShift, len(s.chain))
-	mg := Migrated{Usage: s.usage, Tokens: append(append(make([]uint32, 0, s.ntok()), s.req.Tokens...), s.out...),
+	mg := Migrated{Usage: s.report(), Tokens: append(append(make([]uint32, 0, s.ntok()), s.req.Tokens...), s.out...),
 		Chain:     append([]kv.BlockHash(nil), s.chain[:full]...),
 		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok()), Sampler: s.rng}
 	mg.Output = mg.Tokens[len(s.req.Tokens):]

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
@@ -20,7 +21,7 @@ func (m *Model) Step(now time.Time) (time.Duration, Output) {
 	}
 	out := &m.out
 	out.Start, out.Duration, out.Idle = now, 0, false
-	out.Tokens, out.Finished = out.Tokens[:0], out.Finished[:0]
+	out.Tokens, out.Sampled, out.Finished = out.Tokens[:0], 0, out.Finished[:0]
 	out.Stats = PassStats{}
 	st := &out.Stats
 
@@ -268,23 +269,30 @@ func (m *Model) passTime(st *PassStats) time.Duration {
 }
 
 // sample appends one output token to s at time end and finishes it when done.
+// With Config.NoTokenStream the token is only counted: its id is drawn
+// when the tokens are read (materialize), at the block's end, so that a
+// pass does not write to every sequence's output.
 func (m *Model) sample(s *seq, end time.Time) {
-	tok := m.nextToken(s)
 	idx := s.generated
-	s.out = append(s.out, tok)
 	s.generated++
+	if !m.cfg.NoTokenStream {
+		tok := m.nextToken(s)
+		s.out = append(s.out, tok)
+		m.out.Tokens = append(m.out.Tokens, Token{ReqID: s.req.ID, ID: tok, Index: idx, Sampler: s.rng})
+	}
 	if s.ntok()&(m.bs-1) == 0 {
+		m.materialize(s)
 		s.extendChain(m.bs)
 	}
 	if idx == 0 {
 		s.usage.FirstToken = end
 	}
-	s.usage.CompletionTokens = s.generated
 	m.counters.GenerationTokens++
-	m.out.Tokens = append(m.out.Tokens, Token{ReqID: s.req.ID, ID: tok, Index: idx, Sampler: s.rng})
+	m.out.Sampled++
 
 	switch {
 	case s.req.RemoteDecode:
+		m.materialize(s)
 		s.state = stHeld
 		s.holdUntil = end.Add(m.cfg.HoldTimeout)
 		m.held = append(m.held, s)
@@ -293,20 +301,34 @@ func (m *Model) sample(s *seq, end time.Time) {
 		nb := min(len(s.chain), len(s.req.Tokens)/m.bs)
 		s.heldBlocks = nb
 		m.out.Finished = append(m.out.Finished, Finished{
-			ReqID: s.req.ID, Reason: FinishRemoteDecode, Usage: s.usage, Blocks: s.chain[:nb:nb],
+			ReqID: s.req.ID, Reason: FinishRemoteDecode, Usage: s.report(), Blocks: s.chain[:nb:nb],
 		})
 	case s.generated >= s.req.MaxTokens || s.ntok() >= m.p.MaxModelLen:
+		m.materialize(s)
 		s.state = stDone
 		s.usage.Finish = end
 		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
 		m.freeSeq(s)
 		delete(m.byID, s.req.ID)
-		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.usage, Output: s.out[:len(s.out):len(s.out)]})
+		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.report(), Output: s.out[:len(s.out):len(s.out)]})
 	}
 }
 
 // ntok is the sequence's length: prompt and output.
-func (s *seq) ntok() int { return len(s.req.Tokens) + len(s.out) }
+func (s *seq) ntok() int { return len(s.req.Tokens) + s.generated }
+
+// materialize draws the ids of the tokens s sampled but has not written to
+// its output yet (see sample), in order, advancing its sampler.
+func (m *Model) materialize(s *seq) {
+	n := len(s.out)
+	if n >= s.generated {
+		return
+	}
+	s.out = slices.Grow(s.out, s.generated-n)[:s.generated]
+	for i := n; i < s.generated; i++ {
+		s.out[i] = m.nextToken(s)
+	}
+}
 
 // extendChain hashes the full blocks of the tokens that the chain lacks;
 // a block may straddle the prompt and the output.

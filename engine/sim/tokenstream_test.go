@@ -1,0 +1,109 @@
+package sim
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+
+	"github.com/evolvellm/evolve/kv"
+)
+
+// streamRun steps m through arr and records everything a caller sees but
+// the token records: per pass its start, duration, stats and how many
+// tokens it sampled, every KV event, and the finished requests. Halfway
+// it hands one decoding request over, so that a Migrated is compared too.
+type streamRun struct {
+	passes   []string
+	events   []kv.Event
+	finished map[string]Finished
+	migrated Migrated
+	streamed int // Output.Tokens records seen
+}
+
+func runStream(t *testing.T, m *Model, arr []arrival) streamRun {
+	t.Helper()
+	r := streamRun{finished: map[string]Finished{}}
+	now, i, handed := t0, 0, false
+	for guard := 0; guard < 1_000_000; guard++ {
+		start := now
+		if start.Before(m.busyUntil) {
+			start = m.busyUntil
+		}
+		for i < len(arr) && !arr[i].at.After(start) {
+			submit(t, m, arr[i].at, arr[i].r)
+			i++
+		}
+		if !handed && i > len(arr)/2 {
+			for _, s := range m.running {
+				if s.generated > 70 && !s.req.RemoteDecode { // past a block of output, mid-block
+					mg, ok := m.HandOver(start, s.req.ID)
+					if !ok {
+						t.Fatalf("hand over %s refused", s.req.ID)
+					}
+					r.migrated, handed = mg, true
+					break
+				}
+			}
+		}
+		d, out := m.Step(start)
+		r.events = append(r.events, out.Events...)
+		r.streamed += len(out.Tokens)
+		if len(out.Tokens) != 0 && len(out.Tokens) != out.Sampled {
+			t.Fatalf("pass sampled %d tokens but streamed %d", out.Sampled, len(out.Tokens))
+		}
+		for _, f := range out.Finished {
+			r.finished[f.ReqID] = f
+		}
+		if out.Idle {
+			if i == len(arr) {
+				if !handed {
+					t.Fatal("no request was handed over: the test compares no Migrated")
+				}
+				return r
+			}
+			now = arr[i].at
+			continue
+		}
+		r.passes = append(r.passes, fmt.Sprint(out.Start, d, out.Stats, out.Sampled))
+		now = start.Add(d)
+	}
+	t.Fatal("step loop did not end")
+	return r
+}
+
+// The simulator turns the token stream off; everything else an engine
+// reports must stay as it is, down to the output ids, the chains hashed
+// from them and the sampler handed on, with preemptions and a handover.
+func TestNoTokenStreamChangesNothingElse(t *testing.T) {
+	for _, gpuBlocks := range []int{0, 120} {
+		t.Run(fmt.Sprint("gpu", gpuBlocks), func(t *testing.T) {
+			p := tinyProfile(t)
+			arr := mixedArrivals()
+			want := runStream(t, NewModel(p, Config{GPUBlocks: gpuBlocks}), arr)
+			quiet := NewModel(p, Config{GPUBlocks: gpuBlocks, NoTokenStream: true})
+			got := runStream(t, quiet, arr)
+			if want.streamed == 0 || got.streamed != 0 {
+				t.Fatalf("token records: %d streamed, %d without the stream", want.streamed, got.streamed)
+			}
+			if !slices.Equal(got.passes, want.passes) {
+				t.Fatalf("passes differ (%d and %d)", len(got.passes), len(want.passes))
+			}
+			if !slices.Equal(got.events, want.events) {
+				t.Fatalf("KV events differ (%d and %d)", len(got.events), len(want.events))
+			}
+			if len(want.finished) != len(arr)-1 || len(got.finished) != len(want.finished) {
+				t.Fatalf("finished %d and %d of %d", len(want.finished), len(got.finished), len(arr))
+			}
+			for id, w := range want.finished {
+				g := got.finished[id]
+				if g.Reason != w.Reason || !slices.Equal(g.Output, w.Output) || !slices.Equal(g.Blocks, w.Blocks) || g.Usage != w.Usage {
+					t.Fatalf("%s differs:\nstream    %+v\nno stream %+v", id, w, g)
+				}
+			}
+			w, g := want.migrated, got.migrated
+			if g.Sampler != w.Sampler || !slices.Equal(g.Tokens, w.Tokens) || !slices.Equal(g.Chain, w.Chain) || g.Remaining != w.Remaining || g.Usage != w.Usage {
+				t.Fatalf("handover differs:\nstream    %+v\nno stream %+v", w.Usage, g.Usage)
+			}
+		})
+	}
+}
