@@ -324,7 +324,14 @@ func (m *Model) materialize(s *seq) {
 	if n >= s.generated {
 		return
 	}
-	s.out = slices.Grow(s.out, s.generated-n)[:s.generated]
+	if cap(s.out) < s.generated {
+		// Room for the whole output at once: no EOS is modelled, so it
+		// runs to the limit, and growing a long answer by doubling
+		// would copy it over and over.
+		total := max(s.generated, min(s.req.MaxTokens, m.p.MaxModelLen-len(s.req.Tokens)))
+		s.out = slices.Grow(s.out, total-n)
+	}
+	s.out = s.out[:s.generated]
 	for i := n; i < s.generated; i++ {
 		s.out[i] = m.nextToken(s)
 	}
