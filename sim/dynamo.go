@@ -149,7 +149,7 @@ func (r *run) remove(i int) {
 	// The worker's process is gone, and its KV with it, in the directory
 	// and in the engine (a step still due finds nothing to do).
 	r.dir.DropNode(e.dir)
-	e.model = enginesim.NewModel(r.sc.Profile, enginesim.Config{WriteThrough: r.pol.WriteThrough, NoTokenStream: true})
+	e.model = enginesim.NewModel(r.sc.Profile, r.pol.engineConfig())
 	e.state = engOff
 	e.stats = enginesim.PassStats{}
 	r.res.RoleSwitches++

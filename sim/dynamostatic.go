@@ -6,7 +6,6 @@ import (
 	"math"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/workload"
 )
 
@@ -54,7 +53,7 @@ func dynamoStaticSplit(sc Scenario, name string, hooks runHooks) (prefill int, p
 	if calls == 0 {
 		return recipe, probe.Duration, nil // no demand to size for
 	}
-	cfg := enginesim.Config{WriteThrough: pol.WriteThrough}.WithDefaults(sc.Profile)
+	cfg := pol.engineConfig().WithDefaults(sc.Profile)
 	n := float64(calls)
 	p, d := dynamoReplicas(sc.Profile, cfg, sc.Engines, n/(probe.Duration-from).Seconds(), float64(isl)/n, float64(osl)/n)
 	return scaleSplit(p, d, sc.Engines), probe.Duration, nil

@@ -65,6 +65,12 @@ type Policy struct {
 	ColdStart     time.Duration // how long an added worker loads before it serves
 }
 
+// engineConfig is how the policy's engines are configured: the simulator
+// reads no per-token records, only how many tokens each pass sampled.
+func (p Policy) engineConfig() enginesim.Config {
+	return enginesim.Config{WriteThrough: p.WriteThrough, NoTokenStream: true}
+}
+
 // PolicyNames are the policies Compare runs, splits written P:D.
 var PolicyNames = []string{"evolve", "dynamo", "dynamo-static", "dynamo-sla", "dynamo:best", "static:P:D", "static:best", "dynamo-static:P:D", "dynamo-static:best", "oracle"}
 

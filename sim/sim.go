@@ -286,7 +286,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		if i < pol.Prefill {
 			role = routing.Prefill
 		}
-		model := enginesim.NewModel(p, enginesim.Config{WriteThrough: pol.WriteThrough, NoTokenStream: true})
+		model := enginesim.NewModel(p, pol.engineConfig())
 		r.engines = append(r.engines, &engine{id: id, dir: dir, model: model, role: role})
 		r.byID[id] = i
 		r.view.Nodes = append(r.view.Nodes, routing.Node{ID: id, Dir: dir, Role: role, Serving: true,

@@ -32,6 +32,19 @@ func mixedArrivals() []arrival {
 
 func byStep(t *testing.T, m *Model, arr []arrival) map[string]Finished {
 	got := map[string]Finished{}
+	stepThrough(t, m, arr, nil, func(_ time.Duration, out Output) {
+		for _, f := range out.Finished {
+			got[f.ReqID] = f
+		}
+	})
+	return got
+}
+
+// stepThrough steps m until arr is submitted and nothing runs, submitting
+// each arrival when its time comes. before, if not nil, runs ahead of each
+// pass with its start; after sees each Step's result, idle ones included.
+func stepThrough(t *testing.T, m *Model, arr []arrival, before func(start time.Time, submitted int), after func(time.Duration, Output)) {
+	t.Helper()
 	now, i := t0, 0
 	for guard := 0; guard < 1_000_000; guard++ {
 		start := now
@@ -42,13 +55,14 @@ func byStep(t *testing.T, m *Model, arr []arrival) map[string]Finished {
 			submit(t, m, arr[i].at, arr[i].r)
 			i++
 		}
-		d, out := m.Step(start)
-		for _, f := range out.Finished {
-			got[f.ReqID] = f
+		if before != nil {
+			before(start, i)
 		}
+		d, out := m.Step(start)
+		after(d, out)
 		if out.Idle {
 			if i == len(arr) {
-				return got
+				return
 			}
 			now = arr[i].at
 			continue
@@ -56,7 +70,6 @@ func byStep(t *testing.T, m *Model, arr []arrival) map[string]Finished {
 		now = start.Add(d)
 	}
 	t.Fatal("step loop did not end")
-	return nil
 }
 
 func byAdvance(t *testing.T, m *Model, arr []arrival) (map[string]Finished, int) {

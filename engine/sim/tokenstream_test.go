@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/evolvellm/evolve/kv"
 )
@@ -23,29 +24,23 @@ type streamRun struct {
 func runStream(t *testing.T, m *Model, arr []arrival) streamRun {
 	t.Helper()
 	r := streamRun{finished: map[string]Finished{}}
-	now, i, handed := t0, 0, false
-	for guard := 0; guard < 1_000_000; guard++ {
-		start := now
-		if start.Before(m.busyUntil) {
-			start = m.busyUntil
+	handed := false
+	handOver := func(start time.Time, submitted int) {
+		if handed || submitted <= len(arr)/2 {
+			return
 		}
-		for i < len(arr) && !arr[i].at.After(start) {
-			submit(t, m, arr[i].at, arr[i].r)
-			i++
-		}
-		if !handed && i > len(arr)/2 {
-			for _, s := range m.running {
-				if s.generated > 70 && !s.req.RemoteDecode { // past a block of output, mid-block
-					mg, ok := m.HandOver(start, s.req.ID)
-					if !ok {
-						t.Fatalf("hand over %s refused", s.req.ID)
-					}
-					r.migrated, handed = mg, true
-					break
+		for _, s := range m.running {
+			if s.generated > 70 && !s.req.RemoteDecode { // past a block of output, mid-block
+				mg, ok := m.HandOver(start, s.req.ID)
+				if !ok {
+					t.Fatalf("hand over %s refused", s.req.ID)
 				}
+				r.migrated, handed = mg, true
+				return
 			}
 		}
-		d, out := m.Step(start)
+	}
+	stepThrough(t, m, arr, handOver, func(d time.Duration, out Output) {
 		r.events = append(r.events, out.Events...)
 		r.streamed += len(out.Tokens)
 		if len(out.Tokens) != 0 && len(out.Tokens) != out.Sampled {
@@ -54,20 +49,13 @@ func runStream(t *testing.T, m *Model, arr []arrival) streamRun {
 		for _, f := range out.Finished {
 			r.finished[f.ReqID] = f
 		}
-		if out.Idle {
-			if i == len(arr) {
-				if !handed {
-					t.Fatal("no request was handed over: the test compares no Migrated")
-				}
-				return r
-			}
-			now = arr[i].at
-			continue
+		if !out.Idle {
+			r.passes = append(r.passes, fmt.Sprint(out.Start, d, out.Stats, out.Sampled))
 		}
-		r.passes = append(r.passes, fmt.Sprint(out.Start, d, out.Stats, out.Sampled))
-		now = start.Add(d)
+	})
+	if !handed {
+		t.Fatal("no request was handed over: the test compares no Migrated")
 	}
-	t.Fatal("step loop did not end")
 	return r
 }
 
