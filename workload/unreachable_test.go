@@ -92,7 +92,12 @@ func TestBenchStopsWhenTheRouterIsGone(t *testing.T) {
 				err error
 			}
 			done := make(chan out, 1)
-			cfg := BenchConfig{URL: "http://" + f.addr, Duration: 2 * time.Minute, Speedup: 1000, Seed: 1, Unreachable: time.Second}
+			// The router goes once the bench itself has counted three
+			// requests: the router's own count runs ahead of the client's
+			// (an answer written is not yet an answer read).
+			var counted atomic.Int64
+			cfg := BenchConfig{URL: "http://" + f.addr, Duration: 2 * time.Minute, Speedup: 1000, Seed: 1, Unreachable: time.Second,
+				Progress: func(s Snapshot) { counted.Store(int64(s.Requests)) }, ProgressEvery: 5 * time.Millisecond}
 			go func() {
 				var o out
 				if replay {
@@ -112,7 +117,13 @@ func TestBenchStopsWhenTheRouterIsGone(t *testing.T) {
 				}
 				done <- o
 			}()
-			f.waitServed(3)
+			deadline := time.Now().Add(20 * time.Second)
+			for counted.Load() < 3 {
+				if time.Now().After(deadline) {
+					t.Fatalf("the bench counted %d requests in 20 s, want 3", counted.Load())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
 			f.stop()
 			gone := time.Now()
 			var o out
