@@ -22,10 +22,16 @@ type Client struct {
 	HTTP  *http.Client
 }
 
-// Error is an error answer of the control API.
+// Error is an error answer of the control API. Its text is the API's own
+// message when the API gave one (written for the operator: "no node
+// \"engine-9\" (nodes: ...)"); an answer the API did not write (another
+// service on the port, a proxy's page) is named with the request that got
+// it, which is what an operator needs to find who answered.
 type Error struct {
 	Status  int
-	Message string // the API's message, or the body
+	Method  string // the request's method and path
+	Path    string
+	Message string // the API's message, or a description of the answer
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -37,7 +43,7 @@ func (e *TransportError) Error() string { return e.Err.Error() }
 func (e *TransportError) Unwrap() error { return e.Err }
 
 // Do sends in (if not nil) as JSON and decodes the answer into out (if not
-// nil). An error answer is an *Error whose message names the request.
+// nil). An error answer is an *Error (see there for its text).
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
@@ -67,13 +73,11 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 				Message string `json:"message"`
 			} `json:"error"`
 		}
-		var msg string
+		msg := fmt.Sprintf("%s %s: %s%s", method, path, resp.Status, c.foreign(resp, b))
 		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
 			msg = e.Error.Message
-		} else {
-			msg = resp.Status + c.foreign(resp, b)
 		}
-		return &Error{Status: resp.StatusCode, Message: fmt.Sprintf("%s %s: %s", method, path, msg)}
+		return &Error{Status: resp.StatusCode, Method: method, Path: path, Message: msg}
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {

@@ -23,7 +23,7 @@ func TestClientNamesAnswersThatAreNotTheAPIs(t *testing.T) {
 		{404, "text/html", "<!DOCTYPE HTML>\n<html><body>File not found</body></html>\n", []string{"GET /api/v1/nodes: 404 Not Found (text/html)", "evolve's control address"}, "<html"},
 		{200, "text/html", "<html>an app</html>", []string{"GET /api/v1/nodes: the answer is not the control API's JSON (text/html)", "evolve's control address"}, "<html"},
 		{502, "text/plain", "upstream unreachable\n", []string{"GET /api/v1/nodes: 502 Bad Gateway: upstream unreachable"}, "control address"},
-		{409, "application/json", `{"error": {"message": "engine-3 is switching"}}`, []string{"GET /api/v1/nodes: engine-3 is switching"}, "409"},
+		{409, "application/json", `{"error": {"message": "engine-3 is switching"}}`, []string{"engine-3 is switching"}, "/api/v1"}, // the API's message, as it wrote it
 	} {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", tc.ctype)

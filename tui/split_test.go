@@ -25,7 +25,7 @@ func (*simSource) Cluster(context.Context) (Cluster, error) {
 		Recent:     &Recent{WindowSec: 60, Requests: 310, RequestsSec: 5.2, TTFTP50: 2.27, TTFTP95: 5.8, E2EP50: 11.5}}, nil
 }
 func (*simSource) Planner(context.Context) (Planner, error) {
-	return Planner{}, errorString("GET /api/v1/planner: policy dynamo has no evolve planner")
+	return Planner{}, errorString("policy dynamo has no evolve planner")
 }
 
 type errorString string
