@@ -19,7 +19,7 @@ const DefaultBlockSize = 16
 const HashSeed uint64 = 0x65766f6c7665
 
 // maxStackBlock is the largest block size hashed without a heap allocation.
-const maxStackBlock = 128
+const maxStackBlock = 256
 
 // NextHash returns the hash of the block holding tokens, given the hash of the
 // block before it. For the first block of a sequence pass hasParent false.
@@ -29,19 +29,22 @@ const maxStackBlock = 128
 // (4 bytes, little endian). The chaining makes each hash cover its prefix.
 func NextHash(parent BlockHash, hasParent bool, tokens []uint32) BlockHash {
 	var stack [8 + 4*maxStackBlock]byte
-	var buf []byte
-	if n := 8 + 4*len(tokens); n <= len(stack) {
-		buf = stack[:0]
-	} else {
-		buf = make([]byte, 0, n)
-	}
+	h, _ := nextHash(stack[:0], parent, hasParent, tokens)
+	return h
+}
+
+// nextHash is NextHash writing the hashed bytes into buf, grown if it is
+// too small; it returns the buffer for the next block, so that a chain is
+// hashed without a buffer per block.
+func nextHash(buf []byte, parent BlockHash, hasParent bool, tokens []uint32) (BlockHash, []byte) {
+	buf = buf[:0]
 	if hasParent {
 		buf = binary.LittleEndian.AppendUint64(buf, uint64(parent))
 	}
 	for _, t := range tokens {
 		buf = binary.LittleEndian.AppendUint32(buf, t)
 	}
-	return BlockHash(xxh3.HashSeed(buf, HashSeed))
+	return BlockHash(xxh3.HashSeed(buf, HashSeed)), buf
 }
 
 // ChainHashes cuts tokens into blocks of blockSize and returns the chained hash
@@ -58,9 +61,12 @@ func AppendChainHashes(dst []BlockHash, tokens []uint32, blockSize int) []BlockH
 		panic("kv: block size must be positive")
 	}
 	n := len(tokens) / blockSize
+	var stack [8 + 4*maxStackBlock]byte
+	buf := stack[:0]
 	var parent BlockHash
 	for i := 0; i < n; i++ {
-		h := NextHash(parent, i > 0, tokens[i*blockSize:(i+1)*blockSize])
+		var h BlockHash
+		h, buf = nextHash(buf, parent, i > 0, tokens[i*blockSize:(i+1)*blockSize])
 		dst = append(dst, h)
 		parent = h
 	}
@@ -72,12 +78,15 @@ func AppendChainHashes(dst []BlockHash, tokens []uint32, blockSize int) []BlockH
 // (len(chain) full blocks); the work done is proportional to the new blocks.
 func ExtendChain(chain []BlockHash, tokens []uint32, blockSize int) []BlockHash {
 	n := len(tokens) / blockSize
+	var stack [8 + 4*maxStackBlock]byte
+	buf := stack[:0]
 	for i := len(chain); i < n; i++ {
-		var parent BlockHash
+		var parent, h BlockHash
 		if i > 0 {
 			parent = chain[i-1]
 		}
-		chain = append(chain, NextHash(parent, i > 0, tokens[i*blockSize:(i+1)*blockSize]))
+		h, buf = nextHash(buf, parent, i > 0, tokens[i*blockSize:(i+1)*blockSize])
+		chain = append(chain, h)
 	}
 	return chain
 }

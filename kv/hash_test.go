@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"fmt"
 	"testing"
 )
 
@@ -87,8 +88,13 @@ func TestLargeBlockSizeHashes(t *testing.T) {
 func BenchmarkChainHashes32K(b *testing.B) {
 	tokens := seqTokens(32768, 1)
 	buf := make([]BlockHash, 0, 2048)
-	b.SetBytes(int64(len(tokens) * 4))
-	for b.Loop() {
-		buf = AppendChainHashes(buf[:0], tokens, DefaultBlockSize)
+	for _, bs := range []int{DefaultBlockSize, 64, 256, 512} {
+		b.Run(fmt.Sprintf("block%d", bs), func(b *testing.B) {
+			b.SetBytes(int64(len(tokens) * 4))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = AppendChainHashes(buf[:0], tokens, bs)
+			}
+		})
 	}
 }
