@@ -19,13 +19,14 @@ const (
 func content(dst []uint32, stream string, key uint64, n int) []uint32 {
 	dst = room(dst, n)
 	x := xxh3.HashStringSeed(stream, key) | 1
-	for i := 0; i < n; i++ {
+	out := dst[len(dst) : len(dst)+n]
+	for i := range out {
 		x ^= x << 13
 		x ^= x >> 7
 		x ^= x << 17
-		dst = append(dst, contentLo+uint32(x%(contentHi-contentLo)))
+		out[i] = contentLo + uint32(x%(contentHi-contentLo))
 	}
-	return dst
+	return dst[:len(dst)+n]
 }
 
 // room returns dst with room for n more tokens. A growing context at least
