@@ -6,7 +6,6 @@
 package sim
 
 import (
-	"container/heap"
 	"fmt"
 	"math/rand/v2"
 	"time"
@@ -44,22 +43,63 @@ type event struct {
 	agent, num int // evSession
 }
 
-type eventQueue []*event
+// eventQueue is a binary min-heap of events by time, then by the order
+// they were pushed. Each item carries its key, so that sifting compares
+// integers in the heap's own array rather than following every event's
+// pointer to its time.
+type eventQueue []queued
 
-func (q eventQueue) Len() int { return len(q) }
-func (q eventQueue) Less(i, j int) bool {
-	if !q[i].at.Equal(q[j].at) {
-		return q[i].at.Before(q[j].at)
-	}
-	return q[i].seq < q[j].seq
+type queued struct {
+	at  int64 // the event's time, Unix nanoseconds
+	seq uint64
+	ev  *event
 }
-func (q eventQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *eventQueue) Push(x any)   { *q = append(*q, x.(*event)) }
-func (q *eventQueue) Pop() any {
-	old := *q
-	e := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return e
+
+func (a queued) before(b queued) bool { return a.at < b.at || a.at == b.at && a.seq < b.seq }
+
+func (q *eventQueue) push(e *event) {
+	h := append(*q, queued{at: e.at.UnixNano(), seq: e.seq, ev: e})
+	x := h[len(h)-1]
+	i := len(h) - 1
+	for i > 0 {
+		p := (i - 1) / 2
+		if !x.before(h[p]) {
+			break
+		}
+		h[i] = h[p]
+		i = p
+	}
+	h[i] = x
+	*q = h
+}
+
+func (q *eventQueue) pop() *event {
+	h := *q
+	top := h[0].ev
+	n := len(h) - 1
+	x := h[n]
+	h[n] = queued{}
+	h = h[:n]
+	if n > 0 {
+		i := 0
+		for {
+			c := 2*i + 1
+			if c >= n {
+				break
+			}
+			if c+1 < n && h[c+1].before(h[c]) {
+				c++
+			}
+			if !h[c].before(x) {
+				break
+			}
+			h[i] = h[c]
+			i = c
+		}
+		h[i] = x
+	}
+	*q = h
+	return top
 }
 
 type engine struct {
@@ -352,7 +392,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	end := r.scoreTo
 	simulated := r.now // the last event's time, watchers' aside
 	for len(r.q) > 0 {
-		ev := heap.Pop(&r.q).(*event)
+		ev := r.q.pop()
 		if ev.at.After(end) {
 			break
 		}
@@ -403,7 +443,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 func (r *run) push(e *event) {
 	r.seq++
 	e.seq = r.seq
-	heap.Push(&r.q, e)
+	r.q.push(e)
 }
 
 func (r *run) startSession(agent, seq int) {
