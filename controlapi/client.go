@@ -29,8 +29,6 @@ type Client struct {
 // it, which is what an operator needs to find who answered.
 type Error struct {
 	Status  int
-	Method  string // the request's method and path
-	Path    string
 	Message string // the API's message, or a description of the answer
 }
 
@@ -77,7 +75,7 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
 			msg = e.Error.Message
 		}
-		return &Error{Status: resp.StatusCode, Method: method, Path: path, Message: msg}
+		return &Error{Status: resp.StatusCode, Message: msg}
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {

@@ -58,8 +58,8 @@ type queued struct {
 func (a queued) before(b queued) bool { return a.at < b.at || a.at == b.at && a.seq < b.seq }
 
 func (q *eventQueue) push(e *event) {
-	h := append(*q, queued{at: e.at.UnixNano(), seq: e.seq, ev: e})
-	x := h[len(h)-1]
+	x := queued{at: e.at.UnixNano(), seq: e.seq, ev: e}
+	h := append(*q, x)
 	i := len(h) - 1
 	for i > 0 {
 		p := (i - 1) / 2

@@ -71,12 +71,17 @@ func (f *flakyRouter) start() {
 
 // waitServed waits until the router has answered n completions.
 func (f *flakyRouter) waitServed(n int64) {
+	waitCount(f.t, "the router answered", "completions", n, f.served.Load)
+}
+
+// waitCount waits up to 20 s until count reaches n.
+func waitCount(t *testing.T, who, what string, n int64, count func() int64) {
 	deadline := time.Now().Add(20 * time.Second)
-	for f.served.Load() < n {
+	for count() < n {
 		if time.Now().After(deadline) {
-			f.t.Fatalf("the router answered %d completions in 20 s, want %d", f.served.Load(), n)
+			t.Fatalf("%s %d %s in 20 s, want %d", who, count(), what, n)
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -117,13 +122,7 @@ func TestBenchStopsWhenTheRouterIsGone(t *testing.T) {
 				}
 				done <- o
 			}()
-			deadline := time.Now().Add(20 * time.Second)
-			for counted.Load() < 3 {
-				if time.Now().After(deadline) {
-					t.Fatalf("the bench counted %d requests in 20 s, want 3", counted.Load())
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
+			waitCount(t, "the bench counted", "requests", 3, counted.Load)
 			f.stop()
 			gone := time.Now()
 			var o out
