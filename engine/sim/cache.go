@@ -22,6 +22,35 @@ func (m *Model) emitBlock(kind kv.EventKind, b *Block) {
 	m.emit(kind, b.Tier, b.Hash, b.Parent, b.Depth)
 }
 
+// gpuHits appends to hits the ids of the cached GPU copies of chain's
+// leading blocks, up to the first block not cached on GPU.
+func (m *Model) gpuHits(chain []kv.BlockHash, hits []BlockID) []BlockID {
+	from := len(hits)
+	for _, h := range chain {
+		id := NoBlock
+		if n := len(hits); n > from {
+			// A chain cached in one go mostly lies in neighbouring ids
+			// (freed blocks are reused in order, either way): try the
+			// previous block's neighbours before the index, whose slots
+			// lie at random.
+			if p := hits[n-1]; m.blocks.cachedOnGPU(p+1, h) {
+				id = p + 1
+			} else if m.blocks.cachedOnGPU(p-1, h) {
+				id = p - 1
+			}
+		}
+		if id == NoBlock {
+			v, ok := m.gpuByHash.Get(h)
+			if !ok {
+				break
+			}
+			id = BlockID(v)
+		}
+		hits = append(hits, id)
+	}
+	return hits
+}
+
 // gpuAvailable is the number of GPU blocks that can be allocated now,
 // evicting cached blocks nobody uses.
 func (m *Model) gpuAvailable() int {

@@ -46,6 +46,16 @@ func (t *BlockTable) Get(id BlockID) *Block {
 	return &t.chunks[id>>chunkBits][id&(chunkSize-1)]
 }
 
+// cachedOnGPU reports whether id is the cached GPU copy of h: the one
+// Model.gpuByHash names, as only that copy of a hash is on GPU and hashed.
+func (t *BlockTable) cachedOnGPU(id BlockID, h kv.BlockHash) bool {
+	if id < 0 || int(id) >= t.n {
+		return false
+	}
+	b := t.Get(id)
+	return b.Hashed && b.Tier == kv.TierGPU && b.Hash == h
+}
+
 func (t *BlockTable) alloc() BlockID {
 	var id BlockID
 	if n := len(t.free); n > 0 {

@@ -557,17 +557,8 @@ func (m *Model) Release(id string) ([]kv.BlockHash, bool) {
 // Lookup returns how many leading blocks of chain are on GPU, and how many
 // are on GPU or in the host tier.
 func (m *Model) Lookup(chain []kv.BlockHash) (gpu, local int) {
-	for gpu < len(chain) {
-		if gpu%prefetchBatch == 0 {
-			// A decode leg looks up its whole context, a cache miss per
-			// block: read the next batch's slots in parallel.
-			m.sink ^= m.gpuByHash.Prefetch(chain[gpu:min(gpu+prefetchBatch, len(chain))])
-		}
-		if !m.onGPU(chain[gpu]) {
-			break
-		}
-		gpu++
-	}
+	m.hitScratch = m.gpuHits(chain, m.hitScratch[:0])
+	gpu = len(m.hitScratch)
 	local = gpu
 	for local < len(chain) && (m.onGPU(chain[local]) || m.onHost(chain[local])) {
 		local++

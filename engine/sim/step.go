@@ -129,27 +129,10 @@ func (m *Model) admit(now time.Time, s *seq, budget int, st *PassStats) (int, bo
 	maxHit := (s.ntok() - 1) / m.bs // always compute at least the last token
 	// The GPU hit, remembering each block's copy; blocks hit on GPU stop
 	// being evictable once taken: count them out of the room left.
-	hits, evictableHits := m.hitScratch[:0], 0
-	walk := s.chain[:min(maxHit, len(s.chain))]
-	for g, missed := 0, false; g < len(walk) && !missed; {
-		// A batch at a time: fetch its slots, look its blocks up and fetch
-		// their lines, then read them.
-		end := min(g+prefetchBatch, len(walk))
-		m.sink ^= m.gpuByHash.Prefetch(walk[g:end])
-		from := len(hits)
-		for ; g < end; g++ {
-			id, ok := m.gpuByHash.Get(walk[g])
-			if !ok {
-				missed = true
-				break
-			}
-			hits = append(hits, BlockID(id))
-			kv.PrefetchLine(m.blocks.Get(BlockID(id)))
-		}
-		for _, id := range hits[from:] {
-			if m.blocks.Get(id).ref == 0 {
-				evictableHits++
-			}
+	hits, evictableHits := m.gpuHits(s.chain[:min(maxHit, len(s.chain))], m.hitScratch[:0]), 0
+	for _, id := range hits {
+		if m.blocks.Get(id).ref == 0 {
+			evictableHits++
 		}
 	}
 	m.hitScratch = hits
