@@ -128,16 +128,18 @@ type lruPolicy struct {
 	t     *BlockTable
 	lists []lruList // never reordered
 	order []int16   // indices of lists by ascending priority
-	n     int
+	// byPrio[prio+128] is 1 + the index in lists of prio's list (0: none
+	// yet): every add and removal finds its list at once.
+	byPrio [256]int16
+	n      int
 }
 
 func (p *lruPolicy) listFor(prio int8) int16 {
-	for _, i := range p.order {
-		if p.lists[i].prio == prio {
-			return i
-		}
+	if i := p.byPrio[int(prio)+128]; i > 0 {
+		return i - 1
 	}
 	i := int16(len(p.lists))
+	p.byPrio[int(prio)+128] = i + 1
 	p.lists = append(p.lists, lruList{prio: prio})
 	k := 0
 	for k < len(p.order) && p.lists[p.order[k]].prio < prio {
@@ -196,10 +198,25 @@ func (p *lruPolicy) current(e lruEntry) bool {
 	return b.listed && b.lru == e.stamp
 }
 
+// compactAhead is how many entries ahead compact fetches blocks.
+const compactAhead = 16
+
 // compact drops l's stale entries, keeping the live ones in order.
 func (p *lruPolicy) compact(l *lruList) {
 	k := 0
-	for _, e := range l.q[l.head:] {
+	q := l.q[l.head:]
+	for j, e := range q {
+		if j%compactAhead == 0 {
+			// The entries' blocks lie at random: fetch a batch's lines
+			// together, a batch ahead, rather than wait for each in turn.
+			from := j + compactAhead
+			if j == 0 {
+				from = 0
+			}
+			for _, x := range q[min(from, len(q)):min(j+2*compactAhead, len(q))] {
+				kv.PrefetchLine(p.t.Get(x.id))
+			}
+		}
 		if p.current(e) {
 			l.q[k] = e
 			k++
