@@ -29,6 +29,8 @@ type Coding struct {
 	SubAgents     [2]int // per session that has them
 	SubAgentTask  int
 	SubAgentCalls [2]int
+
+	shared *sharedContent // the shared prefix and repositories, drawn once
 }
 
 // NewCoding returns the coding model with the defaults of workloads.md.
@@ -38,6 +40,7 @@ func NewCoding(agents int) *Coding {
 		Calls: LogNormal{35, 110}, ToolResult: LogNormal{1500, 8000}, Output: LogNormal{300, 2000},
 		ToolTime: LogNormal{2, 15}, CompactAt: 160000, Summary: 8000,
 		SubAgentShare: 0.44, SubAgents: [2]int{1, 3}, SubAgentTask: 2000, SubAgentCalls: [2]int{5, 20},
+		shared: &sharedContent{},
 	}
 }
 
@@ -48,8 +51,8 @@ func (*Coding) Name() string { return "coding" }
 func (c *Coding) NewSession(r *rand.Rand, agent, seq int, _ time.Duration) *Session {
 	id := sessionID(agent, seq)
 	l := &codingLane{c: c, r: r, session: id, branch: "main", callsLeft: c.Calls.Int(r, 1)}
-	l.ctx = content(l.ctx, "coding/system", 0, c.SharedPrefix)
-	l.ctx = content(l.ctx, "coding/repo", uint64(agent%c.Repos), c.RepoContext)
+	l.ctx = c.shared.append(l.ctx, "coding/system", 0, c.SharedPrefix)
+	l.ctx = c.shared.append(l.ctx, "coding/repo", uint64(agent%c.Repos), c.RepoContext)
 	l.ctx = content(l.ctx, "coding/task/"+id, 0, 300)
 	if r.Float64() < c.SubAgentShare {
 		n := uniformInt(r, c.SubAgents[0], c.SubAgents[1])
@@ -104,7 +107,7 @@ func (l *codingLane) Next() (Call, bool) {
 		l.compacts++
 		old := l.branch
 		// A fresh slice: earlier calls' prompts share the old one.
-		l.ctx = content(nil, "coding/system", 0, l.c.SharedPrefix)
+		l.ctx = l.c.shared.append(nil, "coding/system", 0, l.c.SharedPrefix)
 		l.ctx = content(l.ctx, fmt.Sprintf("coding/summary/%s/%d", l.session, l.compacts), 0, l.c.Summary)
 		l.parent, l.branch = old, fmt.Sprintf("main.c%d", l.compacts)
 	}
@@ -127,7 +130,7 @@ func (l *codingLane) Answer(out []uint32) {
 			l.subs++
 			sub := &codingLane{c: l.c, r: l.r, session: l.session, branch: fmt.Sprintf("%s.sub%d", l.branch, l.subs), parent: l.branch,
 				callsLeft: uniformInt(l.r, l.c.SubAgentCalls[0], l.c.SubAgentCalls[1])}
-			sub.ctx = content(sub.ctx, "coding/system", 0, l.c.SharedPrefix)
+			sub.ctx = l.c.shared.append(sub.ctx, "coding/system", 0, l.c.SharedPrefix)
 			sub.ctx = content(sub.ctx, fmt.Sprintf("coding/subtask/%s/%d", l.session, l.subs), 0, l.c.SubAgentTask)
 			sub.calls = 0
 			l.sub = sub

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"slices"
+	"sync"
 
 	"github.com/zeebo/xxh3"
 )
@@ -40,4 +41,38 @@ func room(dst []uint32, n int) []uint32 {
 		return dst
 	}
 	return slices.Grow(dst, max(n, len(dst)))
+}
+
+// sharedContent keeps content that many sessions begin with (a system
+// prompt, a repository), drawn once and copied after: every coding
+// session, sub-agent and compaction starts with 20K shared tokens. It is
+// safe for concurrent use (the load generator's agents share a model).
+type sharedContent struct {
+	mu    sync.Mutex
+	byKey map[sharedKey][]uint32
+}
+
+type sharedKey struct {
+	stream string
+	key    uint64
+	n      int
+}
+
+// append appends what content would; a nil c draws it.
+func (c *sharedContent) append(dst []uint32, stream string, key uint64, n int) []uint32 {
+	if c == nil {
+		return content(dst, stream, key, n)
+	}
+	k := sharedKey{stream, key, n}
+	c.mu.Lock()
+	toks, ok := c.byKey[k]
+	if !ok {
+		if c.byKey == nil {
+			c.byKey = map[sharedKey][]uint32{}
+		}
+		toks = content(nil, stream, key, n)
+		c.byKey[k] = toks
+	}
+	c.mu.Unlock()
+	return append(room(dst, n), toks...)
 }

@@ -1,9 +1,11 @@
 package workload
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"sync"
 	"testing"
 	"time"
 )
@@ -235,5 +237,33 @@ func TestSessionsAreDeterministic(t *testing.T) {
 				t.Fatal("same seed, different calls")
 			}
 		}
+	}
+}
+
+// The load generator's agents share one model: sessions started at once
+// draw the shared prefix and repositories once and each get their own copy.
+func TestCodingSessionsStartConcurrently(t *testing.T) {
+	m := NewCoding(8)
+	want := func(agent int) []uint32 {
+		return content(content(nil, "coding/system", 0, m.SharedPrefix), "coding/repo", uint64(agent%m.Repos), m.RepoContext)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan string, 16)
+	for agent := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			l := m.NewSession(rand.New(rand.NewPCG(uint64(agent), 1)), agent, agent, 0).Lanes[0]
+			c, _ := l.Next()
+			l.Answer(fakeAnswer(c)) // appends to the lane's own context
+			if !isPrefix(want(agent), c.Tokens) {
+				errs <- fmt.Sprintf("agent %d's first call lacks its shared prefix and repository", agent)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
 	}
 }
