@@ -22,6 +22,9 @@ func (m *Model) emitBlock(kind kv.EventKind, b *Block) {
 	m.emit(kind, b.Tier, b.Hash, b.Parent, b.Depth)
 }
 
+// walkAhead is how many ids ahead gpuHits fetches a run of neighbours.
+const walkAhead = 16
+
 // gpuHits appends to hits the ids of the cached GPU copies of chain's
 // leading blocks, up to the first block not cached on GPU.
 func (m *Model) gpuHits(chain []kv.BlockHash, hits []BlockID) []BlockID {
@@ -35,8 +38,10 @@ func (m *Model) gpuHits(chain []kv.BlockHash, hits []BlockID) []BlockID {
 			// lie at random.
 			if p := hits[n-1]; m.blocks.cachedOnGPU(p+1, h) {
 				id = p + 1
+				m.blocks.prefetch(id + walkAhead)
 			} else if m.blocks.cachedOnGPU(p-1, h) {
 				id = p - 1
+				m.blocks.prefetch(id - walkAhead)
 			}
 		}
 		if id == NoBlock {

@@ -56,6 +56,13 @@ func (t *BlockTable) cachedOnGPU(id BlockID, h kv.BlockHash) bool {
 	return b.Hashed && b.Tier == kv.TierGPU && b.Hash == h
 }
 
+// prefetch starts fetching id's line, if id is in the table.
+func (t *BlockTable) prefetch(id BlockID) {
+	if id >= 0 && int(id) < t.n {
+		kv.PrefetchLine(t.Get(id))
+	}
+}
+
 func (t *BlockTable) alloc() BlockID {
 	var id BlockID
 	if n := len(t.free); n > 0 {
