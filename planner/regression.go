@@ -2,17 +2,24 @@ package planner
 
 import (
 	"math"
+	"slices"
 	"time"
 )
 
-// regression is exponentially weighted least squares with a small ridge:
+// regression is exponentially weighted least squares with a small ridge,
+// its coefficients held non-negative:
 // the batch form of recursive least squares with forgetting. Old samples
 // lose weight as exp(-age/tau), so a model change (a new engine build, a
 // new profile) is followed within a few tau; the ridge keeps directions the
 // data does not excite near zero instead of letting them wind up, the
 // usual failure of textbook RLS with forgetting on a workload that stops
-// exercising a feature. Adding a sample is O(k^2); solving is O(k^3) and
-// done only when asked, with k = 4.
+// exercising a feature. Every coefficient is a cost (seconds of a pass,
+// per pass, token, sequence or block), so none may be negative: where the
+// unconstrained fit puts one below zero (a feature the data hardly
+// excites, or two that move together), it is the non-negative least
+// squares fit instead. Adding a sample is O(k^2); solving is O(k^3), or
+// O(2^k k^3) when a coefficient would go negative, and done only when
+// asked, with k = 4.
 type regression struct {
 	k     int
 	tau   float64 // seconds
@@ -100,6 +107,9 @@ func (r *regression) solve() (ok bool) {
 			theta[i] += inv[i*k+j] * r.xty[j]
 		}
 	}
+	if slices.ContainsFunc(theta, func(v float64) bool { return v < 0 }) {
+		theta = nonNegative(a, r.xty, k)
+	}
 	// Weighted residual sum of squares: y'y - 2 t'X'y + t'X'X t.
 	rss := r.yy
 	for i := 0; i < k; i++ {
@@ -152,6 +162,61 @@ func (r *regression) meanX() []float64 {
 		out[j] = r.xtx[j] / r.w
 	}
 	return out
+}
+
+// nonNegative minimises the least-squares objective 1/2 t'At - b't over
+// t >= 0, for A symmetric positive definite: the non-negative least
+// squares fit from the normal equations. The objective is strictly convex,
+// so its minimum over t >= 0 is the unconstrained minimum over some set of
+// free coefficients with the rest at zero; with k = 4 there are 16 such
+// sets, and the best feasible one is the answer (the empty set, t = 0, is
+// always feasible).
+func nonNegative(a, b []float64, k int) []float64 {
+	best := make([]float64, k)
+	bestF := 0.0
+	free := make([]int, 0, k)
+	for set := 1; set < 1<<k; set++ {
+		free = free[:0]
+		for i := 0; i < k; i++ {
+			if set&(1<<i) != 0 {
+				free = append(free, i)
+			}
+		}
+		m := len(free)
+		sub := make([]float64, m*m)
+		for i, fi := range free {
+			for j, fj := range free {
+				sub[i*m+j] = a[fi*k+fj]
+			}
+		}
+		inv, ok := invertSPD(sub, m)
+		if !ok {
+			continue
+		}
+		t := make([]float64, k)
+		feasible := true
+		for i, fi := range free {
+			for j, fj := range free {
+				t[fi] += inv[i*m+j] * b[fj]
+			}
+			if t[fi] < 0 {
+				feasible = false
+				break
+			}
+		}
+		if !feasible {
+			continue
+		}
+		// On its free set the fit solves A t = b, so 1/2 t'At - b't = -1/2 b't.
+		f := 0.0
+		for _, fi := range free {
+			f -= 0.5 * b[fi] * t[fi]
+		}
+		if f < bestF {
+			best, bestF = t, f
+		}
+	}
+	return best
 }
 
 // invertSPD inverts a symmetric positive definite k x k matrix by
