@@ -2,12 +2,14 @@ package cluster
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"runtime"
 	"strconv"
 	"strings"
@@ -135,11 +137,14 @@ func Down(ctx context.Context, f *File, opt UpOptions) []HostResult {
 	return forEachHost(ctx, f, func(ctx context.Context, h Host) HostResult { return downHost(ctx, h, opt) })
 }
 
+// forEachHost does do for every engine of the file (File.Engines), a
+// limited number at once.
 func forEachHost(ctx context.Context, f *File, do func(context.Context, Host) HostResult) []HostResult {
-	out := make([]HostResult, len(f.Spec.Hosts))
+	engines := f.Engines()
+	out := make([]HostResult, len(engines))
 	sem := make(chan struct{}, max(1, f.Spec.Concurrency))
 	var wg sync.WaitGroup
-	for i, h := range f.Spec.Hosts {
+	for i, h := range engines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -211,15 +216,31 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 	dir := h.StateDir()
 
 	opt.progress(h.Name, PhaseFacts, "")
-	if r.Facts, err = facts(ctx, c, dir); err != nil {
+	// The host's folder (made with sudo where the user may not) holds the
+	// binary; an engine of several has its own folder in it.
+	if r.Facts, err = facts(ctx, c, h.hostDir()); err != nil {
 		return fail(r, PhaseFacts, err)
+	}
+	if dir != h.hostDir() {
+		if _, err := c.Run(ctx, "mkdir -p "+dir); err != nil {
+			return fail(r, PhaseFacts, fmt.Errorf("create %s: %w", dir, err))
+		}
 	}
 	if err := opt.fits(r.Facts); err != nil {
 		return fail(r, PhaseFacts, err)
 	}
-	switch {
-	case h.GPUs > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < h.GPUs:
-		return fail(r, PhaseFacts, fmt.Errorf("the file says %d GPUs, nvidia-smi sees %d", h.GPUs, r.Facts.GPUs))
+	switch gpus := cmp.Or(h.hostGPUs, h.GPUs); {
+	case gpus > 0 && r.Facts.GPUs > 0 && r.Facts.GPUs < gpus:
+		return fail(r, PhaseFacts, fmt.Errorf("the file says %d GPUs, nvidia-smi sees %d", gpus, r.Facts.GPUs))
+	}
+	// A host whose number of engines changed still runs the engines of
+	// the old layout, which hold the ports: they go first.
+	retired, err := retireOtherLayout(ctx, c, h)
+	if err != nil {
+		return fail(r, PhaseFacts, err)
+	}
+	for _, d := range retired {
+		opt.progress(h.Name, PhaseFacts, "stopped the engine of the host's earlier layout in "+d)
 	}
 	if h.Engine.Backend == "vllm" {
 		if err := checkVLLM(ctx, c, h); err != nil {
@@ -312,7 +333,20 @@ func platform(arch string) string {
 	return "linux/" + arch
 }
 
-// installBinary puts evolve on the host as <state dir>/bin/evolve, unless
+// hostDir is the state folder of h's host: h's own, unless h is one of
+// several engines of its host, each in a subfolder.
+func (h Host) hostDir() string {
+	if h.host != "" {
+		return path.Dir(h.StateDir())
+	}
+	return h.StateDir()
+}
+
+// binaryLocks serialise installBinary per host and folder: the engines of
+// a host share one binary, and the first to get there uploads it.
+var binaryLocks sync.Map
+
+// installBinary puts evolve on the host as <host dir>/bin/evolve, unless
 // it is there already (same checksum), cross-compiled when the host's
 // architecture is not the binary's. It returns the binary's checksum and
 // whether it was uploaded or unchanged.
@@ -332,7 +366,10 @@ func installBinary(ctx context.Context, c Conn, h Host, arch string, opt UpOptio
 	}
 	sum := sha256.Sum256(bin)
 	binSum := hex.EncodeToString(sum[:])
-	dir := h.StateDir()
+	dir := h.hostDir()
+	mu, _ := binaryLocks.LoadOrStore(fmt.Sprintf("%s:%d:%s", h.Address, h.Port, dir), &sync.Mutex{})
+	mu.(*sync.Mutex).Lock()
+	defer mu.(*sync.Mutex).Unlock()
 	remote, _ := c.Run(ctx, fmt.Sprintf("sha256sum %s/bin/evolve 2>/dev/null | cut -d' ' -f1", dir))
 	if strings.TrimSpace(remote) == binSum {
 		return binSum, "unchanged", nil
@@ -375,7 +412,40 @@ func engineService(h Host, addr, dir, nats, token string) service {
 	// The event plane's URL (with its token) in the environment, not on
 	// the command line.
 	env["EVOLVE_ENGINE_NATS"] = nats
-	return service{name: "engine", what: "the engine of host " + h.Name, bin: dir + "/bin/evolve", dir: dir, env: env, args: args}
+	svc := service{name: "engine", what: "the engine of host " + h.Name, bin: h.hostDir() + "/bin/evolve", dir: dir, env: env, args: args}
+	if h.host != "" {
+		// One of several on the host: a unit of its own.
+		svc.unitAs = "engine-" + h.Name
+		svc.what = fmt.Sprintf("engine %d of host %s", h.index, h.host)
+	}
+	return svc
+}
+
+// retireOtherLayout stops and removes, on h's host, the engines of the
+// other layout, and returns their folders: for one of several engines, a
+// single engine in the host's state folder; for a single engine, the
+// engines in its subfolders (an earlier file gave the host several). A
+// folder holds an engine when it has the engine's log, or its unit's
+// environment (an orchestrator's are named for it). Every
+// engine of a host does it before it checks its ports, as the old engines
+// may hold them; stopping one twice is harmless.
+func retireOtherLayout(ctx context.Context, c Conn, h Host) ([]string, error) {
+	// The host's folder keeps the binary, which the engines of the new
+	// layout (and an orchestrator there) run too; an engine's subfolder
+	// goes whole.
+	var script string
+	if h.host != "" {
+		script = fmt.Sprintf(`for d in %[1]s; do [ -f "$d"/engine.env ] || [ -f "$d"/engine.log ] || continue; %[2]s; rm -f "$d"/run.sh "$d"/engine.env "$d"/config.hash "$d"/engine.log; echo "$d"; done`,
+			h.hostDir(), stopCommand(`"$d"`))
+	} else {
+		script = fmt.Sprintf(`for d in %[1]s/*/; do d=${d%%/}; [ -f "$d"/engine.env ] || [ -f "$d"/engine.log ] || continue; %[2]s; rm -rf "$d"; echo "$d"; done`,
+			h.StateDir(), stopCommand(`"$d"`))
+	}
+	out, err := c.Run(ctx, script)
+	if err != nil {
+		return nil, fmt.Errorf("stop the engines of the host's earlier layout: %w", err)
+	}
+	return strings.Fields(out), nil
 }
 
 // vllmCommand is the host's vLLM server command, before its arguments.
@@ -459,7 +529,14 @@ func downHost(ctx context.Context, h Host, opt UpOptions) HostResult {
 	opt.progress(h.Name, PhaseStart, "stopping")
 	// The folder itself goes when empty; a system one (made with sudo)
 	// needs sudo to go.
-	if _, err := c.Run(ctx, stopCommand(dir)+fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/engine.env %[1]s/config.hash %[1]s/engine.log && { rmdir %[1]s 2>/dev/null || sudo -n rmdir %[1]s 2>/dev/null; }; true", dir)); err != nil {
+	cmd := stopCommand(dir) + fmt.Sprintf(" && rm -rf %[1]s/bin %[1]s/run.sh %[1]s/engine.env %[1]s/config.hash %[1]s/engine.log && { rmdir %[1]s 2>/dev/null || sudo -n rmdir %[1]s 2>/dev/null; }; true", dir)
+	if h.host != "" {
+		// One of several: the binary they share goes, and the host's
+		// folder once the last is gone (an orchestrator's down removes
+		// them the same way).
+		cmd += fmt.Sprintf(" ; [ -f %[1]s/engine.env ] || rm -rf %[1]s/bin; { rmdir %[1]s 2>/dev/null || sudo -n rmdir %[1]s 2>/dev/null; }; true", h.hostDir())
+	}
+	if _, err := c.Run(ctx, cmd); err != nil {
 		return fail(r, PhaseStart, err)
 	}
 	r.Phase, r.Action = PhaseStart, "stopped"
@@ -495,7 +572,7 @@ func Status(ctx context.Context, f *File, opt UpOptions) []HostStatus {
 		if out, err := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", dir)); err == nil {
 			st.ConfigHash = strings.TrimSpace(out)
 		}
-		if out, err := c.Run(ctx, fmt.Sprintf("%s/bin/evolve version 2>/dev/null", dir)); err == nil {
+		if out, err := c.Run(ctx, fmt.Sprintf("%s/bin/evolve version 2>/dev/null", h.hostDir())); err == nil {
 			st.Installed, st.Version = true, strings.TrimSpace(out)
 			st.Service = "process"
 		}

@@ -87,11 +87,11 @@ func testFile(t *testing.T, hosts ...string) *File {
 	return f
 }
 
-// fakeBinary stands for evolve on the hosts: it records its arguments and
-// sleeps like an engine.
+// fakeBinary stands for evolve on the hosts: it records its arguments in
+// its working directory (its service's folder) and sleeps like an engine.
 func fakeBinary(t *testing.T, dir, tag string) string {
 	p := filepath.Join(dir, "evolve-"+tag)
-	os.WriteFile(p, []byte("#!/bin/sh\n# "+tag+"\n[ \"$1\" = version ] && { echo "+tag+"; exit 0; }\necho \"$@ NATS=$EVOLVE_ENGINE_NATS\" > \"$(dirname \"$0\")/../args\"\nexec sleep 300\n"), 0o755)
+	os.WriteFile(p, []byte("#!/bin/sh\n# "+tag+"\n[ \"$1\" = version ] && { echo "+tag+"; exit 0; }\necho \"$@ NATS=$EVOLVE_ENGINE_NATS\" > args\nexec sleep 300\n"), 0o755)
 	return p
 }
 

@@ -30,9 +30,9 @@ func Logs(ctx context.Context, f *File, name string, tail int, follow bool, opt 
 		h = f.Host(f.Spec.Orchestrator.Host)
 		path = h.OrchestratorDir() + "/orchestrator.log"
 	default:
-		if h = f.Host(name); h.Name == "" {
+		if h = f.Engine(name); h.Name == "" {
 			names := []string{OrchestratorLog}
-			for _, h := range f.Spec.Hosts {
+			for _, h := range f.Engines() {
 				names = append(names, h.Name)
 			}
 			return fmt.Errorf("%s names no host of cluster %s: logs are those of %s", name, f.Metadata.Name, strings.Join(names, ", "))

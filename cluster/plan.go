@@ -18,7 +18,7 @@ type HostPlan struct {
 func (f *File) Plan() []HostPlan {
 	var out []HostPlan
 	o := f.Spec.Orchestrator
-	for _, h := range f.Spec.Hosts {
+	for _, h := range f.Engines() {
 		ssh := fmt.Sprintf("%s:%d", h.Address, h.Port)
 		if h.User != "" {
 			ssh = h.User + "@" + ssh
@@ -39,6 +39,12 @@ func (f *File) Plan() []HostPlan {
 		default:
 			engine += ", profile " + h.Engine.Profile
 		}
+		if h.host != "" {
+			engine += fmt.Sprintf(", engine %d of %s", h.index, h.host)
+			if devs := h.Engine.Env[cudaDevices]; devs != "" {
+				engine += " on GPUs " + devs
+			}
+		}
 		if len(h.Engine.Env) > 0 {
 			keys := make([]string, 0, len(h.Engine.Env))
 			for k := range h.Engine.Env {
@@ -54,7 +60,15 @@ func (f *File) Plan() []HostPlan {
 			fmt.Sprintf("write the engine's config (%s; role %s) and its service: a systemd unit where systemd runs and evolve may write units (root or sudo -n), else a supervised process", engine, role),
 			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
 		}
-		if o.Host == h.Name {
+		if h.host != "" {
+			gpus := "GPUs (nvidia-smi)"
+			if h.hostGPUs > 0 {
+				gpus = fmt.Sprintf("GPUs (nvidia-smi: %d on the host)", h.hostGPUs)
+			}
+			steps[1] = fmt.Sprintf("facts: state folder %s (made with sudo -n if the user cannot), OS, architecture, %s, free disk, free port %d; engines of another layout of the host stop",
+				h.StateDir(), gpus, h.Engine.Port)
+		}
+		if o.Host == h.HostName() && h.index == 0 {
 			steps = append(steps, fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d)", o.RouterPort, o.ControlPort, o.NATSPort))
 		}
 		out = append(out, HostPlan{Host: h.Name, SSH: ssh, Steps: steps})

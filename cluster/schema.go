@@ -96,9 +96,19 @@ type Host struct {
 	GPUs    int      `yaml:"gpus"`
 	Role    string   `yaml:"role"` // initial role: prefill, decode, or empty
 	Engine  Engine   `yaml:"engine"`
+	// Engines is how many engines the host runs, its GPUs shared out
+	// evenly (default 1): an 8-GPU host with engines 4 runs four engines
+	// of 2 GPUs, named NAME-0 to NAME-3 (see File.Engines).
+	Engines int `yaml:"engines"`
 	// Dir is where evolve keeps its files on the host (default
 	// $HOME/.local/state/evolve/engine).
 	Dir string `yaml:"dir"`
+
+	// Of an engine that shares its host with others (File.Engines): the
+	// host's name and GPUs in the file, and the engine's index there.
+	host     string
+	hostGPUs int
+	index    int
 }
 
 // Bastion is a jump host.
@@ -283,9 +293,16 @@ func (f *File) applyDefaults() {
 		if e.Command == nil {
 			e.Command = d.Engine.Command
 		}
+		h.Engines = cmp.Or(h.Engines, d.Engines, 1)
 		if e.Backend == "vllm" {
 			e.KVEventsPort = cmp.Or(e.KVEventsPort, d.Engine.KVEventsPort, 5557)
-			e.KVReplayPort = cmp.Or(e.KVReplayPort, d.Engine.KVReplayPort, 5558)
+			// Each engine of a host takes the next port of each kind: the
+			// replay ports follow the event ports' range.
+			replay := 5558
+			if h.Engines > 1 {
+				replay = e.KVEventsPort + h.Engines
+			}
+			e.KVReplayPort = cmp.Or(e.KVReplayPort, d.Engine.KVReplayPort, replay)
 			e.NIXLPort = cmp.Or(e.NIXLPort, d.Engine.NIXLPort, 5600)
 		}
 		if e.Port == 0 {
@@ -405,6 +422,17 @@ func (f *File) validate() Errors {
 		default:
 			bad(p+".role", "%q: want prefill or decode (or leave it to the planner)", h.Role)
 		}
+		if h.Engines < 1 {
+			bad(p+".engines", "must be at least 1")
+		} else if h.Engines > 1 {
+			if devs, ok := h.Engine.Env[cudaDevices]; ok {
+				if n := len(splitDevices(devs)); n%h.Engines != 0 {
+					bad(p+".engine.env."+cudaDevices, "%q lists %d GPUs, which %d engines cannot share evenly", devs, n, h.Engines)
+				}
+			} else if h.GPUs%h.Engines != 0 || h.Engine.Backend == "vllm" && h.GPUs == 0 {
+				bad(p+".gpus", "%d GPUs cannot be shared evenly by %d engines: set gpus to a multiple of engines", h.GPUs, h.Engines)
+			}
+		}
 		e := h.Engine
 		switch e.Backend {
 		case "sim":
@@ -429,20 +457,32 @@ func (f *File) validate() Errors {
 		default:
 			bad(p+".engine.backend", "%q: want sim or vllm", e.Backend)
 		}
-		port(p+".engine.port", e.Port)
+		// Engine i of the host takes each port plus i.
+		n := max(h.Engines, 1)
+		ports := []struct {
+			name string
+			v    int
+		}{{"port", e.Port}}
 		if e.Backend == "vllm" {
-			port(p+".engine.kvEventsPort", e.KVEventsPort)
-			port(p+".engine.kvReplayPort", e.KVReplayPort)
-			port(p+".engine.nixlPort", e.NIXLPort)
-			seen := map[int]string{e.Port: "port"}
-			for _, f := range []struct {
+			ports = append(ports, []struct {
 				name string
 				v    int
-			}{{"kvEventsPort", e.KVEventsPort}, {"kvReplayPort", e.KVReplayPort}, {"nixlPort", e.NIXLPort}} {
-				if other, dup := seen[f.v]; dup {
-					bad(p+".engine."+f.name, "%d is also engine.%s", f.v, other)
+			}{{"kvEventsPort", e.KVEventsPort}, {"kvReplayPort", e.KVReplayPort}, {"nixlPort", e.NIXLPort}}...)
+		}
+		for k, pt := range ports {
+			port(p+".engine."+pt.name, pt.v)
+			if n > 1 && pt.v+n-1 > 65535 {
+				bad(p+".engine."+pt.name, "%d engines take ports %d to %d, past 65535", n, pt.v, pt.v+n-1)
+			}
+			for _, o := range ports[:k] {
+				if pt.v <= o.v+n-1 && o.v <= pt.v+n-1 {
+					if n == 1 {
+						bad(p+".engine."+pt.name, "%d is also engine.%s", pt.v, o.name)
+					} else {
+						bad(p+".engine."+pt.name, "its %d engines take %s, which overlaps engine.%s's %s: leave %d ports to each kind",
+							n, portRange(pt.v, n), o.name, portRange(o.v, n), n)
+					}
 				}
-				seen[f.v] = f.name
 			}
 		}
 	}
@@ -451,9 +491,97 @@ func (f *File) validate() Errors {
 			bad("spec.orchestrator.host", "%q: want local or the name of a host", o.Host)
 		}
 	}
+	for i, h := range s.Hosts {
+		if h.Engines <= 1 {
+			continue
+		}
+		for k := 0; k < h.Engines; k++ {
+			e := fmt.Sprintf("%s-%d", h.Name, k)
+			if j, dup := names[e]; dup && j != i {
+				bad(fmt.Sprintf("spec.hosts[%d].name", j), "%q is also the name of an engine of hosts[%d] (%s runs %s-0 to %s-%d)", e, i, h.Name, h.Name, h.Name, h.Engines-1)
+			}
+		}
+	}
 	sort.SliceStable(es, func(i, j int) bool { return es[i].Line < es[j].Line })
 	return es
 }
+
+func portRange(from, n int) string { return fmt.Sprintf("%d-%d", from, from+n-1) }
+
+// cudaDevices is the variable that tells CUDA which GPUs a process sees.
+const cudaDevices = "CUDA_VISIBLE_DEVICES"
+
+func splitDevices(s string) []string {
+	var out []string
+	for _, d := range strings.Split(s, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// Engines are the engines the cluster runs, a host's in its order: a host
+// of one engine is its own engine; a host of engines N runs N, named
+// NAME-0 to NAME-(N-1). Engine i of such a host gets an even share of its
+// GPUs, as CUDA_VISIBLE_DEVICES (the i-th share of the list
+// engine.env.CUDA_VISIBLE_DEVICES gives, else of 0 to gpus-1), its own
+// state folder under the host's (dir/NAME-i), and each port the file gives
+// plus i: engine.port, and vLLM's kvEventsPort, kvReplayPort and nixlPort.
+func (f *File) Engines() []Host {
+	var out []Host
+	for _, h := range f.Spec.Hosts {
+		if h.Engines <= 1 {
+			out = append(out, h)
+			continue
+		}
+		devs := splitDevices(h.Engine.Env[cudaDevices])
+		if len(devs) == 0 {
+			for g := 0; g < h.GPUs; g++ {
+				devs = append(devs, strconv.Itoa(g))
+			}
+		}
+		per := len(devs) / h.Engines
+		for i := 0; i < h.Engines; i++ {
+			e := h
+			e.Name = fmt.Sprintf("%s-%d", h.Name, i)
+			e.Dir = h.StateDir() + "/" + e.Name
+			e.host, e.hostGPUs, e.index = h.Name, h.GPUs, i
+			e.Engines = 1
+			e.GPUs = per
+			e.Engine.Port += i
+			if e.Engine.Backend == "vllm" {
+				e.Engine.KVEventsPort += i
+				e.Engine.KVReplayPort += i
+				e.Engine.NIXLPort += i
+			}
+			env := make(map[string]string, len(h.Engine.Env)+1)
+			for k, v := range h.Engine.Env {
+				env[k] = v
+			}
+			if per > 0 {
+				env[cudaDevices] = strings.Join(devs[i*per:(i+1)*per], ",")
+			}
+			e.Engine.Env = env
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// Engine returns the engine named name (the zero Host if none).
+func (f *File) Engine(name string) Host {
+	for _, h := range f.Engines() {
+		if h.Name == name {
+			return h
+		}
+	}
+	return Host{}
+}
+
+// HostName is the name in the file of the host the engine runs on: its
+// own name unless it shares a host with other engines.
+func (h Host) HostName() string { return cmp.Or(h.host, h.Name) }
 
 func slicesContains(s []string, v string) bool {
 	for _, x := range s {

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -169,5 +170,87 @@ func TestOrchestratorTLS(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("want %q in %v", want, err)
 		}
+	}
+}
+
+// A host of several engines shares its GPUs out evenly and gives each
+// engine its own name, folder and ports; a single-engine host is its own
+// engine, as before.
+func TestHostOfSeveralEngines(t *testing.T) {
+	doc := func(hosts string) []byte {
+		return []byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: t}\nspec:\n  defaults: {engine: {profile: tiny}}\n  hosts:\n" + hosts)
+	}
+	f, err := Parse("c.yaml", doc(`    - {name: h200, address: h, gpus: 8, engines: 4, role: decode, engine: {backend: vllm, args: [m, --tensor-parallel-size, "2"], env: {HF_HOME: /data}}}
+    - {name: odd, address: h2, gpus: 4, engines: 2, dir: /var/lib/evolve, engine: {backend: vllm, args: [m], port: 9000, env: {CUDA_VISIBLE_DEVICES: "4,5,6,7"}}}
+    - {name: one, address: h3, gpus: 4}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := f.Engines()
+	if len(es) != 7 {
+		t.Fatalf("%d engines, want 4 + 2 + 1", len(es))
+	}
+	for i, want := range []struct {
+		name, dir, devs     string
+		port, ev, rep, nixl int
+	}{
+		{"h200-0", "$HOME/.local/state/evolve/engine/h200-0", "0,1", 8100, 5557, 5561, 5600},
+		{"h200-1", "$HOME/.local/state/evolve/engine/h200-1", "2,3", 8101, 5558, 5562, 5601},
+		{"h200-2", "$HOME/.local/state/evolve/engine/h200-2", "4,5", 8102, 5559, 5563, 5602},
+		{"h200-3", "$HOME/.local/state/evolve/engine/h200-3", "6,7", 8103, 5560, 5564, 5603},
+		{"odd-0", "/var/lib/evolve/odd-0", "4,5", 9000, 5557, 5559, 5600},
+		{"odd-1", "/var/lib/evolve/odd-1", "6,7", 9001, 5558, 5560, 5601},
+	} {
+		e := es[i]
+		got := [...]int{e.Engine.Port, e.Engine.KVEventsPort, e.Engine.KVReplayPort, e.Engine.NIXLPort}
+		if e.Name != want.name || e.StateDir() != want.dir || e.Engine.Env["CUDA_VISIBLE_DEVICES"] != want.devs || got != [...]int{want.port, want.ev, want.rep, want.nixl} {
+			t.Errorf("engine %d: %s in %s, GPUs %q, ports %v; want %+v", i, e.Name, e.StateDir(), e.Engine.Env["CUDA_VISIBLE_DEVICES"], got, want)
+		}
+		if e.GPUs != 2 || e.Role != f.Spec.Hosts[i/4].Role || e.HostName() != f.Spec.Hosts[min(i/4, 1)].Name {
+			t.Errorf("engine %d: %d GPUs, role %q, host %q", i, e.GPUs, e.Role, e.HostName())
+		}
+	}
+	if es[0].Engine.Env["HF_HOME"] != "/data" || f.Spec.Hosts[0].Engine.Env["CUDA_VISIBLE_DEVICES"] != "" {
+		t.Fatalf("engine env %v, host env %v: the engines share the host's, each with its own GPUs", es[0].Engine.Env, f.Spec.Hosts[0].Engine.Env)
+	}
+	if one := es[6]; one.Name != "one" || one.StateDir() != "$HOME/.local/state/evolve/engine" || one.GPUs != 4 || one.Engine.Env["CUDA_VISIBLE_DEVICES"] != "" || one.HostName() != "one" {
+		t.Fatalf("a single-engine host: %+v", one)
+	}
+	if f.Engine("h200-2").Engine.Port != 8102 || f.Engine("h200").Name != "" {
+		t.Fatal("Engine finds engines by their names, and a shared host's name is none")
+	}
+
+	for _, c := range []struct{ hosts, want string }{
+		{"    - {name: a, address: h, gpus: 6, engines: 4, engine: {backend: vllm, args: [m]}}\n",
+			"spec.hosts[0].gpus: 6 GPUs cannot be shared evenly by 4 engines"},
+		{"    - {name: a, address: h, engines: 2, engine: {backend: vllm, args: [m]}}\n",
+			"spec.hosts[0].gpus: 0 GPUs cannot be shared evenly by 2 engines"},
+		{"    - {name: a, address: h, engines: 2, engine: {env: {CUDA_VISIBLE_DEVICES: \"0,1,2\"}}}\n",
+			`spec.hosts[0].engine.env.CUDA_VISIBLE_DEVICES: "0,1,2" lists 3 GPUs, which 2 engines cannot share evenly`},
+		{"    - {name: a, address: h, engines: -1}\n", "spec.hosts[0].engines: must be at least 1"},
+		{"    - {name: a, address: h, gpus: 8, engines: 8, engine: {backend: vllm, args: [m], kvReplayPort: 5560}}\n",
+			"spec.hosts[0].engine.kvReplayPort: its 8 engines take 5560-5567, which overlaps engine.kvEventsPort's 5557-5564: leave 8 ports to each kind"},
+		{"    - {name: a, address: h, engines: 3, engine: {port: 65534}}\n", "3 engines take ports 65534 to 65536, past 65535"},
+		{"    - {name: a, address: h, engines: 2}\n    - {name: a-1, address: h2}\n",
+			`spec.hosts[1].name: "a-1" is also the name of an engine of hosts[0]`},
+	} {
+		if _, err := Parse("c.yaml", doc(c.hosts)); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: want %q, got %v", c.hosts, c.want, err)
+		}
+	}
+	// Sim engines need no GPUs to share.
+	f, err = Parse("c.yaml", doc("    - {name: a, address: h, engines: 3}\n"))
+	if err != nil || len(f.Engines()) != 3 || f.Engines()[2].Engine.Env["CUDA_VISIBLE_DEVICES"] != "" {
+		t.Fatalf("three sim engines on a host without GPUs: %v", err)
+	}
+	// The plan names each engine with its GPUs, and the orchestrator once.
+	f, _ = Parse("c.yaml", doc("    - {name: g, address: h, gpus: 4, engines: 2, engine: {backend: vllm, args: [m]}}\n  orchestrator: {host: g}\n"))
+	plan := f.Plan()
+	if len(plan) != 2 || plan[1].Host != "g-1" || !strings.Contains(strings.Join(plan[1].Steps, "\n"), "GPUs 2,3") {
+		t.Fatalf("plan: %+v", plan)
+	}
+	if o := strings.Count(fmt.Sprint(plan), "start the orchestrator"); o != 1 {
+		t.Fatalf("the orchestrator starts %d times in the plan: %+v", o, plan)
 	}
 }

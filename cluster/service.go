@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -19,12 +20,13 @@ import (
 // (service.unit) naming the unit file, so that stop and status work
 // without knowing how it was installed.
 type service struct {
-	name string // engine, orchestrator
-	what string // for people: "the engine of host gpu-01"
-	bin  string
-	dir  string
-	env  map[string]string
-	args []string
+	name   string // engine, orchestrator: its files in dir are NAME.env, NAME.log
+	unitAs string // its systemd unit is evolve-UNITAS.service; default name
+	what   string // for people: "the engine of host gpu-01"
+	bin    string
+	dir    string
+	env    map[string]string
+	args   []string
 }
 
 // Defaults of Systemd.
@@ -65,7 +67,7 @@ func detectSystemd(ctx context.Context, c Conn, sd Systemd) *Systemd {
 	return nil
 }
 
-func (s service) unitName() string { return "evolve-" + s.name + ".service" }
+func (s service) unitName() string { return "evolve-" + cmp.Or(s.unitAs, s.name) + ".service" }
 
 // unit is the systemd unit of s, running as user (empty: root).
 func (s service) unit(user string) string {

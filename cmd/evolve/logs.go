@@ -115,7 +115,7 @@ func logNames(cmd *cobra.Command) ([]string, error) {
 			return nil, err
 		}
 		names := []string{cluster.OrchestratorLog}
-		for _, h := range f.Spec.Hosts {
+		for _, h := range f.Engines() {
 			names = append(names, h.Name)
 		}
 		return names, nil

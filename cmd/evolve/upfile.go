@@ -104,7 +104,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		plan := f.Plan()
 		out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": plan}
 		return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
-			fmt.Fprintf(w, "%s: cluster %s, %d hosts, valid\n", path, f.Metadata.Name, len(f.Spec.Hosts))
+			fmt.Fprintf(w, "%s: cluster %s, %s, valid\n", path, f.Metadata.Name, hostsAndEngines(f))
 			for _, h := range plan {
 				fmt.Fprintf(w, "\n%s (%s)\n", h.Host, h.SSH)
 				for i, s := range h.Steps {
@@ -145,7 +145,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		return err
 	}
 	defer debug.Close()
-	fmt.Fprintf(errw, "bringing up cluster %s (%d hosts); debug log %s\n", f.Metadata.Name, len(f.Spec.Hosts), debugPath)
+	fmt.Fprintf(errw, "bringing up cluster %s (%s); debug log %s\n", f.Metadata.Name, hostsAndEngines(f), debugPath)
 
 	exe := config.GetString(key("binary"))
 	if exe == "" {
@@ -248,7 +248,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 			for i := range res {
 				for _, h := range left {
 					if res[i].Host == h {
-						res[i] = cluster.Failed(res[i], "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", timeout, f.Host(h).StateDir()))
+						res[i] = cluster.Failed(res[i], "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", timeout, f.Engine(h).StateDir()))
 					}
 				}
 			}
@@ -538,7 +538,7 @@ func newHostProgress(w io.Writer, f *cluster.File) *hostProgress {
 			p.tty = true
 		}
 	}
-	for _, h := range f.Spec.Hosts {
+	for _, h := range f.Engines() {
 		p.hosts = append(p.hosts, h.Name)
 		p.lines[h.Name] = "waiting"
 	}
@@ -636,8 +636,18 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 // runs vLLM and --timeout was not given.
 const vllmReadyTimeout = 30 * time.Minute
 
+// hostsAndEngines counts a cluster file's hosts, and its engines where
+// some host runs several.
+func hostsAndEngines(f *cluster.File) string {
+	s := counted(len(f.Spec.Hosts), "host")
+	if n := len(f.Engines()); n != len(f.Spec.Hosts) {
+		s += ", " + counted(n, "engine")
+	}
+	return s
+}
+
 func hasVLLM(f *cluster.File) bool {
-	for _, h := range f.Spec.Hosts {
+	for _, h := range f.Engines() {
 		if h.Engine.Backend == "vllm" {
 			return true
 		}
