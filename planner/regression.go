@@ -92,20 +92,9 @@ func (r *regression) solve() (ok bool) {
 		return r.w > float64(r.k)
 	}
 	k := r.k
-	a := make([]float64, k*k)
-	copy(a, r.xtx)
-	for i := 0; i < k; i++ {
-		a[i*k+i] += r.ridge * max(1, r.w)
-	}
-	inv, good := invertSPD(a, k)
+	a, inv, theta, good := r.plainFit()
 	if !good {
 		return false
-	}
-	theta := make([]float64, k)
-	for i := 0; i < k; i++ {
-		for j := 0; j < k; j++ {
-			theta[i] += inv[i*k+j] * r.xty[j]
-		}
 	}
 	if slices.ContainsFunc(theta, func(v float64) bool { return v < 0 }) {
 		theta = nonNegative(a, r.xty, k)
@@ -125,6 +114,27 @@ func (r *regression) solve() (ok bool) {
 	}
 	r.theta, r.cov, r.solved = theta, inv, true
 	return r.w > float64(k)
+}
+
+// plainFit is the unconstrained ridge fit: the normal equations' matrix a
+// (X'WX plus the ridge), its inverse and the coefficients.
+func (r *regression) plainFit() (a, inv, theta []float64, ok bool) {
+	k := r.k
+	a = make([]float64, k*k)
+	copy(a, r.xtx)
+	for i := 0; i < k; i++ {
+		a[i*k+i] += r.ridge * max(1, r.w)
+	}
+	if inv, ok = invertSPD(a, k); !ok {
+		return nil, nil, nil, false
+	}
+	theta = make([]float64, k)
+	for i := 0; i < k; i++ {
+		for j := 0; j < k; j++ {
+			theta[i] += inv[i*k+j] * r.xty[j]
+		}
+	}
+	return a, inv, theta, true
 }
 
 // predict returns the fitted value at x and its standard error.
