@@ -85,14 +85,8 @@ spec:
 		t.Fatalf("request through the router: %d %v", status, body)
 	}
 
-	out, code = runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
-	var st struct {
-		Hosts []struct {
-			Host    string `json:"host"`
-			Running bool   `json:"running"`
-		} `json:"hosts"`
-	}
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &st) != nil || len(st.Hosts) != 2 || !st.Hosts[0].Running || !st.Hosts[1].Running || st.Hosts[1].Host != "gpu-1" {
+	st, out, code := fileStatusOf(t, env, file, kh)
+	if code != 0 || len(st.Hosts) != 2 || !st.Hosts[0].Running || !st.Hosts[1].Running || st.Hosts[1].Host != "gpu-1" {
 		t.Fatalf("status -f: exit %d\n%s", code, out)
 	}
 	if out, code = runBinOut(t, env, "logs", "-f", file, "--known-hosts", kh, "gpu-1", "--tail", "-1"); code != 0 || !strings.Contains(out, "gpu-1") {

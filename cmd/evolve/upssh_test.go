@@ -84,17 +84,8 @@ spec:
 	}
 
 	// evolve status -f reads what each host runs, over SSH.
-	out, code = runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
-	var st struct {
-		Orchestrator string `json:"orchestrator"`
-		Hosts        []struct {
-			Host    string `json:"host"`
-			Running bool   `json:"running"`
-			Version string `json:"version"`
-		} `json:"hosts"`
-	}
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &st) != nil || st.Orchestrator != "running" || len(st.Hosts) != 3 ||
-		!st.Hosts[0].Running || !strings.HasPrefix(st.Hosts[1].Version, "evolve ") {
+	st, out, code := fileStatusOf(t, env, file, kh)
+	if code != 0 || st.Orchestrator != "running" || len(st.Hosts) != 3 || !st.Hosts[0].Running || !strings.HasPrefix(st.Hosts[1].Version, "evolve ") {
 		t.Fatalf("status -f: exit %d\n%s", code, out)
 	}
 
@@ -172,6 +163,28 @@ type upResult struct {
 }
 
 // lastJSON is the JSON object at the end of out (progress lines come first).
+// fileStatus is what evolve status -f -o json says.
+type fileStatus struct {
+	Orchestrator string `json:"orchestrator"`
+	Hosts        []struct {
+		Host    string `json:"host"`
+		Running bool   `json:"running"`
+		Version string `json:"version"`
+	} `json:"hosts"`
+}
+
+// fileStatusOf runs evolve status -f on a cluster file; a status it cannot
+// read fails the test.
+func fileStatusOf(t *testing.T, env []string, file, knownHosts string) (fileStatus, string, int) {
+	t.Helper()
+	out, code := runBinOut(t, env, "status", "-f", file, "--known-hosts", knownHosts, "-o", "json")
+	var st fileStatus
+	if err := json.Unmarshal([]byte(lastJSON(out)), &st); err != nil {
+		t.Fatalf("status -f: exit %d, %v\n%s", code, err, out)
+	}
+	return st, out, code
+}
+
 func lastJSON(out string) string {
 	if i := strings.Index(out, "\n{"); i >= 0 {
 		return out[i+1:]
