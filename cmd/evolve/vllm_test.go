@@ -322,7 +322,9 @@ func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("without a connector: %d %v", status, body)
 	}
-	if !strings.Contains(log.String(), `needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\"`) {
-		t.Fatalf("the orchestrator's log does not say what vLLM lacks:\n%s", log.String())
-	}
+	// The orchestrator's log reaches the test through a pipe, maybe after
+	// the answer.
+	eventually(t, 10*time.Second, "the orchestrator's log to say what vLLM lacks", func() bool {
+		return strings.Contains(log.String(), `needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\"`)
+	})
 }
