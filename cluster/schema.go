@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/vllm"
 	"gopkg.in/yaml.v3"
 )
 
@@ -453,6 +454,18 @@ func (f *File) validate() Errors {
 			}
 			if len(e.Args) == 0 {
 				bad(p+".engine.args", "is missing: the vllm backend needs the model to serve, e.g. [Qwen/Qwen3-8B, --tensor-parallel-size, \"2\"]")
+			}
+			// vLLM on fewer GPUs than its parallel sizes ask for fails on
+			// the host, after the model's download: say so here.
+			switch need, flag := vllm.GPUsNeeded(e.Args); {
+			case flag != "":
+				bad(p+".engine.args", "%s: want a positive number", flag)
+			case h.GPUs > 0 && h.Engines >= 1 && need > h.GPUs/h.Engines:
+				if h.Engines > 1 {
+					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs per engine; %d engines sharing %d GPUs have %d each", need, h.Engines, h.GPUs, h.GPUs/h.Engines)
+				} else {
+					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs; the host has %d", need, h.GPUs)
+				}
 			}
 		default:
 			bad(p+".engine.backend", "%q: want sim or vllm", e.Backend)

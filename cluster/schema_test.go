@@ -234,6 +234,12 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		{"    - {name: a, address: h, engines: 3, engine: {port: 65534}}\n", "3 engines take ports 65534 to 65536, past 65535"},
 		{"    - {name: a, address: h, engines: 2}\n    - {name: a-1, address: h2}\n",
 			`spec.hosts[1].name: "a-1" is also the name of an engine of hosts[0]`},
+		{"    - {name: a, address: h, gpus: 8, engines: 4, engine: {backend: vllm, args: [m, --tensor-parallel-size, \"4\"]}}\n",
+			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 4 GPUs per engine; 4 engines sharing 8 GPUs have 2 each"},
+		{"    - {name: a, address: h, gpus: 4, engine: {backend: vllm, args: [m, -tp=2, --pipeline-parallel-size, \"4\"]}}\n",
+			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 8 GPUs; the host has 4"},
+		{"    - {name: a, address: h, engine: {backend: vllm, args: [m, --tensor-parallel-size, two]}}\n",
+			"spec.hosts[0].engine.args: --tensor-parallel-size two: want a positive number"},
 	} {
 		if _, err := Parse("c.yaml", doc(c.hosts)); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: want %q, got %v", c.hosts, c.want, err)

@@ -55,6 +55,27 @@ func flagValue(args []string, name string) (string, bool) {
 	return "", false
 }
 
+// GPUsNeeded is how many GPUs the vLLM command line asks for: its tensor,
+// pipeline and data parallel sizes multiplied (each 1 unless given, by
+// its long flag or its short one), and the flag that gave a size that is
+// not a positive number, if any.
+func GPUsNeeded(command []string) (int, string) {
+	n := 1
+	for _, f := range [][2]string{{"--tensor-parallel-size", "-tp"}, {"--pipeline-parallel-size", "-pp"}, {"--data-parallel-size", "-dp"}} {
+		for _, name := range f {
+			if v, ok := flagValue(command, name); ok {
+				k, err := strconv.Atoi(v)
+				if err != nil || k < 1 {
+					return 0, name + " " + v
+				}
+				n *= k
+				break
+			}
+		}
+	}
+	return n, ""
+}
+
 // PriorityScheduling says whether the vLLM command line orders the
 // server's queue by request priority (--scheduling-policy priority).
 func PriorityScheduling(command []string) bool {

@@ -20,3 +20,22 @@ func TestPriorityScheduling(t *testing.T) {
 		}
 	}
 }
+
+func TestGPUsNeeded(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want int
+		bad  string
+	}{
+		{[]string{"serve", "m"}, 1, ""},
+		{[]string{"serve", "m", "--tensor-parallel-size", "4"}, 4, ""},
+		{[]string{"serve", "m", "-tp", "2", "-pp=2"}, 4, ""},
+		{[]string{"serve", "m", "--tensor-parallel-size=2", "--data-parallel-size", "4"}, 8, ""},
+		{[]string{"serve", "m", "-tp", "0"}, 0, "-tp 0"},
+		{[]string{"serve", "m", "--pipeline-parallel-size", "x"}, 0, "--pipeline-parallel-size x"},
+	} {
+		if n, bad := GPUsNeeded(c.args); n != c.want || bad != c.bad {
+			t.Errorf("%v: %d %q, want %d %q", c.args, n, bad, c.want, c.bad)
+		}
+	}
+}
