@@ -457,14 +457,16 @@ func (f *File) validate() Errors {
 			}
 			// vLLM on fewer GPUs than its parallel sizes ask for fails on
 			// the host, after the model's download: say so here.
+			// The GPUs: the file's, else those CUDA_VISIBLE_DEVICES lists.
+			gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
 			switch need, flag := vllm.GPUsNeeded(e.Args); {
 			case flag != "":
 				bad(p+".engine.args", "%s: want a positive number", flag)
-			case h.GPUs > 0 && h.Engines >= 1 && need > h.GPUs/h.Engines:
+			case gpus > 0 && h.Engines >= 1 && need > gpus/h.Engines:
 				if h.Engines > 1 {
-					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs per engine; %d engines sharing %d GPUs have %d each", need, h.Engines, h.GPUs, h.GPUs/h.Engines)
+					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs per engine; %d engines sharing %d GPUs have %d each", need, h.Engines, gpus, gpus/h.Engines)
 				} else {
-					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs; the host has %d", need, h.GPUs)
+					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs; the engine has %d (gpus, or CUDA_VISIBLE_DEVICES)", need, gpus)
 				}
 			}
 		default:

@@ -237,7 +237,9 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		{"    - {name: a, address: h, gpus: 8, engines: 4, engine: {backend: vllm, args: [m, --tensor-parallel-size, \"4\"]}}\n",
 			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 4 GPUs per engine; 4 engines sharing 8 GPUs have 2 each"},
 		{"    - {name: a, address: h, gpus: 4, engine: {backend: vllm, args: [m, -tp=2, --pipeline-parallel-size, \"4\"]}}\n",
-			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 8 GPUs; the host has 4"},
+			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 8 GPUs; the engine has 4"},
+		{"    - {name: a, address: h, engine: {backend: vllm, args: [m, -tp, \"2\"], env: {CUDA_VISIBLE_DEVICES: \"3\"}}}\n",
+			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 2 GPUs; the engine has 1"},
 		{"    - {name: a, address: h, engine: {backend: vllm, args: [m, --tensor-parallel-size, two]}}\n",
 			"spec.hosts[0].engine.args: --tensor-parallel-size two: want a positive number"},
 	} {
