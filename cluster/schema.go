@@ -459,9 +459,15 @@ func (f *File) validate() Errors {
 			// the host, after the model's download: say so here.
 			// The GPUs: the file's, else those CUDA_VISIBLE_DEVICES lists.
 			gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
+			_, _, dp, _ := vllm.ParallelSizes(e.Args)
 			switch need, flag := vllm.GPUsNeeded(e.Args); {
 			case flag != "":
 				bad(p+".engine.args", "%s: want a positive number", flag)
+			case dp > 1:
+				// Its ranks publish KV events on ports of their own, which
+				// the engine does not follow (and a host's next engine
+				// takes): the directory would miss their caches.
+				bad(p+".engine.args", "--data-parallel-size %d: evolve follows one vLLM server's KV events per engine; run the ranks as engines of their own (engines: %d, each with its share of the GPUs)", dp, dp*max(h.Engines, 1))
 			case gpus > 0 && h.Engines >= 1 && need > gpus/h.Engines:
 				if h.Engines > 1 {
 					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs per engine; %d engines sharing %d GPUs have %d each", need, h.Engines, gpus, gpus/h.Engines)

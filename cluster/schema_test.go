@@ -240,6 +240,8 @@ func TestHostOfSeveralEngines(t *testing.T) {
 			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 8 GPUs; the engine has 4"},
 		{"    - {name: a, address: h, engine: {backend: vllm, args: [m, -tp, \"2\"], env: {CUDA_VISIBLE_DEVICES: \"3\"}}}\n",
 			"spec.hosts[0].engine.args: vLLM's parallel sizes ask for 2 GPUs; the engine has 1"},
+		{"    - {name: a, address: h, gpus: 8, engine: {backend: vllm, args: [m, -tp, \"2\", -dp, \"4\"]}}\n",
+			"spec.hosts[0].engine.args: --data-parallel-size 4: evolve follows one vLLM server's KV events per engine; run the ranks as engines of their own (engines: 4,"},
 		{"    - {name: a, address: h, engine: {backend: vllm, args: [m, --tensor-parallel-size, two]}}\n",
 			"spec.hosts[0].engine.args: --tensor-parallel-size two: want a positive number"},
 	} {

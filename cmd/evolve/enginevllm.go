@@ -114,6 +114,9 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	if a := get("advertise"); a != "" {
 		advertise = strings.TrimRight(a, "/")
 	}
+	if _, _, dp, _ := vllm.ParallelSizes(command); dp > 1 {
+		slog.Warn(fmt.Sprintf("vLLM runs %d data-parallel ranks: their KV events come on ports of their own, which this engine does not follow, so the router sees the caches of rank 0 only; run each rank as an engine of its own (a cluster file's engines: N)", dp))
+	}
 	advURL, _ := url.Parse(advertise)
 	launch := vllm.Launch{Command: command, Host: listenHost, EventsPort: geti("kv-events-port"),
 		ReplayPort: geti("kv-replay-port"), NixlPort: geti("nixl-port"), Stdout: os.Stderr, Stderr: os.Stderr}

@@ -328,3 +328,24 @@ func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
 		return strings.Contains(log.String(), `needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\"`)
 	})
 }
+
+// A vLLM server of several data-parallel ranks publishes each rank's KV
+// events on a port of its own, which the agent does not follow: it says
+// so, and what to run instead.
+func TestVLLMDataParallelRanksAreNamed(t *testing.T) {
+	orch := startOrchestrator(t)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
+	p := startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-dp",
+		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--nats", orch.NATSURL,
+		"--", exe, "serve", "fake/model", "--data-parallel-size", "2")
+	p.mu.Lock()
+	log := strings.Join(p.log, "\n")
+	p.mu.Unlock()
+	if !strings.Contains(log, `"level":"WARN","msg":"vLLM runs 2 data-parallel ranks`) || !strings.Contains(log, "engines: N") {
+		t.Fatalf("the agent does not warn of the ranks it cannot follow:\n%s", log)
+	}
+}

@@ -55,25 +55,33 @@ func flagValue(args []string, name string) (string, bool) {
 	return "", false
 }
 
-// GPUsNeeded is how many GPUs the vLLM command line asks for: its tensor,
-// pipeline and data parallel sizes multiplied (each 1 unless given, by
-// its long flag or its short one), and the flag that gave a size that is
-// not a positive number, if any.
-func GPUsNeeded(command []string) (int, string) {
-	n := 1
-	for _, f := range [][2]string{{"--tensor-parallel-size", "-tp"}, {"--pipeline-parallel-size", "-pp"}, {"--data-parallel-size", "-dp"}} {
+// ParallelSizes reads the vLLM command line's tensor, pipeline and data
+// parallel sizes (each 1 unless given, by its long flag or its short
+// one), and names the flag that gave a size that is not a positive
+// number, if any.
+func ParallelSizes(command []string) (tp, pp, dp int, bad string) {
+	sizes := [3]int{1, 1, 1}
+	for i, f := range [3][2]string{{"--tensor-parallel-size", "-tp"}, {"--pipeline-parallel-size", "-pp"}, {"--data-parallel-size", "-dp"}} {
 		for _, name := range f {
 			if v, ok := flagValue(command, name); ok {
 				k, err := strconv.Atoi(v)
 				if err != nil || k < 1 {
-					return 0, name + " " + v
+					return 0, 0, 0, name + " " + v
 				}
-				n *= k
+				sizes[i] = k
 				break
 			}
 		}
 	}
-	return n, ""
+	return sizes[0], sizes[1], sizes[2], ""
+}
+
+// GPUsNeeded is how many GPUs the vLLM command line asks for, its
+// parallel sizes multiplied, and the flag that gave a size that is not a
+// positive number, if any.
+func GPUsNeeded(command []string) (int, string) {
+	tp, pp, dp, bad := ParallelSizes(command)
+	return tp * pp * dp, bad
 }
 
 // PriorityScheduling says whether the vLLM command line orders the
