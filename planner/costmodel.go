@@ -1,6 +1,8 @@
 package planner
 
 import (
+	"fmt"
+	"math"
 	"time"
 )
 
@@ -143,7 +145,7 @@ func (c *CostModel) Status() (prefill, decode FitStatus) {
 func (c *CostModel) fitStatus(r *regression, names []string, mult []float64) FitStatus {
 	st := FitStatus{Samples: r.n, Weight: r.w}
 	if !r.solve() {
-		st.Note = "learning: too few passes"
+		st.Note = c.fewPasses(r)
 		return st
 	}
 	st.RelErr = relErr(r)
@@ -154,11 +156,18 @@ func (c *CostModel) fitStatus(r *regression, names []string, mult []float64) Fit
 	st.Ready = c.trusted(r)
 	switch {
 	case r.w < float64(c.minSamples):
-		st.Note = "learning: too few passes"
+		st.Note = c.fewPasses(r)
 	case !st.Ready:
-		st.Note = "learning: estimate not yet precise"
+		st.Note = fmt.Sprintf("learning: error ±%.0f%%, wants ±%.0f%%", st.RelErr*100, c.maxRelErr*100)
 	}
 	return st
+}
+
+// fewPasses says how far a model is from the passes it needs. They are
+// effective passes, which forgetting ages, so a model whose passes come
+// too seldom to ever reach the count shows it standing still.
+func (c *CostModel) fewPasses(r *regression) string {
+	return fmt.Sprintf("learning: %d of %d passes", min(int(math.Round(r.w)), c.minSamples-1), c.minSamples)
 }
 
 func unitOf(name string) string {

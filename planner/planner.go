@@ -15,6 +15,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -382,7 +383,17 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 	dc, dOK := p.costs.DecodeModel()
 	switch {
 	case !pOK || !dOK:
-		st.State, st.Reason = "learning", "the cost models are not trusted yet; holding the split"
+		var which []string
+		for _, m := range []struct {
+			name string
+			ok   bool
+			fit  FitStatus
+		}{{"prefill", pOK, st.PrefillFit}, {"decode", dOK, st.DecodeFit}} {
+			if !m.ok {
+				which = append(which, fmt.Sprintf("the %s cost (%s)", m.name, strings.TrimPrefix(m.fit.Note, "learning: ")))
+			}
+		}
+		st.State, st.Reason = "learning", "learning "+strings.Join(which, " and ")+"; holding the split"
 		p.rec = -1
 		return nil
 	case st.Short.RequestsPerSec <= 0 || st.Short.OutputTokens <= 0:

@@ -129,7 +129,7 @@ func TestCostModelSaysWhenItCannotKnow(t *testing.T) {
 	if _, ok := cm.PrefillModel(); ok {
 		t.Fatal("20 passes are below the 50 required, yet the model is trusted")
 	}
-	if ps, _ := cm.Status(); ps.Note != "learning: too few passes" {
+	if ps, _ := cm.Status(); ps.Note != "learning: 20 of 50 passes" {
 		t.Fatalf("note %q", ps.Note)
 	}
 }
@@ -288,8 +288,25 @@ func TestNoMovesWhileLearning(t *testing.T) {
 			t.Fatalf("moved %v with no cost model", m)
 		}
 	}
-	if st := p.Status(); st.State != "learning" {
-		t.Fatalf("state %q, want learning", st.State)
+	if st := p.Status(); st.State != "learning" || st.Reason != "learning the prefill cost (0 of 50 passes) and the decode cost (0 of 50 passes); holding the split" {
+		t.Fatalf("state %q (%s), want learning, saying what", st.State, st.Reason)
+	}
+	// Decode passes come, prefill passes seldom (output-heavy work): the
+	// status names the model that holds the split, and how far it is.
+	rng := rand.New(rand.NewPCG(3, 3))
+	for i := 0; i < 300; i++ {
+		now = now.Add(100 * time.Millisecond)
+		p.ObservePass(now, gb300.pass(rng, randomPass(rng, i%20 == 0)))
+		p.Arrive(now, Arrival{Tokens: 100, ComputeTokens: 100})
+		p.Finish(now, 100, 5000)
+		p.Step(now, nodes)
+	}
+	var n int
+	if st := p.Status(); st.State != "learning" || !strings.HasPrefix(st.Reason, "learning the prefill cost (") ||
+		!strings.HasSuffix(st.Reason, " of 50 passes); holding the split") {
+		t.Fatalf("state %q (%s), want learning the prefill cost alone", st.State, st.Reason)
+	} else if fmt.Sscanf(strings.TrimPrefix(st.Reason, "learning the prefill cost ("), "%d", &n); n < 10 || n > 15 {
+		t.Fatalf("%s: the 15 prefill passes seen, aged, should count 10 to 15", st.Reason)
 	}
 }
 
