@@ -167,7 +167,7 @@ func (c *CostModel) fitStatus(r *regression, names []string, mult []float64) Fit
 // effective passes, which forgetting ages, so a model whose passes come
 // too seldom to ever reach the count shows it standing still.
 func (c *CostModel) fewPasses(r *regression) string {
-	return fmt.Sprintf("learning: %d of %d passes", min(int(math.Round(r.w)), c.minSamples-1), c.minSamples)
+	return fmt.Sprintf("learning: %d of %d recent passes", min(int(math.Round(r.w)), c.minSamples-1), c.minSamples)
 }
 
 func unitOf(name string) string {

@@ -129,7 +129,7 @@ func TestCostModelSaysWhenItCannotKnow(t *testing.T) {
 	if _, ok := cm.PrefillModel(); ok {
 		t.Fatal("20 passes are below the 50 required, yet the model is trusted")
 	}
-	if ps, _ := cm.Status(); ps.Note != "learning: 20 of 50 passes" {
+	if ps, _ := cm.Status(); ps.Note != "learning: 20 of 50 recent passes" {
 		t.Fatalf("note %q", ps.Note)
 	}
 }
@@ -288,7 +288,7 @@ func TestNoMovesWhileLearning(t *testing.T) {
 			t.Fatalf("moved %v with no cost model", m)
 		}
 	}
-	if st := p.Status(); st.State != "learning" || st.Reason != "learning the prefill cost (0 of 50 passes) and the decode cost (0 of 50 passes); holding the split" {
+	if st := p.Status(); st.State != "learning" || st.Reason != "learning the prefill cost (0 of 50 recent passes) and the decode cost (0 of 50 recent passes); holding the split" {
 		t.Fatalf("state %q (%s), want learning, saying what", st.State, st.Reason)
 	}
 	// Decode passes come, prefill passes seldom (output-heavy work): the
@@ -303,7 +303,7 @@ func TestNoMovesWhileLearning(t *testing.T) {
 	}
 	var n int
 	if st := p.Status(); st.State != "learning" || !strings.HasPrefix(st.Reason, "learning the prefill cost (") ||
-		!strings.HasSuffix(st.Reason, " of 50 passes); holding the split") {
+		!strings.HasSuffix(st.Reason, " of 50 recent passes); holding the split") {
 		t.Fatalf("state %q (%s), want learning the prefill cost alone", st.State, st.Reason)
 	} else if fmt.Sscanf(strings.TrimPrefix(st.Reason, "learning the prefill cost ("), "%d", &n); n < 10 || n > 15 {
 		t.Fatalf("%s: the 15 prefill passes seen, aged, should count 10 to 15", st.Reason)
