@@ -421,26 +421,26 @@ func engineService(h Host, addr, dir, nats, token string) service {
 	return svc
 }
 
-// retireOtherLayout stops and removes, on h's host, the engines of the
-// other layout, and returns their folders: for one of several engines, a
-// single engine in the host's state folder; for a single engine, the
-// engines in its subfolders (an earlier file gave the host several). A
-// folder holds an engine when it has the engine's log, or its unit's
-// environment (an orchestrator's are named for it). Every
-// engine of a host does it before it checks its ports, as the old engines
-// may hold them; stopping one twice is harmless.
+// retireOtherLayout stops, on h's host, the engines of the other layout,
+// removes their files, and returns their folders: for one of several
+// engines, a single engine in the host's state folder; for a single
+// engine, the engines an earlier file gave the host, in the subfolders
+// named for them (NAME-0, NAME-1, ...). A folder holds an engine when it
+// has the engine's log or its unit's environment (an orchestrator's are
+// named for it). Only evolve's own files go, and a subfolder only once
+// empty: nothing else in a shared folder is touched. The host's folder
+// keeps the binary, which the new layout's engines (and an orchestrator
+// there) run too. Every engine of a host does it before it checks its
+// ports, as the old engines may hold them; stopping one twice is
+// harmless.
 func retireOtherLayout(ctx context.Context, c Conn, h Host) ([]string, error) {
-	// The host's folder keeps the binary, which the engines of the new
-	// layout (and an orchestrator there) run too; an engine's subfolder
-	// goes whole.
-	var script string
-	if h.host != "" {
-		script = fmt.Sprintf(`for d in %[1]s; do [ -f "$d"/engine.env ] || [ -f "$d"/engine.log ] || continue; %[2]s; rm -f "$d"/run.sh "$d"/engine.env "$d"/config.hash "$d"/engine.log; echo "$d"; done`,
-			h.hostDir(), stopCommand(`"$d"`))
-	} else {
-		script = fmt.Sprintf(`for d in %[1]s/*/; do d=${d%%/}; [ -f "$d"/engine.env ] || [ -f "$d"/engine.log ] || continue; %[2]s; rm -rf "$d"; echo "$d"; done`,
-			h.StateDir(), stopCommand(`"$d"`))
+	dirs := h.hostDir()
+	if h.host == "" {
+		dirs = fmt.Sprintf("%s/%s-[0-9]*", h.StateDir(), h.Name)
 	}
+	script := fmt.Sprintf(`for d in %[1]s; do [ -f "$d"/engine.env ] || [ -f "$d"/engine.log ] || continue; %[2]s; `+
+		`rm -f "$d"/run.sh "$d"/engine.env "$d"/config.hash "$d"/engine.log; [ "$d" = %[3]s ] || { rm -rf "$d"/bin; rmdir "$d" 2>/dev/null; }; echo "$d"; done`,
+		dirs, stopCommand(`"$d"`), h.hostDir())
 	out, err := c.Run(ctx, script)
 	if err != nil {
 		return nil, fmt.Errorf("stop the engines of the host's earlier layout: %w", err)

@@ -51,6 +51,19 @@ func waitGone(t *testing.T, pid int) {
 	}
 }
 
+// leftIn lists the files under dir, but for what the stand-in binary
+// writes (its arguments).
+func leftIn(dir string) []string {
+	var left []string
+	filepath.Walk(dir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() && fi.Name() != "args" {
+			left = append(left, p)
+		}
+		return nil
+	})
+	return left
+}
+
 // A host of several engines runs each as a service of its own, in its own
 // folder, with its own ports and GPUs; when the file changes the number,
 // the engines of the old layout stop and go, and down leaves nothing.
@@ -115,6 +128,11 @@ spec:
 	// engine takes the host's folder and the first port.
 	pid0, _ := pidAlive(t, filepath.Join(state, "a-0/supervisor.pid"))
 	pid1, _ := pidAlive(t, filepath.Join(state, "a-1/supervisor.pid"))
+	// Something else in the host's folder that looks like an engine's is
+	// not ours to stop or remove.
+	other := filepath.Join(state, "other")
+	os.MkdirAll(other, 0o755)
+	os.WriteFile(filepath.Join(other, "engine.log"), []byte("not evolve's"), 0o644)
 	f.Spec.Hosts[0].Engines = 1
 	if res = Up(ctx, f, opt); len(res) != 1 || res[0].Host != "a" || res[0].Action != "started" {
 		t.Fatalf("up with one engine: %+v", res)
@@ -122,10 +140,16 @@ spec:
 	waitGone(t, pid0)
 	waitGone(t, pid1)
 	for _, sub := range []string{"a-0", "a-1"} {
-		if _, err := os.Stat(filepath.Join(state, sub)); err == nil {
-			t.Errorf("%s's folder is left", sub)
+		// Its files go, and the folder once empty (here the stand-in
+		// binary's record of its arguments stays, so the folder does).
+		if left := leftIn(filepath.Join(state, sub)); len(left) > 0 {
+			t.Errorf("%s's files are left: %v", sub, left)
 		}
 	}
+	if b, err := os.ReadFile(filepath.Join(other, "engine.log")); err != nil || string(b) != "not evolve's" {
+		t.Fatalf("a folder not of the old layout was touched: %q %v", b, err)
+	}
+	os.RemoveAll(other)
 	if args := waitFile(t, filepath.Join(state, "args")); !strings.Contains(args, "engine --id a --listen 0.0.0.0:8100") {
 		t.Fatalf("the single engine runs %q", args)
 	}
@@ -154,15 +178,7 @@ spec:
 	if res[0].Action != "stopped" || res[1].Action != "stopped" {
 		t.Fatalf("down: %+v", res)
 	}
-	// (but for what the stand-in binary wrote there: its arguments)
-	var left []string
-	filepath.Walk(state, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && !fi.IsDir() && fi.Name() != "args" {
-			left = append(left, p)
-		}
-		return nil
-	})
-	if len(left) > 0 {
+	if left := leftIn(state); len(left) > 0 {
 		t.Fatalf("down left %v", left)
 	}
 }
