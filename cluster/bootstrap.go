@@ -572,7 +572,9 @@ func Status(ctx context.Context, f *File, opt UpOptions) []HostStatus {
 		if out, err := c.Run(ctx, fmt.Sprintf("cat %s/config.hash 2>/dev/null", dir)); err == nil {
 			st.ConfigHash = strings.TrimSpace(out)
 		}
-		if out, err := c.Run(ctx, fmt.Sprintf("%s/bin/evolve version 2>/dev/null", h.hostDir())); err == nil {
+		// The binary is the host's; one of several engines is installed
+		// once its own config is there too.
+		if out, err := c.Run(ctx, fmt.Sprintf("%s/bin/evolve version 2>/dev/null", h.hostDir())); err == nil && (h.host == "" || st.ConfigHash != "") {
 			st.Installed, st.Version = true, strings.TrimSpace(out)
 			st.Service = "process"
 		}

@@ -146,6 +146,11 @@ spec:
 			t.Errorf("%s's files are left: %v", sub, left)
 		}
 	}
+	// The host's binary stays, but the old engines are no longer installed.
+	two, _ := Parse("t.yaml", []byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: t}\nspec:\n  defaults: {user: u, engine: {profile: tiny}}\n  hosts:\n    - {name: a, address: 127.0.0.1, gpus: 4, engines: 2}\n"))
+	if st := Status(ctx, two, opt); st[0].Installed || st[0].Running || st[1].Installed {
+		t.Errorf("status of the retired engines: %+v", st)
+	}
 	if b, err := os.ReadFile(filepath.Join(other, "engine.log")); err != nil || string(b) != "not evolve's" {
 		t.Fatalf("a folder not of the old layout was touched: %q %v", b, err)
 	}
