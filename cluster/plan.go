@@ -53,20 +53,19 @@ func (f *File) Plan() []HostPlan {
 			sort.Strings(keys)
 			engine += ", env " + strings.Join(keys, ",")
 		}
-		steps := []string{
-			"connect over SSH, checking the host key against ~/.ssh/known_hosts",
-			fmt.Sprintf("facts: state folder %s (made with sudo -n if the user cannot), OS, architecture, GPUs (nvidia-smi), free disk, free port %d", h.StateDir(), h.Engine.Port),
-			"upload the evolve binary for the host's architecture, cross-compiled when it is not this one's (skipped when its checksum matches)",
-			fmt.Sprintf("write the engine's config (%s; role %s) and its service: a systemd unit where systemd runs and evolve may write units (root or sudo -n), else a supervised process", engine, role),
-			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
-		}
+		gpus, layout := "GPUs (nvidia-smi)", ""
 		if h.host != "" {
-			gpus := "GPUs (nvidia-smi)"
+			layout = "; engines of another layout of the host stop"
 			if h.hostGPUs > 0 {
 				gpus = fmt.Sprintf("GPUs (nvidia-smi: %d on the host)", h.hostGPUs)
 			}
-			steps[1] = fmt.Sprintf("facts: state folder %s (made with sudo -n if the user cannot), OS, architecture, %s, free disk, free port %d; engines of another layout of the host stop",
-				h.StateDir(), gpus, h.Engine.Port)
+		}
+		steps := []string{
+			"connect over SSH, checking the host key against ~/.ssh/known_hosts",
+			fmt.Sprintf("facts: state folder %s (made with sudo -n if the user cannot), OS, architecture, %s, free disk, free port %d%s", h.StateDir(), gpus, h.Engine.Port, layout),
+			"upload the evolve binary for the host's architecture, cross-compiled when it is not this one's (skipped when its checksum matches)",
+			fmt.Sprintf("write the engine's config (%s; role %s) and its service: a systemd unit where systemd runs and evolve may write units (root or sudo -n), else a supervised process", engine, role),
+			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
 		}
 		if o.Host == h.HostName() && h.index == 0 {
 			steps = append(steps, fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d)", o.RouterPort, o.ControlPort, o.NATSPort))

@@ -456,11 +456,11 @@ func (f *File) validate() Errors {
 				bad(p+".engine.args", "is missing: the vllm backend needs the model to serve, e.g. [Qwen/Qwen3-8B, --tensor-parallel-size, \"2\"]")
 			}
 			// vLLM on fewer GPUs than its parallel sizes ask for fails on
-			// the host, after the model's download: say so here.
-			// The GPUs: the file's, else those CUDA_VISIBLE_DEVICES lists.
+			// the host, after the model's download: say so here. The
+			// GPUs are the file's, else those CUDA_VISIBLE_DEVICES lists.
 			gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
-			_, _, dp, _ := vllm.ParallelSizes(e.Args)
-			switch need, flag := vllm.GPUsNeeded(e.Args); {
+			tp, pp, dp, flag := vllm.ParallelSizes(e.Args)
+			switch need := tp * pp * dp; {
 			case flag != "":
 				bad(p+".engine.args", "%s: want a positive number", flag)
 			case dp > 1:

@@ -76,14 +76,6 @@ func ParallelSizes(command []string) (tp, pp, dp int, bad string) {
 	return sizes[0], sizes[1], sizes[2], ""
 }
 
-// GPUsNeeded is how many GPUs the vLLM command line asks for, its
-// parallel sizes multiplied, and the flag that gave a size that is not a
-// positive number, if any.
-func GPUsNeeded(command []string) (int, string) {
-	tp, pp, dp, bad := ParallelSizes(command)
-	return tp * pp * dp, bad
-}
-
 // PriorityScheduling says whether the vLLM command line orders the
 // server's queue by request priority (--scheduling-policy priority).
 func PriorityScheduling(command []string) bool {

@@ -21,7 +21,7 @@ func TestPriorityScheduling(t *testing.T) {
 	}
 }
 
-func TestGPUsNeeded(t *testing.T) {
+func TestParallelSizes(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		want int
@@ -34,8 +34,8 @@ func TestGPUsNeeded(t *testing.T) {
 		{[]string{"serve", "m", "-tp", "0"}, 0, "-tp 0"},
 		{[]string{"serve", "m", "--pipeline-parallel-size", "x"}, 0, "--pipeline-parallel-size x"},
 	} {
-		if n, bad := GPUsNeeded(c.args); n != c.want || bad != c.bad {
-			t.Errorf("%v: %d %q, want %d %q", c.args, n, bad, c.want, c.bad)
+		if tp, pp, dp, bad := ParallelSizes(c.args); tp*pp*dp != c.want || bad != c.bad {
+			t.Errorf("%v: %d GPUs %q, want %d %q", c.args, tp*pp*dp, bad, c.want, c.bad)
 		}
 	}
 }
