@@ -252,6 +252,9 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 		ports := []int{h.Engine.Port}
 		if h.Engine.Backend == "vllm" {
 			ports = append(ports, h.Engine.KVEventsPort, h.Engine.KVReplayPort, h.Engine.NIXLPort)
+			if h.Engine.PassMetricsPort > 0 {
+				ports = append(ports, h.Engine.PassMetricsPort)
+			}
 		}
 		for _, p := range ports {
 			out, _ := c.Run(ctx, fmt.Sprintf(`command -v ss >/dev/null 2>&1 && ss -ltnH "sport = :%d" | grep -q . && echo used; true`, p))
@@ -259,7 +262,7 @@ func upHost(ctx context.Context, f *File, h Host, opt UpOptions) HostResult {
 				if p == h.Engine.Port {
 					return fail(r, PhaseFacts, fmt.Errorf("port %d is in use on the host: pick another engine.port", p))
 				}
-				return fail(r, PhaseFacts, fmt.Errorf("port %d, which vLLM's KV events or NIXL use, is in use on the host: pick others (engine.kvEventsPort, kvReplayPort, nixlPort)", p))
+				return fail(r, PhaseFacts, fmt.Errorf("port %d, which vLLM's KV events, NIXL or forward-pass metrics use, is in use on the host: pick others (engine.kvEventsPort, kvReplayPort, nixlPort, passMetricsPort)", p))
 			}
 		}
 	}
@@ -400,7 +403,11 @@ func engineService(h Host, addr, dir, nats, token string) service {
 		// The agent starts vLLM (the command after --) and stops it with itself.
 		args = append(args, "--backend", "vllm", "--gpus", strconv.Itoa(h.GPUs),
 			"--kv-events-port", strconv.Itoa(h.Engine.KVEventsPort), "--kv-replay-port", strconv.Itoa(h.Engine.KVReplayPort),
-			"--nixl-port", strconv.Itoa(h.Engine.NIXLPort), "--")
+			"--nixl-port", strconv.Itoa(h.Engine.NIXLPort))
+		if h.Engine.PassMetricsPort > 0 {
+			args = append(args, "--pass-metrics-port", strconv.Itoa(h.Engine.PassMetricsPort))
+		}
+		args = append(args, "--")
 		args = append(append(args, vllmCommand(h)...), h.Engine.Args...)
 	} else {
 		args = append(append(args, "--profile", h.Engine.Profile), h.Engine.Args...)

@@ -252,7 +252,7 @@ spec:
     - name: a
       address: 127.0.0.1
       role: prefill
-      engine: {backend: vllm, args: [Qwen/Qwen3-8B, --tensor-parallel-size, "2"], env: {PATH: "`+venv+`:/usr/bin:/bin"}}
+      engine: {backend: vllm, args: [Qwen/Qwen3-8B, --tensor-parallel-size, "2"], passMetricsPort: 20380, env: {PATH: "`+venv+`:/usr/bin:/bin"}}
     - name: b
       address: 127.0.0.1
       engine: {backend: vllm, command: [/opt/nowhere/vllm, serve], args: [Qwen/Qwen3-8B]}
@@ -269,7 +269,7 @@ spec:
 	}
 	args := waitFile(t, filepath.Join(dir, "a/.local/state/evolve/engine/args"))
 	for _, want := range []string{"engine --id a", "--listen 0.0.0.0:8100", "--role prefill", "--backend vllm",
-		"--kv-events-port 5557", "-- vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2"} {
+		"--kv-events-port 5557", "--pass-metrics-port 20380 -- vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2"} {
 		if !strings.Contains(args, want) {
 			t.Fatalf("engine args %q lack %q", args, want)
 		}
@@ -284,7 +284,7 @@ spec:
 		t.Fatal("installed on a host without vLLM")
 	}
 	plan := f.Plan()
-	if !strings.Contains(strings.Join(plan[0].Steps, "\n"), "vllm: vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2") {
+	if !strings.Contains(strings.Join(plan[0].Steps, "\n"), "vllm: vllm serve Qwen/Qwen3-8B --tensor-parallel-size 2 --forward-pass-metrics-port 20380") {
 		t.Fatalf("dry-run plan: %v", plan[0].Steps)
 	}
 }

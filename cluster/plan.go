@@ -34,6 +34,9 @@ func (f *File) Plan() []HostPlan {
 		switch {
 		case engine == "vllm":
 			engine += ": " + strings.Join(append(slices.Clone(vllmCommand(h)), h.Engine.Args...), " ")
+			if p := h.Engine.PassMetricsPort; p > 0 {
+				engine += fmt.Sprintf(" --forward-pass-metrics-port %d", p)
+			}
 		case len(h.Engine.Args) > 0:
 			engine += ", profile " + h.Engine.Profile + ", args " + strings.Join(h.Engine.Args, " ")
 		default:

@@ -134,10 +134,14 @@ type Engine struct {
 	// Ports vLLM binds beside Port: its KV event publisher (default
 	// 5557), its replay service (5558) and NIXL's side channel (5600).
 	// vllm only.
-	KVEventsPort int               `yaml:"kvEventsPort"`
-	KVReplayPort int               `yaml:"kvReplayPort"`
-	NIXLPort     int               `yaml:"nixlPort"`
-	Env          map[string]string `yaml:"env"`
+	KVEventsPort int `yaml:"kvEventsPort"`
+	KVReplayPort int `yaml:"kvReplayPort"`
+	NIXLPort     int `yaml:"nixlPort"`
+	// PassMetricsPort, when set, is where vLLM publishes its forward-pass
+	// metrics (--forward-pass-metrics-port, which only recent releases
+	// have), for the planner to learn the engine's pass costs. vllm only.
+	PassMetricsPort int               `yaml:"passMetricsPort"`
+	Env             map[string]string `yaml:"env"`
 }
 
 // Host returns the host named name (the zero Host if none).
@@ -305,6 +309,7 @@ func (f *File) applyDefaults() {
 			}
 			e.KVReplayPort = cmp.Or(e.KVReplayPort, d.Engine.KVReplayPort, replay)
 			e.NIXLPort = cmp.Or(e.NIXLPort, d.Engine.NIXLPort, 5600)
+			e.PassMetricsPort = cmp.Or(e.PassMetricsPort, d.Engine.PassMetricsPort)
 		}
 		if e.Port == 0 {
 			e.Port = max(d.Engine.Port, 8100)
@@ -445,8 +450,8 @@ func (f *File) validate() Errors {
 			if len(e.Command) > 0 {
 				bad(p+".engine.command", "is for the vllm backend")
 			}
-			if e.KVEventsPort+e.KVReplayPort+e.NIXLPort != 0 {
-				bad(p+".engine", "kvEventsPort, kvReplayPort and nixlPort are for the vllm backend")
+			if e.KVEventsPort+e.KVReplayPort+e.NIXLPort+e.PassMetricsPort != 0 {
+				bad(p+".engine", "kvEventsPort, kvReplayPort, nixlPort and passMetricsPort are for the vllm backend")
 			}
 		case "vllm":
 			if e.Profile != "" {
@@ -458,6 +463,13 @@ func (f *File) validate() Errors {
 			// vLLM on fewer GPUs than its parallel sizes ask for fails on
 			// the host, after the model's download: say so here. The
 			// GPUs are the file's, else those CUDA_VISIBLE_DEVICES lists.
+			if vllm.HasFlag(e.Args, "--forward-pass-metrics-port") {
+				if max(h.Engines, 1) > 1 {
+					bad(p+".engine.args", "--forward-pass-metrics-port: the host's %d engines would all publish on that port; set engine.passMetricsPort instead (engine i takes it plus i)", h.Engines)
+				} else if e.PassMetricsPort != 0 {
+					bad(p+".engine.passMetricsPort", "engine.args set --forward-pass-metrics-port too: set one of them")
+				}
+			}
 			gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
 			tp, pp, dp, flag := vllm.ParallelSizes(e.Args)
 			switch need := tp * pp * dp; {
@@ -489,6 +501,12 @@ func (f *File) validate() Errors {
 				name string
 				v    int
 			}{{"kvEventsPort", e.KVEventsPort}, {"kvReplayPort", e.KVReplayPort}, {"nixlPort", e.NIXLPort}}...)
+			if e.PassMetricsPort != 0 {
+				ports = append(ports, struct {
+					name string
+					v    int
+				}{"passMetricsPort", e.PassMetricsPort})
+			}
 		}
 		for k, pt := range ports {
 			port(p+".engine."+pt.name, pt.v)
@@ -548,7 +566,8 @@ func splitDevices(s string) []string {
 // GPUs, as CUDA_VISIBLE_DEVICES (the i-th share of the list
 // engine.env.CUDA_VISIBLE_DEVICES gives, else of 0 to gpus-1), its own
 // state folder under the host's (dir/NAME-i), and each port the file gives
-// plus i: engine.port, and vLLM's kvEventsPort, kvReplayPort and nixlPort.
+// plus i: engine.port, and vLLM's kvEventsPort, kvReplayPort, nixlPort and
+// passMetricsPort.
 func (f *File) Engines() []Host {
 	var out []Host
 	for _, h := range f.Spec.Hosts {
@@ -575,6 +594,9 @@ func (f *File) Engines() []Host {
 				e.Engine.KVEventsPort += i
 				e.Engine.KVReplayPort += i
 				e.Engine.NIXLPort += i
+				if e.Engine.PassMetricsPort > 0 {
+					e.Engine.PassMetricsPort += i
+				}
 			}
 			env := make(map[string]string, len(h.Engine.Env)+1)
 			for k, v := range h.Engine.Env {

@@ -113,14 +113,14 @@ func TestParseVLLMEngines(t *testing.T) {
 	if err != nil || f.Spec.Hosts[0].Engine.Profile != "" {
 		t.Fatalf("vllm host: %v %+v", err, f.Spec.Hosts[0].Engine)
 	}
-	if e := f.Spec.Hosts[0].Engine; e.KVEventsPort != 5557 || e.KVReplayPort != 5558 || e.NIXLPort != 5600 {
+	if e := f.Spec.Hosts[0].Engine; e.KVEventsPort != 5557 || e.KVReplayPort != 5558 || e.NIXLPort != 5600 || e.PassMetricsPort != 0 {
 		t.Fatalf("vLLM's default ports: %+v", e)
 	}
 	if e := f.Spec.Hosts[1].Engine; e.KVEventsPort != 6557 || e.KVReplayPort != 5558 {
 		t.Fatalf("a vLLM port set: %+v", e)
 	}
 	_, err = Parse("c.yaml", doc("    - {name: a, address: h, engine: {backend: vllm, args: [m], port: 5557}}\n    - {name: b, address: h, engine: {nixlPort: 1}}\n"))
-	for _, want := range []string{"spec.hosts[0].engine.kvEventsPort: 5557 is also engine.port", "spec.hosts[1].engine: kvEventsPort, kvReplayPort and nixlPort are for the vllm backend"} {
+	for _, want := range []string{"spec.hosts[0].engine.kvEventsPort: 5557 is also engine.port", "spec.hosts[1].engine: kvEventsPort, kvReplayPort, nixlPort and passMetricsPort are for the vllm backend"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Fatalf("want %q in %v", want, err)
 		}
@@ -180,7 +180,7 @@ func TestHostOfSeveralEngines(t *testing.T) {
 	doc := func(hosts string) []byte {
 		return []byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: t}\nspec:\n  defaults: {engine: {profile: tiny}}\n  hosts:\n" + hosts)
 	}
-	f, err := Parse("c.yaml", doc(`    - {name: h200, address: h, gpus: 8, engines: 4, role: decode, engine: {backend: vllm, args: [m, --tensor-parallel-size, "2"], env: {HF_HOME: /data}}}
+	f, err := Parse("c.yaml", doc(`    - {name: h200, address: h, gpus: 8, engines: 4, role: decode, engine: {backend: vllm, args: [m, --tensor-parallel-size, "2"], passMetricsPort: 20380, env: {HF_HOME: /data}}}
     - {name: odd, address: h2, gpus: 4, engines: 2, dir: /var/lib/evolve, engine: {backend: vllm, args: [m], port: 9000, env: {CUDA_VISIBLE_DEVICES: "4,5,6,7"}}}
     - {name: one, address: h3, gpus: 4}
 `))
@@ -192,19 +192,20 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		t.Fatalf("%d engines, want 4 + 2 + 1", len(es))
 	}
 	for i, want := range []struct {
-		name, dir, devs     string
-		port, ev, rep, nixl int
+		name, dir, devs          string
+		port, ev, rep, nixl, fpm int
 	}{
-		{"h200-0", "$HOME/.local/state/evolve/engine/h200-0", "0,1", 8100, 5557, 5561, 5600},
-		{"h200-1", "$HOME/.local/state/evolve/engine/h200-1", "2,3", 8101, 5558, 5562, 5601},
-		{"h200-2", "$HOME/.local/state/evolve/engine/h200-2", "4,5", 8102, 5559, 5563, 5602},
-		{"h200-3", "$HOME/.local/state/evolve/engine/h200-3", "6,7", 8103, 5560, 5564, 5603},
-		{"odd-0", "/var/lib/evolve/odd-0", "4,5", 9000, 5557, 5559, 5600},
-		{"odd-1", "/var/lib/evolve/odd-1", "6,7", 9001, 5558, 5560, 5601},
+		{"h200-0", "$HOME/.local/state/evolve/engine/h200-0", "0,1", 8100, 5557, 5561, 5600, 20380},
+		{"h200-1", "$HOME/.local/state/evolve/engine/h200-1", "2,3", 8101, 5558, 5562, 5601, 20381},
+		{"h200-2", "$HOME/.local/state/evolve/engine/h200-2", "4,5", 8102, 5559, 5563, 5602, 20382},
+		{"h200-3", "$HOME/.local/state/evolve/engine/h200-3", "6,7", 8103, 5560, 5564, 5603, 20383},
+		{"odd-0", "/var/lib/evolve/odd-0", "4,5", 9000, 5557, 5559, 5600, 0},
+		{"odd-1", "/var/lib/evolve/odd-1", "6,7", 9001, 5558, 5560, 5601, 0},
 	} {
 		e := es[i]
-		got := [...]int{e.Engine.Port, e.Engine.KVEventsPort, e.Engine.KVReplayPort, e.Engine.NIXLPort}
-		if e.Name != want.name || e.StateDir() != want.dir || e.Engine.Env["CUDA_VISIBLE_DEVICES"] != want.devs || got != [...]int{want.port, want.ev, want.rep, want.nixl} {
+		got := [...]int{e.Engine.Port, e.Engine.KVEventsPort, e.Engine.KVReplayPort, e.Engine.NIXLPort, e.Engine.PassMetricsPort}
+		if e.Name != want.name || e.StateDir() != want.dir || e.Engine.Env["CUDA_VISIBLE_DEVICES"] != want.devs ||
+			got != [...]int{want.port, want.ev, want.rep, want.nixl, want.fpm} {
 			t.Errorf("engine %d: %s in %s, GPUs %q, ports %v; want %+v", i, e.Name, e.StateDir(), e.Engine.Env["CUDA_VISIBLE_DEVICES"], got, want)
 		}
 		if e.GPUs != 2 || e.Role != f.Spec.Hosts[i/4].Role || e.HostName() != f.Spec.Hosts[min(i/4, 1)].Name {
@@ -232,6 +233,12 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		{"    - {name: a, address: h, gpus: 8, engines: 8, engine: {backend: vllm, args: [m], kvReplayPort: 5560}}\n",
 			"spec.hosts[0].engine.kvReplayPort: its 8 engines take 5560-5567, which overlaps engine.kvEventsPort's 5557-5564: leave 8 ports to each kind"},
 		{"    - {name: a, address: h, engines: 3, engine: {port: 65534}}\n", "3 engines take ports 65534 to 65536, past 65535"},
+		{"    - {name: a, address: h, gpus: 2, engines: 2, engine: {backend: vllm, args: [m], passMetricsPort: 5601}}\n",
+			"spec.hosts[0].engine.passMetricsPort: its 2 engines take 5601-5602, which overlaps engine.nixlPort's 5600-5601"},
+		{"    - {name: a, address: h, gpus: 2, engines: 2, engine: {backend: vllm, args: [m, --forward-pass-metrics-port, \"20380\"]}}\n",
+			"spec.hosts[0].engine.args: --forward-pass-metrics-port: the host's 2 engines would all publish on that port; set engine.passMetricsPort instead"},
+		{"    - {name: a, address: h, gpus: 2, engine: {backend: vllm, args: [m, --forward-pass-metrics-port=20380], passMetricsPort: 20390}}\n",
+			"spec.hosts[0].engine.passMetricsPort: engine.args set --forward-pass-metrics-port too: set one of them"},
 		{"    - {name: a, address: h, engines: 2}\n    - {name: a-1, address: h2}\n",
 			`spec.hosts[1].name: "a-1" is also the name of an engine of hosts[0]`},
 		{"    - {name: a, address: h, gpus: 8, engines: 4, engine: {backend: vllm, args: [m, --tensor-parallel-size, \"4\"]}}\n",

@@ -305,6 +305,16 @@ func TestConfigValuesAreCheckedAndReachEveryFlag(t *testing.T) {
 		// A started vLLM's command says how it schedules.
 		{nil, []string{"engine", "--backend", "vllm", "--vllm-priority-scheduling", "--", "vllm", "serve", "m"},
 			[]string{"--vllm-priority-scheduling is for a joined server (--vllm-url)"}},
+		// Forward-pass metrics: a joined server's come from where it
+		// publishes them, and an endpoint is a ZMQ one.
+		{nil, []string{"engine", "--backend", "vllm", "--vllm-url", "http://10.0.0.5:8000", "--pass-metrics-port", "20380"},
+			[]string{"--pass-metrics-port is for a started server", "--pass-metrics"}},
+		{nil, []string{"engine", "--backend", "vllm", "--pass-metrics", "10.0.0.5:20380", "--", "vllm", "serve", "m"},
+			[]string{`--pass-metrics "10.0.0.5:20380": want tcp://HOST:PORT`}},
+		{nil, []string{"engine", "--backend", "vllm", "--pass-metrics-port", "70000", "--", "vllm", "serve", "m"},
+			[]string{"--pass-metrics-port 70000: want a port number"}},
+		{nil, []string{"engine", "--backend", "vllm", "--", "vllm", "serve", "m", "--forward-pass-metrics-port", "x"},
+			[]string{`--forward-pass-metrics-port "x": want a port number`}},
 	} {
 		out, code := runBin(t, tc.env, tc.args...)
 		for _, w := range tc.want {

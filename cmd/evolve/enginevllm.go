@@ -28,6 +28,8 @@ func addVLLMFlags(f *pflag.FlagSet) {
 	f.Int("kv-events-port", 5557, "vllm: port the started server publishes KV events on")
 	f.Int("kv-replay-port", 5558, "vllm: port of the started server's replay service")
 	f.Int("nixl-port", 5600, "vllm: NIXL side-channel port of the started server")
+	f.Int("pass-metrics-port", 0, "vllm: have the started server publish its forward-pass metrics on this port (adds --forward-pass-metrics-port, which only recent vLLM releases have), so that the planner learns its pass costs; 0: only if its command asks for them")
+	f.String("pass-metrics", "", "vllm: where the server publishes forward-pass metrics, e.g. tcp://HOST:20380 (vLLM's --forward-pass-metrics-port, or Dynamo's InstrumentedScheduler), for the planner to learn its pass costs (default: from the started server's command; \"none\" for none)")
 	f.Int("gpus", 0, "vllm: GPUs the server uses (reported to the orchestrator)")
 	f.Int("block-size", 0, "vllm: KV block size, if the server's metrics do not say")
 	f.Float64("prefill-us-per-token", vllm.DefaultPrefillUsPerToken, "vllm: the router's prefill cost per token until the server's metrics measure it")
@@ -65,10 +67,16 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	case len(command) > 0 && config.GetBool("engine.vllm-priority-scheduling"):
 		return usage(errors.New("--vllm-priority-scheduling is for a joined server (--vllm-url): a started server's command says it with --scheduling-policy priority"))
 	}
-	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port"} {
+	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port", "pass-metrics-port"} {
 		if geti(k) < 0 {
 			return usage(fmt.Errorf("--%s must not be negative", k))
 		}
+	}
+	if geti("pass-metrics-port") > 65535 {
+		return usage(fmt.Errorf("--pass-metrics-port %d: want a port number", geti("pass-metrics-port")))
+	}
+	if attach != "" && geti("pass-metrics-port") > 0 {
+		return usage(errors.New("--pass-metrics-port is for a started server: a joined one (--vllm-url) publishes where its own command says; give that endpoint with --pass-metrics"))
 	}
 	role := get("role")
 	switch role {
@@ -80,6 +88,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	var (
 		base, advertise        string
 		events, replay, topic  string
+		passes                 string
 		proc                   *vllm.Process
 		listenHost, listenPort string
 	)
@@ -119,7 +128,8 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	}
 	advURL, _ := url.Parse(advertise)
 	launch := vllm.Launch{Command: command, Host: listenHost, EventsPort: geti("kv-events-port"),
-		ReplayPort: geti("kv-replay-port"), NixlPort: geti("nixl-port"), Stdout: os.Stderr, Stderr: os.Stderr}
+		ReplayPort: geti("kv-replay-port"), NixlPort: geti("nixl-port"), PassMetricsPort: geti("pass-metrics-port"),
+		Stdout: os.Stderr, Stderr: os.Stderr}
 	if advURL != nil {
 		launch.AdvertiseHost = advURL.Hostname()
 	}
@@ -143,6 +153,18 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		if events, replay, topic, err = launch.Endpoints(); err != nil {
 			return usage(err)
 		}
+		if passes, err = launch.PassMetricsEndpoint(); err != nil {
+			return usage(err)
+		}
+	}
+	switch v := get("pass-metrics"); {
+	case v == "none":
+		passes = ""
+	case v != "":
+		if !strings.HasPrefix(v, "tcp://") {
+			return usage(fmt.Errorf("--pass-metrics %q: want tcp://HOST:PORT", v))
+		}
+		passes = v
 	}
 	if v := get("kv-events"); v != "" {
 		events = v
@@ -173,6 +195,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 
 	var agent *engine.NATSAgent
 	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
+		PassMetrics:     passes,
 		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
 		Token:              token,
@@ -237,7 +260,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	}
 	reg := rep.Registration(buildVersion().Version)
 	slog.Info("engine ready", "id", id, "backend", "vllm", "url", advertise, "model", reg.Model, "block_size", reg.BlockSize,
-		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "nats", redactURL(get("nats")), "requires_token", reg.TokenRequired)
+		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "pass_metrics", passes, "nats", redactURL(get("nats")), "requires_token", reg.TokenRequired)
 
 	agentDone := make(chan error, 1)
 	agentCtx, cancelAgent := context.WithCancel(context.Background())

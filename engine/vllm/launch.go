@@ -26,6 +26,10 @@ type Launch struct {
 	// EventsPort and ReplayPort are where vLLM binds its KV event
 	// publisher and replay service; NixlPort is NIXL's side channel.
 	EventsPort, ReplayPort, NixlPort int
+	// PassMetricsPort, when positive, is where vLLM publishes its
+	// forward-pass metrics (--forward-pass-metrics-port, added unless the
+	// command sets it): only releases that have the flag start with it.
+	PassMetricsPort int
 	// AdvertiseHost is the address peers reach this host at, for NIXL's
 	// side channel.
 	AdvertiseHost  string
@@ -41,6 +45,9 @@ func hasFlag(args []string, name string) bool {
 	}
 	return false
 }
+
+// HasFlag says whether a vLLM command line sets --name.
+func HasFlag(command []string, name string) bool { return hasFlag(command, name) }
 
 // flagValue returns the value args give --name.
 func flagValue(args []string, name string) (string, bool) {
@@ -84,9 +91,10 @@ func PriorityScheduling(command []string) bool {
 }
 
 // Args returns the command line to run: the operator's, plus --host,
-// --port, --kv-events-config (ZMQ publisher with replay) and
+// --port, --kv-events-config (ZMQ publisher with replay),
 // --kv-transfer-config (NixlConnector, kv_both: any instance prefills or
-// decodes per request) where the operator did not set them.
+// decodes per request) and, with PassMetricsPort,
+// --forward-pass-metrics-port where the operator did not set them.
 func (l Launch) Args() []string {
 	args := slices.Clone(l.Command)
 	if !hasFlag(args, "--host") && l.Host != "" {
@@ -104,7 +112,29 @@ func (l Launch) Args() []string {
 	if !hasFlag(args, "--kv-transfer-config") {
 		args = append(args, "--kv-transfer-config", `{"kv_connector":"NixlConnector","kv_role":"kv_both"}`)
 	}
+	if !hasFlag(args, "--forward-pass-metrics-port") && l.PassMetricsPort > 0 {
+		args = append(args, "--forward-pass-metrics-port", strconv.Itoa(l.PassMetricsPort))
+	}
 	return args
+}
+
+// PassMetricsEndpoint returns where the server of args publishes its
+// forward-pass metrics, as a subscriber on this host dials them: "" when
+// its command line asks for none (--forward-pass-metrics-port absent or
+// 0), or an error for a port that is not one.
+func (l Launch) PassMetricsEndpoint() (string, error) {
+	v, ok := flagValue(l.Args(), "--forward-pass-metrics-port")
+	if !ok {
+		return "", nil
+	}
+	port, err := strconv.Atoi(v)
+	if err != nil || port < 0 || port > 65535 {
+		return "", fmt.Errorf("--forward-pass-metrics-port %q: want a port number", v)
+	}
+	if port == 0 {
+		return "", nil
+	}
+	return "tcp://127.0.0.1:" + v, nil
 }
 
 // Endpoints returns where the server of args publishes KV events, as a

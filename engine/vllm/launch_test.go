@@ -1,6 +1,9 @@
 package vllm
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // A vLLM command line schedules by priority only when it says so, in
 // either form of the flag.
@@ -36,6 +39,39 @@ func TestParallelSizes(t *testing.T) {
 	} {
 		if tp, pp, dp, bad := ParallelSizes(c.args); tp*pp*dp != c.want || bad != c.bad {
 			t.Errorf("%v: %d GPUs %q, want %d %q", c.args, tp*pp*dp, bad, c.want, c.bad)
+		}
+	}
+}
+
+// The started server publishes forward-pass metrics where its command
+// says, or where the agent's port says when the command does not; without
+// either it is not asked to (older releases refuse the flag).
+func TestPassMetricsEndpoint(t *testing.T) {
+	for _, c := range []struct {
+		command []string
+		port    int
+		want    string
+		bad     bool
+	}{
+		{[]string{"vllm", "serve", "m"}, 0, "", false},
+		{[]string{"vllm", "serve", "m"}, 20380, "tcp://127.0.0.1:20380", false},
+		{[]string{"vllm", "serve", "m", "--forward-pass-metrics-port", "20400"}, 20380, "tcp://127.0.0.1:20400", false},
+		{[]string{"vllm", "serve", "m", "--forward-pass-metrics-port=0"}, 20380, "", false},
+		{[]string{"vllm", "serve", "m", "--forward-pass-metrics-port", "many"}, 0, "", true},
+	} {
+		l := Launch{Command: c.command, PassMetricsPort: c.port}
+		got, err := l.PassMetricsEndpoint()
+		if got != c.want || (err != nil) != c.bad {
+			t.Errorf("%q with port %d: %q, %v; want %q", c.command, c.port, got, err, c.want)
+		}
+		n := 0
+		for _, a := range l.Args() {
+			if strings.HasPrefix(a, "--forward-pass-metrics-port") {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Errorf("%q with port %d: the flag given %d times: %q", c.command, c.port, n, l.Args())
 		}
 	}
 }

@@ -36,7 +36,11 @@ type Config struct {
 	Events   string // vLLM's KV event endpoint, e.g. tcp://10.0.0.5:5557
 	Replay   string // its replay endpoint; "" for none
 	Topic    string // KV event topic prefix; "" for all
-	Role     string // initial role: prefill, decode or both (default both)
+	// PassMetrics is where vLLM publishes its forward-pass metrics
+	// (--forward-pass-metrics-port), e.g. tcp://10.0.0.5:20380; "" for
+	// none. Each pass goes to the planner as a pass record.
+	PassMetrics string
+	Role        string // initial role: prefill, decode or both (default both)
 	// ServedModelName overrides the model name vLLM reports.
 	ServedModelName string
 	// BlockSize is used when vLLM's metrics do not say (vllm:cache_config_info).
@@ -90,6 +94,10 @@ type Replica struct {
 	warned    bool
 	// tokenRequired: vLLM refused a request without the engine token.
 	tokenRequired bool
+	// passes counts vLLM's forward passes (heartbeats aside); passWarned:
+	// their absence while vLLM served was logged.
+	passes     int
+	passWarned bool
 }
 
 // New returns a replica for the vLLM server of cfg. Call Probe before
@@ -192,8 +200,8 @@ func (r *Replica) warnIfTooOld(ctx context.Context) {
 	}
 }
 
-// SetSink sets where KV events go (engine.Replica). vLLM publishes no
-// per-pass records.
+// SetSink sets where KV events and pass records go (engine.Replica);
+// pass records come only with Config.PassMetrics.
 func (r *Replica) SetSink(s engine.EventSink) {
 	r.mu.Lock()
 	r.sink = s
@@ -313,6 +321,14 @@ func (r *Replica) Run(ctx context.Context) error {
 	subErr := make(chan error, 1)
 	sub := &Subscriber{Endpoint: r.cfg.Events, Replay: r.cfg.Replay, Topic: r.cfg.Topic, Log: r.log}
 	go func() { subErr <- sub.Run(ctx, r.handle) }()
+	if r.cfg.PassMetrics != "" {
+		ps := &PassSubscriber{Endpoint: r.cfg.PassMetrics, Log: r.log}
+		go ps.Run(ctx, r.pass)
+	} else {
+		r.log.Info("vLLM's forward-pass metrics are not followed, so the planner cannot learn this engine's pass costs and keeps the split: " +
+			"start vLLM with --forward-pass-metrics-port PORT (releases that have it; the agent's --pass-metrics-port adds it) " +
+			"or give the agent the endpoint with --pass-metrics")
+	}
 	tick := time.NewTicker(scrapeEvery)
 	defer tick.Stop()
 	for {
@@ -347,6 +363,24 @@ func (r *Replica) handle(b Batch, lost bool) {
 	r.publishLocked(out)
 }
 
+// pass hands one forward pass of vLLM's to the planner, as a pass record.
+func (r *Replica) pass(fp ForwardPass, at time.Time) {
+	rec, ok := fp.Record(at)
+	r.mu.Lock()
+	first := ok && r.passes == 0
+	if ok {
+		r.passes++
+	}
+	sink := r.sink
+	r.mu.Unlock()
+	if first {
+		r.log.Info("vLLM's forward passes are arriving: the planner learns this engine's costs from them", "endpoint", r.cfg.PassMetrics)
+	}
+	if ok && sink != nil {
+		sink.Pass(rec)
+	}
+}
+
 // scrape refreshes the load and the measured prefill cost.
 func (r *Replica) scrape(ctx context.Context) error {
 	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -374,6 +408,13 @@ func (r *Replica) scrape(ctx context.Context) error {
 			`'{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}'`+
 			" and give the agent that endpoint (--kv-events); until then routing cannot use this engine's prefix cache",
 			"kv_events", r.cfg.Events, "url", r.cfg.LocalURL)
+	}
+	if r.cfg.PassMetrics != "" && !r.passWarned && r.passes == 0 && time.Since(r.start) > r.cfg.SilentAfter &&
+		l.PrefillTokens+l.GeneratedTokens > r.base.PrefillTokens+r.base.GeneratedTokens {
+		// Serving, yet no pass has come.
+		r.passWarned = true
+		r.log.Warn("vLLM serves requests but none of its forward passes has reached the agent: is vLLM started with --forward-pass-metrics-port on that port, and does its release have it? "+
+			"Until they arrive the planner cannot learn this engine's pass costs", "endpoint", r.cfg.PassMetrics)
 	}
 	changed := false
 	if tok := l.PrefillTokens - r.base.PrefillTokens; tok >= 10000 {

@@ -23,6 +23,7 @@ import (
 type sink struct {
 	mu     sync.Mutex
 	events []kv.Event
+	passes []protocol.PassRecord
 }
 
 func (s *sink) KVEvents(evs []kv.Event) {
@@ -31,7 +32,17 @@ func (s *sink) KVEvents(evs []kv.Event) {
 	s.mu.Unlock()
 }
 
-func (s *sink) Pass(protocol.PassRecord) {}
+func (s *sink) Pass(rec protocol.PassRecord) {
+	s.mu.Lock()
+	s.passes = append(s.passes, rec)
+	s.mu.Unlock()
+}
+
+func (s *sink) passRecords() []protocol.PassRecord {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]protocol.PassRecord(nil), s.passes...)
+}
 
 func (s *sink) snapshot() []kv.Event {
 	s.mu.Lock()
@@ -95,7 +106,7 @@ func startReplica(t *testing.T, opts vllmtest.Options, replay bool) (*vllmtest.S
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	cfg := vllm.Config{ID: "gpu-0", URL: srv.URL, Events: srv.Events, Topic: opts.Topic, GPUs: 2}
+	cfg := vllm.Config{ID: "gpu-0", URL: srv.URL, Events: srv.Events, Topic: opts.Topic, GPUs: 2, PassMetrics: srv.PassMetrics}
 	if replay {
 		cfg.Replay = srv.Replay
 	}
@@ -304,7 +315,7 @@ func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 	defer srv.Close()
 	var logs syncBuffer
 	r, err := vllm.New(vllm.Config{ID: "quiet", URL: srv.URL, Events: "tcp://127.0.0.1:1", SilentAfter: time.Second,
-		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		PassMetrics: "tcp://127.0.0.1:1", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -316,6 +327,37 @@ func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 	waitFor(t, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
 	if !strings.Contains(logs.String(), "--kv-events-config") {
 		t.Fatalf("the warning does not say how to fix it:\n%s", logs.String())
+	}
+	// Nor has a forward pass come, though vLLM serves: that is said too.
+	waitFor(t, "the passes' warning", func() bool {
+		return strings.Contains(logs.String(), "none of its forward passes has reached the agent")
+	})
+}
+
+// An agent told of no forward-pass metrics says at start what the planner
+// then cannot do, and how to give it them.
+func TestReplicaWithoutPassMetricsSaysSo(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := vllmtest.Start(ctx, vllmtest.Options{}, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var logs syncBuffer
+	r, err := vllm.New(vllm.Config{ID: "blind", URL: srv.URL, Events: srv.Events, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Probe(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	go r.Run(ctx)
+	waitFor(t, "the note", func() bool {
+		return strings.Contains(logs.String(), "the planner cannot learn this engine's pass costs")
+	})
+	if !strings.Contains(logs.String(), "--forward-pass-metrics-port") {
+		t.Fatalf("the note does not say how to give the planner passes:\n%s", logs.String())
 	}
 }
 

@@ -13,7 +13,8 @@ import (
 
 // Main runs the fake as a process, with vLLM's command line:
 // serve MODEL [--host H] [--port P] [--kv-events-config JSON]
-// [--served-model-name NAME] [--map-events]; other flags are accepted and
+// [--served-model-name NAME] [--map-events] [--forward-pass-metrics-port
+// P]; other flags are accepted and
 // ignored. With FAKE_VLLM_ARGS_FILE set it writes its arguments
 // there (one per line) first. It serves until SIGTERM or SIGINT and
 // returns the exit code.
@@ -47,6 +48,10 @@ func Main(args []string) int {
 			opts.APIKey = next()
 		case "--map-events":
 			opts.MapEvents = true
+		case "--forward-pass-metrics-port":
+			if p := next(); p != "0" {
+				opts.PassMetrics = "tcp://0.0.0.0:" + p
+			}
 		case "--kv-events-config":
 			var cfg struct {
 				Endpoint string `json:"endpoint"`

@@ -62,17 +62,37 @@ type Options struct {
 	// APIKey, when set, is required of /v1/ requests as a bearer token,
 	// as vLLM's --api-key (or VLLM_API_KEY) does; other paths stay open.
 	APIKey string
+	// PassMetrics, when set, is where the server binds a ZMQ publisher of
+	// forward-pass metrics, as vLLM's --forward-pass-metrics-port does:
+	// a prefill pass per request and a decode pass per further token,
+	// each timed by PassCosts (the server computes nothing), and a
+	// heartbeat after each request.
+	PassMetrics string
 }
+
+// The modelled cost of the server's forward passes, in the forms evolve's
+// planner learns (a prefill chunk of n new tokens after c cached ones
+// attends n*(c+n/2) token pairs; a decode pass reads its context).
+const (
+	PrefillBaseSec      = 3e-3
+	PrefillPerTokenSec  = 40e-6
+	PrefillPerPairSec   = 1e-9
+	DecodeBaseSec       = 8e-3
+	DecodePerSeqSec     = 50e-6
+	DecodePerContextSec = 1e-9
+)
 
 // Server is a fake vLLM server.
 type Server struct {
 	opts Options
 	pub  zmq4.Socket
 	rep  zmq4.Socket
+	fpm  zmq4.Socket // forward-pass metrics; nil without Options.PassMetrics
 	ln   net.Listener
 	http *http.Server
-	// URL is the HTTP base URL; Events and Replay the ZMQ endpoints to dial.
-	URL, Events, Replay string
+	// URL is the HTTP base URL; Events and Replay the ZMQ endpoints to
+	// dial, and PassMetrics the forward-pass one ("" without).
+	URL, Events, Replay, PassMetrics string
 
 	mu      sync.Mutex
 	seq     uint64
@@ -81,6 +101,7 @@ type Server struct {
 	blocks  map[uint64]*list.Element
 	lru     *list.List // of uint64 block hashes, most recent at the front
 	running int
+	fpmSeq  uint64
 	stats   Stats
 	nextReq int
 }
@@ -97,6 +118,7 @@ type Stats struct {
 	PromptTokens   int
 	CachedTokens   int // prompt tokens found in the prefix cache
 	Generated      int // output tokens
+	Passes         int // forward passes published (with Options.PassMetrics)
 	BlocksStored   int
 	BlocksEvicted  int
 	PublishedBatch int
@@ -133,6 +155,14 @@ func Start(ctx context.Context, opts Options, httpAddr, events, replay string) (
 	}
 	s.Replay = "tcp://" + dialAddr(s.rep.Addr())
 	go s.serveReplay()
+	if opts.PassMetrics != "" {
+		s.fpm = zmq4.NewPub(ctx)
+		if err := s.fpm.Listen(opts.PassMetrics); err != nil {
+			s.Close()
+			return nil, fmt.Errorf("fake vLLM: listen %s: %w", opts.PassMetrics, err)
+		}
+		s.PassMetrics = "tcp://" + dialAddr(s.fpm.Addr())
+	}
 	if httpAddr == "" {
 		httpAddr = "127.0.0.1:0"
 	}
@@ -167,6 +197,9 @@ func (s *Server) Close() {
 	}
 	s.pub.Close()
 	s.rep.Close()
+	if s.fpm != nil {
+		s.fpm.Close()
+	}
 }
 
 // Stats returns the counters so far.
@@ -376,6 +409,7 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	s.mu.Lock()
 	s.stats.Generated += n
+	s.passesLocked(len(ids), cached, n, !p.KV.DoRemotePrefill)
 	s.mu.Unlock()
 	// The output depends only on where it starts, as a greedy model's
 	// on its context: a continuation from the prompt and the output so
@@ -451,6 +485,48 @@ func (s *Server) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		return
 	}
 	openaiapi.WriteJSON(w, 200, answer)
+}
+
+// passesLocked publishes the forward passes of a request of prompt tokens
+// (cached of them found) and n output tokens: its prefill (unless its KV
+// came from a prefill engine), then a decode pass per further token, then
+// a heartbeat. The server answers a request at once, so each pass holds
+// one request.
+func (s *Server) passesLocked(prompt, cached, n int, prefill bool) {
+	if s.fpm == nil {
+		return
+	}
+	if prefill {
+		c := min(cached, prompt-1) // the last prompt token is always computed
+		k := float64(prompt - c)
+		wall := PrefillBaseSec + PrefillPerTokenSec*k + PrefillPerPairSec*k*(float64(c)+k/2)
+		s.publishPassLocked(wall, map[string]any{"num_prefill_requests": 1, "sum_prefill_tokens": prompt - c,
+			"var_prefill_length": 0.0, "sum_prefill_kv_tokens": c})
+	}
+	for i := 1; i < n; i++ {
+		ctx := prompt + i - 1 // before the pass; it reads one more
+		wall := DecodeBaseSec + DecodePerSeqSec + DecodePerContextSec*float64(ctx+1)
+		s.publishPassLocked(wall, map[string]any{"num_decode_requests": 1, "sum_decode_kv_tokens": ctx})
+	}
+	s.publishPassLocked(0, map[string]any{})
+}
+
+// publishPassLocked sends one forward-pass metrics message as vLLM does:
+// an empty topic, the sequence, the msgspec struct as a msgpack map (with
+// a field a later schema might add).
+func (s *Server) publishPassLocked(wall float64, scheduled map[string]any) {
+	payload, err := msgpack.Marshal(map[string]any{"version": 1, "worker_id": "fake", "dp_rank": 0, "counter_id": s.fpmSeq,
+		"timing_scope": "execute_model_cuda", "wall_time": wall, "scheduled_requests": scheduled,
+		"queued_requests": map[string]any{"num_prefill_requests": 0}, "later_field": true})
+	if err != nil {
+		panic(err)
+	}
+	seq := binary.BigEndian.AppendUint64(nil, s.fpmSeq)
+	s.fpmSeq++
+	if wall > 0 {
+		s.stats.Passes++
+	}
+	_ = s.fpm.Send(zmq4.NewMsgFrom([]byte{}, seq, payload))
 }
 
 // blockHash is this server's opaque hash of a block (not evolve's).

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+)
+
+// A vLLM engine started with --pass-metrics-port runs vLLM with
+// --forward-pass-metrics-port and hands its forward passes to the
+// orchestrator's planner, which learns the engine's pass costs from them
+// with no profile: the stand-in times its passes by fixed coefficients,
+// and evolve planner reports those coefficients.
+func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
+	orch, _ := startOrchestratorLog(t, "--planner", "recommend")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	argsFile := filepath.Join(t.TempDir(), "vllm-args")
+	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
+	t.Setenv("FAKE_VLLM_ARGS_FILE", argsFile)
+	listen, fpmPort := freePort(t), portOf(t, freePort(t))
+	for fpmPort == portOf(t, listen) {
+		fpmPort = portOf(t, freePort(t))
+	}
+	p := startEngine(t, "--backend", "vllm", "--listen", listen, "--id", "vllm-0", "--role", "both",
+		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--pass-metrics-port", fpmPort,
+		"--nats", orch.NATSURL, "--", exe, "serve", "fake/model")
+	if b, err := os.ReadFile(argsFile); err != nil || !strings.Contains(string(b), "--forward-pass-metrics-port\n"+fpmPort+"\n") {
+		t.Fatalf("vLLM started without --forward-pass-metrics-port %s (%v):\n%s", fpmPort, err, b)
+	}
+	eventually(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+
+	// Conversations of growing context, to an agent's 20K tokens: prompts
+	// of many lengths, each turn finding the one before it cached, so
+	// that the new tokens and the context they attend vary apart.
+	words := strings.Fields(strings.Repeat("the scheduler orders runnable tasks by deadline and the planner moves nodes ", 1700))
+	type status struct {
+		Prefill, Decode struct {
+			Ready   bool `json:"ready"`
+			Samples int  `json:"samples"`
+			Coefs   []struct {
+				Name  string  `json:"name"`
+				Value float64 `json:"value"`
+			} `json:"coefficients"`
+		}
+	}
+	var st status
+	read := func() {
+		out, code := runBinOut(t, nil, "planner", "--server", orch.ControlURL, "-o", "json")
+		var raw struct {
+			Prefill json.RawMessage `json:"prefill_cost"`
+			Decode  json.RawMessage `json:"decode_cost"`
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &raw) != nil || json.Unmarshal(raw.Prefill, &st.Prefill) != nil ||
+			json.Unmarshal(raw.Decode, &st.Decode) != nil {
+			t.Fatalf("planner -o json: exit %d\n%s", code, out)
+		}
+	}
+	for conv := 0; conv < 40; conv++ {
+		prompt := fmt.Sprintf("conversation %d:", conv)
+		for turn, n := 0, 200+conv*97; turn < 3 && len(prompt)/4+n < len(words); turn, n = turn+1, n*2+conv {
+			prompt += " " + strings.Join(words[:n], " ")
+			if status, _, body := post(t, orch.RouterURL+"/v1/completions", map[string]any{"model": "fake/model",
+				"prompt": prompt, "max_tokens": 2 + conv%3}); status != 200 {
+				t.Fatalf("completion: %d %v", status, body)
+			}
+		}
+	}
+	eventually(t, 20*time.Second, "both cost models trusted", func() bool {
+		read()
+		return st.Prefill.Ready && st.Decode.Ready
+	})
+	coef := func(cs []struct {
+		Name  string  `json:"name"`
+		Value float64 `json:"value"`
+	}, name string) float64 {
+		for _, c := range cs {
+			if c.Name == name {
+				return c.Value
+			}
+		}
+		t.Fatalf("no coefficient %s in %+v", name, cs)
+		return 0
+	}
+	near := func(what string, got, want, tol float64) {
+		if math.Abs(got-want) > tol*math.Abs(want) {
+			t.Errorf("learned %s %.4g, want %.4g within %.0f%%", what, got, want, 100*tol)
+		}
+	}
+	near("prefill base_ms", coef(st.Prefill.Coefs, "base_ms"), vllmtest.PrefillBaseSec*1e3, 0.1)
+	near("prefill per_token_us", coef(st.Prefill.Coefs, "per_token_us"), vllmtest.PrefillPerTokenSec*1e6, 0.05)
+	near("prefill per_token_context_ns", coef(st.Prefill.Coefs, "per_token_context_ns"), vllmtest.PrefillPerPairSec*1e9, 0.1)
+	// Each of the stand-in's decode passes holds one request, so only the
+	// sum of the base and per-request costs is there to learn.
+	near("decode base_ms + per_seq_us", coef(st.Decode.Coefs, "base_ms")*1e-3+coef(st.Decode.Coefs, "per_seq_us")*1e-6,
+		vllmtest.DecodeBaseSec+vllmtest.DecodePerSeqSec, 0.05)
+	near("decode per_context_token_ns", coef(st.Decode.Coefs, "per_context_token_ns"), vllmtest.DecodePerContextSec*1e9, 0.2)
+	p.mu.Lock()
+	log := strings.Join(p.log, "\n")
+	p.mu.Unlock()
+	if !strings.Contains(log, "forward passes are arriving") {
+		t.Errorf("the agent does not say that vLLM's passes arrive:\n%s", log)
+	}
+}
