@@ -80,6 +80,21 @@ func startOrchestratorLog(t *testing.T, extra ...string) (readyInfo, *lockedLog)
 	return info, log
 }
 
+// useFakeVLLM has the vLLM commands this test starts run the stand-in
+// vLLM (this test binary, which TestMain turns into one), and returns that
+// command and the file where it writes the arguments it was given.
+func useFakeVLLM(t *testing.T) (exe, argsFile string) {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	argsFile = filepath.Join(t.TempDir(), "vllm-args")
+	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
+	t.Setenv("FAKE_VLLM_ARGS_FILE", argsFile)
+	return exe, argsFile
+}
+
 func getJSON(t *testing.T, url string, out any) {
 	t.Helper()
 	resp, err := http.Get(url)
@@ -108,13 +123,7 @@ func portOf(t *testing.T, addr string) string {
 // the prefill node; stopping the agent stops the server it started.
 func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	orch := startOrchestrator(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	argsFile := filepath.Join(t.TempDir(), "vllm-args")
-	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
-	t.Setenv("FAKE_VLLM_ARGS_FILE", argsFile)
+	exe, argsFile := useFakeVLLM(t)
 	listen := freePort(t)
 	pre := startEngine(t, "--backend", "vllm", "--listen", listen, "--id", "vllm-pre", "--role", "prefill",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--nats", orch.NATSURL,
@@ -334,11 +343,7 @@ func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
 // so, and what to run instead.
 func TestVLLMDataParallelRanksAreNamed(t *testing.T) {
 	orch := startOrchestrator(t)
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
+	exe, _ := useFakeVLLM(t)
 	p := startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-dp",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--nats", orch.NATSURL,
 		"--", exe, "serve", "fake/model", "--data-parallel-size", "2")

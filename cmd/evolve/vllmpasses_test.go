@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,13 +19,7 @@ import (
 // and evolve planner reports those coefficients.
 func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	orch, _ := startOrchestratorLog(t, "--planner", "recommend")
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	argsFile := filepath.Join(t.TempDir(), "vllm-args")
-	t.Setenv("EVOLVE_TEST_FAKE_VLLM", "1")
-	t.Setenv("FAKE_VLLM_ARGS_FILE", argsFile)
+	exe, argsFile := useFakeVLLM(t)
 	listen, fpmPort := freePort(t), portOf(t, freePort(t))
 	for fpmPort == portOf(t, listen) {
 		fpmPort = portOf(t, freePort(t))

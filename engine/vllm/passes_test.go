@@ -1,25 +1,10 @@
-package vllm_test
+package vllm
 
 import (
-	"fmt"
-	"math"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/evolvellm/evolve/engine/vllm"
-	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
-	"github.com/vmihailenco/msgpack/v5"
 )
-
-func mustPack(t *testing.T, v any) []byte {
-	t.Helper()
-	b, err := msgpack.Marshal(v)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
 
 // The three encodings a forward pass comes in read alike: msgspec's map
 // (with a field this evolve does not know), vLLM's positional layout with
@@ -29,9 +14,9 @@ func TestForwardPassEncodings(t *testing.T) {
 		"sum_prefill_kv_tokens": 8000, "num_decode_requests": 30, "sum_decode_kv_tokens": 240000, "var_decode_kv_tokens": 1.0}
 	scheduledList := []any{2, 3000, 12.5, 8000, 30, 240000, 1.0}
 	queuedList := []any{4, 50000, 0.0, 1, 9000, 0.0}
-	want := vllm.ForwardPass{Version: 1, WorkerID: "w-1", DPRank: 0, Counter: 17, WallTime: 0.042,
-		Scheduled: vllm.PassRequests{PrefillRequests: 2, PrefillTokens: 3000, PrefillKVTokens: 8000, DecodeRequests: 30, DecodeKVTokens: 240000},
-		Queued:    vllm.PassRequests{PrefillRequests: 4, PrefillTokens: 50000, DecodeRequests: 1, DecodeKVTokens: 9000}}
+	want := ForwardPass{Version: 1, WorkerID: "w-1", DPRank: 0, Counter: 17, WallTime: 0.042,
+		Scheduled: PassRequests{PrefillRequests: 2, PrefillTokens: 3000, PrefillKVTokens: 8000, DecodeRequests: 30, DecodeKVTokens: 240000},
+		Queued:    PassRequests{PrefillRequests: 4, PrefillTokens: 50000, DecodeRequests: 1, DecodeKVTokens: 9000}}
 	for name, v := range map[string]any{
 		"map": map[string]any{"version": 1, "worker_id": "w-1", "dp_rank": 0, "counter_id": 17, "timing_scope": "execute_model_cuda",
 			"wall_time": 0.042, "scheduled_requests": scheduled, "later": []any{1, 2},
@@ -40,7 +25,7 @@ func TestForwardPassEncodings(t *testing.T) {
 		"vllm positional":   []any{1, "w-1", 0, 17, "execute_model_cuda", 0.042, scheduledList, queuedList},
 		"dynamo positional": []any{1, "w-1", 0, 17, 0.042, scheduledList, queuedList},
 	} {
-		got, err := vllm.DecodeForwardPass(mustPack(t, v))
+		got, err := DecodeForwardPass(mustPack(t, v))
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
@@ -65,12 +50,12 @@ func TestForwardPassRefusals(t *testing.T) {
 		"truncated":       {mustPack(t, map[string]any{"version": 1, "wall_time": 0.01})[:5], "decode forward-pass metrics"},
 		"lying length":    {[]byte{0xdd, 0xff, 0xff, 0xff, 0xff}, "malformed"},
 	} {
-		_, err := vllm.DecodeForwardPass(tc.payload)
+		_, err := DecodeForwardPass(tc.payload)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one saying %q", name, err, tc.want)
 		}
 	}
-	idle, err := vllm.DecodeForwardPass(mustPack(t, map[string]any{"version": 1, "worker_id": "w", "wall_time": 0.0,
+	idle, err := DecodeForwardPass(mustPack(t, map[string]any{"version": 1, "worker_id": "w", "wall_time": 0.0,
 		"scheduled_requests": map[string]any{}, "queued_requests": map[string]any{}}))
 	if err != nil {
 		t.Fatal(err)
@@ -85,8 +70,8 @@ func TestForwardPassRefusals(t *testing.T) {
 // context plus its new token.
 func TestForwardPassRecord(t *testing.T) {
 	end := time.Date(2026, 12, 5, 1, 0, 0, 0, time.UTC)
-	one := vllm.ForwardPass{Version: 1, WallTime: 0.25, Scheduled: vllm.PassRequests{PrefillRequests: 1, PrefillTokens: 1000,
-		PrefillKVTokens: 9000, DecodeRequests: 3, DecodeKVTokens: 600}, Queued: vllm.PassRequests{PrefillRequests: 2, DecodeRequests: 1}}
+	one := ForwardPass{Version: 1, WallTime: 0.25, Scheduled: PassRequests{PrefillRequests: 1, PrefillTokens: 1000,
+		PrefillKVTokens: 9000, DecodeRequests: 3, DecodeKVTokens: 600}, Queued: PassRequests{PrefillRequests: 2, DecodeRequests: 1}}
 	rec, ok := one.Record(end)
 	if !ok {
 		t.Fatal("a pass made no record")
@@ -96,49 +81,9 @@ func TestForwardPassRecord(t *testing.T) {
 		t.Fatalf("record %+v", rec)
 	}
 	two := one
-	two.Scheduled = vllm.PassRequests{PrefillRequests: 2, PrefillTokens: 2000, PrefillKVTokens: 18000}
+	two.Scheduled = PassRequests{PrefillRequests: 2, PrefillTokens: 2000, PrefillKVTokens: 18000}
 	rec, _ = two.Record(end)
 	if rec.PrefillAttended != 2*1000*(9000+500) {
 		t.Fatalf("two alike prefills attend %v pairs, want %v", rec.PrefillAttended, 2*1000*(9000+500))
-	}
-}
-
-// A replica follows the forward-pass metrics of its vLLM: each pass
-// reaches the sink as a pass record, timed as vLLM timed it, and
-// heartbeats do not.
-func TestReplicaPublishesVLLMsForwardPasses(t *testing.T) {
-	srv, _, sk := startReplica(t, vllmtest.Options{PassMetrics: "tcp://127.0.0.1:0"}, true)
-	// The subscriber joins a little after it dials, and the warm-up's
-	// passes may have come before: count from a request it surely hears.
-	waitFor(t, "a pass record", func() bool {
-		post(t, srv.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprint(time.Now().UnixNano()), "max_tokens": 1}, nil)
-		time.Sleep(20 * time.Millisecond)
-		return len(sk.passRecords()) > 0
-	})
-	before := len(sk.passRecords())
-	prompt := strings.Repeat("the scheduler runs tasks by deadline ", 60)
-	var out struct {
-		Usage struct {
-			PromptTokens int `json:"prompt_tokens"`
-		} `json:"usage"`
-	}
-	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 5}, &out)
-	waitFor(t, "the request's five passes", func() bool { return len(sk.passRecords()) >= before+5 })
-	time.Sleep(100 * time.Millisecond) // a heartbeat, were it counted, would come now
-	recs := sk.passRecords()[before:]
-	if len(recs) != 5 {
-		t.Fatalf("%d pass records for a prefill and four decode passes: %+v", len(recs), recs)
-	}
-	p := out.Usage.PromptTokens
-	if pre := recs[0]; pre.PrefillTokens != p || pre.DecodeSeqs != 0 ||
-		math.Abs(pre.DurationSec-(vllmtest.PrefillBaseSec+vllmtest.PrefillPerTokenSec*float64(p)+vllmtest.PrefillPerPairSec*pre.PrefillAttended)) > 1e-9 {
-		t.Fatalf("prefill pass of a %d-token prompt: %+v", p, pre)
-	}
-	for i, d := range recs[1:] {
-		ctx := p + i + 1
-		if d.DecodeSeqs != 1 || d.DecodeContext != ctx || d.PrefillTokens != 0 ||
-			math.Abs(d.DurationSec-(vllmtest.DecodeBaseSec+vllmtest.DecodePerSeqSec+vllmtest.DecodePerContextSec*float64(ctx))) > 1e-9 {
-			t.Fatalf("decode pass %d: %+v", i, d)
-		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -303,19 +304,21 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// A vLLM that serves but whose KV events never arrive (not enabled, or
-// the wrong endpoint) gets a warning that says how to fix it.
-func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
+// runLogged runs a replica, configured by cfg, of a stand-in vLLM, and
+// returns the server and the replica's log.
+func runLogged(t *testing.T, cfg func(*vllmtest.Server) vllm.Config) (*vllmtest.Server, *syncBuffer) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
+	t.Cleanup(cancel)
 	srv, err := vllmtest.Start(ctx, vllmtest.Options{}, "", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer srv.Close()
-	var logs syncBuffer
-	r, err := vllm.New(vllm.Config{ID: "quiet", URL: srv.URL, Events: "tcp://127.0.0.1:1", SilentAfter: time.Second,
-		PassMetrics: "tcp://127.0.0.1:1", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	t.Cleanup(srv.Close)
+	logs := &syncBuffer{}
+	c := cfg(srv)
+	c.Logger = slog.New(slog.NewTextHandler(logs, nil))
+	r, err := vllm.New(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -323,6 +326,15 @@ func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 		t.Fatal(err)
 	}
 	go r.Run(ctx)
+	return srv, logs
+}
+
+// A vLLM that serves but whose KV events never arrive (not enabled, or
+// the wrong endpoint) gets a warning that says how to fix it.
+func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
+	srv, logs := runLogged(t, func(srv *vllmtest.Server) vllm.Config {
+		return vllm.Config{ID: "quiet", URL: srv.URL, Events: "tcp://127.0.0.1:1", SilentAfter: time.Second, PassMetrics: "tcp://127.0.0.1:1"}
+	})
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": strings.Repeat("served without events ", 10), "max_tokens": 1}, nil)
 	waitFor(t, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
 	if !strings.Contains(logs.String(), "--kv-events-config") {
@@ -337,22 +349,9 @@ func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 // An agent told of no forward-pass metrics says at start what the planner
 // then cannot do, and how to give it them.
 func TestReplicaWithoutPassMetricsSaysSo(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	srv, err := vllmtest.Start(ctx, vllmtest.Options{}, "", "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer srv.Close()
-	var logs syncBuffer
-	r, err := vllm.New(vllm.Config{ID: "blind", URL: srv.URL, Events: srv.Events, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Probe(ctx, nil); err != nil {
-		t.Fatal(err)
-	}
-	go r.Run(ctx)
+	_, logs := runLogged(t, func(srv *vllmtest.Server) vllm.Config {
+		return vllm.Config{ID: "blind", URL: srv.URL, Events: srv.Events}
+	})
 	waitFor(t, "the note", func() bool {
 		return strings.Contains(logs.String(), "the planner cannot learn this engine's pass costs")
 	})
@@ -451,5 +450,45 @@ func TestReplicaWarnsOfAVLLMTooOldToContinueFrom(t *testing.T) {
 		}
 		srv.Close()
 		cancel()
+	}
+}
+
+// A replica follows the forward-pass metrics of its vLLM: each pass
+// reaches the sink as a pass record, timed as vLLM timed it, and
+// heartbeats do not.
+func TestReplicaPublishesVLLMsForwardPasses(t *testing.T) {
+	srv, _, sk := startReplica(t, vllmtest.Options{PassMetrics: "tcp://127.0.0.1:0"}, true)
+	// The subscriber joins a little after it dials, and the warm-up's
+	// passes may have come before: count from a request it surely hears.
+	waitFor(t, "a pass record", func() bool {
+		post(t, srv.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprint(time.Now().UnixNano()), "max_tokens": 1}, nil)
+		time.Sleep(20 * time.Millisecond)
+		return len(sk.passRecords()) > 0
+	})
+	before := len(sk.passRecords())
+	prompt := strings.Repeat("the scheduler runs tasks by deadline ", 60)
+	var out struct {
+		Usage struct {
+			PromptTokens int `json:"prompt_tokens"`
+		} `json:"usage"`
+	}
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 5}, &out)
+	waitFor(t, "the request's five passes", func() bool { return len(sk.passRecords()) >= before+5 })
+	time.Sleep(100 * time.Millisecond) // a heartbeat, were it counted, would come now
+	recs := sk.passRecords()[before:]
+	if len(recs) != 5 {
+		t.Fatalf("%d pass records for a prefill and four decode passes: %+v", len(recs), recs)
+	}
+	p := out.Usage.PromptTokens
+	if pre := recs[0]; pre.PrefillTokens != p || pre.DecodeSeqs != 0 ||
+		math.Abs(pre.DurationSec-(vllmtest.PrefillBaseSec+vllmtest.PrefillPerTokenSec*float64(p)+vllmtest.PrefillPerPairSec*pre.PrefillAttended)) > 1e-9 {
+		t.Fatalf("prefill pass of a %d-token prompt: %+v", p, pre)
+	}
+	for i, d := range recs[1:] {
+		ctx := p + i + 1
+		if d.DecodeSeqs != 1 || d.DecodeContext != ctx || d.PrefillTokens != 0 ||
+			math.Abs(d.DurationSec-(vllmtest.DecodeBaseSec+vllmtest.DecodePerSeqSec+vllmtest.DecodePerContextSec*float64(ctx))) > 1e-9 {
+			t.Fatalf("decode pass %d: %+v", i, d)
+		}
 	}
 }
