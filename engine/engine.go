@@ -147,7 +147,7 @@ func (e *Engine) Registration(version string) protocol.Registration {
 		GPUBlocks: c.GPUBlocks, HostBlocks: c.HostBlocks, KVBytesPerToken: p.KVBytesPerToken,
 		MaxModelLen: p.MaxModelLen, Speedup: e.cfg.Speedup, Version: version, StartedAt: e.start,
 		LastKVSeq: e.model.LastEventSeq(), PrefillUsPerToken: p.Prefill.PerTokenUs, HostGBps: p.HostGBps,
-		NetworkGBps: p.NetworkGBps, MaxNumSeqs: c.MaxNumSeqs, CanHandOver: true, PromptTokens: true, TokenRequired: e.cfg.Token != "",
+		NetworkGBps: p.NetworkGBps, MaxNumSeqs: c.MaxNumSeqs, MaxNumBatchedTokens: c.MaxNumBatchedTokens, CanHandOver: true, PromptTokens: true, TokenRequired: e.cfg.Token != "",
 	}
 }
 

@@ -2,6 +2,7 @@ package orchestrator
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"math"
@@ -65,7 +66,10 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 	if reg.NetworkGBps > 0 {
 		netSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.NetworkGBps * 1e9) / speedup
 	}
-	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: 8192, MaxSeqs: reg.MaxNumSeqs, GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec, netSec)
+	// An engine that does not say its pass budget (a vLLM started without
+	// --max-num-batched-tokens) is taken at vLLM's default for large GPUs.
+	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: cmp.Or(reg.MaxNumBatchedTokens, 8192), MaxSeqs: reg.MaxNumSeqs,
+		GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec, netSec)
 	// Simulated engines model time faster than the wall clock: the
 	// planner's windows follow their time.
 	o.plan.p.SetSpeedup(reg.Speedup)

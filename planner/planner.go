@@ -333,7 +333,7 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 		return nil
 	}
 	p.nextStep = now.Add(p.cfg.Interval)
-	st := Status{Time: now, Enabled: !p.cfg.Disabled, Recommended: -1, Speedup: p.speedup}
+	st := Status{Time: now, Enabled: !p.cfg.Disabled, Recommended: -1, Speedup: p.speedup, Limits: p.cfg.Limits}
 	st.PrefillFit, st.DecodeFit = p.costs.Status()
 	st.Short = p.demand.short.demand(now)
 	st.Long = p.demand.long.demand(now)
@@ -628,6 +628,9 @@ type Status struct {
 	// the stage that was overloaded, were overloaded in the last 30
 	// minutes at a demand like this one.
 	Avoided []string `json:"avoided,omitempty"`
+	// Limits are the engines' scheduling limits the predictions assume,
+	// from their registrations.
+	Limits Limits `json:"limits"`
 	// Speedup is set when the engines model time this many times faster
 	// than the wall clock (SetSpeedup): the costs, demand and predictions
 	// above are then wall-clock, and modelled ones are Speedup times them.

@@ -24,9 +24,9 @@ type Prediction struct {
 
 // Limits are an engine's scheduling limits.
 type Limits struct {
-	MaxBatchedTokens int // token budget per pass
-	MaxSeqs          int // sequences per engine
-	GPUKVTokens      int // KV capacity
+	MaxBatchedTokens int `json:"max_batched_tokens"` // token budget per pass
+	MaxSeqs          int `json:"max_seqs"`           // sequences per engine; 0: no limit known
+	GPUKVTokens      int `json:"gpu_kv_tokens"`      // KV capacity; 0: not known
 }
 
 // saturatedObjective ranks overloaded splits after every feasible one,

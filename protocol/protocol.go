@@ -128,6 +128,9 @@ type Registration struct {
 	HostGBps          float64 `json:"host_gbps,omitempty"`
 	NetworkGBps       float64 `json:"network_gbps,omitempty"`
 	MaxNumSeqs        int     `json:"max_num_seqs,omitempty"`
+	// MaxNumBatchedTokens is the engine's token budget per pass (vLLM's
+	// --max-num-batched-tokens); 0: not known.
+	MaxNumBatchedTokens int `json:"max_num_batched_tokens,omitempty"`
 	// Tokenizer says where a router gets the token ids this engine's KV
 	// events are hashed over: "" for evolve's tokenizer package, "engine"
 	// for the engine's own POST /tokenize (vLLM's), since a real model's

@@ -26,7 +26,7 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	}
 	p := startEngine(t, "--backend", "vllm", "--listen", listen, "--id", "vllm-0", "--role", "both",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--pass-metrics-port", fpmPort,
-		"--nats", orch.NATSURL, "--", exe, "serve", "fake/model")
+		"--nats", orch.NATSURL, "--", exe, "serve", "fake/model", "--max-num-seqs", "64", "--max-num-batched-tokens", "4096")
 	if b, err := os.ReadFile(argsFile); err != nil || !strings.Contains(string(b), "--forward-pass-metrics-port\n"+fpmPort+"\n") {
 		t.Fatalf("vLLM started without --forward-pass-metrics-port %s (%v):\n%s", fpmPort, err, b)
 	}
@@ -37,6 +37,7 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	// that the new tokens and the context they attend vary apart.
 	words := strings.Fields(strings.Repeat("the scheduler orders runnable tasks by deadline and the planner moves nodes ", 1700))
 	type status struct {
+		Limits          map[string]int
 		Prefill, Decode struct {
 			Ready   bool `json:"ready"`
 			Samples int  `json:"samples"`
@@ -52,11 +53,13 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 		var raw struct {
 			Prefill json.RawMessage `json:"prefill_cost"`
 			Decode  json.RawMessage `json:"decode_cost"`
+			Limits  map[string]int  `json:"limits"`
 		}
 		if code != 0 || json.Unmarshal([]byte(out), &raw) != nil || json.Unmarshal(raw.Prefill, &st.Prefill) != nil ||
 			json.Unmarshal(raw.Decode, &st.Decode) != nil {
 			t.Fatalf("planner -o json: exit %d\n%s", code, out)
 		}
+		st.Limits = raw.Limits
 	}
 	for conv := 0; conv < 40; conv++ {
 		prompt := fmt.Sprintf("conversation %d:", conv)
@@ -88,6 +91,11 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 		if math.Abs(got-want) > tol*math.Abs(want) {
 			t.Errorf("learned %s %.4g, want %.4g within %.0f%%", what, got, want, 100*tol)
 		}
+	}
+	// The planner predicts with the limits vLLM's command line set, and
+	// the KV capacity its metrics report.
+	if l := st.Limits; l["max_batched_tokens"] != 4096 || l["max_seqs"] != 64 || l["gpu_kv_tokens"] != 4096*vllmtest.BlockSize {
+		t.Errorf("the planner's engine limits: %v", l)
 	}
 	near("prefill base_ms", coef(st.Prefill.Coefs, "base_ms"), vllmtest.PrefillBaseSec*1e3, 0.1)
 	near("prefill per_token_us", coef(st.Prefill.Coefs, "per_token_us"), vllmtest.PrefillPerTokenSec*1e6, 0.05)

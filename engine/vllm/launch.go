@@ -83,6 +83,21 @@ func ParallelSizes(command []string) (tp, pp, dp int, bad string) {
 	return sizes[0], sizes[1], sizes[2], ""
 }
 
+// SchedulerLimits reads the vLLM command line's --max-num-seqs and
+// --max-num-batched-tokens; each is 0 when not given as a positive number
+// (vLLM's defaults depend on the GPU).
+func SchedulerLimits(command []string) (seqs, tokens int) {
+	read := func(name string) int {
+		v, _ := flagValue(command, name)
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0
+		}
+		return n
+	}
+	return read("--max-num-seqs"), read("--max-num-batched-tokens")
+}
+
 // PriorityScheduling says whether the vLLM command line orders the
 // server's queue by request priority (--scheduling-policy priority).
 func PriorityScheduling(command []string) bool {

@@ -75,3 +75,19 @@ func TestPassMetricsEndpoint(t *testing.T) {
 		}
 	}
 }
+
+// The scheduler's limits come from the command when it gives them.
+func TestSchedulerLimits(t *testing.T) {
+	for _, c := range []struct {
+		command      []string
+		seqs, tokens int
+	}{
+		{[]string{"vllm", "serve", "m"}, 0, 0},
+		{[]string{"vllm", "serve", "m", "--max-num-seqs", "64", "--max-num-batched-tokens=16384"}, 64, 16384},
+		{[]string{"vllm", "serve", "m", "--max-num-seqs", "lots"}, 0, 0},
+	} {
+		if s, tk := SchedulerLimits(c.command); s != c.seqs || tk != c.tokens {
+			t.Errorf("%q: %d seqs, %d tokens; want %d, %d", c.command, s, tk, c.seqs, c.tokens)
+		}
+	}
+}

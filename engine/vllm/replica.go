@@ -57,6 +57,10 @@ type Config struct {
 	// Changed, if set, is called when the registration changed (a measured
 	// prefill cost moved): the caller publishes it again.
 	Changed func()
+	// MaxNumSeqs and MaxNumBatchedTokens are vLLM's scheduler limits
+	// (--max-num-seqs, --max-num-batched-tokens) when known, for the
+	// planner; 0: not known.
+	MaxNumSeqs, MaxNumBatchedTokens int
 	// PriorityScheduling: vLLM runs with --scheduling-policy priority
 	// (protocol.Registration.PriorityScheduling).
 	PriorityScheduling bool
@@ -228,7 +232,7 @@ func (r *Replica) Registration(version string) protocol.Registration {
 		GPUBlocks: r.load.GPUBlocks, HostBlocks: r.load.CPUBlocks, MaxModelLen: r.info.MaxModelLen, Speedup: 1,
 		Version: version, StartedAt: r.start, LastKVSeq: seq, PrefillUsPerToken: r.prefillUs,
 		Tokenizer: "engine", SelfManagedKV: true, TokenRequired: r.tokenRequired,
-		PriorityScheduling: r.cfg.PriorityScheduling,
+		PriorityScheduling: r.cfg.PriorityScheduling, MaxNumSeqs: r.cfg.MaxNumSeqs, MaxNumBatchedTokens: r.cfg.MaxNumBatchedTokens,
 	}
 }
 
