@@ -29,7 +29,8 @@ func (*goldenSource) Planner(context.Context) (Planner, error) {
 		Best:    Pred{Prefill: 1, Decode: 2, TTFT: 0.25, ITL: 0.0185, E2E: 7.6},
 		Short:   Demand{HorizonSec: 30, Requests: 4.2, PrefillTok: 21000, OutputTok: 9100, LocalTok: 800, HiddenTok: 6000, PrefillQueue: 12},
 		Long:    Demand{HorizonSec: 600, Requests: 3.1},
-		Avoided: []string{"0:3 (1:2 was overloaded at this demand)"}}
+		Avoided: []string{"0:3 (1:2 was overloaded at this demand)"},
+		Limits:  Limits{MaxBatchedTokens: 8192, MaxSeqs: 256, GPUKVTokens: 12_000_000}}
 	p.PrefillFit.Ready, p.PrefillFit.Samples, p.PrefillFit.RelErr = true, 812, 0.004
 	p.DecodeFit.Ready, p.DecodeFit.Samples, p.DecodeFit.RelErr = true, 40211, 0.001
 	p.PrefillFit.Coefs = []Coef{{"per_token_us", 6.5, 0.01}}

@@ -52,6 +52,14 @@ type Planner struct {
 	Decisions  []Decision `json:"decisions"`
 	Avoided    []string   `json:"avoided"`
 	Speedup    float64    `json:"speedup"` // set when the engines run faster than the wall clock
+	Limits     Limits     `json:"limits"`
+}
+
+// Limits are the engine limits the planner's predictions assume.
+type Limits struct {
+	MaxBatchedTokens int `json:"max_batched_tokens"`
+	MaxSeqs          int `json:"max_seqs"` // 0: none known
+	GPUKVTokens      int `json:"gpu_kv_tokens"`
 }
 
 // Decision is one of the planner's decisions.

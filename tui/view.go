@@ -480,6 +480,18 @@ func (m *Model) viewPlanner() string {
 	if p.Current.Prefill+p.Current.Decode > 0 {
 		fmt.Fprintf(&b, "predicted     now  %s\n              best %s\n", pred(p.Current), pred(p.Best))
 	}
+	if l := p.Limits; l.MaxBatchedTokens > 0 {
+		// rate's compact figures serve counts as well (12.0M KV tokens).
+		parts := []string{fmt.Sprintf("%d tokens a pass,", l.MaxBatchedTokens), "no sequence limit known"}
+		if l.MaxSeqs > 0 {
+			parts[1] = fmt.Sprintf("%d sequences", l.MaxSeqs)
+		}
+		if l.GPUKVTokens > 0 {
+			parts[1] += ","
+			parts = append(parts, rate(float64(l.GPUKVTokens))+" KV tokens")
+		}
+		fmt.Fprintf(&b, "engine limits %s\n", wrapJoin(parts, " ", "", strings.Repeat(" ", 14), m.width))
+	}
 	for i, a := range p.Avoided {
 		label := "avoiding"
 		if i > 0 {
