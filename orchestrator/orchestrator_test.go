@@ -360,7 +360,7 @@ func TestPlannerSaysWhenNoEngineReportsPasses(t *testing.T) {
 	}()
 	eventually(t, "the planner's reason", func() bool {
 		st, ok := tc.o.PlannerStatus()
-		return ok && strings.Contains(st.Reason, "no engine publishes per-pass statistics")
+		return ok && strings.Contains(st.Reason, "no engine publishes per-pass statistics") && strings.Contains(st.Reason, "--pass-metrics-port")
 	})
 }
 

@@ -244,7 +244,8 @@ func (o *Orchestrator) PlannerStatus() (planner.Status, bool) {
 		o.c.mu.Unlock()
 		if serving > 0 && silent == serving {
 			// Not "too few passes": none will come.
-			st.Reason = "no engine publishes per-pass statistics (vLLM engines do not): the planner cannot learn pass costs and keeps the split; switch nodes by hand (evolve role)"
+			st.Reason = "no engine publishes per-pass statistics (a vLLM engine does with vLLM's forward-pass metrics: evolve engine --pass-metrics-port, or a cluster file's engine.passMetricsPort): " +
+				"the planner cannot learn pass costs and keeps the split; switch nodes by hand (evolve role)"
 		}
 	}
 	return st, true
