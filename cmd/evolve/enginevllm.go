@@ -195,8 +195,8 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 
 	var agent *engine.NATSAgent
 	maxSeqs, maxTokens := vllm.SchedulerLimits(command)
-	rep, err := vllm.New(vllm.Config{MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: maxTokens, ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
-		PassMetrics:     passes,
+	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
+		PassMetrics: passes, MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: maxTokens,
 		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
 		Token:              token,
