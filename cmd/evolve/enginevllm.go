@@ -153,6 +153,14 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		if events, replay, topic, err = launch.Endpoints(); err != nil {
 			return usage(err)
 		}
+		if launch.PassMetricsPort > 0 && !vllm.HasFlag(command, "--forward-pass-metrics-port") {
+			// An older release refuses the flag and would not start.
+			if knows, known := vllm.KnowsFlag(cmd.Context(), command, launch.Env, "--forward-pass-metrics-port"); known && !knows {
+				slog.Warn("this vLLM release has no --forward-pass-metrics-port, so it starts without it and the planner cannot learn its pass costs: upgrade vLLM, or run Dynamo's InstrumentedScheduler and give its endpoint with --pass-metrics",
+					"pass_metrics_port", launch.PassMetricsPort)
+				launch.PassMetricsPort = 0
+			}
+		}
 		if passes, err = launch.PassMetricsEndpoint(); err != nil {
 			return usage(err)
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -110,5 +111,43 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	p.mu.Unlock()
 	if !strings.Contains(log, "forward passes are arriving") {
 		t.Errorf("the agent does not say that vLLM's passes arrive:\n%s", log)
+	}
+}
+
+// Asked for forward-pass metrics, an agent whose vLLM release has no
+// --forward-pass-metrics-port (which would refuse to start with it)
+// starts it without the flag, serves, and says why the planner cannot
+// learn its costs.
+func TestVLLMWithoutForwardPassMetricsStartsWithoutTheFlag(t *testing.T) {
+	orch := startOrchestrator(t)
+	exe, argsFile := useFakeVLLM(t)
+	// vllm is a Python script; this Python says where its package lies,
+	// and runs the stand-in vLLM for the script.
+	dir := t.TempDir()
+	pkg := filepath.Join(dir, "site-packages", "vllm")
+	if err := os.MkdirAll(pkg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(pkg, "arg_utils.py"), []byte("kv_events_config = None\n"), 0o644)
+	python := filepath.Join(dir, "python3")
+	os.WriteFile(python, []byte("#!/bin/sh\ncase \"$1\" in -c) echo \"$FAKE_VLLM_PKG\";; *) shift; exec \"$FAKE_VLLM_EXE\" \"$@\";; esac\n"), 0o755)
+	script := filepath.Join(dir, "vllm")
+	os.WriteFile(script, []byte("#!"+python+"\nfrom vllm.entrypoints.cli.main import main\n"), 0o755)
+	t.Setenv("FAKE_VLLM_PKG", pkg)
+	t.Setenv("FAKE_VLLM_EXE", exe)
+
+	p := startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-old",
+		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--pass-metrics-port", portOf(t, freePort(t)),
+		"--nats", orch.NATSURL, "--", script, "serve", "fake/model")
+	eventually(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	b, err := os.ReadFile(argsFile)
+	if err != nil || !strings.Contains(string(b), "serve\nfake/model\n") || strings.Contains(string(b), "forward-pass") {
+		t.Fatalf("vLLM started with (%v):\n%s", err, b)
+	}
+	p.mu.Lock()
+	log := strings.Join(p.log, "\n")
+	p.mu.Unlock()
+	if !strings.Contains(log, "this vLLM release has no --forward-pass-metrics-port") {
+		t.Fatalf("the agent does not say why vLLM starts without its forward-pass metrics:\n%s", log)
 	}
 }
