@@ -34,6 +34,8 @@ type Node struct {
 	// TokenRequired: the engine's port answers only with the engine token
 	// (false: anyone who reaches it may use it).
 	TokenRequired bool `json:"token_required"`
+	// Passes: pass records the node has sent the planner.
+	Passes uint64 `json:"passes"`
 }
 
 // Switch is a role switch in progress.

@@ -87,6 +87,10 @@ type NodeStatus struct {
 	Lost        int `json:"answers_lost,omitempty"`
 	// TokenRequired: the engine's port answers only with the engine token.
 	TokenRequired bool `json:"token_required"`
+	// Passes: pass records the node has sent the planner since its engine
+	// started (a vLLM engine sends them only with vLLM's forward-pass
+	// metrics).
+	Passes uint64 `json:"passes"`
 }
 
 // node is the orchestrator's record of one engine.
@@ -119,7 +123,7 @@ type node struct {
 	refLost    int64
 	// Tokens processed, as the engine's pass records arrive (wall time).
 	tokens []tokenSample
-	passes uint64 // pass records received
+	passes uint64 // pass records received since its engine started
 }
 
 type tokenSample struct {
@@ -196,7 +200,7 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
 		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
-		Interrupted: n.interrupted, Lost: n.lost, TokenRequired: n.reg.TokenRequired,
+		Interrupted: n.interrupted, Lost: n.lost, TokenRequired: n.reg.TokenRequired, Passes: n.passes,
 	}
 	if n.state == StateDown {
 		// Its last heartbeat's load is no longer true (a killed engine's

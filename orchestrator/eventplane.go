@@ -87,7 +87,7 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 		// Whatever it holds now, learn it from scratch.
 		o.c.dir.DropNode(n.dir)
 		n.resyncAt = time.Time{}
-		n.interrupted, n.lost = 0, 0
+		n.interrupted, n.lost, n.passes = 0, 0, 0
 	}
 	o.applyStoredRole(reg.ID, n)
 	want := n.role.String()

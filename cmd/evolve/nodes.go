@@ -120,7 +120,7 @@ answer no node could continue is sent again from its start instead).`,
 func nodeHeader(wide bool) string {
 	h := "ID\tROLE\tMODE\tSTATE\tQUEUE\tRUNNING\tGPU-KV\tHOST-KV"
 	if wide {
-		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tLAST-SEEN\tTOKEN\tADDRESS"
+		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tPASSES\tLAST-SEEN\tTOKEN\tADDRESS"
 	}
 	return h
 }
@@ -145,7 +145,7 @@ func nodeRow(n controlapi.Node, wide bool) string {
 		if n.TokenRequired {
 			token = "required"
 		}
-		row += fmt.Sprintf("\t%d\t%d\t%d\t%s\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, ago(n.LastSeen), token, n.Address)
+		row += fmt.Sprintf("\t%d\t%d\t%d\t%d\t%s\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, n.Passes, ago(n.LastSeen), token, n.Address)
 	}
 	return row
 }
@@ -153,7 +153,7 @@ func nodeRow(n controlapi.Node, wide bool) string {
 // columns lays a tab-separated row out in the watch's fixed columns (a
 // wider cell pushes the rest of its row along).
 func columns(row string) string {
-	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 12, 10}
+	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 9, 12, 10}
 	cells := strings.Split(row, "\t")
 	var b strings.Builder
 	for i, c := range cells {

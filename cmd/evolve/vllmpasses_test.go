@@ -106,6 +106,19 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	near("decode base_ms + per_seq_us", coef(st.Decode.Coefs, "base_ms")*1e-3+coef(st.Decode.Coefs, "per_seq_us")*1e-6,
 		vllmtest.DecodeBaseSec+vllmtest.DecodePerSeqSec, 0.05)
 	near("decode per_context_token_ns", coef(st.Decode.Coefs, "per_context_token_ns"), vllmtest.DecodePerContextSec*1e9, 0.2)
+	// The node counts the passes it sent, and evolve nodes -o wide shows them.
+	var nodes []struct {
+		Passes int `json:"passes"`
+	}
+	getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+	if len(nodes) != 1 || nodes[0].Passes < st.Prefill.Samples+st.Decode.Samples {
+		t.Errorf("the node's passes: %+v; the planner learned from %d", nodes, st.Prefill.Samples+st.Decode.Samples)
+	}
+	out, code := runBinOut(t, nil, "nodes", "--server", orch.ControlURL, "-o", "wide")
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); code != 0 || len(lines) != 2 || !strings.Contains(lines[0], "PASSES") ||
+		!strings.Contains(lines[1], fmt.Sprintf(" %d ", nodes[0].Passes)) {
+		t.Errorf("evolve nodes -o wide: exit %d\n%s", code, out)
+	}
 	p.mu.Lock()
 	log := strings.Join(p.log, "\n")
 	p.mu.Unlock()
@@ -149,5 +162,10 @@ func TestVLLMWithoutForwardPassMetricsStartsWithoutTheFlag(t *testing.T) {
 	p.mu.Unlock()
 	if !strings.Contains(log, "this vLLM release has no --forward-pass-metrics-port") {
 		t.Fatalf("the agent does not say why vLLM starts without its forward-pass metrics:\n%s", log)
+	}
+	var nodes []map[string]any
+	getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+	if len(nodes) != 1 || nodes[0]["passes"] != 0.0 {
+		t.Fatalf("a node without pass metrics: %v", nodes)
 	}
 }
