@@ -68,7 +68,9 @@ type NodeState struct {
 	// TokensPerSec: tokens processed per modelled second since the last
 	// state (prompt tokens computed and tokens generated).
 	TokensPerSec float64
-	History      []RoleChange // oldest first
+	// Passes: forward passes the engine has run, which the planner learns from.
+	Passes  uint64
+	History []RoleChange // oldest first
 }
 
 // RoleChange is a node's change of role or state, in modelled time.
@@ -122,7 +124,7 @@ func (r *run) state() *State {
 		n := NodeState{ID: e.id, Role: roleName(e.role), State: "serving", Waiting: e.stats.Waiting, Running: e.stats.Running,
 			GPUUsed: e.stats.GPUBlocksUsed, GPUBlocks: e.stats.GPUBlocksCached, GPUCapacity: e.model.Config().GPUBlocks,
 			HostBlocks: e.stats.HostBlocksUsed, HostCapacity: e.model.Config().HostBlocks, ReferencedShare: r.referencedShare(e.dir),
-			History: append([]RoleChange(nil), e.history...)}
+			Passes: e.model.Counters().Passes, History: append([]RoleChange(nil), e.history...)}
 		if dt := r.now.Sub(e.watchAt).Seconds(); dt > 0 && !e.watchAt.IsZero() {
 			n.TokensPerSec = float64(e.tokens-e.watchTokens) / dt
 		}

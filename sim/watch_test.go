@@ -61,7 +61,7 @@ func TestWatchingChangesNothing(t *testing.T) {
 	for _, n := range last.Nodes {
 		roles[n.Role]++
 		busy = max(busy, n.TokensPerSec)
-		if n.State != "serving" || n.GPUCapacity == 0 {
+		if n.State != "serving" || n.GPUCapacity == 0 || n.Passes == 0 {
 			t.Fatalf("node %+v", n)
 		}
 	}

@@ -160,7 +160,7 @@ func (s *Server) update(f *feed, st *sim.State) {
 		j := nodeJSON{ID: n.ID, Role: n.Role, Mode: mode, State: n.State, Address: "simulated", Model: s.Model,
 			Waiting: n.Waiting, Running: n.Running, InFlight: n.Waiting + n.Running, TokensPerSec: n.TokensPerSec,
 			GPUKVUsage: ratio(n.GPUUsed, n.GPUCapacity), HostKVUsage: ratio(n.HostBlocks, n.HostCapacity),
-			GPUBlocks: n.GPUBlocks, HostBlocks: n.HostBlocks}
+			GPUBlocks: n.GPUBlocks, HostBlocks: n.HostBlocks, Passes: n.Passes}
 		if n.SwitchTo != "" {
 			j.Switch = &controlapi.Switch{To: n.SwitchTo, Phase: "draining"}
 		}
