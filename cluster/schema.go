@@ -139,7 +139,8 @@ type Engine struct {
 	NIXLPort     int `yaml:"nixlPort"`
 	// PassMetricsPort, when set, is where vLLM publishes its forward-pass
 	// metrics (--forward-pass-metrics-port, which only recent releases
-	// have), for the planner to learn the engine's pass costs. vllm only.
+	// have), for the planner to learn the engine's pass costs; unset, the
+	// agent picks a free port when the release has the flag. vllm only.
 	PassMetricsPort int               `yaml:"passMetricsPort"`
 	Env             map[string]string `yaml:"env"`
 }

@@ -28,7 +28,7 @@ func addVLLMFlags(f *pflag.FlagSet) {
 	f.Int("kv-events-port", 5557, "vllm: port the started server publishes KV events on")
 	f.Int("kv-replay-port", 5558, "vllm: port of the started server's replay service")
 	f.Int("nixl-port", 5600, "vllm: NIXL side-channel port of the started server")
-	f.Int("pass-metrics-port", 0, "vllm: have the started server publish its forward-pass metrics on this port (adds --forward-pass-metrics-port, which only recent vLLM releases have), so that the planner learns its pass costs; 0: only if its command asks for them")
+	f.Int("pass-metrics-port", 0, "vllm: have the started server publish its forward-pass metrics on this port (adds --forward-pass-metrics-port, which only recent vLLM releases have), so that the planner learns its pass costs; 0: on a free port when the agent finds the flag in the server's vLLM release; -1: never")
 	f.String("pass-metrics", "", "vllm: where the server publishes forward-pass metrics, e.g. tcp://HOST:20380 (vLLM's --forward-pass-metrics-port, or Dynamo's InstrumentedScheduler), for the planner to learn its pass costs (default: from the started server's command; \"none\" for none)")
 	f.Int("gpus", 0, "vllm: GPUs the server uses (reported to the orchestrator)")
 	f.Int("block-size", 0, "vllm: KV block size, if the server's metrics do not say")
@@ -50,6 +50,37 @@ func vllmAPIKey(command []string) (string, bool) {
 	return "", false
 }
 
+// passMetricsPort is the port the started server of command is asked to
+// publish its forward-pass metrics on (0: not asked; its command may ask
+// itself): want, unless the release is found to lack the flag, which it
+// would refuse and not start; by default (want 0) a free port, when the
+// release is found to have it; -1: never.
+func passMetricsPort(ctx context.Context, command, env []string, want int) (int, error) {
+	const flag = "--forward-pass-metrics-port"
+	if want < 0 || vllm.HasFlag(command, flag) {
+		return 0, nil
+	}
+	knows, known := vllm.KnowsFlag(ctx, command, env, flag)
+	switch {
+	case want > 0 && known && !knows:
+		slog.Warn("this vLLM release has no "+flag+", so it starts without it and the planner cannot learn its pass costs: upgrade vLLM, or run Dynamo's InstrumentedScheduler and give its endpoint with --pass-metrics",
+			"pass_metrics_port", want)
+		return 0, nil
+	case want > 0:
+		return want, nil
+	case !knows:
+		return 0, nil // the agent says at start what the planner then cannot do
+	}
+	l, err := net.Listen("tcp", ":0")
+	if err != nil {
+		return 0, fmt.Errorf("a port for vLLM's forward-pass metrics: %w", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	slog.Info("this vLLM release has "+flag+": the agent asks for its forward passes, for the planner", "pass_metrics_port", port)
+	return port, nil
+}
+
 // runVLLMEngine is `evolve engine --backend vllm`: it starts a vLLM server
 // (the command after --) or joins one (--vllm-url), and connects it to the
 // event plane.
@@ -67,12 +98,12 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	case len(command) > 0 && config.GetBool("engine.vllm-priority-scheduling"):
 		return usage(errors.New("--vllm-priority-scheduling is for a joined server (--vllm-url): a started server's command says it with --scheduling-policy priority"))
 	}
-	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port", "pass-metrics-port"} {
+	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port"} {
 		if geti(k) < 0 {
 			return usage(fmt.Errorf("--%s must not be negative", k))
 		}
 	}
-	if geti("pass-metrics-port") > 65535 {
+	if p := geti("pass-metrics-port"); p < -1 || p > 65535 {
 		return usage(fmt.Errorf("--pass-metrics-port %d: want a port number", geti("pass-metrics-port")))
 	}
 	if attach != "" && geti("pass-metrics-port") > 0 {
@@ -153,13 +184,8 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		if events, replay, topic, err = launch.Endpoints(); err != nil {
 			return usage(err)
 		}
-		if launch.PassMetricsPort > 0 && !vllm.HasFlag(command, "--forward-pass-metrics-port") {
-			// An older release refuses the flag and would not start.
-			if knows, known := vllm.KnowsFlag(cmd.Context(), command, launch.Env, "--forward-pass-metrics-port"); known && !knows {
-				slog.Warn("this vLLM release has no --forward-pass-metrics-port, so it starts without it and the planner cannot learn its pass costs: upgrade vLLM, or run Dynamo's InstrumentedScheduler and give its endpoint with --pass-metrics",
-					"pass_metrics_port", launch.PassMetricsPort)
-				launch.PassMetricsPort = 0
-			}
+		if launch.PassMetricsPort, err = passMetricsPort(cmd.Context(), command, launch.Env, launch.PassMetricsPort); err != nil {
+			return err
 		}
 		if passes, err = launch.PassMetricsEndpoint(); err != nil {
 			return usage(err)

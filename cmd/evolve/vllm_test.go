@@ -142,6 +142,11 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 			t.Fatalf("vLLM started with\n%s\nlacking %q", args, want)
 		}
 	}
+	// A release the agent cannot read (here no Python script) is not
+	// given a flag it may refuse.
+	if strings.Contains(args, "forward-pass") {
+		t.Fatalf("vLLM of an unknown release started with --forward-pass-metrics-port:\n%s", args)
+	}
 
 	srv, err := vllmtest.Start(t.Context(), vllmtest.Options{}, "", "", "")
 	if err != nil {

@@ -127,27 +127,61 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	}
 }
 
+// vllmScript makes a vllm command that is a Python script, as vLLM's is,
+// whose Python says where its vllm package lies (a package of one file
+// holding source) and runs the stand-in vLLM for the script. It returns
+// the script and the file where the stand-in writes its arguments.
+func vllmScript(t *testing.T, source string) (script, argsFile string) {
+	t.Helper()
+	exe, argsFile := useFakeVLLM(t)
+	dir := t.TempDir()
+	pkg := filepath.Join(dir, "site-packages", "vllm")
+	if err := os.MkdirAll(pkg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(filepath.Join(pkg, "arg_utils.py"), []byte(source), 0o644)
+	python := filepath.Join(dir, "python3")
+	os.WriteFile(python, []byte("#!/bin/sh\ncase \"$1\" in -c) echo \"$FAKE_VLLM_PKG\";; *) shift; exec \"$FAKE_VLLM_EXE\" \"$@\";; esac\n"), 0o755)
+	script = filepath.Join(dir, "vllm")
+	os.WriteFile(script, []byte("#!"+python+"\nfrom vllm.entrypoints.cli.main import main\n"), 0o755)
+	t.Setenv("FAKE_VLLM_PKG", pkg)
+	t.Setenv("FAKE_VLLM_EXE", exe)
+	return script, argsFile
+}
+
+// By default an agent whose vLLM release has --forward-pass-metrics-port
+// asks it for its forward passes, on a free port, and they reach the
+// planner: nothing to configure.
+func TestVLLMForwardPassesByDefault(t *testing.T) {
+	orch := startOrchestrator(t)
+	script, argsFile := vllmScript(t, "forward_pass_metrics_port: int = 0\n")
+	startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-new",
+		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)),
+		"--nats", orch.NATSURL, "--", script, "serve", "fake/model")
+	eventually(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	if b, err := os.ReadFile(argsFile); err != nil || !strings.Contains(string(b), "--forward-pass-metrics-port\n") {
+		t.Fatalf("vLLM started without --forward-pass-metrics-port (%v):\n%s", err, b)
+	}
+	eventually(t, 20*time.Second, "passes from the node", func() bool {
+		if status, _, body := post(t, orch.RouterURL+"/v1/completions", map[string]any{"model": "fake/model",
+			"prompt": "count the passes", "max_tokens": 3}); status != 200 {
+			t.Fatalf("completion: %d %v", status, body)
+		}
+		var nodes []struct {
+			Passes int `json:"passes"`
+		}
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		return len(nodes) == 1 && nodes[0].Passes > 0
+	})
+}
+
 // Asked for forward-pass metrics, an agent whose vLLM release has no
 // --forward-pass-metrics-port (which would refuse to start with it)
 // starts it without the flag, serves, and says why the planner cannot
 // learn its costs.
 func TestVLLMWithoutForwardPassMetricsStartsWithoutTheFlag(t *testing.T) {
 	orch := startOrchestrator(t)
-	exe, argsFile := useFakeVLLM(t)
-	// vllm is a Python script; this Python says where its package lies,
-	// and runs the stand-in vLLM for the script.
-	dir := t.TempDir()
-	pkg := filepath.Join(dir, "site-packages", "vllm")
-	if err := os.MkdirAll(pkg, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	os.WriteFile(filepath.Join(pkg, "arg_utils.py"), []byte("kv_events_config = None\n"), 0o644)
-	python := filepath.Join(dir, "python3")
-	os.WriteFile(python, []byte("#!/bin/sh\ncase \"$1\" in -c) echo \"$FAKE_VLLM_PKG\";; *) shift; exec \"$FAKE_VLLM_EXE\" \"$@\";; esac\n"), 0o755)
-	script := filepath.Join(dir, "vllm")
-	os.WriteFile(script, []byte("#!"+python+"\nfrom vllm.entrypoints.cli.main import main\n"), 0o755)
-	t.Setenv("FAKE_VLLM_PKG", pkg)
-	t.Setenv("FAKE_VLLM_EXE", exe)
+	script, argsFile := vllmScript(t, "kv_events_config = None\n")
 
 	p := startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-old",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--pass-metrics-port", portOf(t, freePort(t)),
