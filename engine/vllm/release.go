@@ -41,7 +41,9 @@ func KnowsFlag(ctx context.Context, command, env []string, name string) (knows, 
 	cmd := exec.CommandContext(ctx, python[0], append(python[1:], "-c", findPackage)...)
 	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.Output()
-	dir := strings.TrimSpace(string(out))
+	// The last line: a site's start-up hooks may print before it.
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	dir := strings.TrimSpace(lines[len(lines)-1])
 	if err != nil || dir == "" || !filepath.IsAbs(dir) {
 		return false, false
 	}

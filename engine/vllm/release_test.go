@@ -25,7 +25,7 @@ func TestKnowsFlag(t *testing.T) {
 	os.WriteFile(filepath.Join(pkg, "config", "observability.py"), []byte("class ObservabilityConfig:\n    otlp_traces_endpoint = None\n"), 0o644)
 	// A stand-in Python: asked where vllm lies (-c), it says.
 	python := filepath.Join(dir, "python3")
-	writeExec(t, python, "#!/bin/sh\n[ \"$1\" = -c ] && echo \"$VLLM_PKG\"\n")
+	writeExec(t, python, "#!/bin/sh\n[ \"$1\" = -c ] && echo 'a start-up hook speaks' && echo \"$VLLM_PKG\"\n")
 	vllmScript := filepath.Join(dir, "vllm")
 	writeExec(t, vllmScript, "#!"+python+"\nimport sys\n")
 	t.Setenv("VLLM_PKG", pkg)
