@@ -63,7 +63,11 @@ and tokenize prompts with its POST /tokenize; the agent registers it,
 reports its load from its /metrics and turns its KV events into evolve's.
 A role is a routing decision for vLLM (any instance prefills or decodes per
 request), so switching needs no restart. vLLM keeps its own KV tiers:
-evolve's fetches and eviction hints do not apply to it.`,
+evolve's fetches and eviction hints do not apply to it. The planner learns
+its pass costs from vLLM's forward-pass metrics: the agent adds
+--forward-pass-metrics-port (on a free port, or --pass-metrics-port) when
+it finds that option in the release's vllm package, and follows the
+stream (--pass-metrics for a joined server's).`,
 		Example: `  # a small engine to try
   evolve engine --profile tiny --listen 127.0.0.1:8000
   curl -s 127.0.0.1:8000/v1/completions -d '{"prompt": "Hello", "max_tokens": 8}'
