@@ -3,6 +3,7 @@ package vllm
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/evolvellm/evolve/protocol"
@@ -89,7 +90,7 @@ func DecodeForwardPass(payload []byte) (ForwardPass, error) {
 	fp.DPRank = int(n)
 	fp.Counter, _ = toInt(f["counter_id"])
 	fp.WallTime, _ = toFloat(f["wall_time"])
-	if fp.WallTime < 0 {
+	if fp.WallTime < 0 || math.IsNaN(fp.WallTime) || math.IsInf(fp.WallTime, 0) {
 		return fp, fmt.Errorf("forward-pass metrics: wall_time %g", fp.WallTime)
 	}
 	if fp.Scheduled, err = passRequests(f["scheduled_requests"], scheduledFields); err != nil {

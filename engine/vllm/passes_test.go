@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -44,6 +45,7 @@ func TestForwardPassRefusals(t *testing.T) {
 	}{
 		"version 2":       {mustPack(t, map[string]any{"version": 2, "wall_time": 0.01}), "version 2"},
 		"negative time":   {mustPack(t, map[string]any{"version": 1, "wall_time": -1.0}), "wall_time -1"},
+		"no number":       {mustPack(t, map[string]any{"version": 1, "wall_time": math.NaN()}), "wall_time NaN"},
 		"a string":        {mustPack(t, "pass"), "want a map or an array"},
 		"negative tokens": {mustPack(t, map[string]any{"version": 1, "wall_time": 0.01, "scheduled_requests": map[string]any{"sum_prefill_tokens": -5}}), "sum_prefill_tokens = -5"},
 		"token as text":   {mustPack(t, map[string]any{"version": 1, "wall_time": 0.01, "queued_requests": map[string]any{"num_decode_requests": "3"}}), "queued_requests"},
