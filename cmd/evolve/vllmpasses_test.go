@@ -128,18 +128,18 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 }
 
 // vllmScript makes a vllm command that is a Python script, as vLLM's is,
-// whose Python says where its vllm package lies (a package of one file
-// holding source) and runs the stand-in vLLM for the script. It returns
+// whose Python says where its vllm package lies (a package whose engine
+// arguments are source) and runs the stand-in vLLM for the script. It returns
 // the script and the file where the stand-in writes its arguments.
 func vllmScript(t *testing.T, source string) (script, argsFile string) {
 	t.Helper()
 	exe, argsFile := useFakeVLLM(t)
 	dir := t.TempDir()
 	pkg := filepath.Join(dir, "site-packages", "vllm")
-	if err := os.MkdirAll(pkg, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(pkg, "engine"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(filepath.Join(pkg, "arg_utils.py"), []byte(source), 0o644)
+	os.WriteFile(filepath.Join(pkg, "engine", "arg_utils.py"), []byte(source), 0o644)
 	python := filepath.Join(dir, "python3")
 	os.WriteFile(python, []byte("#!/bin/sh\ncase \"$1\" in -c) echo \"$FAKE_VLLM_PKG\";; *) shift; exec \"$FAKE_VLLM_EXE\" \"$@\";; esac\n"), 0o755)
 	script = filepath.Join(dir, "vllm")

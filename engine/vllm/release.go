@@ -20,10 +20,13 @@ const findPackage = `import importlib.util as u; s = u.find_spec("vllm"); print(
 // command-line flag name (--forward-pass-metrics-port), as far as can be
 // told without starting it: the command's script names its Python on its
 // #! line, that Python says where its vllm package lies, and the flag's
-// option (forward_pass_metrics_port) is looked for in the package's
-// sources. known is false when it cannot tell: a command that is no
-// Python script (a container, a wrapper), or a package it cannot find.
-// env is added to the agent's environment, as the server gets it.
+// option (forward_pass_metrics_port) is looked for where vLLM declares
+// its command line, the engine arguments (engine/arg_utils.py; a config
+// field they do not take is no flag), or in all the package's sources
+// when a release keeps them elsewhere. known is false when it cannot
+// tell: a command that is no Python script (a container, a wrapper), or
+// a package it cannot find. env is added to the agent's environment, as
+// the server gets it.
 func KnowsFlag(ctx context.Context, command, env []string, name string) (knows, known bool) {
 	if len(command) == 0 {
 		return false, false
@@ -51,6 +54,9 @@ func KnowsFlag(ctx context.Context, command, env []string, name string) (knows, 
 		return false, false
 	}
 	option := []byte(strings.ReplaceAll(strings.TrimLeft(name, "-"), "-", "_"))
+	if b, err := os.ReadFile(filepath.Join(dir, "engine", "arg_utils.py")); err == nil {
+		return bytes.Contains(b, option), true
+	}
 	found := false
 	filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {

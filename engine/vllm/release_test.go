@@ -22,6 +22,7 @@ func TestKnowsFlag(t *testing.T) {
 	dir := t.TempDir()
 	pkg := filepath.Join(dir, "site", "vllm")
 	os.MkdirAll(filepath.Join(pkg, "config"), 0o755)
+	os.MkdirAll(filepath.Join(pkg, "engine"), 0o755)
 	os.WriteFile(filepath.Join(pkg, "config", "observability.py"), []byte("class ObservabilityConfig:\n    otlp_traces_endpoint = None\n"), 0o644)
 	// A stand-in Python: asked where vllm lies (-c), it says.
 	python := filepath.Join(dir, "python3")
@@ -35,9 +36,22 @@ func TestKnowsFlag(t *testing.T) {
 	if knows, known := KnowsFlag(ctx, []string{vllmScript, "serve", "m"}, nil, flag); !known || knows {
 		t.Fatalf("a release without the option: knows %v, known %v", knows, known)
 	}
+	// A release that keeps its engine arguments elsewhere: any source
+	// naming the option will do.
 	os.WriteFile(filepath.Join(pkg, "config", "observability.py"), []byte("class ObservabilityConfig:\n    forward_pass_metrics_port: int = 0\n"), 0o644)
 	if knows, known := KnowsFlag(ctx, []string{vllmScript, "serve", "m"}, nil, flag); !known || !knows {
 		t.Fatalf("a release with the option: knows %v, known %v", knows, known)
+	}
+	// Where the engine arguments are, a config field they do not take is
+	// no flag; one they take is.
+	args := filepath.Join(pkg, "engine", "arg_utils.py")
+	os.WriteFile(args, []byte("class EngineArgs:\n    otlp_traces_endpoint = None\n"), 0o644)
+	if knows, known := KnowsFlag(ctx, []string{vllmScript, "serve", "m"}, nil, flag); !known || knows {
+		t.Fatalf("an option the engine arguments do not take: knows %v, known %v", knows, known)
+	}
+	os.WriteFile(args, []byte("class EngineArgs:\n    forward_pass_metrics_port: int = ObservabilityConfig.forward_pass_metrics_port\n"), 0o644)
+	if knows, known := KnowsFlag(ctx, []string{vllmScript, "serve", "m"}, nil, flag); !known || !knows {
+		t.Fatalf("an engine argument: knows %v, known %v", knows, known)
 	}
 	// python -m vllm.entrypoints.openai.api_server: the Python itself.
 	if knows, known := KnowsFlag(ctx, []string{python, "-m", "vllm.entrypoints.openai.api_server"}, nil, flag); !known || !knows {
