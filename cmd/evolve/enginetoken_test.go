@@ -39,9 +39,7 @@ func TestEnginesServeOnlyTheClusterWithTheEventPlanesToken(t *testing.T) {
 	if s := statusOf(t, http.DefaultClient, "GET", pre.url+"/v1/models", "Bearer s3cret"); s != 200 {
 		t.Fatalf("/v1/models with the token: %d", s)
 	}
-	pre.mu.Lock()
-	ready := strings.Join(pre.log, "\n")
-	pre.mu.Unlock()
+	ready := pre.logText()
 	if !strings.Contains(ready, `"requires_token":true`) || strings.Contains(ready, "s3cret") {
 		t.Fatalf("the engine's log should say it requires a token, and never show it:\n%s", ready)
 	}

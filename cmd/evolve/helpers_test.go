@@ -91,9 +91,7 @@ func startEngine(t *testing.T, args ...string) *proc {
 	t.Cleanup(func() {
 		p.stop(t)
 		if t.Failed() {
-			p.mu.Lock()
-			t.Logf("engine log:\n%s", strings.Join(p.log, "\n"))
-			p.mu.Unlock()
+			t.Logf("engine log:\n%s", p.logText())
 		}
 	})
 	select {
@@ -121,6 +119,13 @@ func (p *proc) stop(t *testing.T) {
 		_ = p.cmd.Process.Kill()
 		<-p.done
 	}
+}
+
+// logText is what the engine has logged so far, a line a record.
+func (p *proc) logText() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.log, "\n")
 }
 
 func (p *proc) kill() {

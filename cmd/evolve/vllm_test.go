@@ -352,9 +352,7 @@ func TestVLLMDataParallelRanksAreNamed(t *testing.T) {
 	p := startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-dp",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--nats", orch.NATSURL,
 		"--", exe, "serve", "fake/model", "--data-parallel-size", "2")
-	p.mu.Lock()
-	log := strings.Join(p.log, "\n")
-	p.mu.Unlock()
+	log := p.logText()
 	if !strings.Contains(log, `"level":"WARN","msg":"vLLM runs 2 data-parallel ranks`) || !strings.Contains(log, "engines: N") {
 		t.Fatalf("the agent does not warn of the ranks it cannot follow:\n%s", log)
 	}

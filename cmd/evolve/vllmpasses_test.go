@@ -119,9 +119,7 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 		!strings.Contains(lines[1], fmt.Sprintf(" %d ", nodes[0].Passes)) {
 		t.Errorf("evolve nodes -o wide: exit %d\n%s", code, out)
 	}
-	p.mu.Lock()
-	log := strings.Join(p.log, "\n")
-	p.mu.Unlock()
+	log := p.logText()
 	if !strings.Contains(log, "forward passes are arriving") {
 		t.Errorf("the agent does not say that vLLM's passes arrive:\n%s", log)
 	}
@@ -191,9 +189,7 @@ func TestVLLMWithoutForwardPassMetricsStartsWithoutTheFlag(t *testing.T) {
 	if err != nil || !strings.Contains(string(b), "serve\nfake/model\n") || strings.Contains(string(b), "forward-pass") {
 		t.Fatalf("vLLM started with (%v):\n%s", err, b)
 	}
-	p.mu.Lock()
-	log := strings.Join(p.log, "\n")
-	p.mu.Unlock()
+	log := p.logText()
 	if !strings.Contains(log, "this vLLM release has no --forward-pass-metrics-port") {
 		t.Fatalf("the agent does not say why vLLM starts without its forward-pass metrics:\n%s", log)
 	}
