@@ -461,9 +461,6 @@ func (f *File) validate() Errors {
 			if len(e.Args) == 0 {
 				bad(p+".engine.args", "is missing: the vllm backend needs the model to serve, e.g. [Qwen/Qwen3-8B, --tensor-parallel-size, \"2\"]")
 			}
-			// vLLM on fewer GPUs than its parallel sizes ask for fails on
-			// the host, after the model's download: say so here. The
-			// GPUs are the file's, else those CUDA_VISIBLE_DEVICES lists.
 			if vllm.HasFlag(e.Args, "--forward-pass-metrics-port") {
 				if max(h.Engines, 1) > 1 {
 					bad(p+".engine.args", "--forward-pass-metrics-port: the host's %d engines would all publish on that port; set engine.passMetricsPort instead (engine i takes it plus i)", h.Engines)
@@ -471,6 +468,9 @@ func (f *File) validate() Errors {
 					bad(p+".engine.passMetricsPort", "engine.args set --forward-pass-metrics-port too: set one of them")
 				}
 			}
+			// vLLM on fewer GPUs than its parallel sizes ask for fails on
+			// the host, after the model's download: say so here. The
+			// GPUs are the file's, else those CUDA_VISIBLE_DEVICES lists.
 			gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
 			tp, pp, dp, flag := vllm.ParallelSizes(e.Args)
 			switch need := tp * pp * dp; {

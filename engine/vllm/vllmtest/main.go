@@ -13,10 +13,10 @@ import (
 
 // Main runs the fake as a process, with vLLM's command line:
 // serve MODEL [--host H] [--port P] [--kv-events-config JSON]
-// [--served-model-name NAME] [--map-events] [--forward-pass-metrics-port
-// P]; other flags are accepted and
-// ignored. With FAKE_VLLM_ARGS_FILE set it writes its arguments
-// there (one per line) first. It serves until SIGTERM or SIGINT and
+// [--served-model-name NAME] [--map-events]
+// [--forward-pass-metrics-port P]; other flags are accepted and ignored.
+// With FAKE_VLLM_ARGS_FILE set it writes its arguments there (one per
+// line) first. It serves until SIGTERM or SIGINT and
 // returns the exit code.
 func Main(args []string) int {
 	if f := os.Getenv("FAKE_VLLM_ARGS_FILE"); f != "" {

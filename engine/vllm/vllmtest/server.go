@@ -65,7 +65,7 @@ type Options struct {
 	// PassMetrics, when set, is where the server binds a ZMQ publisher of
 	// forward-pass metrics, as vLLM's --forward-pass-metrics-port does:
 	// a prefill pass per request and a decode pass per further token,
-	// each timed by PassCosts (the server computes nothing), and a
+	// each timed by the costs below (the server computes nothing), and a
 	// heartbeat after each request.
 	PassMetrics string
 }
