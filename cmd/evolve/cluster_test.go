@@ -582,14 +582,24 @@ func TestBenchAgainstLocalCluster(t *testing.T) {
 }
 
 func TestUpWithAgentsRunsAndStops(t *testing.T) {
-	env := []string{"XDG_STATE_HOME=" + t.TempDir()}
+	state := t.TempDir()
+	env := []string{"XDG_STATE_HOME=" + state}
 	out, code := runBinOut(t, env, "up", "--agents", "2", "--workload", "computer-use", "--duration", "3s", "--engines", "2",
 		"--speedup", "50", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0")
 	if code != 0 || !strings.Contains(out, "requests") || !strings.Contains(out, "ttft") {
 		t.Fatalf("up --agents: exit %d\n%s", code, out)
 	}
-	if out, _ := runBinOut(t, env, "status"); !strings.Contains(out, "cannot reach") {
+	// Its control API is gone. (Asked by its own address: a cluster
+	// another user runs on the default ports would answer a plain status.)
+	control := regexp.MustCompile(`control\s+(http://\S+)`).FindStringSubmatch(out)
+	if control == nil {
+		t.Fatalf("up --agents does not say its control URL:\n%s", out)
+	}
+	if out, _ := runBinOut(t, env, "status", "--server", control[1]); !strings.Contains(out, "cannot reach") {
 		t.Fatalf("cluster still up after the agents' run: %s", out)
+	}
+	if _, err := os.Stat(filepath.Join(state, "evolve", "local", "cluster.json")); !os.IsNotExist(err) {
+		t.Fatalf("the local cluster's record outlived it: %v", err)
 	}
 }
 
