@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,8 +8,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/evolvellm/evolve/cluster/sshtest"
 )
 
 // twoFreePorts returns a port p such that p and p+1 are free now.
@@ -31,11 +28,8 @@ func twoFreePorts(t *testing.T) int {
 // status, logs and down take them one by one.
 func TestUpRunsSeveralEnginesOnAHostOverSSH(t *testing.T) {
 	dir := t.TempDir()
-	key := filepath.Join(dir, "id_ed25519")
-	pub := sshtest.NewKey(t, key)
-	h := sshtest.Start(t, pub)
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h.KnownHostsLine()+"\n"), 0o600)
+	key, kh, hs := sshHosts(t, dir, 1)
+	h := hs[0]
 	file := filepath.Join(dir, "cluster.yaml")
 	engine := twoFreePorts(t)
 	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
@@ -54,10 +48,9 @@ spec:
 		!strings.Contains(out, "gpu-1 (root@127.0.0.1:") || !strings.Contains(out, "engine 1 of gpu") || !strings.Contains(out, fmt.Sprintf("start the engine on port %d", engine+1)) {
 		t.Fatalf("up --dry-run: exit %d\n%s", code, out)
 	}
-	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	var res upResult
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 2 {
-		t.Fatalf("up -f: exit %d\n%s", code, out)
+	res, out := upJSON(t, env, file, kh, "up -f")
+	if len(res.Hosts) != 2 {
+		t.Fatalf("up -f:\n%s", out)
 	}
 	for i, r := range res.Hosts {
 		if r.Host != fmt.Sprintf("gpu-%d", i) || r.Action != "started" {

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/evolvellm/evolve/cluster/sshtest"
 )
 
 // spec.orchestrator.host names a host of the cluster: evolve up runs the
@@ -22,11 +20,8 @@ import (
 // reads it over SSH; down stops it and removes its files.
 func TestUpRunsTheOrchestratorOnAHost(t *testing.T) {
 	dir := t.TempDir()
-	key := filepath.Join(dir, "id_ed25519")
-	pub := sshtest.NewKey(t, key)
-	h1, h2 := sshtest.Start(t, pub), sshtest.Start(t, pub)
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"), 0o600)
+	key, kh, hs := sshHosts(t, dir, 2)
+	h1, h2 := hs[0], hs[1]
 	// The host's certificate (for its address), which the operator's
 	// machine trusts as a private CA's.
 	certFile, keyFile := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
@@ -50,10 +45,9 @@ spec:
 		"EVOLVE_UP_API_KEY=sk-remote-1,sk-remote-2", "EVOLVE_UP_POLICY=round-robin", "SSL_CERT_FILE=" + certFile}
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
-	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	var res upResult
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 2 || res.Orchestrator.Host != "gpu-01" || res.Orchestrator.Action != "started" {
-		t.Fatalf("up -f: exit %d\n%s", code, out)
+	res, out := upJSON(t, env, file, kh, "up -f")
+	if len(res.Hosts) != 2 || res.Orchestrator.Host != "gpu-01" || res.Orchestrator.Action != "started" {
+		t.Fatalf("up -f:\n%s", out)
 	}
 	// The orchestrator's files live on the host; its script is private.
 	if fi, err := os.Stat(filepath.Join(dir, "h1", "orchestrator", "run.sh")); err != nil || fi.Mode().Perm() != 0o700 {
@@ -88,7 +82,7 @@ spec:
 	if !strings.HasPrefix(st.NATSURL, "tls://127.0.0.1:") {
 		t.Fatalf("event plane %s: want TLS", st.NATSURL)
 	}
-	out, code = runBinOut(t, env, "nodes", "--server", st.ControlURL, "--token", st.ControlToken, "-o", "json")
+	out, code := runBinOut(t, env, "nodes", "--server", st.ControlURL, "--token", st.ControlToken, "-o", "json")
 	if code != 0 || !strings.Contains(out, "gpu-02") {
 		t.Fatalf("nodes through the host's control API: exit %d\n%s", code, out)
 	}
@@ -131,10 +125,8 @@ spec:
 	}
 
 	// A re-run leaves everything alone.
-	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Hosts[0].Action != "unchanged" ||
-		res.Orchestrator.Action != "unchanged" {
-		t.Fatalf("re-run: exit %d\n%s", code, out)
+	if res, out = upJSON(t, env, file, kh, "re-run"); res.Hosts[0].Action != "unchanged" || res.Orchestrator.Action != "unchanged" {
+		t.Fatalf("re-run:\n%s", out)
 	}
 	// A re-run with other keys rotates them with no restart: the keys
 	// are in a private file on the host that the orchestrator reads
@@ -143,9 +135,8 @@ spec:
 		t.Fatalf("the orchestrator's key file on gpu-01: %v %v", fi, err)
 	}
 	rotated := append(slices.Clone(env), "EVOLVE_UP_API_KEY=sk-remote-2,team-c sk-remote-3")
-	out, code = runBinOut(t, rotated, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Orchestrator.Action != "unchanged" {
-		t.Fatalf("re-run with other keys: exit %d\n%s", code, out)
+	if res, out = upJSON(t, rotated, file, kh, "re-run with other keys"); res.Orchestrator.Action != "unchanged" {
+		t.Fatalf("re-run with other keys:\n%s", out)
 	}
 	withKey := func(key string) int { return statusOf(t, client, "GET", res.RouterURL+"/v1/models", "Bearer "+key) }
 	eventually(t, 10*time.Second, "sk-remote-3 taken and sk-remote-1 refused", func() bool {
@@ -178,10 +169,8 @@ spec:
 // naming the host and the phase: no engine is installed without it.
 func TestUpFailsWhenTheOrchestratorHostIsDown(t *testing.T) {
 	dir := t.TempDir()
-	key := filepath.Join(dir, "id_ed25519")
-	h := sshtest.Start(t, sshtest.NewKey(t, key))
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h.KnownHostsLine()+"\n"), 0o600)
+	key, kh, hs := sshHosts(t, dir, 1)
+	h := hs[0]
 	file := filepath.Join(dir, "cluster.yaml")
 	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
 kind: Cluster

@@ -26,11 +26,8 @@ import (
 // everything.
 func TestUpOverSSH(t *testing.T) {
 	dir := t.TempDir()
-	key := filepath.Join(dir, "id_ed25519")
-	pub := sshtest.NewKey(t, key)
-	h1, h2, h3, jump := sshtest.Start(t, pub), sshtest.Start(t, pub), sshtest.Start(t, pub), sshtest.Start(t, pub)
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"+h2.KnownHostsLine()+"\n"+h3.KnownHostsLine()+"\n"+jump.KnownHostsLine()+"\n"), 0o600)
+	key, kh, hs := sshHosts(t, dir, 4)
+	h1, h2, h3, jump := hs[0], hs[1], hs[2], hs[3]
 	free := func() int { return port(t) }
 	dead := free() // nothing listens there
 	file := filepath.Join(dir, "cluster.yaml")
@@ -59,10 +56,9 @@ spec:
 		t.Fatalf("up -f with an unknown policy: exit %d\n%s", code, out)
 	}
 
-	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	var res upResult
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 3 {
-		t.Fatalf("up -f: exit %d\n%s", code, out)
+	res, out := upJSON(t, env, file, kh, "up -f")
+	if len(res.Hosts) != 3 {
+		t.Fatalf("up -f:\n%s", out)
 	}
 	for _, h := range res.Hosts {
 		if h.Action != "started" || h.Upload != "uploaded" || h.Facts.OS != "linux" {
@@ -90,9 +86,8 @@ spec:
 	}
 
 	// Re-running converges: nothing uploaded, nothing restarted.
-	out, code = runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || res.Hosts[0].Action != "unchanged" || res.Hosts[1].Upload != "unchanged" {
-		t.Fatalf("re-run: exit %d\n%s", code, out)
+	if res, out = upJSON(t, env, file, kh, "re-run"); res.Hosts[0].Action != "unchanged" || res.Hosts[1].Upload != "unchanged" {
+		t.Fatalf("re-run:\n%s", out)
 	}
 
 	// A fourth host that does not answer: partial success.
@@ -185,6 +180,39 @@ func fileStatusOf(t *testing.T, env []string, file, knownHosts string) (fileStat
 	return st, out, code
 }
 
+// sshHosts starts n SSH servers that trust one new key, kept in dir: it
+// returns the key's file, a known_hosts file that names them all, and
+// the servers.
+func sshHosts(t *testing.T, dir string, n int) (key, knownHosts string, hosts []*sshtest.Server) {
+	t.Helper()
+	key = filepath.Join(dir, "id_ed25519")
+	pub := sshtest.NewKey(t, key)
+	var lines strings.Builder
+	for range n {
+		h := sshtest.Start(t, pub)
+		hosts = append(hosts, h)
+		lines.WriteString(h.KnownHostsLine() + "\n")
+	}
+	knownHosts = filepath.Join(dir, "known_hosts")
+	if err := os.WriteFile(knownHosts, []byte(lines.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return key, knownHosts, hosts
+}
+
+// upJSON runs evolve up -f file -o json and returns its result and its
+// output; what names the run in the failure it reports when up fails or
+// prints no result.
+func upJSON(t *testing.T, env []string, file, kh, what string) (upResult, string) {
+	t.Helper()
+	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
+	var res upResult
+	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil {
+		t.Fatalf("%s: exit %d\n%s", what, code, out)
+	}
+	return res, out
+}
+
 func lastJSON(out string) string {
 	if i := strings.Index(out, "\n{"); i >= 0 {
 		return out[i+1:]
@@ -204,10 +232,8 @@ func port(t *testing.T) int {
 // agent and, through it, vLLM.
 func TestUpVLLMHostOverSSH(t *testing.T) {
 	dir := t.TempDir()
-	key := filepath.Join(dir, "id_ed25519")
-	h := sshtest.Start(t, sshtest.NewKey(t, key))
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h.KnownHostsLine()+"\n"), 0o600)
+	key, kh, hs := sshHosts(t, dir, 1)
+	h := hs[0]
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -240,10 +266,9 @@ spec:
 	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
-	out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "-o", "json")
-	var res upResult
-	if code != 0 || json.Unmarshal([]byte(lastJSON(out)), &res) != nil || len(res.Hosts) != 1 || res.Hosts[0].Action != "started" {
-		t.Fatalf("up -f: exit %d\n%s", code, out)
+	res, out := upJSON(t, env, file, kh, "up -f")
+	if len(res.Hosts) != 1 || res.Hosts[0].Action != "started" {
+		t.Fatalf("up -f:\n%s", out)
 	}
 	status, _, body := post(t, res.RouterURL+"/v1/chat/completions", map[string]any{"model": "fake/model", "max_tokens": 3,
 		"messages": []map[string]string{{"role": "user", "content": "hello from the other side of SSH"}}})
@@ -267,11 +292,8 @@ spec:
 // to go on, the host that finished serves, and down -f removes it all.
 func TestUpFileInterruptedSaysWhereEachHostStands(t *testing.T) {
 	dir := t.TempDir()
-	key := filepath.Join(dir, "id_ed25519")
-	pub := sshtest.NewKey(t, key)
-	h1 := sshtest.Start(t, pub)
-	kh := filepath.Join(dir, "known_hosts")
-	os.WriteFile(kh, []byte(h1.KnownHostsLine()+"\n"), 0o600)
+	key, kh, hs := sshHosts(t, dir, 1)
+	h1 := hs[0]
 	// gpu-02 accepts the connection and never speaks.
 	mute, stopMute := sshtest.StartMute(t)
 	defer stopMute() // before the cleanup's down -f, which would wait for it
