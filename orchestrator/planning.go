@@ -2,7 +2,6 @@ package orchestrator
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"math"
@@ -67,8 +66,8 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 		netSec = float64(reg.BlockSize*reg.KVBytesPerToken) / (reg.NetworkGBps * 1e9) / speedup
 	}
 	// An engine that does not say its pass budget (a vLLM started without
-	// --max-num-batched-tokens) is taken at vLLM's default for large GPUs.
-	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: cmp.Or(reg.MaxNumBatchedTokens, 8192), MaxSeqs: reg.MaxNumSeqs,
+	// --max-num-batched-tokens) is taken at the planner's default.
+	o.plan.p.SetLimits(planner.Limits{MaxBatchedTokens: reg.MaxNumBatchedTokens, MaxSeqs: reg.MaxNumSeqs,
 		GPUKVTokens: reg.GPUBlocks * reg.BlockSize}, hostSec, netSec)
 	// Simulated engines model time faster than the wall clock: the
 	// planner's windows follow their time.

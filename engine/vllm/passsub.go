@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/go-zeromq/zmq4"
 )
 
 // PassSubscriber follows vLLM's forward-pass metrics stream (a ZMQ PUB
@@ -43,14 +41,11 @@ func (s *PassSubscriber) Run(ctx context.Context, handle func(fp ForwardPass, at
 func (s *PassSubscriber) follow(ctx context.Context, handle func(ForwardPass, time.Time)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
+	sub, err := dialSub(ctx, s.Endpoint, "", "forward-pass metrics")
+	if err != nil {
+		return err
+	}
 	defer sub.Close()
-	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
-		return fmt.Errorf("subscribe to %s: %w", s.Endpoint, err)
-	}
-	if err := sub.Dial(s.Endpoint); err != nil {
-		return fmt.Errorf("connect to vLLM's forward-pass metrics at %s: %w", s.Endpoint, err)
-	}
 	for {
 		msg, err := sub.Recv()
 		if err != nil {

@@ -64,14 +64,11 @@ func (s *Subscriber) Run(ctx context.Context, handle Handler) error {
 func (s *Subscriber) follow(ctx context.Context, handle Handler, lostNext *bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
+	sub, err := dialSub(ctx, s.Endpoint, s.Topic, "KV events")
+	if err != nil {
+		return err
+	}
 	defer sub.Close()
-	if err := sub.SetOption(zmq4.OptionSubscribe, s.Topic); err != nil {
-		return fmt.Errorf("subscribe to %s: %w", s.Endpoint, err)
-	}
-	if err := sub.Dial(s.Endpoint); err != nil {
-		return fmt.Errorf("connect to vLLM's KV events at %s: %w", s.Endpoint, err)
-	}
 	if s.last >= 0 && !s.samePublisher(ctx) {
 		// A new vLLM (a restart) numbers from 0 again, and may be past
 		// our last sequence by now: its numbers mean nothing to us.
@@ -106,6 +103,22 @@ func (s *Subscriber) follow(ctx context.Context, handle Handler, lostNext *bool)
 		}
 		s.handle(seq, payload, handle, lostNext)
 	}
+}
+
+// dialSub subscribes to the messages of topic (a prefix; "" for all) that
+// vLLM publishes at endpoint; what names the stream in errors. The socket
+// keeps dialling until vLLM listens, and closes when ctx ends.
+func dialSub(ctx context.Context, endpoint, topic, what string) (zmq4.Socket, error) {
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerRetry(500*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
+	if err := sub.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+		sub.Close()
+		return nil, fmt.Errorf("subscribe to %s: %w", endpoint, err)
+	}
+	if err := sub.Dial(endpoint); err != nil {
+		sub.Close()
+		return nil, fmt.Errorf("connect to vLLM's %s at %s: %w", what, endpoint, err)
+	}
+	return sub, nil
 }
 
 // samePublisher says whether the publisher reached after a reconnect is
