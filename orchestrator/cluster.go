@@ -117,6 +117,9 @@ type node struct {
 	failedAt time.Time
 	resyncAt time.Time // when a resync was last asked for
 	reason   string
+	// silent: the node is down because it went silent, not because it
+	// said goodbye; its next heartbeat asks it to register again.
+	silent bool
 	// Copies of blocks a live branch referenced that the node evicted,
 	// per tier, and of those the last copy anywhere (context lost).
 	refEvicted [2]int64

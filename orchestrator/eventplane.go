@@ -35,6 +35,9 @@ func (o *Orchestrator) subscribe() error {
 		// consumer; the directory keeps up (millions of events a second).
 		_ = sub.SetPendingLimits(-1, -1)
 		o.subs = append(o.subs, sub)
+		if s.subject == protocol.SubjectAllHeartbeats {
+			o.hbSub = sub
+		}
 	}
 	if err := o.nc.Flush(); err != nil {
 		return err
@@ -118,9 +121,11 @@ func (o *Orchestrator) initialRole(reg protocol.Registration) routing.Role {
 
 func (o *Orchestrator) onHeartbeat(m *nats.Msg) {
 	var hb protocol.Heartbeat
-	if err := json.Unmarshal(m.Data, &hb); err != nil {
+	if err := json.Unmarshal(m.Data, &hb); err != nil || protocol.ValidateEngineID(hb.ID) != nil {
 		return
 	}
+	now := time.Now()
+	o.live.heard(hb.ID, now) // before the lock: waiting for it is not silence
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	n := o.c.nodes[hb.ID]
@@ -134,9 +139,17 @@ func (o *Orchestrator) onHeartbeat(m *nats.Msg) {
 		// the second heartbeat on: the first brings its whole past).
 		n.noteTokens(time.Now(), int(hb.TokensTotal-prev))
 	}
-	n.hb, n.lastSeen = hb, time.Now()
+	n.hb, n.lastSeen = hb, now
 	if n.state == StateDown {
-		return // it must register again
+		// It must register again, and resync its KV, which the directory
+		// dropped. One that said goodbye is asked nothing: it is stopping.
+		// One marked down for its silence (stopped by SIGSTOP, a stalled
+		// host, a partition) is back: ask it.
+		if n.silent && o.live.askAgain(hb.ID, now) {
+			o.log.Info("engine beats again after it was marked down; asking it to register", "id", hb.ID, "down_for", n.reason)
+			go o.nc.Publish(protocol.SubjectAnnounce, nil)
+		}
+		return
 	}
 	// An engine draining (stopping, or told to) takes no new requests:
 	// nothing is routed to it until it says otherwise.
@@ -155,13 +168,14 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 		o.log.Warn("bad KV event batch", "err", err)
 		return
 	}
+	o.live.heard(b.Engine, time.Now()) // events flowing are a sign of life too
 	o.c.mu.Lock()
 	n := o.c.nodes[b.Engine]
 	if n == nil || n.state == StateDown || n.state == StateRejected {
 		o.c.mu.Unlock()
 		return
 	}
-	n.lastSeen = time.Now() // events flowing are a sign of life too
+	n.lastSeen = time.Now()
 	err := o.c.dir.ApplyBatch(n.dir, b.Events)
 	o.noteReferencedEvictionsLocked(n, b.Events)
 	hints := o.noteStoredLocked(b.Events)
@@ -187,18 +201,20 @@ func (o *Orchestrator) onDeregister(m *nats.Msg) {
 	if json.Unmarshal(m.Data, &d) != nil {
 		return
 	}
-	o.markDown(d.ID, "deregistered")
+	o.markDown(d.ID, "deregistered", false)
 }
 
-// markDown takes a node out of routing and its KV out of the directory.
-func (o *Orchestrator) markDown(id, why string) {
+// markDown takes a node out of routing and its KV out of the directory;
+// silent says it went silent rather than said goodbye, so that its next
+// heartbeat asks it to register again.
+func (o *Orchestrator) markDown(id, why string, silent bool) {
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
 	if n == nil || n.state == StateDown || n.state == StateRejected {
 		o.c.mu.Unlock()
 		return
 	}
-	n.state, n.reason = StateDown, why
+	n.state, n.reason, n.silent = StateDown, why, silent
 	dropped := o.c.dir.DropNode(n.dir)
 	o.c.changed(id)
 	o.c.mu.Unlock()
@@ -210,6 +226,8 @@ func (o *Orchestrator) watchHeartbeats(ctx context.Context) {
 	t := time.NewTicker(protocol.HeartbeatInterval / 4)
 	defer t.Stop()
 	var lastExpire time.Time // idle branches are ended every few seconds
+	lastTick := time.Now()
+	var held time.Time // since when silence has not been judged
 	for {
 		select {
 		case <-ctx.Done():
@@ -217,22 +235,55 @@ func (o *Orchestrator) watchHeartbeats(ctx context.Context) {
 		case <-t.C:
 		}
 		limit := time.Duration(o.cfg.MissedHeartbeats) * protocol.HeartbeatInterval
+		now := time.Now()
+		gap := now.Sub(lastTick)
+		lastTick = now
+		if !o.mayJudgeSilence(gap) {
+			if held.IsZero() {
+				held = now
+			}
+			// A backlog that never clears is an orchestrator too slow to
+			// keep up at all: judge after a while anyway (a node wrongly
+			// marked down is asked back by its next heartbeat).
+			if now.Sub(held) < 3*limit {
+				continue
+			}
+		}
+		held = time.Time{}
 		var late []string
 		o.c.mu.Lock()
 		for id, n := range o.c.nodes {
-			if n.state != StateDown && time.Since(n.lastSeen) > limit {
+			if n.state != StateDown && silentSince(n.lastSeen, o.live.last(id), now, limit) {
 				late = append(late, id)
 			}
 		}
 		o.c.mu.Unlock()
 		for _, id := range late {
-			o.markDown(id, fmt.Sprintf("no heartbeat for %v", limit))
+			o.markDown(id, fmt.Sprintf("no heartbeat for %v", limit), true)
 		}
 		if now := time.Now(); now.Sub(lastExpire) >= 5*time.Second {
 			lastExpire = now
 			o.expireBranches(now)
 		}
 	}
+}
+
+// mayJudgeSilence reports whether the orchestrator itself kept up well
+// enough to call an engine silent: not when its own watcher woke late
+// (gap since its last tick; the process was short of CPU, or stopped) nor
+// while heartbeats wait unread in its subscription. Those are its own
+// slowness, not the engines', and marking nodes down for them turns an
+// overloaded orchestrator into an outage.
+func (o *Orchestrator) mayJudgeSilence(gap time.Duration) bool {
+	if gap > protocol.HeartbeatInterval {
+		return false
+	}
+	if o.hbSub != nil {
+		if pending, _, err := o.hbSub.Pending(); err == nil && pending > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // control sends a control request to an engine and waits for its reply.

@@ -77,6 +77,8 @@ type Orchestrator struct {
 	ns    *server.Server
 	nc    *nats.Conn
 	subs  []*nats.Subscription
+	hbSub *nats.Subscription // the engines' heartbeats
+	live  liveness           // when each engine was last heard from
 	store *roleStore
 
 	c        *cluster
