@@ -194,6 +194,11 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.ControlToken == "" && !isLoopback(cfg.ControlAddr) {
 		return nil, fmt.Errorf("control address %s is not loopback: set a control token", cfg.ControlAddr)
 	}
+	if cfg.NATSURL == "" && cfg.NATSToken == "" && !isLoopback(cfg.NATSListen) {
+		// Anyone who reached it could drain or deregister engines, or join
+		// as an engine and receive users' prompts.
+		return nil, fmt.Errorf("embedded NATS on %s is not loopback: set a NATS token (--nats-token-file, or $EVOLVE_ORCHESTRATOR_NATS_TOKEN), which engines present", cfg.NATSListen)
+	}
 	if cfg.NATSURL == "" && cfg.DataDir == "" {
 		return nil, errors.New("an embedded NATS server needs a data directory")
 	}
@@ -233,6 +238,9 @@ func (c Config) engineToken() string {
 func (o *Orchestrator) natsTLS() bool {
 	return o.certs != nil && o.cfg.NATSURL == "" && !isLoopback(o.cfg.NATSListen)
 }
+
+// IsLoopback reports whether addr (HOST:PORT) listens on loopback only.
+func IsLoopback(addr string) bool { return isLoopback(addr) }
 
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)

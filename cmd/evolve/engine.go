@@ -93,7 +93,8 @@ stream (--pass-metrics for a joined server's).`,
 	f.String("served-model-name", "", "model name clients ask for (default: the profile's model)")
 	f.String("role", "both", "initial role: prefill, decode or both")
 	f.Float64("speedup", 1, "modelled seconds per wall-clock second")
-	f.String("nats", "", "NATS URL of the event plane: nats://[TOKEN@]HOST:PORT, or tls://... where it takes TLS only (a private CA is trusted with SSL_CERT_FILE); empty: HTTP only")
+	f.String("nats", "", "NATS URL of the event plane: nats://[TOKEN@]HOST:PORT, or tls://... where it takes TLS only (a private CA is trusted with SSL_CERT_FILE); empty: HTTP only. ps shows a command line to every user: give a URL with a token as $EVOLVE_ENGINE_NATS, or the token in --nats-token-file")
+	f.String("nats-token-file", "", "file holding the event plane's token (the orchestrator's --nats-token), presented with --nats and kept off the command line")
 	f.String("token", "", "engine token that /v1/ and /evolve/v1/ require as Authorization: Bearer (default: the TOKEN of --nats nats://TOKEN@...; \"none\": serve anyone); prefer $EVOLVE_ENGINE_TOKEN to the command line, which ps shows")
 	f.Int("max-num-seqs", 0, "most sequences in a batch (default: profile, else 256)")
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
@@ -121,6 +122,9 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	geti := func(k string) int { return config.GetInt("engine." + k) }
 	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
 
+	if err := engineNATSSecret(cmd); err != nil {
+		return usage(err)
+	}
 	switch b := get("backend"); b {
 	case "sim":
 		if len(args) > 0 {

@@ -1,10 +1,15 @@
 package main
 
 import (
+	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // An engine stopped by SIGSTOP for longer than the heartbeat limit is
@@ -45,5 +50,60 @@ func TestStoppedEngineServesAgainWhenContinued(t *testing.T) {
 	}
 	if !served["engine-0"] {
 		t.Fatalf("20 requests after SIGCONT, none served by engine-0: %v", served)
+	}
+}
+
+// An embedded event plane off loopback without a token is refused: anyone
+// who reached it could drain engines or join as one and receive prompts.
+// With a token from a file, it starts; a client without the token is
+// refused, an engine given the token in a file joins, and neither command
+// line shows the token.
+func TestEventPlaneOffLoopbackNeedsAToken(t *testing.T) {
+	dir := t.TempDir()
+	out, code := runBinOut(t, nil, "orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
+		"--nats-listen", "0.0.0.0:0", "--data-dir", dir)
+	if code != 2 || !strings.Contains(out, "not loopback") || !strings.Contains(out, "--nats-token-file") {
+		t.Fatalf("an open event plane off loopback: exit %d\n%s", code, out)
+	}
+
+	secret := filepath.Join(dir, "nats-token")
+	os.WriteFile(secret, []byte("fil3-s3cret\n"), 0o600)
+	orch, _ := startOrchestratorLog(t, "--nats-listen", "0.0.0.0:0", "--nats-token-file", secret)
+	addr := strings.TrimPrefix(orch.NATSURL, "nats://")
+	if nc, err := nats.Connect("nats://127.0.0.1:"+addr[strings.LastIndex(addr, ":")+1:], nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("a NATS client without the token joined the event plane")
+	}
+	e := startEngine(t, "--profile", "tiny", "--id", "e-file", "--nats", orch.NATSURL, "--nats-token-file", secret)
+	eventually(t, 10*time.Second, "the engine with the token from a file serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", e.cmd.Process.Pid))
+	if strings.Contains(string(cmdline), "fil3-s3cret") || strings.Contains(e.logText(), "fil3-s3cret") {
+		t.Fatalf("the token shows: %q\n%s", cmdline, e.logText())
+	}
+	// A token on the command line still works, and is warned about.
+	e2 := startEngine(t, "--profile", "tiny", "--id", "e-flag", "--nats", withToken(orch.NATSURL, "fil3-s3cret"))
+	eventually(t, 10*time.Second, "the engine with the token in --nats serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	if !strings.Contains(e2.logText(), "shows it in ps") {
+		t.Fatalf("no warning for a token on the command line:\n%s", e2.logText())
+	}
+}
+
+// evolve up with its event plane off loopback makes a token and hands it
+// to its children through their environment.
+func TestUpOffLoopbackGivesTheEventPlaneAToken(t *testing.T) {
+	c := upCluster(t, "--engines", "1", "--nats-addr", "0.0.0.0:0")
+	if n := c.node("engine-0"); n["state"] != "serving" {
+		t.Fatalf("engine-0: %v", n)
+	}
+	u := c.state.NATSURL
+	if nc, err := nats.Connect("nats://127.0.0.1:"+u[strings.LastIndex(u, ":")+1:], nats.MaxReconnects(0)); err == nil {
+		nc.Close()
+		t.Fatal("a NATS client without the token joined evolve up's event plane")
+	}
+	for _, pid := range append([]int{c.state.Orchestrator}, c.state.Engines...) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if strings.Contains(string(cmdline), "@") || strings.Contains(string(cmdline), "token") {
+			t.Fatalf("a secret on a child's command line: %q", cmdline)
+		}
 	}
 }

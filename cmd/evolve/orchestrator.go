@@ -17,6 +17,7 @@ import (
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
@@ -63,8 +64,13 @@ trust a private CA with SSL_CERT_FILE=ca.pem, Claude Code with
 NODE_EXTRA_CA_CERTS=ca.pem.
 
 Engines register over NATS: by default the orchestrator embeds a NATS server
-with JetStream (data in --data-dir; role overrides survive restarts); --nats
-joins an existing one instead. Engines that joined with the event plane's
+with JetStream (data in --data-dir; role overrides survive restarts, and a
+port picked with --nats-listen HOST:0 is kept there, so that engines find a
+restarted orchestrator where they left it); --nats joins an existing one
+instead. Off loopback the embedded server requires a token (--nats-token
+or, off the command line that ps shows, $EVOLVE_ORCHESTRATOR_NATS_TOKEN or
+--nats-token-file): anyone who reaches an open event plane could drain the
+engines or join as one and receive users' prompts. Engines that joined with the event plane's
 token (nats://TOKEN@...) take requests only with it, as a bearer token the
 router sends them (--engine-token for another), so that the API keys
 cannot be bypassed on the engines' ports.
@@ -99,10 +105,12 @@ Most users start it through 'evolve up'.`,
 	f := cmd.Flags()
 	f.String("router-addr", "127.0.0.1:8000", "address of the agents' API, OpenAI's and Anthropic's (port 0 picks a free port)")
 	f.String("control-addr", "127.0.0.1:8001", "control API address (port 0 picks a free port)")
-	f.String("token", "", "bearer token the control API requires (required when --control-addr is not loopback)")
-	f.String("nats", "", "URL of an existing NATS server (empty: embed one)")
-	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port)")
-	f.String("nats-token", "", "token every client of the embedded NATS server must present (engines: --nats nats://TOKEN@host:port; or env EVOLVE_ORCHESTRATOR_NATS_TOKEN)")
+	f.String("token", "", "bearer token the control API requires (required when --control-addr is not loopback); ps shows a command line to every user: prefer $EVOLVE_ORCHESTRATOR_TOKEN or --token-file")
+	f.String("token-file", "", "file holding the control API's token (instead of --token)")
+	f.String("nats", "", "URL of an existing NATS server (empty: embed one); a URL with a token belongs in $EVOLVE_ORCHESTRATOR_NATS, not on the command line")
+	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port, the same one again on a restart with the same --data-dir); off loopback it needs --nats-token")
+	f.String("nats-token", "", "token every client of the embedded NATS server must present, required when --nats-listen is not loopback (engines: --nats-token-file, or $EVOLVE_ENGINE_NATS=nats://TOKEN@host:port); prefer $EVOLVE_ORCHESTRATOR_NATS_TOKEN or --nats-token-file to the command line, which ps shows")
+	f.String("nats-token-file", "", "file holding the embedded NATS server's token (instead of --nats-token)")
 	f.String("engine-token", "", "token the router sends engines, which they require when they have one (default: the event plane's, --nats-token or the TOKEN of --nats nats://TOKEN@..., as engines take by default; or env EVOLVE_ORCHESTRATOR_ENGINE_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
@@ -129,6 +137,14 @@ func stateDir() string {
 
 func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	get := func(k string) string { return config.GetString("orchestrator." + k) }
+	for _, secret := range [][2]string{{"token", "token-file"}, {"nats-token", "nats-token-file"}} {
+		if err := secretFromFile(cmd, "orchestrator", secret[0], secret[1]); err != nil {
+			return usageError{cmd: cmd.CommandPath(), err: err}
+		}
+	}
+	if cmd.Flags().Changed("nats") && protocol.EngineToken(get("nats")) != "" {
+		slog.Warn("--nats with a token on the command line shows it in ps to every user of this machine; use $EVOLVE_ORCHESTRATOR_NATS")
+	}
 	dataDir := get("data-dir")
 	if dataDir == "" && get("nats") == "" {
 		dataDir = filepath.Join(stateDir(), "orchestrator")

@@ -331,7 +331,15 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if keyFile != "" {
 		orchArgs = append(orchArgs, "--api-key-file", keyFile)
 	}
-	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, apiKeyEnv(configList("up.api-key")), orchArgs...)
+	orchEnv := apiKeyEnv(configList("up.api-key"))
+	// An event plane off loopback takes only engines with its token, which
+	// goes through the environment, not the command lines ps shows.
+	natsToken := ""
+	if !orchestrator.IsLoopback(config.GetString(key("nats-addr"))) {
+		natsToken = newSecret()
+		orchEnv = append(orchEnv, "EVOLVE_ORCHESTRATOR_NATS_TOKEN="+natsToken)
+	}
+	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, orchEnv, orchArgs...)
 	if err != nil {
 		return err
 	}
@@ -361,7 +369,14 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		}
 		id := fmt.Sprintf("engine-%d", i)
 		log := filepath.Join(logDir, id+".log")
-		p, err := startChild(exe, log, detach, "engine", "--listen", "127.0.0.1:0", "--nats", info.NATSURL, "--id", id,
+		engineNATS := info.NATSURL
+		if natsToken != "" {
+			if engineNATS, err = natsURLWithToken(info.NATSURL, natsToken); err != nil {
+				cleanup()
+				return err
+			}
+		}
+		p, err := startChildEnv(exe, log, detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
 			"--role", role, "--profile", config.GetString(key("profile")),
 			"--speedup", strconv.FormatFloat(config.GetFloat64(key("speedup")), 'g', -1, 64),
 			"--shutdown-grace", "10s", "--log-format", "json", "--log-level", config.GetString("log-level"))
