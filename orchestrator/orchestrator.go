@@ -347,24 +347,9 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		}
 		port := 0
 		fmt.Sscan(portStr, &port)
-		if port == 0 {
-			port = -1 // any free port
-		}
-		sopts := &server.Options{Host: host, Port: port, JetStream: true, StoreDir: o.cfg.DataDir,
-			NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator", Authorization: o.cfg.NATSToken}
-		if o.natsTLS() {
-			// Engines on other machines send the token: encrypt it with
-			// the router's certificate (tls:// URLs).
-			sopts.TLSConfig = o.certs.tlsConfig()
-		}
-		ns, err := server.NewServer(sopts)
+		ns, err := o.startEmbeddedNATS(ctx, host, port)
 		if err != nil {
-			return fmt.Errorf("embedded NATS: %w", err)
-		}
-		go ns.Start()
-		if !ns.ReadyForConnections(10 * time.Second) {
-			ns.Shutdown()
-			return fmt.Errorf("embedded NATS on %s did not start", o.cfg.NATSListen)
+			return err
 		}
 		o.ns = ns
 		url = ns.ClientURL()

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -105,5 +108,53 @@ func TestUpOffLoopbackGivesTheEventPlaneAToken(t *testing.T) {
 		if strings.Contains(string(cmdline), "@") || strings.Contains(string(cmdline), "token") {
 			t.Fatalf("a secret on a child's command line: %q", cmdline)
 		}
+	}
+}
+
+// An orchestrator killed and started again by a supervisor with the same
+// command line (evolve up's: --nats-listen 127.0.0.1:0) listens where its
+// engines look for it, on the port it picked the first time, and every
+// engine rejoins. Before, it picked a new port and orphaned them all.
+func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
+	c := upCluster(t, "--engines", "2", "--speedup", "10")
+	pid := c.state.Orchestrator
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	if !slices.Contains(args, "127.0.0.1:0") {
+		t.Fatalf("evolve up's orchestrator no longer asks for a free NATS port: %q", args)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	eventually(t, 10*time.Second, "orchestrator gone", func() bool { return !alive(pid) })
+	// At once, as a supervisor restarts it.
+	orch := exec.Command(evolveBin, args[1:]...)
+	orch.Env = append(os.Environ(), c.env...)
+	var log lockedLog
+	orch.Stderr = &log
+	if err := orch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		orch.Process.Signal(syscall.SIGTERM)
+		orch.Wait()
+		if t.Failed() {
+			t.Logf("restarted orchestrator:\n%s", log.String())
+		}
+	})
+	c.state.Orchestrator = orch.Process.Pid
+	ready := args[slices.Index(args, "--ready-file")+1]
+	var info readyInfo
+	eventually(t, 30*time.Second, "the restarted orchestrator ready", func() bool {
+		b, err := os.ReadFile(ready)
+		return err == nil && json.Unmarshal(b, &info) == nil && info.PID == orch.Process.Pid
+	})
+	if info.NATSURL != c.state.NATSURL {
+		t.Fatalf("the event plane moved from %s to %s", c.state.NATSURL, info.NATSURL)
+	}
+	eventually(t, 20*time.Second, "both engines rejoin", func() bool { return servingNodes(t, info.ControlURL) == 2 })
+	if code, _, body := post(t, info.RouterURL+"/v1/completions", map[string]any{"prompt": "after the restart", "max_tokens": 4}); code != 200 {
+		t.Fatalf("a request after the restart: %d %v", code, body)
 	}
 }
