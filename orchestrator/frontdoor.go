@@ -267,18 +267,16 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	if p.Req.Model != "" && p.Req.Model != model {
 		rb, p.Req.Model = servedBody(rb, model), model
 	}
-	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {
+	reqID := o.requestID(r)
+	if terr := o.engineTokens(r.Context(), p, rb, model, reqID); terr != nil {
 		outcome := "bad_request"
 		if terr.Status >= 500 {
 			outcome = "no_engine"
 		}
 		o.countRequest(r, outcome)
+		w.Header().Set("X-Request-Id", reqID)
 		terr.Write(w)
 		return
-	}
-	reqID := r.Header.Get("X-Request-Id")
-	if reqID == "" {
-		reqID = fmt.Sprintf("evolve-%d-%d", o.started.UnixNano()%1e9, reqCounter.Add(1))
 	}
 	if r.Context().Err() != nil {
 		// The client gave up while the prompt was read and tokenized (an
@@ -305,14 +303,18 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		dec, err := o.policy.Route(time.Now(), rr, v)
 		o.policyMu.Unlock()
 		if err != nil && lastErr != nil {
-			// Engines failed it and no other is left: say why they failed.
+			// Engines failed it and no other is left: the log says why.
 			o.countRequest(r, "failed")
-			openaiapi.Unavailable("engines_failed", "the request failed on %d engine(s) and no other can take it: %v", try, lastErr).Write(w)
+			o.log.Error("request failed: no engine left to try", "request", reqID, "tries", try, "err", lastErr)
+			w.Header().Set("X-Request-Id", reqID)
+			openaiapi.Unavailable("engines_failed", "the request failed on %d engine(s) and no other can take it; retry (request %s)", try, reqID).Write(w)
 			return
 		}
 		if err != nil {
 			o.countRequest(r, "no_engine")
-			openaiapi.Unavailable("no_engine", "%v", err).Write(w)
+			o.log.Warn("request refused: no engine can take it", "request", reqID, "err", err)
+			w.Header().Set("X-Request-Id", reqID)
+			openaiapi.Unavailable("no_engine", "no serving engine can take the request now; retry (request %s)", reqID).Write(w)
 			return
 		}
 		o.met.decisions.WithLabelValues(o.policy.Name(), strconv.FormatBool(dec.Disaggregated)).Inc()
@@ -373,7 +375,31 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		}
 	}
 	o.countRequest(r, "failed")
-	openaiapi.Unavailable("engines_failed", "the request failed on %d engines: %v", maxAttempts, lastErr).Write(w)
+	o.log.Error("request failed on every engine tried", "request", reqID, "tries", maxAttempts, "err", lastErr)
+	w.Header().Set("X-Request-Id", reqID)
+	openaiapi.Unavailable("engines_failed", "the request failed on %d engines; retry (request %s)", maxAttempts, reqID).Write(w)
+}
+
+// maxRequestIDLen bounds a client's X-Request-Id, which the router passes
+// to engines and writes into its log.
+const maxRequestIDLen = 128
+
+// requestID is the request's id: the client's X-Request-Id when it is a
+// short printable one, else one of the router's own.
+func (o *Orchestrator) requestID(r *http.Request) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" && len(id) <= maxRequestIDLen && printableASCII(id) {
+		return id
+	}
+	return fmt.Sprintf("evolve-%d-%d", o.started.UnixNano()%1e9, reqCounter.Add(1))
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x21 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
 }
 
 // countHits records where the prompt's KV comes from for the chosen

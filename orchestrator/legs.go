@@ -236,7 +236,10 @@ func (a *attempt) flush() {
 // streamError ends a stream the client is reading with an error event:
 // mid-stream, the client is told in the stream and never left hanging.
 func (a *attempt) streamError(err error) {
-	e := openaiapi.Unavailable("engine_failed", "%v", err)
+	// The cause (an engine's address, a dial error) is the operator's:
+	// the log keeps it, and the agent gets the request id to match.
+	a.o.log.Error("answer cut: its engine failed and no node went on with it", "request", a.reqID, "node", a.decode, "err", err)
+	e := openaiapi.Unavailable("engine_failed", "the engine writing this answer failed and no other could go on with it (request %s)", a.reqID)
 	b, _ := json.Marshal(e.Body())
 	fmt.Fprintf(a.w, "data: %s\n\ndata: [DONE]\n\n", b)
 	a.flush()

@@ -61,7 +61,7 @@ func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) 
 		anthropicapi.NewError(e.Status, e.Message).Write(w)
 		return
 	}
-	if terr := o.engineTokens(r.Context(), p, rb, model); terr != nil {
+	if terr := o.engineTokens(r.Context(), p, rb, model, o.requestID(r)); terr != nil {
 		anthropicapi.NewError(terr.Status, terr.Message).Write(w)
 		return
 	}

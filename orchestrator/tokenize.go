@@ -75,7 +75,7 @@ func (o *Orchestrator) parseRequest(body []byte, chat bool) (*openaiapi.Parsed, 
 // ids, and so must the router's block chains be. A completion prompt given
 // as token ids needs no call, nor does a cluster whose engines all use
 // evolve's tokenizer.
-func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb openaiapi.Body, model string) *openaiapi.Error {
+func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb openaiapi.Body, model, reqID string) *openaiapi.Error {
 	urls, needed := o.tokenizerURLs()
 	if !needed {
 		// Read for engines that tokenize, which have left since.
@@ -107,7 +107,6 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 	if err != nil {
 		return openaiapi.BadRequest("", "encode tokenize request: %v", err)
 	}
-	var lastErr error
 	for _, u := range urls[:min(len(urls), maxAttempts)] {
 		toks, err := o.tokenizeAt(ctx, u, b)
 		var ce *clientError
@@ -128,11 +127,10 @@ func (o *Orchestrator) engineTokens(ctx context.Context, p *openaiapi.Parsed, rb
 			p.Tokens = toks
 			return nil
 		}
-		lastErr = err
 		o.suspectURL(u)
-		o.log.Warn("tokenize failed", "engine", u, "err", err)
+		o.log.Warn("tokenize failed", "request", reqID, "engine", u, "err", err)
 	}
-	return openaiapi.Unavailable("tokenize_failed", "tokenize the prompt: %v", lastErr)
+	return openaiapi.Unavailable("tokenize_failed", "no engine could tokenize the prompt; retry (request %s)", reqID)
 }
 
 // localTokens gives p the tokens of evolve's tokenizer if it has none (a
