@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -242,9 +241,10 @@ var reqCounter atomic.Uint64
 
 func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	arrival := time.Now()
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes))
+	body, status, err := readRequestBody(w, r)
 	if err != nil {
-		openaiapi.BadRequest("", "read body: %v", err).Write(w)
+		o.countRequest(r, "bad_request")
+		(&openaiapi.Error{Status: status, Type: "invalid_request_error", Message: err.Error()}).Write(w)
 		return
 	}
 	p, rb, perr := o.parseRequest(body, chat)

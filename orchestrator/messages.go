@@ -2,8 +2,6 @@ package orchestrator
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 
@@ -70,13 +68,9 @@ func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) 
 
 // readMessagesBody reads a Messages API request's body.
 func readMessagesBody(w http.ResponseWriter, r *http.Request) ([]byte, *anthropicapi.Error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes))
+	body, status, err := readRequestBody(w, r)
 	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			return nil, anthropicapi.NewError(413, fmt.Sprintf("the request body is over %d bytes", tooBig.Limit))
-		}
-		return nil, anthropicapi.NewError(400, "read body: "+err.Error())
+		return nil, anthropicapi.NewError(status, err.Error())
 	}
 	return body, nil
 }

@@ -65,7 +65,10 @@ type Config struct {
 	// API serve HTTPS with that PEM certificate (chain) and key, read again
 	// when the files change.
 	TLSCertFile, TLSKeyFile string
-	Logger                  *slog.Logger
+	// Limits bound what slow or hostile clients can hold of the router
+	// and the control API (zero: the defaults).
+	Limits HTTPLimits
+	Logger *slog.Logger
 }
 
 // Orchestrator is a running orchestrator.
@@ -299,8 +302,9 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	}
 	go o.watchHeartbeats(ctx)
 	go o.runPlanner(ctx)
-	router := &http.Server{Handler: o.routerHandler(), ReadHeaderTimeout: 10 * time.Second}
-	control := &http.Server{Handler: o.controlHandler(), ReadHeaderTimeout: 10 * time.Second}
+	limits := o.cfg.Limits.withDefaults()
+	router, control := limits.server(o.routerHandler()), limits.server(o.controlHandler())
+	o.routerLn, o.controlLn = limits.limitListener(o.routerLn), limits.limitListener(o.controlLn)
 	serve := func(srv *http.Server, ln net.Listener, tls bool) error {
 		if !tls {
 			return srv.Serve(ln)

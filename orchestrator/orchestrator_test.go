@@ -48,7 +48,18 @@ func startTestClusterProfiles(t *testing.T, profiles []string, roles ...sim.Role
 // orchestrator logging to log (nil: slog's default).
 func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, roles ...sim.Role) *testCluster {
 	t.Helper()
-	o, err := New(Config{RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "evolve", Logger: log})
+	return startTestClusterWith(t, Config{Logger: log}, profiles, roles...)
+}
+
+// startTestClusterWith is startTestClusterProfiles with the orchestrator
+// configured by cfg, on loopback and free ports.
+func startTestClusterWith(t *testing.T, cfg Config, profiles []string, roles ...sim.Role) *testCluster {
+	t.Helper()
+	cfg.RouterAddr, cfg.ControlAddr, cfg.NATSListen, cfg.DataDir = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
+	if cfg.Policy == "" {
+		cfg.Policy = "evolve"
+	}
+	o, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

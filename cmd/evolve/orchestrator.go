@@ -117,6 +117,10 @@ Most users start it through 'evolve up'.`,
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
 	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long the answers the router is writing may take to finish; no new connection is taken meanwhile, so a load balancer moves to another router (a second signal stops at once)")
+	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")
+	f.Duration("body-timeout", 30*time.Second, "how long a request body may take to arrive, a second more for each 256 KiB that did (a client trickling its body is cut with 408)")
+	f.Duration("write-idle-timeout", 60*time.Second, "longest a write to a client may block (a client that stopped reading its answer); a streamed answer that keeps moving is never cut")
+	f.Duration("idle-timeout", 120*time.Second, "a keep-alive connection idle this long between requests is closed")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
 	f.String("tls-cert-file", "", "PEM certificate (chain) to serve the router, and the control API off loopback, over HTTPS with; read again when it changes")
 	f.String("tls-key-file", "", "PEM private key of --tls-cert-file")
@@ -173,6 +177,9 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
+		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),
+			BodyTimeout: config.GetDuration("orchestrator.body-timeout"), WriteIdle: config.GetDuration("orchestrator.write-idle-timeout"),
+			IdleTimeout: config.GetDuration("orchestrator.idle-timeout")},
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
 			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),
