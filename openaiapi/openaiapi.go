@@ -47,6 +47,7 @@ type Request struct {
 	// EvolveResume continues an answer another engine handed over
 	// (protocol.Resume); only evolve's router sends it.
 	EvolveResume json.RawMessage `json:"evolve_resume"`
+	Sampling
 }
 
 // ChatMessage is one message of a chat request.
@@ -166,6 +167,14 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 	}
 	if err != nil {
 		return nil, err
+	}
+	if err := r.Sampling.check(chat); err != nil {
+		return nil, err
+	}
+	if chat {
+		if err := checkRoles(r.Messages); err != nil {
+			return nil, err
+		}
 	}
 	if r.N != nil && *r.N != 1 {
 		return nil, BadRequest("n", "n must be 1 (got %d)", *r.N)

@@ -40,6 +40,12 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.met.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		if allow := routerMethods(r.URL.Path); allow != "" {
+			w.Header().Set("Allow", allow)
+			(&openaiapi.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
+				Message: fmt.Sprintf("%s takes %s, not %s", r.URL.Path, allow, r.Method)}).Write(w)
+			return
+		}
 		msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)
 		if strings.HasPrefix(r.URL.Path, "/api/") {
 			// An operator's command pointed at the wrong port.
@@ -48,6 +54,37 @@ func (o *Orchestrator) routerHandler() http.Handler {
 		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
 	})
 	return o.countInFlight(o.requireKey(mux))
+}
+
+// routerMethods is the methods the router serves path with ("" for a
+// path it does not serve), for a 405's Allow.
+func routerMethods(path string) string {
+	switch {
+	case path == "/v1/completions", path == "/v1/chat/completions", path == "/v1/messages", path == "/v1/messages/count_tokens":
+		return "POST"
+	case path == "/v1/models", strings.HasPrefix(path, "/v1/models/"), path == "/health", path == "/metrics":
+		return "GET"
+	case strings.HasPrefix(path, "/v1/sessions/"):
+		return "DELETE"
+	}
+	return ""
+}
+
+// checkLengths refuses, before any routing, a request no engine can
+// serve: a prompt of maxLen tokens or more, or max_tokens over maxLen
+// (0: not known yet). vLLM refuses both alike; checked here, a huge
+// prompt costs no hashing, matching or engine's time.
+func checkLengths(p *openaiapi.Parsed, maxLen int) *openaiapi.Error {
+	if maxLen <= 0 {
+		return nil
+	}
+	if p.MaxTokens > maxLen {
+		return openaiapi.BadRequest("max_tokens", "max_tokens is too large: %d. This model's maximum context length is %d tokens", p.MaxTokens, maxLen)
+	}
+	if p.Tokens != nil && len(p.Tokens) >= maxLen {
+		return openaiapi.BadRequest("", "This model's maximum context length is %d tokens. However, your prompt has %d tokens, which leaves no room for an answer", maxLen, len(p.Tokens))
+	}
+	return nil
 }
 
 // countInFlight keeps the number of answers the router is writing
@@ -267,6 +304,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	if p.Req.Model != "" && p.Req.Model != model {
 		rb, p.Req.Model = servedBody(rb, model), model
 	}
+	_, maxLen := o.servedModel()
+	if e := checkLengths(p, maxLen); e != nil {
+		o.countRequest(r, "bad_request")
+		e.Write(w)
+		return
+	}
 	reqID := o.requestID(r)
 	if terr := o.engineTokens(r.Context(), p, rb, model, reqID); terr != nil {
 		outcome := "bad_request"
@@ -276,6 +319,11 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.countRequest(r, outcome)
 		w.Header().Set("X-Request-Id", reqID)
 		terr.Write(w)
+		return
+	}
+	if e := checkLengths(p, maxLen); e != nil { // the engine's tokens
+		o.countRequest(r, "bad_request")
+		e.Write(w)
 		return
 	}
 	if r.Context().Err() != nil {

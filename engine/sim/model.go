@@ -423,11 +423,12 @@ func (m *Model) Submit(now time.Time, r Request) error {
 	if _, dup := m.byID[r.ID]; dup {
 		return fmt.Errorf("%w: %s", ErrDuplicate, r.ID)
 	}
-	if total := len(r.Tokens) + r.MaxTokens; total > m.p.MaxModelLen {
+	// Compared so that no sum can overflow: a client may ask for 2^63-1.
+	if len(r.Tokens) > m.p.MaxModelLen || r.MaxTokens > m.p.MaxModelLen-len(r.Tokens) {
 		return fmt.Errorf("%w: maximum context length is %d tokens, but %d prompt + %d output tokens were requested",
 			ErrTooLong, m.p.MaxModelLen, len(r.Tokens), r.MaxTokens)
 	}
-	if need := (len(r.Tokens) + r.MaxTokens + m.bs - 1) / m.bs; need > m.cfg.GPUBlocks {
+	if need := (len(r.Tokens) + r.MaxTokens + m.bs - 1) / m.bs; need > m.cfg.GPUBlocks { // both bounded now
 		return fmt.Errorf("%w: needs %d KV blocks, the engine has %d", ErrTooLong, need, m.cfg.GPUBlocks)
 	}
 	s := &seq{req: r, rng: r.Seed, state: stWaiting}
