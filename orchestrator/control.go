@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 	"time"
 
@@ -102,6 +103,13 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		openaiapi.WriteJSON(w, 200, st)
 	})
 	mux.HandleFunc("GET "+monitoring.TargetsPath, o.servePrometheusTargets)
+	// Go's profiler, for an operator chasing memory or CPU: behind the
+	// control API's token, like everything here.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) { apiError(w, 404, "no route %s %s", r.Method, r.URL.Path) })
 	if o.cfg.ControlToken == "" {
 		return mux

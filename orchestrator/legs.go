@@ -129,6 +129,9 @@ func (a *attempt) forward(url string, body []byte) error {
 		a.w.Header().Set("Cache-Control", "no-cache")
 	}
 	done, handedOver, skipBlank := false, false, false
+	// delivered: the client has [DONE], whole; a client that closes then
+	// (as many do at once) got its answer.
+	delivered := false
 	// open: the client has an event's data line, not yet its end; toks
 	// are the tokens that event carries (protocol.TokenComment, or a vLLM
 	// chunk's token_ids), if named.
@@ -161,6 +164,8 @@ func (a *attempt) forward(url string, body []byte) error {
 		}
 		if blank {
 			seen()
+			// The [DONE] line was written (a failed write ends the relay).
+			delivered = delivered || done
 			return line
 		}
 		if data, ok := bytes.CutPrefix(line, []byte("data: ")); ok {
@@ -192,10 +197,10 @@ func (a *attempt) forward(url string, body []byte) error {
 		return line
 	})
 	switch {
+	case delivered, done && errors.Is(rerr, io.EOF) && werr == nil:
+		return nil
 	case werr != nil:
 		return fmt.Errorf("client went away: %w", werr)
-	case done && errors.Is(rerr, io.EOF):
-		return nil
 	case handedOver && errors.Is(rerr, io.EOF):
 		if !errors.Is(herr, errHandedOver) {
 			a.streamError(herr)

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Config configures an orchestrator.
@@ -150,6 +151,8 @@ func newMetrics() *metrics {
 	m.resumed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_resumed_answers_total", Help: "Answers continued on another node from the output the client had read, by cause (engine_failed: the engine died mid-stream; no_peer: a handed-over answer no peer took, finished where its KV was) and outcome (continued, or failed: no node could)."}, []string{"cause", "outcome"})
 	m.resumePulled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_fetched_blocks_total", Help: "KV blocks of resumed answers' prompts that the node continuing them, or the prefill node computing their KV, was asked to pull from live peers rather than recompute."})
 	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
+	// The process's own: memory, goroutines, file descriptors, CPU.
+	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
