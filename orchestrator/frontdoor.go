@@ -595,6 +595,18 @@ func (a *attempt) run() (string, error) {
 			a.w.Write(ce.body)
 			return a.dec.Prefill, err
 		}
+		var refused *legRefused
+		if errors.As(err, &refused) {
+			// The prefill node stopped taking prefill legs after it was
+			// chosen (a switch to decode began; it may have been the
+			// last prefill node): the decode node serves the request
+			// whole rather than the client getting a 503.
+			a.o.log.Info("prefill node refused the leg; serving the request whole on its decode node", "request", a.reqID,
+				"prefill", a.dec.Prefill, "decode", a.decode, "why", refused.code)
+			a.prefillDone()
+			a.freePrefill()
+			return a.whole()
+		}
 		if err != nil {
 			return a.dec.Prefill, err
 		}
@@ -615,6 +627,12 @@ func (a *attempt) run() (string, error) {
 		}
 		return a.decode, a.goOn(err)
 	}
+	return a.whole()
+}
+
+// whole serves the request unsplit on its decode node.
+func (a *attempt) whole() (string, error) {
+	body := a.body.Raw
 	if set := a.watchVLLM(); set != nil {
 		body = a.body.With(set)
 	}

@@ -79,8 +79,25 @@ func engineError(status int, body []byte) error {
 	if status >= 400 && status < 500 && status != 429 {
 		return &clientError{status: status, body: body}
 	}
+	if status == http.StatusServiceUnavailable {
+		var e struct {
+			Error struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		}
+		if json.Unmarshal(body, &e) == nil && (e.Error.Code == "wrong_role" || e.Error.Code == "engine_draining") {
+			return &legRefused{code: e.Error.Code, msg: string(bytes.TrimSpace(body))}
+		}
+	}
 	return fmt.Errorf("engine answered %d: %s", status, bytes.TrimSpace(body))
 }
+
+// legRefused is an engine's refusal of a leg for its role or its draining,
+// before any work: the node began a switch or a shutdown after the router
+// chose it. The request is sound and may go elsewhere at once.
+type legRefused struct{ code, msg string }
+
+func (e *legRefused) Error() string { return "engine refused the leg (" + e.code + "): " + e.msg }
 
 // forward sends body to the node and passes its answer to the client as it
 // arrives. Whole answers are read first, so a failure can still be retried.
