@@ -53,8 +53,10 @@ func FuzzDirectoryFollowsEvents(f *testing.F) {
 					ev.Seq, ev.Kind = seq[n]+2, BlockStored
 				case 1: // a duplicate delivery
 					ev.Seq, ev.Kind = max(seq[n], 1), BlockStored
-				case 2: // the node went down
+				case 2: // the node went down: its next process numbers
+					// its events from 1 again, in step from the start
 					d.DropNode(ids[n])
+					seq[n], resync[n] = 0, false
 					for _, cs := range held {
 						delete(cs, copyKey{n, TierGPU})
 						delete(cs, copyKey{n, TierHost})
