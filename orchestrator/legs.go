@@ -298,7 +298,7 @@ func (a *attempt) legAnswers() {
 func relaySSE(rd *bufio.Reader, w io.Writer, flush func(), seen func(line []byte) []byte) (werr, rerr error) {
 	dirty := false // written since the last flush; a relay that wrote nothing flushes nothing, so a failure can be retried
 	for {
-		line, err := rd.ReadBytes('\n')
+		line, err := readLine(rd, maxSSELine)
 		// A line cut short by the stream's end is never passed on: the
 		// client would join it to whatever follows.
 		if len(line) > 0 && line[len(line)-1] == '\n' {
@@ -320,6 +320,30 @@ func relaySSE(rd *bufio.Reader, w io.Writer, flush func(), seen func(line []byte
 				flush()
 			}
 			return nil, err
+		}
+	}
+}
+
+// maxSSELine bounds one line of an engine's stream: a token's event is a
+// few hundred bytes, its last (usage, the evolve object) a few KiB; an
+// engine sending more without a newline is broken or hostile, and the
+// router would hold all of it in memory.
+const maxSSELine = 4 << 20
+
+// errLineTooLong ends a stream whose line passed maxSSELine.
+var errLineTooLong = errors.New("a line of the engine's stream is too long")
+
+// readLine is rd.ReadBytes('\n') that gives up past max bytes.
+func readLine(rd *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		frag, err := rd.ReadSlice('\n')
+		if len(line)+len(frag) > max {
+			return nil, errLineTooLong
+		}
+		line = append(line, frag...)
+		if err != bufio.ErrBufferFull {
+			return line, err
 		}
 	}
 }
