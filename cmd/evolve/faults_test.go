@@ -157,4 +157,18 @@ func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
 	if code, _, body := post(t, info.RouterURL+"/v1/completions", map[string]any{"prompt": "after the restart", "max_tokens": 4}); code != 200 {
 		t.Fatalf("a request after the restart: %d %v", code, body)
 	}
+
+	// evolve down stops what evolve up started, and says what it leaves:
+	// the orchestrator restarted by hand, whose data it keeps.
+	data := args[slices.Index(args, "--data-dir")+1]
+	out, code := runBinOut(t, c.env, "down")
+	if code != 1 || !strings.Contains(out, fmt.Sprintf("pid %d:", orch.Process.Pid)) || !strings.Contains(out, "still running") {
+		t.Fatalf("evolve down with a hand-started orchestrator: exit %d\n%s", code, out)
+	}
+	if !alive(orch.Process.Pid) {
+		t.Fatal("evolve down stopped a process it did not start")
+	}
+	if _, err := os.Stat(data); err != nil {
+		t.Fatalf("evolve down removed the live orchestrator's data: %v", err)
+	}
 }

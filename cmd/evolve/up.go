@@ -619,16 +619,23 @@ func startChildEnv(exe, log string, detach bool, env []string, args ...string) (
 // after a grace period. It removes the local state when done.
 // waits, when not nil, has a channel per child of this process that
 // closes when it ends.
-func stopAll(errw io.Writer, st *localState, waits map[int]chan struct{}) {
+// It returns the cluster's servers it left running: those it did not
+// start (restarted by hand), whose data it keeps.
+func stopAll(errw io.Writer, st *localState, waits map[int]chan struct{}) []clusterProc {
 	stopPIDs(errw, st.Engines, waits, 15*time.Second)
 	stopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
 	os.Remove(localStatePath())
-	if !alive(st.Orchestrator) {
+	data := filepath.Join(localDir(), "nats")
+	left := strayProcs(st, data)
+	usesData := slices.ContainsFunc(left, func(p clusterProc) bool { return strings.Contains(p.Command, data) })
+	if !alive(st.Orchestrator) && !usesData {
 		// Its durable state (pinned roles) lives as long as the cluster:
 		// it survives an orchestrator restart, but the next 'evolve up'
-		// starts as its flags say, not with the pins of this one.
-		os.RemoveAll(filepath.Join(localDir(), "nats"))
+		// starts as its flags say, not with the pins of this one. Never
+		// while an orchestrator started by hand still runs on it.
+		os.RemoveAll(data)
 	}
+	return left
 }
 
 // stopPIDs stops the evolve servers among pids (SIGTERM, then SIGKILL
@@ -675,7 +682,10 @@ func newDownCmd() *cobra.Command {
 		Use:   "down",
 		Short: "Stop the local cluster, or with -f the hosts of a cluster file",
 		Long: `Stop the local cluster: the engines drain and stop, then the orchestrator.
-Nothing is left running. With no local cluster it says so and succeeds.
+With no local cluster it says so and succeeds. Processes of the cluster
+that evolve up did not start (an orchestrator restarted by hand on its
+data, an engine joined to its event plane) are not stopped: it names them,
+keeps the data they use, and exits 1.
 
 With -f cluster.yaml it stops the engines that 'evolve up -f' started on
 the hosts over SSH and removes what it installed there, then stops the
@@ -696,10 +706,21 @@ orchestrator it started on this machine. It asks first on a terminal;
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "stopping %d engines and the orchestrator\n", len(st.Engines))
-			stopAll(cmd.ErrOrStderr(), st, nil)
-			fmt.Fprintln(cmd.ErrOrStderr(), "stopped")
-			return nil
+			errw := cmd.ErrOrStderr()
+			fmt.Fprintf(errw, "stopping %d engines and the orchestrator\n", len(st.Engines))
+			left := stopAll(errw, st, nil)
+			if len(left) == 0 {
+				fmt.Fprintln(errw, "stopped")
+				return nil
+			}
+			// Processes of this cluster that evolve up did not start (a
+			// restart by hand): not stopped, and their data is kept.
+			fmt.Fprintf(errw, "stopped what evolve up started; %d of the cluster's processes it did not start are still running (stop them yourself; their data in %s is kept):\n",
+				len(left), filepath.Join(localDir(), "nats"))
+			for _, p := range left {
+				fmt.Fprintf(errw, "  pid %d: %s\n", p.PID, p.Command)
+			}
+			return exitCodeError{code: 1, err: fmt.Errorf("%d processes of the local cluster left running", len(left))}
 		},
 	}
 	f := cmd.Flags()
