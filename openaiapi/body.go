@@ -111,6 +111,24 @@ func ParseBodyUntokenized(body []byte, chat bool, defaultMaxTokens int) (*Parsed
 	return parseBody(body, parseOptions{chat: chat, defaultMaxTokens: defaultMaxTokens, leaveText: true})
 }
 
+// BodyOptions say how ParseBodyWith reads a client's body.
+type BodyOptions struct {
+	Chat             bool
+	DefaultMaxTokens int
+	// Untokenized leaves a prompt of text or messages untokenized, as
+	// ParseBodyUntokenized does.
+	Untokenized bool
+	// MaxModelLen, when not 0, refuses a prompt of text or messages of
+	// that many tokens or more before its ids are made (ContextTooLong):
+	// a 30 MB prompt costs a count, not 150 MB of ids.
+	MaxModelLen int
+}
+
+// ParseBodyWith is ParseBody as o says.
+func ParseBodyWith(body []byte, o BodyOptions) (*Parsed, Body, *Error) {
+	return parseBody(body, parseOptions{chat: o.Chat, defaultMaxTokens: o.DefaultMaxTokens, leaveText: o.Untokenized, maxModelLen: o.MaxModelLen})
+}
+
 func parseBody(body []byte, o parseOptions) (*Parsed, Body, *Error) {
 	// Every member but the prompt goes to encoding/json below (parse):
 	// it checks them.
@@ -134,7 +152,7 @@ func parseBody(body []byte, o parseOptions) (*Parsed, Body, *Error) {
 		apart.ids = want.ids // nil for another shape of prompt: parse reads it
 	}
 	p, perr := parse(b.With(map[string]json.RawMessage{"prompt": nil}), apart)
-	if perr != nil {
+	if perr != nil && perr.Code != CodeContextLength {
 		// Refused: in the words encoding/json has for the body as sent
 		// (of two wrong members, the first in the body's order).
 		p, perr = parse(body, o)

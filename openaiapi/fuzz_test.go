@@ -46,7 +46,7 @@ func referencePromptTokens(raw json.RawMessage) ([]uint32, *Error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, BadRequest("prompt", "prompt is required")
 	}
-	return decodePrompt(raw, false)
+	return decodePrompt(raw, parseOptions{})
 }
 
 // FuzzPromptTokens: reading token ids in one pass gives what encoding/json
@@ -63,7 +63,7 @@ func FuzzPromptTokens(f *testing.F) {
 		if !json.Valid(raw) {
 			return // a prompt comes out of a body encoding/json read
 		}
-		got, gerr := promptTokens(raw, false)
+		got, gerr := promptTokens(raw, parseOptions{})
 		want, werr := referencePromptTokens(raw)
 		if !slices.Equal(got, want) || (gerr == nil) != (werr == nil) || (gerr != nil && gerr.Message != werr.Message) {
 			t.Fatalf("prompt %q: got %v %v, want %v %v", raw, got, gerr, want, werr)

@@ -114,6 +114,9 @@ type parseOptions struct {
 	// leaveText checks a prompt of text or chat messages but does not
 	// tokenize it (see ParseBodyUntokenized).
 	leaveText bool
+	// maxModelLen, when not 0, refuses a text prompt of that many tokens
+	// or more before its ids are made (ContextTooLong).
+	maxModelLen int
 }
 
 // PromptTokensMember is the member of a chat request in which evolve's
@@ -161,9 +164,9 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 	if ids != nil {
 		p.Tokens = ids
 	} else if chat {
-		p.Tokens, err = chatTokens(r, o.leaveText)
+		p.Tokens, err = chatTokens(r, o)
 	} else {
-		p.Tokens, err = promptTokens(r.Prompt, o.leaveText)
+		p.Tokens, err = promptTokens(r.Prompt, o)
 	}
 	if err != nil {
 		return nil, err
@@ -271,8 +274,8 @@ func WriteJSON(w http.ResponseWriter, status int, v any) {
 // of one string, a list of token ids, or a list of one list of token ids.
 // The prompt's first bytes say which it is; token ids (an agent's whole
 // context, often 100K of them) are read in one pass. Text is left
-// untokenized (nil) when leaveText says so.
-func promptTokens(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
+// untokenized (nil) when o.leaveText says so.
+func promptTokens(raw json.RawMessage, o parseOptions) ([]uint32, *Error) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, BadRequest("prompt", "prompt is required")
@@ -286,25 +289,25 @@ func promptTokens(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
 			return ids, nil
 		}
 	}
-	return decodePrompt(raw, leaveText)
+	return decodePrompt(raw, o)
 }
 
 // decodePrompt reads a prompt (trimmed, not null) with encoding/json alone,
 // trying each shape a completion prompt may have in turn.
-func decodePrompt(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
+func decodePrompt(raw json.RawMessage, o parseOptions) ([]uint32, *Error) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
 		if s == "" {
 			return nil, BadRequest("prompt", "prompt is empty")
 		}
-		return encode(s, leaveText), nil
+		return o.encode(s)
 	}
 	var ss []string
 	if json.Unmarshal(raw, &ss) == nil {
 		if len(ss) != 1 || ss[0] == "" {
 			return nil, BadRequest("prompt", "a list prompt must hold exactly one non-empty string (batched prompts are not supported)")
 		}
-		return encode(ss[0], leaveText), nil
+		return o.encode(ss[0])
 	}
 	var ids []int64
 	if json.Unmarshal(raw, &ids) == nil {
@@ -320,13 +323,34 @@ func decodePrompt(raw json.RawMessage, leaveText bool) ([]uint32, *Error) {
 	return nil, BadRequest("prompt", "prompt must be a string or a list of token ids")
 }
 
-// encode tokenizes text, unless leaveText says not to.
-func encode(text string, leaveText bool) []uint32 {
-	if leaveText {
-		return nil
+// encode tokenizes text, unless o.leaveText says not to. A text that may
+// be o.maxModelLen tokens or more (each token is a byte at least) is
+// counted first: a prompt too long is refused without its ids, and one
+// that is not gets its ids without the appends' copies.
+func (o parseOptions) encode(text string) ([]uint32, *Error) {
+	if o.leaveText {
+		return nil, nil
 	}
-	return tokenizer.Encode(text)
+	if o.maxModelLen <= 0 || len(text) < o.maxModelLen {
+		return tokenizer.Encode(text), nil
+	}
+	n := tokenizer.Count(text)
+	if n >= o.maxModelLen {
+		return nil, ContextTooLong(o.maxModelLen, n)
+	}
+	return tokenizer.AppendEncode(make([]uint32, 0, n), text), nil
 }
+
+// ContextTooLong is vLLM's refusal of a prompt of n tokens, which leaves
+// no room for an answer in a context of maxModelLen.
+func ContextTooLong(maxModelLen, n int) *Error {
+	e := BadRequest("", "This model's maximum context length is %d tokens. However, your prompt has %d tokens, which leaves no room for an answer", maxModelLen, n)
+	e.Code = CodeContextLength
+	return e
+}
+
+// CodeContextLength is the code of a ContextTooLong error, OpenAI's.
+const CodeContextLength = "context_length_exceeded"
 
 const jsonSpace = " \t\r\n"
 
@@ -429,12 +453,13 @@ func checkIDs(ids []int64) ([]uint32, *Error) {
 // templates put them in the system prompt), and an assistant message's
 // tool calls follow its content as their JSON: an agent's tool
 // definitions and calls take their place in the prompt and its KV.
-func chatTokens(r *Request, leaveText bool) ([]uint32, *Error) {
+func chatTokens(r *Request, o parseOptions) ([]uint32, *Error) {
+	leaveText := o.leaveText
 	msgs, tools := r.Messages, r.Tools
 	if len(msgs) == 0 {
 		return nil, BadRequest("messages", "messages is required and must not be empty")
 	}
-	opts := tokenizer.ChatOptions{ContinueFinal: r.ContinueFinalMessage,
+	chatOpts := tokenizer.ChatOptions{ContinueFinal: r.ContinueFinalMessage,
 		NoGenerationPrompt: r.AddGenerationPrompt != nil && !*r.AddGenerationPrompt}
 	if r.ContinueFinalMessage {
 		if r.AddGenerationPrompt != nil && *r.AddGenerationPrompt {
@@ -463,7 +488,23 @@ func chatTokens(r *Request, leaveText bool) ([]uint32, *Error) {
 	if leaveText {
 		return nil, nil
 	}
-	return tokenizer.EncodeChatWith(out, opts), nil
+	if o.maxModelLen > 0 && chatBytes(out) >= o.maxModelLen {
+		if n := tokenizer.CountChat(out, chatOpts); n >= o.maxModelLen {
+			return nil, ContextTooLong(o.maxModelLen, n)
+		}
+	}
+	return tokenizer.EncodeChatWith(out, chatOpts), nil
+}
+
+// chatBytes bounds the tokens msgs render to from above: a token per
+// byte of content, and two for each message's role and end, and one for
+// the generation prompt.
+func chatBytes(msgs []tokenizer.Message) int {
+	n := 1
+	for _, m := range msgs {
+		n += 2 + len(m.Content)
+	}
+	return n
 }
 
 // compactJSON is raw without insignificant space, or "" for nothing, null

@@ -85,32 +85,44 @@ func Encode(text string) []uint32 {
 
 // AppendEncode appends the token ids of text to dst.
 func AppendEncode(dst []uint32, text string) []uint32 {
-	i := 0
-	for i < len(text) {
-		start := i
-		if text[i] == ' ' && i+1 < len(text) {
-			if r, _ := utf8.DecodeRuneInString(text[i+1:]); isWordRune(r) {
-				i++
-			}
-		}
-		r, size := utf8.DecodeRuneInString(text[i:])
-		if !isWordRune(r) {
-			i += size
-			dst = append(dst, pieceID(text[start:i]))
-			continue
-		}
-		n := 0
-		for i < len(text) && n < MaxPieceRunes {
-			r, size := utf8.DecodeRuneInString(text[i:])
-			if !isWordRune(r) {
-				break
-			}
-			i += size
-			n++
-		}
-		dst = append(dst, pieceID(text[start:i]))
+	for i := 0; i < len(text); {
+		end := pieceEnd(text, i)
+		dst = append(dst, pieceID(text[i:end]))
+		i = end
 	}
 	return dst
+}
+
+// Count is len(Encode(text)), without the ids: what a prompt that may be
+// too long costs before it is refused.
+func Count(text string) int {
+	n := 0
+	for i := 0; i < len(text); i = pieceEnd(text, i) {
+		n++
+	}
+	return n
+}
+
+// pieceEnd is where the piece of text that starts at i ends (see the
+// package comment's pre-tokenization).
+func pieceEnd(text string, i int) int {
+	if text[i] == ' ' && i+1 < len(text) {
+		if r, _ := utf8.DecodeRuneInString(text[i+1:]); isWordRune(r) {
+			i++
+		}
+	}
+	r, size := utf8.DecodeRuneInString(text[i:])
+	if !isWordRune(r) {
+		return i + size
+	}
+	for n := 0; i < len(text) && n < MaxPieceRunes; n++ {
+		r, size := utf8.DecodeRuneInString(text[i:])
+		if !isWordRune(r) {
+			break
+		}
+		i += size
+	}
+	return i
 }
 
 func isWordRune(r rune) bool {
@@ -230,4 +242,19 @@ func EncodeChatWith(msgs []Message, o ChatOptions) []uint32 {
 		return ids
 	}
 	return append(ids, Assistant)
+}
+
+// CountChat is len(EncodeChatWith(msgs, o)), without the ids.
+func CountChat(msgs []Message, o ChatOptions) int {
+	n := 0
+	for _, m := range msgs {
+		n += 2 + Count(m.Content) // role, content, end
+	}
+	if o.ContinueFinal && len(msgs) > 0 {
+		return n - 1 // the last message is left open
+	}
+	if !o.NoGenerationPrompt {
+		n++
+	}
+	return n
 }

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"slices"
+	"strings"
 	"testing"
 )
 
@@ -76,12 +77,31 @@ func FuzzEncode(f *testing.F) {
 	f.Add("hello world")
 	f.Add(" \x00\xff日本語 text")
 	f.Fuzz(func(t *testing.T, s string) {
-		for _, id := range Encode(s) {
+		ids := Encode(s)
+		for _, id := range ids {
 			if id >= VocabSize {
 				t.Fatalf("id %d out of range", id)
 			}
 		}
+		if n := Count(s); n != len(ids) {
+			t.Fatalf("Count %d, Encode gave %d ids", n, len(ids))
+		}
+		msgs := []Message{{"user", s}, {"assistant", s}}
+		for _, o := range []ChatOptions{{}, {NoGenerationPrompt: true}, {ContinueFinal: true}} {
+			if n, want := CountChat(msgs, o), len(EncodeChatWith(msgs, o)); n != want {
+				t.Fatalf("CountChat %d with %+v, EncodeChatWith gave %d ids", n, o, want)
+			}
+		}
 	})
+}
+
+// BenchmarkEncode tokenizes an agent's 100K-token context.
+func BenchmarkEncode(b *testing.B) {
+	text := strings.Repeat("func main() { fmt.Println(\"héllo, wörld\") } // a comment bako ", 100_000/20)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		Encode(text)
+	}
 }
 
 // A prompt that continues a last assistant message is the prompt that
