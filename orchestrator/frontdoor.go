@@ -53,7 +53,7 @@ func (o *Orchestrator) routerHandler() http.Handler {
 		}
 		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
 	})
-	return o.countInFlight(o.requireKey(mux))
+	return o.countInFlight(o.requireKey(o.trackBodies(mux)))
 }
 
 // routerMethods is the methods the router serves path with ("" for a
@@ -82,7 +82,7 @@ func checkLengths(p *openaiapi.Parsed, maxLen int) *openaiapi.Error {
 		return openaiapi.BadRequest("max_tokens", "max_tokens is too large: %d. This model's maximum context length is %d tokens", p.MaxTokens, maxLen)
 	}
 	if p.Tokens != nil && len(p.Tokens) >= maxLen {
-		return openaiapi.BadRequest("", "This model's maximum context length is %d tokens. However, your prompt has %d tokens, which leaves no room for an answer", maxLen, len(p.Tokens))
+		return openaiapi.ContextTooLong(maxLen, len(p.Tokens))
 	}
 	return nil
 }
@@ -284,7 +284,8 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		(&openaiapi.Error{Status: status, Type: "invalid_request_error", Message: err.Error()}).Write(w)
 		return
 	}
-	p, rb, perr := o.parseRequest(body, chat)
+	_, maxLen := o.servedModel()
+	p, rb, perr := o.parseRequest(body, chat, maxLen)
 	if perr != nil {
 		o.countRequest(r, "bad_request")
 		perr.Write(w)
@@ -304,7 +305,6 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	if p.Req.Model != "" && p.Req.Model != model {
 		rb, p.Req.Model = servedBody(rb, model), model
 	}
-	_, maxLen := o.servedModel()
 	if e := checkLengths(p, maxLen); e != nil {
 		o.countRequest(r, "bad_request")
 		e.Write(w)
@@ -335,6 +335,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 	chain := kv.ChainHashes(p.Tokens, bs)
+	doneWithBody(r) // parsed and hashed: the large-body budget's work is over
 	id := identity(r, p)
 	branch := o.branchBegin(id, chain)
 	defer o.branchFinish(id.Session, branch)

@@ -32,6 +32,10 @@ type HTTPLimits struct {
 	// IdleTimeout closes a keep-alive connection idle that long between
 	// requests (default 120 s).
 	IdleTimeout time.Duration
+	// LargeBodyBudget is the most bytes of large request bodies (over
+	// 1 MiB) the router reads and parses at once (default 64 MiB); more
+	// wait (largeBodies).
+	LargeBodyBudget int64
 }
 
 func (l HTTPLimits) withDefaults() HTTPLimits {
@@ -49,6 +53,9 @@ func (l HTTPLimits) withDefaults() HTTPLimits {
 	}
 	if l.IdleTimeout <= 0 {
 		l.IdleTimeout = 120 * time.Second
+	}
+	if l.LargeBodyBudget <= 0 {
+		l.LargeBodyBudget = 64 << 20
 	}
 	return l
 }
@@ -125,8 +132,19 @@ func (b *deadlineBody) Read(p []byte) (int, error) {
 // readRequestBody reads an agent's request body, up to
 // openaiapi.MaxBodyBytes; on failure, the status to answer: 413 for a body
 // too large, 408 for one too slow, 400 otherwise.
+//
+// A large body first waits for room in the router's budget for them
+// (largeBodies): 503 when the client leaves first.
 func readRequestBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes))
+	if r.ContentLength > openaiapi.MaxBodyBytes {
+		return nil, http.StatusRequestEntityTooLarge, fmt.Errorf("the request body is over %d bytes", openaiapi.MaxBodyBytes)
+	}
+	bw, _ := r.Context().Value(bodyWorkKey{}).(*bodyWork)
+	if err := bw.admit(r.Context(), r.ContentLength); err != nil {
+		return nil, http.StatusServiceUnavailable, fmt.Errorf("the router is busy with large requests: %w", err)
+	}
+	body, err := readBody(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes), r.ContentLength)
+	bw.read(len(body))
 	if err == nil {
 		return body, 0, nil
 	}
@@ -139,6 +157,19 @@ func readRequestBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error
 		return nil, http.StatusRequestTimeout, err
 	}
 	return nil, http.StatusBadRequest, fmt.Errorf("read body: %w", err)
+}
+
+// readBody reads a body of n bytes (-1: not said) into one buffer of its
+// size, where io.ReadAll's doublings would take twice as much.
+func readBody(rd io.Reader, n int64) ([]byte, error) {
+	if n < 0 {
+		return io.ReadAll(rd)
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(rd, body); err != nil {
+		return nil, err
+	}
+	return body, nil
 }
 
 // errBodyTooSlow is what a handler reads from a body that came too slowly.

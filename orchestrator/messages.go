@@ -44,7 +44,7 @@ func (o *Orchestrator) serveCountTokens(w http.ResponseWriter, r *http.Request) 
 		aerr.Write(w)
 		return
 	}
-	p, rb, perr := o.parseRequest(chat, true)
+	p, rb, perr := o.parseRequest(chat, true, 0) // counted whatever its length
 	if perr != nil {
 		anthropicapi.NewError(perr.Status, perr.Message).Write(w)
 		return

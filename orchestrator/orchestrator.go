@@ -103,6 +103,7 @@ type Orchestrator struct {
 	certs                          *certReloader // nil: plain HTTP
 	keys                           *keySet       // the agents' API keys (none: open) and limits
 	inFlight                       atomic.Int64  // answers the router is writing
+	bodies                         *largeBodies  // the budget for large request bodies
 }
 
 type metrics struct {
@@ -213,13 +214,20 @@ func New(cfg Config) (*Orchestrator, error) {
 		// megabyte of token ids at 128K tokens, in 16 writes, not 256.
 		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),
 			Base: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, WriteBufferSize: 64 << 10, ReadBufferSize: 64 << 10}}},
-		met: newMetrics(), started: time.Now(), certs: certs, keys: keys}
+		met: newMetrics(), started: time.Now(), certs: certs, keys: keys,
+		bodies: newLargeBodies(cfg.Limits.withDefaults().LargeBodyBudget)}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
 	o.met.reg.MustRegister(keyLimitCollector{keys}, clusterCollector{o},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_in_flight",
-			Help: "Answers (completions, chats, messages) the router is writing now."}, func() float64 { return float64(o.inFlight.Load()) }))
+			Help: "Answers (completions, chats, messages) the router is writing now."}, func() float64 { return float64(o.inFlight.Load()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_large_body_bytes",
+			Help: "Bytes of large request bodies (over 1 MiB) the router is reading and parsing now, out of its budget (--large-body-budget)."}, func() float64 { return float64(o.bodies.inWork.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "evolve_router_large_body_waits_total",
+			Help: "Requests with a large body that waited for room in the router's budget for them."}, func() float64 { return float64(o.bodies.waits.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "evolve_router_memory_returns_total",
+			Help: "Times the router gave the memory of huge requests (8 MiB bodies and more) back to the system."}, func() float64 { return float64(o.bodies.freed.Load()) }))
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))

@@ -62,12 +62,11 @@ func (o *Orchestrator) tokenizerURLs() (urls []string, engineTokenizer bool) {
 
 // parseRequest reads a request body as openaiapi.ParseBody does, but
 // leaves a prompt of text or messages untokenized when engines tokenize
-// for themselves: engineTokens asks one of them for the ids.
-func (o *Orchestrator) parseRequest(body []byte, chat bool) (*openaiapi.Parsed, openaiapi.Body, *openaiapi.Error) {
-	if _, ours := o.nodesWith(func(r protocol.Registration) bool { return r.Tokenizer != "engine" }); !ours {
-		return openaiapi.ParseBodyUntokenized(body, chat, 0)
-	}
-	return openaiapi.ParseBody(body, chat, 0)
+// for themselves: engineTokens asks one of them for the ids. A prompt of
+// maxLen tokens or more (0: not known) is refused before its ids are made.
+func (o *Orchestrator) parseRequest(body []byte, chat bool, maxLen int) (*openaiapi.Parsed, openaiapi.Body, *openaiapi.Error) {
+	_, ours := o.nodesWith(func(r protocol.Registration) bool { return r.Tokenizer != "engine" })
+	return openaiapi.ParseBodyWith(body, openaiapi.BodyOptions{Chat: chat, Untokenized: !ours, MaxModelLen: maxLen})
 }
 
 // engineTokens replaces p.Tokens by the token ids an engine with its own

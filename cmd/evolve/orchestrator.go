@@ -121,6 +121,7 @@ Most users start it through 'evolve up'.`,
 	f.Duration("body-timeout", 30*time.Second, "how long a request body may take to arrive, a second more for each 256 KiB that did (a client trickling its body is cut with 408)")
 	f.Duration("write-idle-timeout", 60*time.Second, "longest a write to a client may block (a client that stopped reading its answer); a streamed answer that keeps moving is never cut")
 	f.Duration("idle-timeout", 120*time.Second, "a keep-alive connection idle this long between requests is closed")
+	f.Int("large-body-budget", 64, "MiB of large request bodies (over 1 MiB each) the router reads, parses and tokenizes at once; more wait their turn (each costs about 3x its size in memory)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
 	f.String("tls-cert-file", "", "PEM certificate (chain) to serve the router, and the control API off loopback, over HTTPS with; read again when it changes")
 	f.String("tls-key-file", "", "PEM private key of --tls-cert-file")
@@ -179,7 +180,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),
 			BodyTimeout: config.GetDuration("orchestrator.body-timeout"), WriteIdle: config.GetDuration("orchestrator.write-idle-timeout"),
-			IdleTimeout: config.GetDuration("orchestrator.idle-timeout")},
+			IdleTimeout: config.GetDuration("orchestrator.idle-timeout"), LargeBodyBudget: int64(config.GetInt("orchestrator.large-body-budget")) << 20},
 		Planner: planner.Config{Interval: config.GetDuration("orchestrator.planner-interval"),
 			Persistence:    config.GetDuration("orchestrator.planner-persistence"),
 			TTFTWeight:     config.GetFloat64("orchestrator.planner-ttft-weight"),
