@@ -48,8 +48,12 @@ func (o *Orchestrator) subscribe() error {
 
 func (o *Orchestrator) onRegister(m *nats.Msg) {
 	var reg protocol.Registration
-	if err := json.Unmarshal(m.Data, &reg); err != nil || protocol.ValidateEngineID(reg.ID) != nil {
-		o.log.Warn("bad registration", "err", err, "data", string(m.Data))
+	err := json.Unmarshal(m.Data, &reg)
+	if err == nil {
+		err = reg.Validate()
+	}
+	if err != nil {
+		o.log.Warn("registration refused", "err", err, "data", truncate(m.Data, 512))
 		return
 	}
 	o.c.mu.Lock()
@@ -302,4 +306,12 @@ func (o *Orchestrator) control(id string, req protocol.ControlRequest) (protocol
 		return rep, fmt.Errorf("%s on %s: %s", req.Op, id, rep.Error)
 	}
 	return rep, nil
+}
+
+// truncate is b as a string for a log line, cut after n bytes.
+func truncate(b []byte, n int) string {
+	if len(b) <= n {
+		return string(b)
+	}
+	return fmt.Sprintf("%s... (%d bytes)", b[:n], len(b))
 }

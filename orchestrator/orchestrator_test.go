@@ -53,7 +53,7 @@ func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, r
 
 // startTestClusterWith is startTestClusterProfiles with the orchestrator
 // configured by cfg, on loopback and free ports.
-func startTestClusterWith(t *testing.T, cfg Config, profiles []string, roles ...sim.Role) *testCluster {
+func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...sim.Role) *testCluster {
 	t.Helper()
 	cfg.RouterAddr, cfg.ControlAddr, cfg.NATSListen, cfg.DataDir = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
 	if cfg.Policy == "" {
@@ -102,7 +102,7 @@ func startTestClusterWith(t *testing.T, cfg Config, profiles []string, roles ...
 
 // addEngine starts an engine process of profile p and role r that joins
 // the cluster as id; tc.engines gets the function that stops it.
-func (tc *testCluster) addEngine(t *testing.T, id string, p *sim.Profile, r sim.Role) {
+func (tc *testCluster) addEngine(t testing.TB, id string, p *sim.Profile, r sim.Role) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -107,6 +107,38 @@ func ValidateEngineID(id string) error {
 	return nil
 }
 
+// MaxBlockSize is the largest KV block, in tokens, a registration may
+// give (vLLM's are 16 to 256).
+const MaxBlockSize = 4096
+
+// Validate checks what a router relies on in a registration: an id that
+// can stand in a subject, an HTTP URL, a block size it can hash prompts
+// by, and no negative size or rate. The event plane is open to every
+// holder of its token; a bad registration is refused, not half-applied.
+func (r Registration) Validate() error {
+	if err := ValidateEngineID(r.ID); err != nil {
+		return err
+	}
+	if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return fmt.Errorf("engine %s: url %q is not an http(s) URL", r.ID, r.URL)
+	}
+	if r.BlockSize < 1 || r.BlockSize > MaxBlockSize {
+		return fmt.Errorf("engine %s: block size %d: want 1 to %d tokens", r.ID, r.BlockSize, MaxBlockSize)
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"gpus", float64(r.GPUs)}, {"gpu_blocks", float64(r.GPUBlocks)}, {"host_blocks", float64(r.HostBlocks)},
+		{"kv_bytes_per_token", float64(r.KVBytesPerToken)}, {"max_model_len", float64(r.MaxModelLen)},
+		{"max_num_seqs", float64(r.MaxNumSeqs)}, {"max_num_batched_tokens", float64(r.MaxNumBatchedTokens)},
+		{"speedup", r.Speedup}, {"prefill_us_per_token", r.PrefillUsPerToken}, {"host_gbps", r.HostGBps}, {"network_gbps", r.NetworkGBps}} {
+		if f.v < 0 {
+			return fmt.Errorf("engine %s: %s is %v, below 0", r.ID, f.name, f.v)
+		}
+	}
+	return nil
+}
+
 // Registration announces an engine and what it can hold.
 type Registration struct {
 	ID              string  `json:"id"`
