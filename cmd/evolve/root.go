@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"os"
@@ -59,7 +60,10 @@ Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 
 // loadConfig reads the config file and binds the environment and the
 // command's flags, then sets up logging.
-func loadConfig(cmd *cobra.Command) error {
+func loadConfig(cmd *cobra.Command) error { return loadConfigWarning(cmd, os.Stderr) }
+
+// loadConfigWarning is loadConfig, naming the file's unknown keys on w.
+func loadConfigWarning(cmd *cobra.Command, w io.Writer) error {
 	config.SetEnvPrefix("EVOLVE")
 	config.SetEnvKeyReplacer(envKeys)
 	config.AutomaticEnv()
@@ -96,7 +100,7 @@ func loadConfig(cmd *cobra.Command) error {
 		return bindErr
 	}
 	if read {
-		warnUnknownConfigKeys(cmd.Root(), path, os.Stderr)
+		warnUnknownConfigKeys(cmd.Root(), path, w)
 	}
 	if err := applyConfigToFlags(cmd, path); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
