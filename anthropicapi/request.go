@@ -11,6 +11,9 @@
 //
 //   - system (a string or text blocks) becomes the first message, role
 //     system; text blocks are joined with newlines.
+//   - A message of role system among the messages (Claude Code sends its
+//     agent and skill lists so, with the beta mid-conversation-system)
+//     becomes a system message in its place.
 //   - A user message's text and image blocks become one user message; its
 //     tool_result blocks become tool messages before it, in order (an
 //     image inside a tool result goes to the user message that follows).
@@ -189,8 +192,18 @@ func ToChat(body []byte) ([]byte, Info, *Error) {
 			out, err = userMessages(m.Content)
 		case "assistant":
 			out, err = assistantMessage(m.Content)
+		case "system":
+			// A system message mid-conversation (Claude Code's agent and
+			// skill lists, beta mid-conversation-system): a system message
+			// in its place, as chat templates render one.
+			var text string
+			if text, err = textBlocks(m.Content); err == nil {
+				out = []chatMessage{{Role: "system", Content: text}}
+			} else {
+				err.Message = "a system message" + err.Message
+			}
 		default:
-			return nil, Info{}, invalid("messages.%d.role: must be user or assistant (got %q)", i, m.Role)
+			return nil, Info{}, invalid("messages.%d.role: must be user, assistant or system (got %q)", i, m.Role)
 		}
 		if err != nil {
 			err.Message = fmt.Sprintf("messages.%d.content: %s", i, err.Message)
@@ -268,18 +281,29 @@ func blocks(raw json.RawMessage) ([]Block, *Error) {
 }
 
 func systemText(raw json.RawMessage) (string, *Error) {
+	text, err := textBlocks(raw)
+	if err != nil {
+		err.Message = "system" + err.Message
+	}
+	return text, err
+}
+
+// textBlocks is the text of content that may hold only text blocks (a
+// system prompt), joined with newlines; an error's message starts where
+// its name would end (": ...", ".2: ...").
+func textBlocks(raw json.RawMessage) (string, *Error) {
 	if t := bytes.TrimSpace(raw); len(t) == 0 || string(t) == "null" {
 		return "", nil
 	}
 	bs, err := blocks(raw)
 	if err != nil {
-		err.Message = "system: " + err.Message
+		err.Message = ": " + err.Message
 		return "", err
 	}
 	texts := make([]string, 0, len(bs))
 	for i, b := range bs {
 		if b.Type != "text" {
-			return "", invalid("system.%d: only text blocks are allowed (got %q)", i, b.Type)
+			return "", invalid(".%d: only text blocks are allowed (got %q)", i, b.Type)
 		}
 		texts = append(texts, b.Text)
 	}

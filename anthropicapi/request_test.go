@@ -156,7 +156,8 @@ func TestToChatRefusesWhatItCannotServe(t *testing.T) {
 		{`{"model":"m","messages":[{"role":"user","content":"x"}]}`, "max_tokens: field required"},
 		{`{"model":"m","max_tokens":0,"messages":[{"role":"user","content":"x"}]}`, "at least 1"},
 		{`{"model":"m","max_tokens":8,"messages":[]}`, "at least one message"},
-		{`{"model":"m","max_tokens":8,"messages":[{"role":"system","content":"x"}]}`, "messages.0.role"},
+		{`{"model":"m","max_tokens":8,"messages":[{"role":"wizard","content":"x"}]}`, "messages.0.role: must be user, assistant or system"},
+		{`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"},{"role":"system","content":[{"type":"image"}]}]}`, "messages.1.content: a system message.0: only text blocks"},
 		{`{"model":"m","max_tokens":8,"messages":[{"role":"user"}]}`, "messages.0.content: content is required"},
 		{`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":[{"type":"document","source":{}}]}]}`, "document blocks are not supported"},
 		{`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file"}}]}]}`, `image source type "file"`},
@@ -172,6 +173,38 @@ func TestToChatRefusesWhatItCannotServe(t *testing.T) {
 		_, _, err := ToChat([]byte(c.body))
 		if err == nil || err.Status != 400 || err.Type != "invalid_request_error" || !strings.Contains(err.Message, c.want) {
 			t.Errorf("%s: got %+v, want a 400 saying %q", c.body, err, c.want)
+		}
+	}
+}
+
+// Claude Code sends system messages mid-conversation (its agent and skill
+// lists, with the beta mid-conversation-system): each becomes a system
+// message in its place, after the system prompt. They got a 400 before,
+// and no turn of Claude Code's succeeded.
+func TestToChatKeepsMidConversationSystemMessages(t *testing.T) {
+	b, _, err := ToChat([]byte(`{"model":"m","max_tokens":8,"system":"You are Claude Code.","messages":[
+		{"role":"user","content":"hi"},
+		{"role":"system","content":[{"type":"text","text":"Available agents:"},{"type":"text","text":"- general-purpose"}]},
+		{"role":"assistant","content":"Hello."},
+		{"role":"system","content":"Skills: none"},
+		{"role":"user","content":"go on"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chat struct {
+		Messages []struct{ Role, Content string } `json:"messages"`
+	}
+	if err := json.Unmarshal(b, &chat); err != nil {
+		t.Fatal(err)
+	}
+	want := []struct{ Role, Content string }{{"system", "You are Claude Code."}, {"user", "hi"},
+		{"system", "Available agents:\n- general-purpose"}, {"assistant", "Hello."}, {"system", "Skills: none"}, {"user", "go on"}}
+	if len(chat.Messages) != len(want) {
+		t.Fatalf("messages %+v", chat.Messages)
+	}
+	for i := range want {
+		if chat.Messages[i] != want[i] {
+			t.Fatalf("message %d: %+v, want %+v", i, chat.Messages[i], want[i])
 		}
 	}
 }
