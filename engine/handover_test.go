@@ -94,7 +94,7 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 	_, srvB := startEngine(t, "b", sim.RoleDecode, 1, nil)
 	const n = 300
 	body := []byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat("the long context of an agent ", 30) +
-		`"}], "max_tokens": 300, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`)
+		`"}], "max_tokens": 300, "ignore_eos": true, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`)
 	whole := []byte(strings.Replace(string(body), `"stream": true, "stream_options": {"include_usage": true}`, `"stream": false`, 1))
 
 	// The answers as one engine writes them.

@@ -166,6 +166,9 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		}
 	}
 
+	// Where the model ends its turn, from the prompt the client sent.
+	stopAt := answerTokens(tokens, req, maxTokens)
+
 	var resume *protocol.Resume
 	continues := len(req.EvolveResume) > 0 && string(req.EvolveResume) != "null"
 	if continues {
@@ -186,6 +189,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 		// engine that handed the answer over holds.
 		tokens = append(append(make([]uint32, 0, len(tokens)+len(resume.Output)), tokens...), resume.Output...)
 		maxTokens -= len(resume.Output)
+		stopAt = max(1, stopAt-len(resume.Output))
 		if kvp.DoRemoteDecode {
 			// The prefill leg of a resumed answer: a router has this
 			// engine compute the KV of the prompt and the output so far
@@ -203,7 +207,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	id := e.newRequestID(prefix)
 	routed := r.Header.Get(protocol.HeaderHandOver) // the client is a router
-	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, RemoteDecode: kvp.DoRemoteDecode,
+	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, StopAt: stopAt, RemoteDecode: kvp.DoRemoteDecode,
 		// An answer it handed over that no peer took comes back to be
 		// finished, even while the engine drains (Leave).
 		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && routed == protocol.HandOverNever,
@@ -580,8 +584,11 @@ func (g *generation) finish(f *sim.Finished) {
 	usage.TotalTokens = usage.PromptTokens + usage.CompletionTokens
 	usage.PromptTokensDetails.CachedTokens = cached
 	reason := "length"
-	if g.tool != nil {
+	switch {
+	case g.tool != nil:
 		reason = "tool_calls"
+	case f.Reason == sim.FinishStop:
+		reason = "stop" // its end of turn, before max_tokens
 	}
 	var kvp map[string]any
 	if g.remoteDecode {

@@ -47,6 +47,11 @@ type Request struct {
 	// EvolveResume continues an answer another engine handed over
 	// (protocol.Resume); only evolve's router sends it.
 	EvolveResume json.RawMessage `json:"evolve_resume"`
+	// IgnoreEOS writes max_tokens tokens whatever the model would stop
+	// at, and MinTokens at least that many, as vLLM's fields of the same
+	// names (benchmarks send ignore_eos, for outputs of the length asked).
+	IgnoreEOS bool `json:"ignore_eos"`
+	MinTokens *int `json:"min_tokens"`
 	Sampling
 }
 
@@ -196,6 +201,9 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 	}
 	if p.MaxTokens < 1 {
 		return nil, BadRequest("max_tokens", "max_tokens must be at least 1 (got %d)", p.MaxTokens)
+	}
+	if m := r.MinTokens; m != nil && (*m < 0 || *m > p.MaxTokens) {
+		return nil, BadRequest("min_tokens", "min_tokens must be between 0 and max_tokens=%d, got %d", p.MaxTokens, *m)
 	}
 	if len(r.KVTransferParams) > 0 && string(r.KVTransferParams) != "null" {
 		if err := json.Unmarshal(r.KVTransferParams, &p.KV); err != nil {

@@ -40,7 +40,7 @@ type routedChat struct {
 // streamedChat is a streamed chat request (with usage) whose prompt says
 // topic times times, for max tokens with seed.
 func streamedChat(topic string, times, max, seed int) string {
-	return fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "seed": %d, "stream": true, "stream_options": {"include_usage": true}}`,
+	return fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "ignore_eos": true, "seed": %d, "stream": true, "stream_options": {"include_usage": true}}`,
 		strings.Repeat(topic+" ", times), max, seed)
 }
 
@@ -217,7 +217,7 @@ func busyDecodeNode(t *testing.T, tc *testCluster, ids ...string) string {
 // the one it would have got, with the node that finished it named.
 func TestDecodeSwitchHandsAWholeAnswerOver(t *testing.T) {
 	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
-	body := `{"prompt": "` + strings.Repeat("a long derivation ", 100) + `", "max_tokens": 6000, "seed": 3}`
+	body := `{"prompt": "` + strings.Repeat("a long derivation ", 100) + `", "max_tokens": 6000, "ignore_eos": true, "seed": 3}`
 	type answer struct {
 		status int
 		decode string

@@ -60,7 +60,7 @@ func BenchmarkFrontDoorBody(b *testing.B) {
 		for i := range ids {
 			ids[i] = 1000 + (i*7919)%120000
 		}
-		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "max_tokens": 512, "stream": true,
+		body, _ := json.Marshal(map[string]any{"model": "m", "prompt": ids, "max_tokens": 512, "ignore_eos": true, "stream": true,
 			"stream_options": map[string]bool{"include_usage": true}})
 		kvp := json.RawMessage(`{"do_remote_prefill": true, "remote_request_id": "cmpl-e0-1", "remote_host": "127.0.0.1", "remote_port": 8100}`)
 		b.Run(fmt.Sprintf("%dk", n>>10), func(b *testing.B) {

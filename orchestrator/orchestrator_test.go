@@ -453,7 +453,7 @@ func TestPrefillSwitchDoesNotWaitForDecodesElsewhere(t *testing.T) {
 	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode)
 	long := strings.Repeat("a problem to reason about at length ", 200)
 	resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json",
-		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 6000, "stream": true}`, long)))
+		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 6000, "ignore_eos": true, "stream": true}`, long)))
 	if err != nil {
 		t.Fatal(err)
 	}

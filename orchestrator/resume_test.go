@@ -341,7 +341,7 @@ func TestAResumedAnswerFarIntoItIsPrefilledElsewhere(t *testing.T) {
 func TestEngineFailingMidAWholeAnswerTheAnswerGoesOnElsewhere(t *testing.T) {
 	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
 	const n, at = 6000, 1000
-	body := fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "seed": 4}`,
+	body := fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "ignore_eos": true, "seed": 4}`,
 		strings.Repeat("a question to think hard about ", 40), n)
 	type answer struct {
 		Choices []struct {

@@ -86,7 +86,7 @@ func (m *Model) steadySpan(now, until time.Time) int {
 		if s.generated == 0 || s.computed != s.ntok()-1 {
 			return 0
 		}
-		left := min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok())
+		left := min(s.limit()-s.generated, m.p.MaxModelLen-s.ntok())
 		k = min(k, left-1)
 	}
 	if k < 2 {

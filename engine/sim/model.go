@@ -77,7 +77,12 @@ type Config struct {
 type Request struct {
 	ID        string
 	Tokens    []uint32 // prompt; kept, not copied, while the request is in flight: do not modify
-	MaxTokens int      // output tokens to generate (no EOS is modelled)
+	MaxTokens int      // output tokens to generate at most
+	// StopAt, when in (0, MaxTokens), is where the model ends its turn
+	// on its own (an end of sequence, drawn by its caller): the request
+	// finishes there with FinishStop. MaxTokens still bounds the request
+	// against the context, as vLLM checks it.
+	StopAt int
 	// RemoteDecode makes this the prefill leg of a disaggregated request: it
 	// stops after its first token and holds its KV until a peer pulls it
 	// (Release) or HoldTimeout passes.
@@ -139,6 +144,7 @@ type Token struct {
 // Finish reasons.
 const (
 	FinishLength       = "length"        // MaxTokens or the context limit reached
+	FinishStop         = "stop"          // StopAt reached: the model ended its turn
 	FinishRemoteDecode = "remote_decode" // prefill leg done, KV held for the peer
 )
 
@@ -526,7 +532,7 @@ func (m *Model) migrate(now time.Time, id string, hold bool) (Migrated, bool) {
 	full := min(s.computed>>m.bsShift, len(s.chain))
 	mg := Migrated{Usage: s.report(), Tokens: append(append(make([]uint32, 0, s.ntok()), s.req.Tokens...), s.out...),
 		Chain:     append([]kv.BlockHash(nil), s.chain[:full]...),
-		Remaining: min(s.req.MaxTokens-s.generated, m.p.MaxModelLen-s.ntok()), Sampler: s.rng}
+		Remaining: min(s.limit()-s.generated, m.p.MaxModelLen-s.ntok()), Sampler: s.rng}
 	mg.Output = mg.Tokens[len(s.req.Tokens):]
 	mg.Usage.Finish = now
 	m.running = removeSeq(m.running, s)

@@ -899,3 +899,27 @@ func TestContinuingAnswersWaitAheadOfNewArrivals(t *testing.T) {
 		t.Fatalf("first tokens in order %v, want %v", order, want)
 	}
 }
+
+// A request that ends its turn on its own (StopAt) finishes there, for
+// "stop"; one that reaches MaxTokens first, or has no StopAt, for
+// "length"; the context is checked against MaxTokens, as vLLM checks it.
+func TestStopAtEndsTheTurn(t *testing.T) {
+	p := tinyProfile(t)
+	m := NewModel(p, Config{})
+	submit(t, m, t0, Request{ID: "stops", Tokens: prompt(100, 1), MaxTokens: 200, StopAt: 30})
+	submit(t, m, t0, Request{ID: "long", Tokens: prompt(100, 2), MaxTokens: 20, StopAt: 30})
+	submit(t, m, t0, Request{ID: "plain", Tokens: prompt(100, 3), MaxTokens: 25})
+	r := run(t, m, t0, 10000)
+	for id, want := range map[string]struct {
+		reason string
+		n      int
+	}{"stops": {FinishStop, 30}, "long": {FinishLength, 20}, "plain": {FinishLength, 25}} {
+		f := r.finished[id]
+		if f.Reason != want.reason || len(f.Output) != want.n || f.Usage.CompletionTokens != want.n {
+			t.Errorf("%s: %s after %d tokens (usage %d), want %s after %d", id, f.Reason, len(f.Output), f.Usage.CompletionTokens, want.reason, want.n)
+		}
+	}
+	if err := m.Submit(t0, Request{ID: "over", Tokens: prompt(100, 4), MaxTokens: p.MaxModelLen, StopAt: 10}); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("max_tokens past the context with an early stop: %v", err)
+	}
+}

@@ -286,15 +286,28 @@ func (m *Model) sample(s *seq, end time.Time) {
 		m.out.Finished = append(m.out.Finished, Finished{
 			ReqID: s.req.ID, Reason: FinishRemoteDecode, Usage: s.report(), Blocks: s.chain[:nb:nb],
 		})
-	case s.generated >= s.req.MaxTokens || s.ntok() >= m.p.MaxModelLen:
+	case s.generated >= s.limit() || s.ntok() >= m.p.MaxModelLen:
 		m.materialize(s)
 		s.state = stDone
 		s.usage.Finish = end
 		m.counters.PromptTokens += uint64(s.usage.PromptTokens)
 		m.freeSeq(s)
 		delete(m.byID, s.req.ID)
-		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: FinishLength, Usage: s.report(), Output: s.out[:len(s.out):len(s.out)]})
+		reason := FinishLength
+		if s.generated < s.req.MaxTokens && s.generated >= s.limit() {
+			reason = FinishStop
+		}
+		m.out.Finished = append(m.out.Finished, Finished{ReqID: s.req.ID, Reason: reason, Usage: s.report(), Output: s.out[:len(s.out):len(s.out)]})
 	}
+}
+
+// limit is the output the sequence writes at most: to its StopAt, or its
+// MaxTokens.
+func (s *seq) limit() int {
+	if s.req.StopAt > 0 && s.req.StopAt < s.req.MaxTokens {
+		return s.req.StopAt
+	}
+	return s.req.MaxTokens
 }
 
 // ntok is the sequence's length: prompt and output.
@@ -308,10 +321,9 @@ func (m *Model) materialize(s *seq) {
 		return
 	}
 	if cap(s.out) < s.generated {
-		// Room for the whole output at once: no EOS is modelled, so it
-		// runs to the limit, and growing a long answer by doubling
-		// would copy it over and over.
-		total := max(s.generated, min(s.req.MaxTokens, m.p.MaxModelLen-len(s.req.Tokens)))
+		// Room for the whole output at once: it runs to its limit, and
+		// growing a long answer by doubling would copy it over and over.
+		total := max(s.generated, min(s.limit(), m.p.MaxModelLen-len(s.req.Tokens)))
 		s.out = slices.Grow(s.out, total-n)
 	}
 	s.out = s.out[:s.generated]
