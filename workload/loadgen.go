@@ -138,8 +138,8 @@ type Result struct {
 	GaveUp bool `json:"gave_up_over_context,omitempty"`
 	// Retried is how often a request was sent again because the server
 	// asked to retry later (429 or 503 with Retry-After: an API key at its
-	// max-concurrency, an engine draining); a request refused every time
-	// is an error.
+	// max-concurrency, an engine draining) or gave no answer at all (a
+	// router restarting); a request refused every time is an error.
 	Retried    int `json:"requests_retried"`
 	MaxContext int `json:"max_model_len,omitempty"`
 	// The first and the last failed request: what went wrong and when, in
@@ -564,14 +564,32 @@ func retryAfter(resp *http.Response) (time.Duration, bool) {
 	return min(time.Duration(n)*time.Second, maxRetryWait), true
 }
 
-// send sends a call, and again while the server asks to retry later (up
-// to maxRetries times), as an agent's client would; a call still refused
-// then is an error.
+// noAnswer is a call that got no answer at all: it could not connect, or
+// its connection ended before the answer's headers.
+type noAnswer struct{ err error }
+
+func (n *noAnswer) Error() string { return n.err.Error() }
+
+// noAnswerWait is the pause before a call that got no answer is sent
+// again the try-th time (from 0), as the SDKs back off: 0.5 s, doubling
+// up to 8 s.
+func noAnswerWait(try int) time.Duration { return min(500*time.Millisecond<<try, 8*time.Second) }
+
+// send sends a call, and again while the server asks to retry later or
+// gives no answer at all (up to maxRetries times), as an agent's client
+// would; a call still refused then is an error.
 func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
 	for try := 0; ; try++ {
 		out, err := c.request(ctx, cfg, model, call)
 		var rl *retryLater
-		if !errors.As(err, &rl) {
+		var na *noAnswer
+		switch {
+		case errors.As(err, &na):
+			if try == maxRetries {
+				return nil, c.fail(ctx, fmt.Errorf("%w (no answer %d times)", na.err, try+1))
+			}
+			rl = &retryLater{wait: noAnswerWait(try), err: na.err}
+		case !errors.As(err, &rl):
 			return out, err
 		}
 		if try == maxRetries {
@@ -591,7 +609,9 @@ func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, cal
 // request sends one call, streamed, and records what it measured.
 func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
 	body, _ := json.Marshal(map[string]any{
-		"model": model, "prompt": FoldVocab(call.Tokens, cfg.VocabSize), "max_tokens": call.MaxTokens, "stream": true,
+		// ignore_eos: the answer is as long as the workload drew it, on
+		// evolve's engines as on vLLM's, not where the model would stop.
+		"model": model, "prompt": FoldVocab(call.Tokens, cfg.VocabSize), "max_tokens": call.MaxTokens, "ignore_eos": true, "stream": true,
 		"stream_options": map[string]any{"include_usage": true},
 	})
 	req, err := http.NewRequestWithContext(ctx, "POST", cfg.URL+"/v1/completions", bytes.NewReader(body))
@@ -614,11 +634,15 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	start := time.Now()
 	resp, err := cfg.Client.Do(req)
 	if err != nil {
-		err = c.fail(ctx, err)
-		if ctx.Err() == nil && cannotConnect(err) {
+		if ctx.Err() != nil {
+			return nil, err
+		}
+		if cannotConnect(err) {
 			c.unreachable(cfg.Unreachable)
 		}
-		return nil, err
+		// No answer began (a router restarting, a connection cut before
+		// the headers): OpenAI's and Anthropic's clients send it again.
+		return nil, &noAnswer{err}
 	}
 	c.reached()
 	defer resp.Body.Close()

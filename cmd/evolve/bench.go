@@ -35,8 +35,13 @@ that think and tool times shrink to match).
 
 A router that refuses connections for --unreachable-timeout (no answer of
 any status between) ends the run early: the summary covers what ran until
-then, says when the router went, and the exit status is 1. A router back
-within that time (a restart) loses the run only the calls it refused.`,
+then, says when the router went, and the exit status is 1. A call that
+gets no answer at all (refused, or cut before its answer began) is sent
+again after 0.5 s, doubling up to 8 s, four times at most, as OpenAI's and
+Anthropic's clients do (counted in requests_retried): a router back within
+that time (a restart) loses no call but the answers it was streaming.
+Requests ask for ignore_eos, so that answers are as long as the workload
+draws them, on evolve's engines as on vLLM's.`,
 		Example: `  evolve bench --workload coding --agents 32 --duration 10m
   evolve bench --url http://10.0.0.5:8000 --workload mix:coding=3,math=1 -o json
   evolve bench --workload coding --agents 8 --duration 5m --record fleet.jsonl
