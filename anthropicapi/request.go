@@ -27,6 +27,8 @@
 //     function and none; disable_parallel_tool_use sets parallel_tool_calls.
 //   - max_tokens, stop_sequences (stop), temperature, top_p, top_k and
 //     stream map one to one; a stream always asks for its usage.
+//   - output_config.format (a JSON schema) becomes response_format
+//     json_schema, vLLM's structured output.
 //   - metadata.user_id is kept; when it names a session the way Claude Code
 //     writes it (..._session_<id>), that id becomes the request's evolve
 //     session (metadata.session), so that its turns are one agent session.
@@ -68,6 +70,14 @@ type Request struct {
 	Metadata      *struct {
 		UserID string `json:"user_id"`
 	} `json:"metadata"`
+	// OutputConfig asks for structured output (Claude Code's title
+	// generation sends a JSON schema): output_config.format.
+	OutputConfig *struct {
+		Format *struct {
+			Type   string          `json:"type"`
+			Schema json.RawMessage `json:"schema"`
+		} `json:"format"`
+	} `json:"output_config"`
 }
 
 // Message is one turn: role user or assistant, content a string or blocks.
@@ -231,6 +241,14 @@ func ToChat(body []byte) ([]byte, Info, *Error) {
 	if last := r.Messages[len(r.Messages)-1]; last.Role == "assistant" {
 		chat["continue_final_message"] = true
 		chat["add_generation_prompt"] = false
+	}
+	if oc := r.OutputConfig; oc != nil && oc.Format != nil {
+		if oc.Format.Type != "json_schema" || len(oc.Format.Schema) == 0 {
+			return nil, Info{}, invalid("output_config.format: want {\"type\": \"json_schema\", \"schema\": {...}} (got type %q)", oc.Format.Type)
+		}
+		// vLLM's structured output; evolve's simulated engines ignore it.
+		chat["response_format"] = map[string]any{"type": "json_schema",
+			"json_schema": map[string]any{"name": "output", "schema": oc.Format.Schema}}
 	}
 	if err := addTools(chat, &r); err != nil {
 		return nil, Info{}, err

@@ -209,6 +209,30 @@ func TestToChatKeepsMidConversationSystemMessages(t *testing.T) {
 	}
 }
 
+// Claude Code asks for its session titles as JSON of a schema
+// (output_config): vLLM's engines get it as response_format.
+func TestToChatAsksForStructuredOutput(t *testing.T) {
+	b, _, err := ToChat([]byte(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"title?"}],
+		"output_config":{"format":{"type":"json_schema","schema":{"type":"object","properties":{"title":{"type":"string"}}}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var chat struct {
+		ResponseFormat struct {
+			Type       string `json:"type"`
+			JSONSchema struct {
+				Schema map[string]any `json:"schema"`
+			} `json:"json_schema"`
+		} `json:"response_format"`
+	}
+	if err := json.Unmarshal(b, &chat); err != nil || chat.ResponseFormat.Type != "json_schema" || chat.ResponseFormat.JSONSchema.Schema["type"] != "object" {
+		t.Fatalf("response_format %+v (%v) from %s", chat.ResponseFormat, err, b)
+	}
+	if _, _, err := ToChat([]byte(`{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}],"output_config":{"format":{"type":"xml"}}}`)); err == nil || err.Status != 400 {
+		t.Fatalf("an output format other than a JSON schema: %v", err)
+	}
+}
+
 func TestCountTokensChatNeedsNoMaxTokens(t *testing.T) {
 	b, err := CountTokensChat([]byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"stream":true}`))
 	if err != nil {

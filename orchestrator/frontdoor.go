@@ -39,6 +39,10 @@ func (o *Orchestrator) routerHandler() http.Handler {
 		openaiapi.WriteJSON(w, 200, map[string]any{"status": "ok", "serving_nodes": o.servingNodes()})
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.met.reg, promhttp.HandlerOpts{}))
+	// Clients check the base URL they were given (Claude Code sends HEAD /).
+	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		openaiapi.WriteJSON(w, 200, map[string]any{"service": "evolve router", "api": []string{"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/models"}})
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := routerMethods(r.URL.Path); allow != "" {
 			w.Header().Set("Allow", allow)
@@ -62,7 +66,7 @@ func routerMethods(path string) string {
 	switch {
 	case path == "/v1/completions", path == "/v1/chat/completions", path == "/v1/messages", path == "/v1/messages/count_tokens":
 		return "POST"
-	case path == "/v1/models", strings.HasPrefix(path, "/v1/models/"), path == "/health", path == "/metrics":
+	case path == "/", path == "/v1/models", strings.HasPrefix(path, "/v1/models/"), path == "/health", path == "/metrics":
 		return "GET"
 	case strings.HasPrefix(path, "/v1/sessions/"):
 		return "DELETE"

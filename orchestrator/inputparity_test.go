@@ -70,6 +70,7 @@ func TestRouterRefusesWhatVLLMRefuses(t *testing.T) {
 	}
 	for _, c := range []struct{ method, path, allow string }{
 		{"GET", "/v1/completions", "POST"}, {"PUT", "/v1/chat/completions", "POST"}, {"GET", "/v1/messages", "POST"}, {"POST", "/v1/models", "GET"},
+		{"POST", "/", "GET"},
 	} {
 		req, _ := http.NewRequest(c.method, base+c.path, nil)
 		resp, err := http.DefaultClient.Do(req)
@@ -83,5 +84,9 @@ func TestRouterRefusesWhatVLLMRefuses(t *testing.T) {
 	}
 	if status, _ := postJSON(t, base+"/v1/nothing", `{}`); status != 404 {
 		t.Errorf("an unknown path: %d", status)
+	}
+	// Claude Code checks its base URL with HEAD /.
+	if resp, err := http.Head(base + "/"); err != nil || resp.StatusCode != 200 {
+		t.Errorf("HEAD /: %v %v", err, resp)
 	}
 }
