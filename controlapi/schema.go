@@ -36,6 +36,10 @@ type Node struct {
 	TokenRequired bool `json:"token_required"`
 	// Passes: pass records the node has sent the planner.
 	Passes uint64 `json:"passes"`
+	// KVBlocksLeftOut: blocks whose KV events its engine could not pass
+	// on (missing from the directory), and why, for the last.
+	KVBlocksLeftOut uint64 `json:"kv_blocks_left_out,omitempty"`
+	KVLeftOutWhy    string `json:"kv_left_out_why,omitempty"`
 }
 
 // Switch is a role switch in progress.

@@ -91,6 +91,10 @@ type NodeStatus struct {
 	// started (a vLLM engine sends them only with vLLM's forward-pass
 	// metrics).
 	Passes uint64 `json:"passes"`
+	// KVBlocksLeftOut: blocks whose KV events the engine could not pass
+	// on, missing from the directory; KVLeftOutWhy: why, for the last.
+	KVBlocksLeftOut uint64 `json:"kv_blocks_left_out,omitempty"`
+	KVLeftOutWhy    string `json:"kv_left_out_why,omitempty"`
 }
 
 // node is the orchestrator's record of one engine.
@@ -204,6 +208,7 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
 		LastSeen: n.lastSeen, Switch: sw, History: slices.Clone(n.history), Reason: n.reason,
 		Interrupted: n.interrupted, Lost: n.lost, TokenRequired: n.reg.TokenRequired, Passes: n.passes,
+		KVBlocksLeftOut: n.hb.KVBlocksLeftOut, KVLeftOutWhy: n.hb.KVLeftOutWhy,
 	}
 	if n.state == StateDown {
 		// Its last heartbeat's load is no longer true (a killed engine's

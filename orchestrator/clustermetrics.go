@@ -30,6 +30,8 @@ var (
 		"Prompt tokens recomputed that some engine had computed before (the research system's lost KV reuse).", nil, nil)
 	bytesMovedDesc = prometheus.NewDesc("evolve_kv_moved_bytes_total",
 		"KV bytes moved between nodes: fetched blocks and prefill-to-decode transfers.", nil, nil)
+	leftOutDesc = prometheus.NewDesc("evolve_node_kv_blocks_left_out_total",
+		"KV blocks a node's engine could not report to the router's directory (vLLM's blocks of adapters, with extra keys, or whose parent was never stored): the router cannot route to them. The engine's log says why.", []string{"node"}, nil)
 )
 
 // nodeStates are the states every role reports, at 0 when no node has
@@ -38,7 +40,7 @@ var nodeStates = []string{StateServing, StateSwitching, StateDraining, StateDown
 
 func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{nodesDesc, kvBlocksDesc, kvReplicasDesc, kvReferencedDesc, kvCapacityDesc, kvCachedDesc,
-		branchesDesc, lostReuseDesc, bytesMovedDesc} {
+		branchesDesc, lostReuseDesc, bytesMovedDesc, leftOutDesc} {
 		ch <- d
 	}
 }
@@ -70,4 +72,7 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(kvCachedDesc, kv.Pool.HostCached, "host")
 	ch <- prometheus.MustNewConstMetric(lostReuseDesc, prometheus.CounterValue, float64(kv.LostKVReuse))
 	ch <- prometheus.MustNewConstMetric(bytesMovedDesc, prometheus.CounterValue, float64(kv.BytesMoved))
+	for _, n := range c.o.Nodes() {
+		ch <- prometheus.MustNewConstMetric(leftOutDesc, prometheus.CounterValue, float64(n.KVBlocksLeftOut), n.ID)
+	}
 }

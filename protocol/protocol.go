@@ -214,6 +214,12 @@ type Heartbeat struct {
 	GPUKVUsage  float64   `json:"gpu_kv_usage"`  // 0..1, blocks in use by sequences
 	HostKVUsage float64   `json:"host_kv_usage"` // 0..1
 	LastKVSeq   uint64    `json:"last_kv_seq"`
+	// KVBlocksLeftOut counts the blocks whose KV events the engine could
+	// not pass on (a vLLM engine's: blocks of adapters, with extra keys,
+	// or whose parent was never stored), and KVLeftOutWhy says why the
+	// last one was left out: they are missing from the directory.
+	KVBlocksLeftOut uint64 `json:"kv_blocks_left_out,omitempty"`
+	KVLeftOutWhy    string `json:"kv_left_out_why,omitempty"`
 	// TokensTotal counts the tokens processed since the engine started
 	// (prompt tokens computed and tokens generated), for engines that
 	// publish no pass records (vLLM); 0 when not reported.

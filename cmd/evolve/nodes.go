@@ -85,7 +85,10 @@ func newNodesCmd() *cobra.Command {
 		Long: `List the engines. Columns: ROLE (P prefill, D decode), MODE (auto: the
 planner may move it; pinned: only an operator), STATE (serving; switching;
 draining: its engine is stopping and gets no new requests; down), queue and
-running requests, GPU and host KV use. -o json adds, for a node that failed,
+running requests, GPU and host KV use. -o wide adds LEFT-OUT: KV blocks the
+engine could not report to the router (kv_blocks_left_out and, for the
+last, kv_left_out_why in -o json), which it then cannot route to; the
+engine's log says why. -o json adds, for a node that failed,
 the answers it was writing (answers_interrupted) and those no other node
 could continue (answers_lost: a stream that ended with an error; a whole
 answer no node could continue is sent again from its start instead).`,
@@ -120,7 +123,7 @@ answer no node could continue is sent again from its start instead).`,
 func nodeHeader(wide bool) string {
 	h := "ID\tROLE\tMODE\tSTATE\tQUEUE\tRUNNING\tGPU-KV\tHOST-KV"
 	if wide {
-		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tPASSES\tLAST-SEEN\tTOKEN\tADDRESS"
+		h += "\tIN-FLIGHT\tGPU-BLOCKS\tHOST-BLOCKS\tLEFT-OUT\tPASSES\tLAST-SEEN\tTOKEN\tADDRESS"
 	}
 	return h
 }
@@ -145,7 +148,7 @@ func nodeRow(n controlapi.Node, wide bool) string {
 		if n.TokenRequired {
 			token = "required"
 		}
-		row += fmt.Sprintf("\t%d\t%d\t%d\t%d\t%s\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, n.Passes, ago(n.LastSeen), token, n.Address)
+		row += fmt.Sprintf("\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%s", n.InFlight, n.GPUBlocks, n.HostBlocks, n.KVBlocksLeftOut, n.Passes, ago(n.LastSeen), token, n.Address)
 	}
 	return row
 }
@@ -153,7 +156,7 @@ func nodeRow(n controlapi.Node, wide bool) string {
 // columns lays a tab-separated row out in the watch's fixed columns (a
 // wider cell pushes the rest of its row along).
 func columns(row string) string {
-	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 9, 12, 10}
+	widths := []int{12, 10, 7, 34, 6, 8, 7, 8, 10, 11, 12, 9, 9, 12, 10}
 	cells := strings.Split(row, "\t")
 	var b strings.Builder
 	for i, c := range cells {

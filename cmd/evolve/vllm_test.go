@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -355,5 +356,71 @@ func TestVLLMDataParallelRanksAreNamed(t *testing.T) {
 	log := p.logText()
 	if !strings.Contains(log, `"level":"WARN","msg":"vLLM runs 2 data-parallel ranks`) || !strings.Contains(log, "engines: N") {
 		t.Fatalf("the agent does not warn of the ranks it cannot follow:\n%s", log)
+	}
+}
+
+// A server that names a first block's parent 0 (llm-d-inference-sim's
+// default format) has its blocks in the directory: before, every one was
+// dropped as an orphan, silently, and the node showed none. One whose
+// first blocks name a parent never stored has them left out, and says so:
+// in evolve nodes -o wide and -o json, in a metric, and in the engine's
+// log, with the cause.
+func TestVLLMKVBlocksLeftOutAreCountedAndZeroParentsKept(t *testing.T) {
+	orch := startOrchestrator(t)
+	zero, lost := uint64(0), uint64(0xdead)
+	var engines []*proc
+	var servers []*vllmtest.Server
+	for i, parent := range []*uint64{&zero, &lost} {
+		srv, err := vllmtest.Start(t.Context(), vllmtest.Options{FirstParent: parent}, "", "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer srv.Close()
+		servers = append(servers, srv)
+		engines = append(engines, startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
+			"--id", fmt.Sprint("v", i), "--role", "decode", "--nats", orch.NATSURL))
+	}
+	var nodes []map[string]any
+	sent, last := 0, time.Time{}
+	eventually(t, 15*time.Second, "v0's blocks in the directory and v1's counted as left out", func() bool {
+		if time.Since(last) > 300*time.Millisecond {
+			// Requests straight to the servers, a new prompt each time (the
+			// first may go before the agents' subscriptions are up).
+			last, sent = time.Now(), sent+1
+			for i, srv := range servers {
+				body := map[string]any{"model": "fake/model", "prompt": fmt.Sprint(sent, strings.Repeat(" a prompt long enough for several blocks", 20)), "max_tokens": 2}
+				if code, _, out := post(t, srv.URL+"/v1/completions", body); code != 200 {
+					t.Fatalf("server %d: %d %v", i, code, out)
+				}
+			}
+		}
+		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
+		got := map[string]map[string]any{}
+		for _, n := range nodes {
+			got[fmt.Sprint(n["id"])] = n
+		}
+		return got["v0"] != nil && got["v1"] != nil && got["v0"]["gpu_blocks_cached"].(float64) > 5 &&
+			got["v0"]["kv_blocks_left_out"] == nil && got["v1"]["kv_blocks_left_out"] != nil
+	})
+	for _, n := range nodes {
+		if n["id"] == "v1" && !strings.Contains(fmt.Sprint(n["kv_left_out_why"]), "parent block 57005 was never stored") {
+			t.Fatalf("why v1's blocks were left out: %v", n["kv_left_out_why"])
+		}
+	}
+	out, code := runBinOut(t, nil, "nodes", "-o", "wide", "--server", orch.ControlURL)
+	if code != 0 || !strings.Contains(out, "LEFT-OUT") {
+		t.Fatalf("evolve nodes -o wide: %d\n%s", code, out)
+	}
+	eventually(t, 5*time.Second, "the engine's log says why", func() bool {
+		return strings.Contains(engines[1].logText(), "KV blocks left out of the router's directory")
+	})
+	found := false
+	for _, line := range scrape(t, http.DefaultClient, orch.RouterURL) {
+		if strings.HasPrefix(line, `evolve_node_kv_blocks_left_out_total{node="v1"}`) && sampleValue(line) > 0 {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatal("no evolve_node_kv_blocks_left_out_total for v1 above 0")
 	}
 }

@@ -84,18 +84,21 @@ type Replica struct {
 	log   *slog.Logger
 	start time.Time
 
-	mu        sync.Mutex // guards everything below
-	tr        *Translator
-	sink      engine.EventSink
-	info      ModelInfo
-	load      Load
-	base      Load // the first scrape: sums before the agent started
-	prefillUs float64
-	role      string
-	draining  bool
-	lastOK    time.Time
-	batches   int // batches handled
-	warned    bool
+	mu sync.Mutex // guards everything below
+	tr *Translator
+	// leftOutWarned: when blocks left out of the directory were last
+	// logged.
+	leftOutWarned time.Time
+	sink          engine.EventSink
+	info          ModelInfo
+	load          Load
+	base          Load // the first scrape: sums before the agent started
+	prefillUs     float64
+	role          string
+	draining      bool
+	lastOK        time.Time
+	batches       int // batches handled
+	warned        bool
 	// tokenRequired: vLLM refused a request without the engine token.
 	tokenRequired bool
 	// passes counts vLLM's forward passes (heartbeats aside); passWarned:
@@ -245,6 +248,7 @@ func (r *Replica) Heartbeat() protocol.Heartbeat {
 		TokensTotal: uint64(max(0, r.load.PrefillTokens+r.load.GeneratedTokens))}
 	if r.tr != nil {
 		hb.LastKVSeq = r.tr.LastSeq()
+		hb.KVBlocksLeftOut, hb.KVLeftOutWhy = uint64(r.tr.Ignored+r.tr.Orphans), r.tr.LastLeftOut
 		if r.load.CPUBlocks > 0 {
 			_, host := r.tr.Blocks()
 			hb.HostKVUsage = min(1, float64(host)/float64(r.load.CPUBlocks))
@@ -361,10 +365,18 @@ func (r *Replica) handle(b Batch, lost bool) {
 	if lost {
 		out = r.tr.Clear(out)
 	}
+	before := r.tr.Ignored + r.tr.Orphans
 	for _, ev := range b.Events {
 		out = r.tr.Apply(ev, out)
 	}
 	r.publishLocked(out)
+	if left := r.tr.Ignored + r.tr.Orphans; left > before && time.Since(r.leftOutWarned) > time.Minute {
+		// Once a minute at most: the router cannot route to what these
+		// blocks hold, and nothing else would say so.
+		r.leftOutWarned = time.Now()
+		r.log.Warn("KV blocks left out of the router's directory", "blocks", left-before, "total", left,
+			"orphans", r.tr.Orphans, "why", r.tr.LastLeftOut)
+	}
 }
 
 // pass hands one forward pass of vLLM's to the planner, as a pass record.

@@ -2,6 +2,7 @@ package vllm
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/evolvellm/evolve/kv"
@@ -19,7 +20,10 @@ import (
 // LoRA adapter or with extra keys (multimodal inputs, cache salts) hash
 // differently in vLLM than their token ids say, those of a KV-cache group
 // other than the first repeat the first's, and a block whose parent was
-// never seen (events lost before the adapter started) has no chain.
+// never seen (events lost before the adapter started) has no chain. A
+// parent of 0 that no block has is read as none: servers that speak
+// vLLM's protocol name a first block's parent so (llm-d-inference-sim),
+// where vLLM writes null.
 type Translator struct {
 	blockSize int
 	blocks    map[EngineHash]block
@@ -27,9 +31,21 @@ type Translator struct {
 	seq       uint64
 
 	// Ignored counts blocks left out on purpose (adapters, extra keys,
-	// other groups, media other than GPU and CPU); Orphans counts blocks
-	// whose parent was unknown.
+	// other groups, media other than GPU and CPU, token ids that do not
+	// fill the blocks); Orphans counts blocks whose parent was unknown.
+	// LastLeftOut says why the last block was left out.
 	Ignored, Orphans int64
+	LastLeftOut      string
+}
+
+// leaveOut counts n blocks left out of the directory, and why.
+func (t *Translator) leaveOut(n int, orphan bool, why string) {
+	if orphan {
+		t.Orphans += int64(n)
+	} else {
+		t.Ignored += int64(n)
+	}
+	t.LastLeftOut = why
 }
 
 // block is what the translator knows of one block vLLM holds.
@@ -99,17 +115,28 @@ func (t *Translator) Apply(ev Event, out []kv.Event) []kv.Event {
 }
 
 func (t *Translator) stored(ev Event, out []kv.Event) []kv.Event {
+	n := len(ev.BlockHashes)
 	tier, ok := tierOf(ev.Medium)
-	if !ok || ev.HasLoRA || ev.HasExtra || ev.GroupIdx != 0 {
-		t.Ignored += int64(len(ev.BlockHashes))
+	switch {
+	case !ok:
+		t.leaveOut(n, false, fmt.Sprintf("medium %q is neither GPU nor CPU", ev.Medium))
+		return out
+	case ev.HasLoRA:
+		t.leaveOut(n, false, "a LoRA adapter's blocks hash apart from their token ids")
+		return out
+	case ev.HasExtra:
+		t.leaveOut(n, false, "blocks with extra keys (media, cache salts) hash apart from their token ids")
+		return out
+	case ev.GroupIdx != 0:
+		t.leaveOut(n, false, "a KV-cache group other than the first repeats the first's blocks")
 		return out
 	}
 	bs := ev.BlockSize
 	if bs <= 0 {
 		bs = t.blockSize
 	}
-	if bs <= 0 || len(ev.TokenIDs) != bs*len(ev.BlockHashes) {
-		t.Ignored += int64(len(ev.BlockHashes))
+	if bs <= 0 || len(ev.TokenIDs) != bs*n {
+		t.leaveOut(n, false, fmt.Sprintf("%d token ids do not fill %d blocks of %d", len(ev.TokenIDs), n, bs))
 		return out
 	}
 	var parent kv.BlockHash
@@ -117,11 +144,15 @@ func (t *Translator) stored(ev Event, out []kv.Event) []kv.Event {
 	hasParent := false
 	if ev.HasParent {
 		p, ok := t.blocks[ev.Parent]
-		if !ok {
-			t.Orphans += int64(len(ev.BlockHashes))
+		switch {
+		case ok:
+			parent, depth, hasParent = p.ours, p.depth+1, true
+		case ev.Parent == 0:
+			// A first block, as servers that write 0 for null say.
+		default:
+			t.leaveOut(n, true, fmt.Sprintf("parent block %d was never stored: events lost before the agent subscribed, or a server that names a first block's parent otherwise than null or 0", ev.Parent))
 			return out
 		}
-		parent, depth, hasParent = p.ours, p.depth+1, true
 	}
 	for i, h := range ev.BlockHashes {
 		b, known := t.blocks[h]

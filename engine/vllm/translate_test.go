@@ -3,6 +3,7 @@ package vllm
 import (
 	"bytes"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/evolvellm/evolve/kv"
@@ -198,5 +199,34 @@ func TestTranslatorClearAndSnapshot(t *testing.T) {
 	}
 	if g, h := tr.Blocks(); g+h != 0 {
 		t.Fatal("cleared translator still holds blocks")
+	}
+}
+
+// llm-d-inference-sim, in its default format, names a first block's
+// parent 0 where vLLM writes null: the block, and every block chained
+// after it, were dropped as orphans, and the node showed no cached block.
+// A parent of 0 that no block has is none; an unknown parent other than 0
+// is still an orphan, and says so.
+func TestTranslatorReadsParentZeroAsNone(t *testing.T) {
+	const bs = 4
+	toks := seqTokens(3*bs, 9)
+	want := kv.ChainHashes(toks, bs)
+	tr := NewTranslator(bs)
+	zero := EngineHash(0)
+	out := tr.Apply(stored([]EngineHash{21, 22}, &zero, toks[:2*bs], bs, "GPU"), nil)
+	p := EngineHash(22)
+	out = tr.Apply(stored([]EngineHash{23}, &p, toks[2*bs:], bs, "GPU"), out)
+	if len(out) != 3 || tr.Orphans != 0 {
+		t.Fatalf("%d events, %d orphans", len(out), tr.Orphans)
+	}
+	for i, e := range out {
+		if e.Hash != want[i] || e.Depth != int32(i) {
+			t.Fatalf("event %d: %+v, want hash %v", i, e, want[i])
+		}
+	}
+	lost := EngineHash(77)
+	if out := tr.Apply(stored([]EngineHash{24}, &lost, toks[:bs], bs, "GPU"), nil); len(out) != 0 || tr.Orphans != 1 ||
+		!strings.Contains(tr.LastLeftOut, "parent block 77 was never stored") {
+		t.Fatalf("an unknown parent: %v, %d orphans, %q", out, tr.Orphans, tr.LastLeftOut)
 	}
 }

@@ -46,6 +46,11 @@ type Options struct {
 	// field, as a newer vLLM would.
 	MapEvents bool
 	Topic     string
+	// FirstParent, when not nil, is the parent_block_hash a chain's first
+	// block is published with in place of null: 0 as llm-d-inference-sim
+	// writes it, another value for a server whose first blocks would read
+	// as orphans.
+	FirstParent *uint64
 	// NoConnector answers prefill legs as vLLM without a KV connector
 	// does: with no kv_transfer_params.
 	NoConnector bool
@@ -567,6 +572,8 @@ func (s *Server) cacheLocked(ids []uint32) int {
 				var p any
 				if i > 0 {
 					p = parent
+				} else if s.opts.FirstParent != nil {
+					p = *s.opts.FirstParent
 				}
 				runs = append(runs, run{parent: p})
 				open = true
