@@ -98,6 +98,13 @@ func (s *Subscriber) follow(ctx context.Context, handle Handler, lostNext *bool)
 			s.Log.Info("vLLM's KV event sequence restarted", "from", s.last, "to", seq)
 			s.last, *lostNext = -1, true
 		}
+		if s.last < 0 && seq == 1 && s.Replay == "" {
+			// The first message is 1: a publisher that numbers from 1
+			// (llm-d-inference-sim), or a vLLM whose message 0 went before
+			// any request; without a replay endpoint there is no telling,
+			// and nothing to resynchronise yet.
+			s.last = 0
+		}
 		if seq > s.last+1 {
 			*lostNext = !s.replay(ctx, s.last+1, seq, handle, *lostNext)
 		}
@@ -168,6 +175,13 @@ func (s *Subscriber) replay(ctx context.Context, from, until int64, handle Handl
 		return false
 	}
 	got, err := s.fetchReplay(ctx, from, until)
+	if err == nil && from == 0 && ((len(got) == 0 && until == 1) || (len(got) > 0 && got[0].seq == 1)) {
+		// A publisher that numbers from 1 (llm-d-inference-sim): there
+		// is no message 0 to miss.
+		if from = 1; from == until {
+			return !lost
+		}
+	}
 	if err != nil || len(got) == 0 || got[0].seq != from {
 		s.Log.Warn("KV events lost and not replayed; resynchronising", "from", from, "until", until, "err", err)
 		return false
@@ -220,6 +234,12 @@ func (s *Subscriber) fetchReplay(ctx context.Context, from, until int64) ([]repl
 		fs := msg.Frames
 		if len(fs) > 0 && len(fs[0]) == 0 {
 			fs = fs[1:] // the delimiter
+		}
+		if len(fs) == 3 || (len(fs) == 2 && len(fs[0]) != 8) {
+			// A topic before the sequence, as the live stream has it
+			// (llm-d-inference-sim answers so; vLLM does not): a
+			// sequence is 8 bytes.
+			fs = fs[1:]
 		}
 		if len(fs) < 1 {
 			continue

@@ -2,9 +2,13 @@ package vllm
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
 	"github.com/zeebo/xxh3"
@@ -47,4 +51,88 @@ func TestSamePublisher(t *testing.T) {
 	if s.samePublisher(ctx) {
 		t.Fatal("without a replay endpoint nothing can be told")
 	}
+}
+
+// llm-d-inference-sim numbers its messages from 1 and answers replay
+// requests with the topic before the sequence: every start logged "KV
+// events lost and not replayed ... sequence frame has 29 bytes, want 8"
+// and started over. Its stream is now followed as vLLM's: no loss at the
+// start, and a batch missed live is replayed.
+func TestSubscriberFollowsAPublisherNumberingFromOne(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	srv, err := vllmtest.Start(ctx, vllmtest.Options{LLMDSim: true, Topic: "kv@localhost@fake/model"}, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	var mu sync.Mutex
+	var batches, losses int
+	var logs strings.Builder
+	s := &Subscriber{Endpoint: srv.Events, Replay: srv.Replay, Log: slog.New(slog.NewTextHandler(&lockedWriter{w: &logs, mu: &mu}, nil))}
+	go s.Run(ctx, func(b Batch, lost bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		batches++
+		if lost {
+			losses++
+		}
+	})
+	ask := func(i int) {
+		resp, err := http.Post(srv.URL+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"prompt": "%d %s", "max_tokens": 1}`, i, strings.Repeat("a block or two ", 20))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	// The first batches may go before the subscription is up: they are
+	// replayed.
+	for i := 0; ; i++ {
+		ask(i)
+		mu.Lock()
+		n := batches
+		mu.Unlock()
+		if n > 0 {
+			break
+		}
+		if i > 100 {
+			t.Fatal("no batch arrived")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond) // the first requests' batches arrive
+	mu.Lock()
+	before := batches
+	mu.Unlock()
+	srv.SkipNext(1) // a batch only the replay buffer has
+	ask(1000)
+	ask(1001)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		mu.Lock()
+		n, l, text := batches, losses, logs.String()
+		mu.Unlock()
+		if l > 0 || strings.Contains(text, "lost") {
+			t.Fatalf("%d batches, %d reported lost; log:\n%s", n, l, text)
+		}
+		if n >= before+2 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d batches after the skipped one; log:\n%s", n, text)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type lockedWriter struct {
+	w  *strings.Builder
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }

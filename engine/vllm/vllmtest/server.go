@@ -51,6 +51,10 @@ type Options struct {
 	// writes it, another value for a server whose first blocks would read
 	// as orphans.
 	FirstParent *uint64
+	// LLMDSim publishes as llm-d-inference-sim does: sequence numbers
+	// from 1, and replay answers that carry the topic frame before the
+	// sequence.
+	LLMDSim bool
 	// NoConnector answers prefill legs as vLLM without a KV connector
 	// does: with no kv_transfer_params.
 	NoConnector bool
@@ -142,6 +146,9 @@ func Start(ctx context.Context, opts Options, httpAddr, events, replay string) (
 		opts.GPUBlocks = 4096
 	}
 	s := &Server{opts: opts, blocks: map[uint64]*list.Element{}, lru: list.New()}
+	if opts.LLMDSim {
+		s.seq = 1
+	}
 	s.pub = zmq4.NewPub(ctx)
 	if events == "" {
 		events = "tcp://127.0.0.1:0"
@@ -663,9 +670,17 @@ func (s *Server) serveReplay() {
 		}
 		s.mu.Unlock()
 		for _, b := range out {
+			if s.opts.LLMDSim {
+				_ = s.rep.SendMulti(zmq4.NewMsgFrom(id, []byte{}, []byte(s.opts.Topic), b[0], b[1]))
+				continue
+			}
 			_ = s.rep.SendMulti(zmq4.NewMsgFrom(id, []byte{}, b[0], b[1]))
 		}
 		end := binary.BigEndian.AppendUint64(nil, ^uint64(0))
+		if s.opts.LLMDSim {
+			_ = s.rep.SendMulti(zmq4.NewMsgFrom(id, []byte{}, []byte(s.opts.Topic), end, []byte{}))
+			continue
+		}
 		_ = s.rep.SendMulti(zmq4.NewMsgFrom(id, []byte{}, end, []byte{}))
 	}
 }
