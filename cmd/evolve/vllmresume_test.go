@@ -222,7 +222,7 @@ func TestVLLMStreamSurvivesItsEngine(t *testing.T) {
 	delete(chat, "tools")
 	chat["response_format"] = map[string]any{"type": "json_object"}
 	structured := streamThroughRouter(t, orch.RouterURL+"/v1/chat/completions", chat, 20, kill)
-	if len(structured.errors) != 1 || !strings.Contains(structured.errors[0], "failed mid-stream") || structured.chunks >= 60 {
+	if len(structured.errors) != 1 || !strings.Contains(structured.errors[0], "failed and no other could go on") || structured.chunks >= 60 {
 		t.Fatalf("interrupted structured output: %d chunks, errors %v; want the stream to end with one error", structured.chunks, structured.errors)
 	}
 	if n := resumed(); n != 3 {
