@@ -22,8 +22,8 @@ type Load struct {
 	BlockSize, GPUBlocks, CPUBlocks int
 	// Running sums since vLLM started, for the prefill cost: seconds
 	// requests spent in prefill, and the prompt tokens those prefills
-	// computed (vllm:request_prefill_kv_computed_tokens, else all prompt
-	// tokens, cached ones included).
+	// computed (vllm:request_prefill_kv_computed_tokens, else the prompt
+	// tokens less the prefix cache's hits).
 	PrefillSeconds, PrefillTokens float64
 	// GeneratedTokens is vllm:generation_tokens_total.
 	GeneratedTokens float64
@@ -93,7 +93,13 @@ func ParseMetrics(r io.Reader) (Load, error) {
 	if t, ok := hsum("vllm:request_prefill_kv_computed_tokens"); ok {
 		l.PrefillTokens = t
 	} else {
-		l.PrefillTokens, _ = sum("vllm:prompt_tokens_total")
+		// Servers without it (older vLLM, llm-d-inference-sim): the
+		// prompt tokens less those found in the prefix cache, which a
+		// prefill does not compute (all of them would make it look 10x
+		// cheaper on an agent's cached contexts).
+		prompt, _ := sum("vllm:prompt_tokens_total")
+		hits, _ := sum("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits", "vllm:gpu_prefix_cache_hits_total")
+		l.PrefillTokens = max(0, prompt-hits)
 	}
 	l.GeneratedTokens, _ = sum("vllm:generation_tokens_total")
 	if f := fams["vllm:cache_config_info"]; f != nil && len(f.GetMetric()) > 0 {

@@ -136,3 +136,33 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// A server without vllm:request_prefill_kv_computed_tokens (older vLLM,
+// llm-d-inference-sim) is measured over the prompt tokens it computed,
+// less its prefix cache's hits: over all of them, an agent's cached
+// context made its prefill look ten times cheaper than it is.
+func TestScrapePrefillCostWithoutComputedTokens(t *testing.T) {
+	ctx := context.Background()
+	srv, err := vllmtest.Start(ctx, vllmtest.Options{}, "", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	context := strings.Repeat("the agent's long context ", 200)
+	for i := range 5 {
+		resp, err := http.Post(srv.URL+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"prompt": "%s turn %d", "max_tokens": 1}`, context, i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	l, err := ScrapeMetrics(ctx, http.DefaultClient, srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The fake spends 20 us on each token it computes.
+	if us := l.PrefillSeconds / l.PrefillTokens * 1e6; us < 19 || us > 21 {
+		t.Fatalf("measured %.1f us per prefill token (%.0f s over %.0f tokens), want 20", us, l.PrefillSeconds, l.PrefillTokens)
+	}
+}

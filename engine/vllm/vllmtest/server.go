@@ -282,6 +282,8 @@ vllm:kv_cache_usage_perc{engine="0",model_name=%[1]q} %[3]g
 vllm:cache_config_info{block_size="%[4]d",cache_dtype="auto",enable_prefix_caching="True",num_cpu_blocks="None",num_gpu_blocks="%[5]d"} 1.0
 # TYPE vllm:prompt_tokens_total counter
 vllm:prompt_tokens_total{engine="0",model_name=%[1]q} %[6]d
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name=%[1]q} %[10]d
 # TYPE vllm:generation_tokens_total counter
 vllm:generation_tokens_total{engine="0",model_name=%[1]q} %[9]d
 # TYPE vllm:request_prefill_time_seconds histogram
@@ -289,7 +291,7 @@ vllm:request_prefill_time_seconds_bucket{engine="0",model_name=%[1]q,le="+Inf"} 
 vllm:request_prefill_time_seconds_sum{engine="0",model_name=%[1]q} %[8]g
 vllm:request_prefill_time_seconds_count{engine="0",model_name=%[1]q} %[7]d
 `, s.opts.Model, running, float64(used)/float64(s.opts.GPUBlocks), BlockSize, s.opts.GPUBlocks,
-		st.PromptTokens, st.Requests, float64(st.PromptTokens-st.CachedTokens)*20e-6, st.Generated)
+		st.PromptTokens, st.Requests, float64(st.PromptTokens-st.CachedTokens)*20e-6, st.Generated, st.CachedTokens)
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4")
 	io.WriteString(w, m)
 }
