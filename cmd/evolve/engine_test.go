@@ -235,6 +235,9 @@ func TestEngineCommandUsageErrors(t *testing.T) {
 		{[]string{"engine", "--backend", "vllm", "--", "/nonexistent/vllm", "serve", "m"}, 1, "start vLLM"},
 		{[]string{"engine", "--backend", "vllm", "--listen", "127.0.0.1:0", "--", "vllm"}, 2, "fixed port"},
 		{[]string{"engine", "--backend", "vllm", "--listen", "127.0.0.1:1", "--", "sh", "-c", "exit 3"}, 1, "vLLM exited before it was ready"},
+		// A server that exits 0 on a bad flag says why only in its output.
+		{[]string{"engine", "--backend", "vllm", "--listen", "127.0.0.1:1", "--", "sh", "-c", "echo 'error: unknown flag --kv-events-config' >&2"}, 1,
+			"exited before it was ready, with status 0; its last output:\nerror: unknown flag --kv-events-config"},
 		{[]string{"engine", "--backend", "vllm", "--", "vllm", "serve", "m", "--kv-events-config", "{}"}, 2, "enable_kv_cache_events"},
 		{[]string{"engine", "--bogus"}, 2, "unknown flag"},
 		{[]string{"engine", "extra"}, 2, "unexpected argument"},

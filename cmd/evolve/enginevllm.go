@@ -272,7 +272,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		if proc != nil {
 			select {
 			case <-proc.Done():
-				return fmt.Errorf("vLLM exited before it was ready: %v", proc.Err())
+				return fmt.Errorf("vLLM exited before it was ready, %s", proc.Exited())
 			default:
 			}
 		}

@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -200,6 +202,7 @@ type Process struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	err  error
+	tail *outputTail
 }
 
 // Start runs the server. It keeps running when Start returns; stop it
@@ -222,12 +225,13 @@ func Start(l Launch) (*Process, error) {
 		cmd.Env = append(cmd.Env, "VLLM_NIXL_SIDE_CHANNEL_HOST="+l.AdvertiseHost)
 	}
 	cmd.Env = append(cmd.Env, l.Env...)
-	cmd.Stdout, cmd.Stderr = l.Stdout, l.Stderr
+	tail := &outputTail{}
+	cmd.Stdout, cmd.Stderr = tail.tee(l.Stdout), tail.tee(l.Stderr)
 	ownGroup(cmd)
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start vLLM: %w", err)
 	}
-	p := &Process{cmd: cmd, done: make(chan struct{})}
+	p := &Process{cmd: cmd, done: make(chan struct{}), tail: tail}
 	go func() {
 		p.err = cmd.Wait()
 		close(p.done)
@@ -255,6 +259,59 @@ func (p *Process) Done() <-chan struct{} { return p.done }
 
 // Err is how the server exited; call after Done.
 func (p *Process) Err() error { return p.err }
+
+// Exited says how the server exited and the last lines it printed, for
+// an operator: a server that exits 0 on a bad flag says why only there.
+func (p *Process) Exited() string {
+	how := "with status 0"
+	if p.err != nil {
+		how = p.err.Error()
+	}
+	if out := p.tail.String(); out != "" {
+		return how + "; its last output:\n" + out
+	}
+	return how + ", printing nothing"
+}
+
+// outputTail keeps the last tailBytes of a process's output.
+type outputTail struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+const tailBytes = 2048
+
+func (t *outputTail) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 2*tailBytes {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-tailBytes:]...)
+	}
+	return len(p), nil
+}
+
+// tee is w, with what is written kept in t too.
+func (t *outputTail) tee(w io.Writer) io.Writer {
+	if w == nil {
+		return t
+	}
+	return io.MultiWriter(w, t)
+}
+
+// String is the tail from its first whole line.
+func (t *outputTail) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	b := t.buf
+	if len(b) > tailBytes {
+		b = b[len(b)-tailBytes:]
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			b = b[i+1:]
+		}
+	}
+	return strings.TrimRight(string(b), "\n")
+}
 
 // Stop asks the server and its workers to stop (SIGTERM to its process
 // group) and kills them after grace.
