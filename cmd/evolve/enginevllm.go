@@ -235,6 +235,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
 		Token:              token,
 		PriorityScheduling: vllm.PriorityScheduling(command) || config.GetBool("engine.vllm-priority-scheduling"),
+		Launched:           len(command) > 0,
 		Changed: func() {
 			if agent != nil {
 				agent.Register()

@@ -68,6 +68,9 @@ type Config struct {
 	// reaching the agent before it warns that events are not configured
 	// or not reachable; default 30 s.
 	SilentAfter time.Duration
+	// Launched says the agent started vLLM itself, with the KV events
+	// configured: a silence then has other causes than a missing flag.
+	Launched bool
 }
 
 // Replica is a vLLM server seen as an evolve engine (engine.Replica): its
@@ -356,6 +359,18 @@ func (r *Replica) Run(ctx context.Context) error {
 	}
 }
 
+// silenceCause is the likely cause of KV events that never arrived.
+func (r *Replica) silenceCause() string {
+	if r.cfg.Launched {
+		return "The agent started vLLM with its KV events on " + r.cfg.Events + ": does this release publish them " +
+			"(vLLM's log names the publisher at start), and is nothing else bound to that port?"
+	}
+	return "Was the server started with --kv-events-config " +
+		`'{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}'` +
+		" (or its own equivalent), and is that the endpoint the agent was given (--kv-events " + r.cfg.Events + ")? " +
+		"The agent connects to it: a publisher must bind its endpoint, and one that connects instead (as llm-d-inference-sim's does) never meets the agent"
+}
+
 // handle applies one batch of vLLM's events.
 func (r *Replica) handle(b Batch, lost bool) {
 	r.mu.Lock()
@@ -416,13 +431,13 @@ func (r *Replica) scrape(ctx context.Context) error {
 		return nil
 	}
 	r.load, r.lastOK = l, time.Now()
-	if !r.warned && r.batches == 0 && l.PrefillTokens+l.GeneratedTokens > r.base.PrefillTokens+r.base.GeneratedTokens &&
+	if bs := max(l.BlockSize, r.cfg.BlockSize, 1); !r.warned && r.batches == 0 && l.PrefillTokens-r.base.PrefillTokens >= float64(2*bs) &&
 		time.Since(r.start) > r.cfg.SilentAfter {
-		// Serving without events: the router cannot see this engine's cache.
+		// Serving prompts that filled blocks, without events: the router
+		// cannot see this engine's cache. (A prompt shorter than a block
+		// stores none, and says nothing.)
 		r.warned = true
-		r.log.Warn("vLLM serves requests but no KV event has reached the agent: start vLLM with --kv-events-config "+
-			`'{"enable_kv_cache_events":true,"publisher":"zmq","endpoint":"tcp://*:5557","replay_endpoint":"tcp://*:5558"}'`+
-			" and give the agent that endpoint (--kv-events); until then routing cannot use this engine's prefix cache",
+		r.log.Warn("vLLM serves requests but no KV event has reached the agent; until one does, routing cannot use this engine's prefix cache. "+r.silenceCause(),
 			"kv_events", r.cfg.Events, "url", r.cfg.LocalURL)
 	}
 	if r.cfg.PassMetrics != "" && !r.passWarned && r.passes == 0 && time.Since(r.start) > r.cfg.SilentAfter &&

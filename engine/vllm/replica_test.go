@@ -330,14 +330,21 @@ func runLogged(t *testing.T, cfg func(*vllmtest.Server) vllm.Config) (*vllmtest.
 }
 
 // A vLLM that serves but whose KV events never arrive (not enabled, or
-// the wrong endpoint) gets a warning that says how to fix it.
+// the wrong endpoint) gets a warning that says how to fix it, once its
+// prompts filled blocks: a prompt shorter than a block stores none, and
+// was warned about before.
 func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 	srv, logs := runLogged(t, func(srv *vllmtest.Server) vllm.Config {
 		return vllm.Config{ID: "quiet", URL: srv.URL, Events: "tcp://127.0.0.1:1", SilentAfter: time.Second, PassMetrics: "tcp://127.0.0.1:1"}
 	})
+	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": "short", "max_tokens": 1}, nil)
+	time.Sleep(2500 * time.Millisecond) // past SilentAfter, two scrapes
+	if strings.Contains(logs.String(), "no KV event has reached the agent") {
+		t.Fatalf("a warning for a prompt shorter than a block:\n%s", logs.String())
+	}
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": strings.Repeat("served without events ", 10), "max_tokens": 1}, nil)
 	waitFor(t, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
-	if !strings.Contains(logs.String(), "--kv-events-config") {
+	if !strings.Contains(logs.String(), "--kv-events-config") || !strings.Contains(logs.String(), "a publisher must bind its endpoint") {
 		t.Fatalf("the warning does not say how to fix it:\n%s", logs.String())
 	}
 	// Nor has a forward pass come, though vLLM serves: that is said too.
