@@ -275,7 +275,7 @@ func connectEngineNATS(url, id string) (*nats.Conn, error) {
 // Flags that mean something to one backend only.
 var (
 	simOnlyFlags  = []string{"profile", "speedup", "max-num-seqs", "max-num-batched-tokens", "gpu-kv-tokens", "host-kv-tokens", "default-max-tokens"}
-	vllmOnlyFlags = []string{"vllm-url", "kv-events", "kv-replay", "kv-events-topic", "kv-events-port", "kv-replay-port", "nixl-port",
+	vllmOnlyFlags = []string{"vllm-url", "kv-events", "kv-replay", "kv-events-topic", "kv-events-bind", "kv-events-port", "kv-replay-port", "nixl-port",
 		"gpus", "block-size", "prefill-us-per-token", "vllm-start-timeout", "vllm-priority-scheduling"}
 )
 

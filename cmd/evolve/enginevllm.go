@@ -25,6 +25,7 @@ func addVLLMFlags(f *pflag.FlagSet) {
 	f.String("kv-events", "", "vllm: where the server publishes KV events (default: tcp://<vllm host>:5557, or from the command's --kv-events-config)")
 	f.String("kv-replay", "", "vllm: the server's KV event replay endpoint (default: tcp://<vllm host>:5558; \"none\" for none)")
 	f.String("kv-events-topic", "", "vllm: KV event topic prefix to follow (default: all)")
+	f.Bool("kv-events-bind", false, "vllm: listen on the --kv-events endpoint (tcp://*:PORT or tcp://HOST:PORT) for a publisher that connects to the agent, as llm-d-inference-sim's does, where vLLM's binds and the agent connects")
 	f.Int("kv-events-port", 5557, "vllm: port the started server publishes KV events on")
 	f.Int("kv-replay-port", 5558, "vllm: port of the started server's replay service")
 	f.Int("nixl-port", 5600, "vllm: NIXL side-channel port of the started server")
@@ -230,6 +231,7 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	var agent *engine.NATSAgent
 	maxSeqs, maxTokens := vllm.SchedulerLimits(command)
 	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
+		EventsBind:  config.GetBool("engine.kv-events-bind"),
 		PassMetrics: passes, MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: maxTokens,
 		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),

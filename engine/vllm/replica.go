@@ -36,6 +36,9 @@ type Config struct {
 	Events   string // vLLM's KV event endpoint, e.g. tcp://10.0.0.5:5557
 	Replay   string // its replay endpoint; "" for none
 	Topic    string // KV event topic prefix; "" for all
+	// EventsBind listens on Events for a publisher that connects
+	// (Subscriber.Bind).
+	EventsBind bool
 	// PassMetrics is where vLLM publishes its forward-pass metrics
 	// (--forward-pass-metrics-port), e.g. tcp://10.0.0.5:20380; "" for
 	// none. Each pass goes to the planner as a pass record.
@@ -330,7 +333,7 @@ func (r *Replica) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	subErr := make(chan error, 1)
-	sub := &Subscriber{Endpoint: r.cfg.Events, Replay: r.cfg.Replay, Topic: r.cfg.Topic, Log: r.log}
+	sub := &Subscriber{Endpoint: r.cfg.Events, Replay: r.cfg.Replay, Topic: r.cfg.Topic, Bind: r.cfg.EventsBind, Log: r.log}
 	go func() { subErr <- sub.Run(ctx, r.handle) }()
 	if r.cfg.PassMetrics != "" {
 		ps := &PassSubscriber{Endpoint: r.cfg.PassMetrics, Log: r.log}

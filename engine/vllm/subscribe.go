@@ -25,7 +25,11 @@ type Subscriber struct {
 	Endpoint string // where vLLM publishes, e.g. tcp://10.0.0.5:5557
 	Replay   string // its replay endpoint, e.g. tcp://10.0.0.5:5558; "" for none
 	Topic    string // topic prefix to subscribe to; "" for all
-	Log      *slog.Logger
+	// Bind listens on Endpoint for a publisher that connects to the
+	// agent (llm-d-inference-sim's), where vLLM's binds and the agent
+	// connects.
+	Bind bool
+	Log  *slog.Logger
 
 	last    int64  // sequence of the last message handled; -1 before the first
 	lastSum uint64 // XXH3 of its payload
@@ -64,7 +68,13 @@ func (s *Subscriber) Run(ctx context.Context, handle Handler) error {
 func (s *Subscriber) follow(ctx context.Context, handle Handler, lostNext *bool) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub, err := dialSub(ctx, s.Endpoint, s.Topic, "KV events")
+	var sub zmq4.Socket
+	var err error
+	if s.Bind {
+		sub, err = bindSub(ctx, s.Endpoint, s.Topic)
+	} else {
+		sub, err = dialSub(ctx, s.Endpoint, s.Topic, "KV events")
+	}
 	if err != nil {
 		return err
 	}
@@ -124,6 +134,21 @@ func dialSub(ctx context.Context, endpoint, topic, what string) (zmq4.Socket, er
 	if err := sub.Dial(endpoint); err != nil {
 		sub.Close()
 		return nil, fmt.Errorf("connect to vLLM's %s at %s: %w", what, endpoint, err)
+	}
+	return sub, nil
+}
+
+// bindSub listens on endpoint for a KV event publisher that connects, and
+// subscribes to topic.
+func bindSub(ctx context.Context, endpoint, topic string) (zmq4.Socket, error) {
+	sub := zmq4.NewSub(ctx)
+	if err := sub.SetOption(zmq4.OptionSubscribe, topic); err != nil {
+		sub.Close()
+		return nil, fmt.Errorf("subscribe on %s: %w", endpoint, err)
+	}
+	if err := sub.Listen(endpoint); err != nil {
+		sub.Close()
+		return nil, fmt.Errorf("listen for KV events on %s: %w", endpoint, err)
 	}
 	return sub, nil
 }

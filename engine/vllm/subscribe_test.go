@@ -2,8 +2,10 @@ package vllm
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -11,6 +13,8 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
 	"github.com/zeebo/xxh3"
 )
 
@@ -164,5 +168,41 @@ func TestScrapePrefillCostWithoutComputedTokens(t *testing.T) {
 	// The fake spends 20 us on each token it computes.
 	if us := l.PrefillSeconds / l.PrefillTokens * 1e6; us < 19 || us > 21 {
 		t.Fatalf("measured %.1f us per prefill token (%.0f s over %.0f tokens), want 20", us, l.PrefillSeconds, l.PrefillTokens)
+	}
+}
+
+// A publisher that connects to the agent, as llm-d-inference-sim's does,
+// meets a subscriber that binds (--kv-events-bind); before, both sides
+// dialled and no event ever arrived.
+func TestSubscriberBindsForAPublisherThatConnects(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	endpoint := "tcp://" + ln.Addr().String()
+	ln.Close()
+	got := make(chan bool, 16)
+	s := &Subscriber{Endpoint: endpoint, Bind: true, Log: slog.New(slog.DiscardHandler)}
+	go s.Run(ctx, func(b Batch, lost bool) { got <- lost })
+	pub := zmq4.NewPub(ctx, zmq4.WithDialerRetry(50*time.Millisecond), zmq4.WithDialerMaxRetries(-1))
+	defer pub.Close()
+	if err := pub.Dial(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	payload, _ := msgpack.Marshal([]any{1.0, []any{}, 0})
+	deadline := time.After(10 * time.Second)
+	for seq := uint64(1); ; seq++ {
+		if err := pub.Send(zmq4.NewMsgFrom([]byte("kv@sim"), binary.BigEndian.AppendUint64(nil, seq), payload)); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-got:
+			return
+		case <-deadline:
+			t.Fatal("no batch from a publisher that connects")
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 }
