@@ -104,6 +104,7 @@ type Orchestrator struct {
 	keys                           *keySet       // the agents' API keys (none: open) and limits
 	inFlight                       atomic.Int64  // answers the router is writing
 	bodies                         *largeBodies  // the budget for large request bodies
+	noTokenIDs                     sync.Map      // vLLM nodes seen streaming without token ids (warnNoTokenIDs)
 }
 
 type metrics struct {

@@ -139,6 +139,18 @@ func jsonInt(v json.RawMessage) int {
 	return n
 }
 
+// warnNoTokenIDs says, once per node, that a vLLM engine streams without
+// the token ids the router asked for: the first stream tells, where the
+// engine's death would (an older vLLM, or a server that speaks its
+// protocol without return_token_ids, as llm-d-inference-sim).
+func (o *Orchestrator) warnNoTokenIDs(node string) {
+	if _, seen := o.noTokenIDs.LoadOrStore(node, true); seen {
+		return
+	}
+	o.log.Warn("engine streams without token ids (return_token_ids): an answer it fails mid-stream cannot go on on another engine, and its client gets an error; vLLM 0.10.2 or later has them",
+		"node", node)
+}
+
 // toolsOff says whether a tool_choice lets the model call no tool.
 func toolsOff(choice json.RawMessage) bool { return string(bytes.TrimSpace(choice)) == `"none"` }
 
@@ -207,8 +219,11 @@ func (a *attempt) vllmData(data []byte) (ids []uint32, out []byte) {
 				v.refused = "the server parsed tool calls or reasoning from the answer"
 			}
 		}
-		if text != "" && ch.TokenIDs == nil {
+		if text != "" && ch.TokenIDs == nil && v.refused == "" {
 			v.refused = "vLLM streamed text without its token ids (return_token_ids needs vLLM 0.10.2 or later)"
+			if a.o != nil {
+				a.o.warnNoTokenIDs(a.decode)
+			}
 		}
 	}
 	switch {

@@ -2,6 +2,8 @@ package orchestrator
 
 import (
 	"encoding/json"
+	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -171,8 +173,29 @@ func TestVLLMChatContinuation(t *testing.T) {
 // A vLLM too old to name the tokens it streams (before 0.10.2 it ignores
 // return_token_ids) leaves the router no output to go on from: its
 // answers are not continued, rather than begun again under the text the
-// client has read.
+// client has read. Its first such stream says so in the log, once per
+// node: before, the operator learnt it at the engine's death.
 func TestVLLMWithoutTokenIDsIsNotContinued(t *testing.T) {
+	logs := &recordLog{}
+	o := &Orchestrator{log: slog.New(logs)}
+	warned := func() (n int) {
+		for _, r := range logs.recs {
+			if strings.HasPrefix(fmt.Sprint(r["msg"]), "engine streams without token ids") && r["node"] == "v0" {
+				n++
+			}
+		}
+		return n
+	}
+	for range 2 {
+		b := vllmAttempt(t, `{"prompt":"hello","max_tokens":20,"stream":true}`, false, nil)
+		b.o, b.decode, b.vllm = o, "v0", &vllmStream{backend: "vllm"}
+		b.vllmData([]byte(`{"id":"c","choices":[{"index":0,"text":" hello"}]}`))
+		b.vllmData([]byte(`{"id":"c","choices":[{"index":0,"text":" again"}]}`))
+	}
+	if n := warned(); n != 1 {
+		t.Fatalf("%d warnings for node v0's streams without token ids, want 1", n)
+	}
+
 	a := vllmAttempt(t, `{"prompt":"hello","max_tokens":20,"stream":true}`, false, nil)
 	a.vllm = &vllmStream{backend: "vllm"}
 	a.vllmData([]byte(`{"id":"c","choices":[{"index":0,"text":"","token_ids":[]}]}`))
