@@ -28,7 +28,8 @@
 //   - max_tokens, stop_sequences (stop), temperature, top_p, top_k and
 //     stream map one to one; a stream always asks for its usage.
 //   - output_config.format (a JSON schema) becomes response_format
-//     json_schema, vLLM's structured output.
+//     json_schema, vLLM's structured output; vLLM's ignore_eos and
+//     min_tokens are passed on.
 //   - metadata.user_id is kept; when it names a session the way Claude Code
 //     writes it (..._session_<id>), that id becomes the request's evolve
 //     session (metadata.session), so that its turns are one agent session.
@@ -70,6 +71,11 @@ type Request struct {
 	Metadata      *struct {
 		UserID string `json:"user_id"`
 	} `json:"metadata"`
+	// IgnoreEOS and MinTokens are vLLM's extensions, passed on: an
+	// answer of max_tokens whatever the model would stop at (benchmarks),
+	// and at least min_tokens.
+	IgnoreEOS *bool `json:"ignore_eos"`
+	MinTokens *int  `json:"min_tokens"`
 	// OutputConfig asks for structured output (Claude Code's title
 	// generation sends a JSON schema): output_config.format.
 	OutputConfig *struct {
@@ -237,6 +243,12 @@ func ToChat(body []byte) ([]byte, Info, *Error) {
 	}
 	if r.TopK != nil {
 		chat["top_k"] = *r.TopK
+	}
+	if r.IgnoreEOS != nil {
+		chat["ignore_eos"] = *r.IgnoreEOS
+	}
+	if r.MinTokens != nil {
+		chat["min_tokens"] = *r.MinTokens
 	}
 	if last := r.Messages[len(r.Messages)-1]; last.Role == "assistant" {
 		chat["continue_final_message"] = true

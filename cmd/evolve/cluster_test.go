@@ -375,6 +375,7 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("tell a very long story")},
 		MaxTokens: openai.Int(1500), Seed: openai.Int(7),
 	}
+	params.SetExtraFields(map[string]any{"ignore_eos": true}) // all 1,500 tokens, to kill the engine mid-way
 	ref := readReference(t, oc, params)
 	text, ids, err := readCompletions(t, oc, params, 5, func() {
 		// Once its heartbeat says so, so that the status has load to
@@ -409,6 +410,7 @@ func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("reason about this at great length")},
 		MaxTokens: openai.Int(2500), Seed: openai.Int(9),
 	}
+	params.SetExtraFields(map[string]any{"ignore_eos": true})
 	// Past 512 output tokens, with seconds of the answer still to come
 	// when the heartbeat names the node.
 	const killAt = 600
@@ -446,6 +448,7 @@ func TestEngineKilledMidAWholeAnswerThroughRouter(t *testing.T) {
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("work this out in full")},
 		MaxTokens: openai.Int(2500), Seed: openai.Int(5),
 	}
+	params.SetExtraFields(map[string]any{"ignore_eos": true})
 	ref, err := oc.Completions.New(context.Background(), params)
 	if err != nil {
 		t.Fatal(err)

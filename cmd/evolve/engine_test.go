@@ -391,7 +391,7 @@ func TestEngineDrainsOnSIGTERM(t *testing.T) {
 	c := client(p)
 	stream := c.Completions.NewStreaming(context.Background(), openai.CompletionNewParams{
 		Model: "evolve-tiny", Prompt: openai.CompletionNewParamsPromptUnion{OfString: openai.String("finish what you started")}, MaxTokens: openai.Int(150),
-	})
+	}, option.WithJSONSet("ignore_eos", true))
 	got := 0
 	for stream.Next() {
 		if len(stream.Current().Choices) > 0 && stream.Current().Choices[0].Text != "" {

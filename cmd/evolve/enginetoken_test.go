@@ -66,7 +66,9 @@ func TestAnEngineWithAnotherTokenIsRoutedAround(t *testing.T) {
 	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	req := map[string]any{"prompt": "Hello", "max_tokens": 2}
 	status, _, body := post(t, orch.RouterURL+"/v1/completions", req)
-	if msg, _ := obj(body["error"])["message"].(string); status != 503 || !strings.Contains(msg, "engine refused the router's engine token") {
+	// The client's error is public (a retry and the request id); the log
+	// says what to set.
+	if msg, _ := obj(body["error"])["message"].(string); status != 503 || !strings.Contains(msg, "retry (request evolve-") {
 		t.Fatalf("the only engine refuses the router's token: %d %v", status, body)
 	}
 	eventually(t, 5*time.Second, "the orchestrator's log saying why", func() bool {

@@ -15,7 +15,7 @@ import (
 // router and returns its reader once the first token has come.
 func streamAnswer(t *testing.T, router string, maxTokens int) (*bufio.Scanner, func()) {
 	t.Helper()
-	body := fmt.Sprintf(`{"prompt": "Explain the scheduler, step by step.", "max_tokens": %d, "stream": true}`, maxTokens)
+	body := fmt.Sprintf(`{"prompt": "Explain the scheduler, step by step.", "max_tokens": %d, "ignore_eos": true, "stream": true}`, maxTokens)
 	resp, err := http.Post(router+"/v1/completions", "application/json", strings.NewReader(body))
 	if err != nil || resp.StatusCode != 200 {
 		t.Fatalf("stream: %v %v", resp, err)
