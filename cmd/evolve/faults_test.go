@@ -40,8 +40,17 @@ func TestStoppedEngineServesAgainWhenContinued(t *testing.T) {
 	eventually(t, 10*time.Second, "engine-0 serving again after SIGCONT", func() bool {
 		return c.node("engine-0")["state"] == "serving"
 	})
-	// It takes requests again (as prefill or decode node, whichever its
-	// role is).
+	// It takes requests again: made the only decode node (which the
+	// control requests it answers show too), it decodes them all.
+	for id, role := range map[string]string{"engine-0": "decode", "engine-1": "prefill"} {
+		if out, code := runBinOut(t, c.env, "role", "set", id, role); code != 0 {
+			t.Fatalf("evolve role set %s %s: %d %s", id, role, code, out)
+		}
+	}
+	eventually(t, 20*time.Second, "engine-0 decoding, engine-1 prefilling", func() bool {
+		return c.node("engine-0")["role"] == "decode" && c.node("engine-0")["state"] == "serving" &&
+			c.node("engine-1")["role"] == "prefill" && c.node("engine-1")["state"] == "serving"
+	})
 	served := map[string]bool{}
 	for i := 0; i < 20 && !served["engine-0"]; i++ {
 		code, hdr, body := post(t, c.state.RouterURL+"/v1/completions", map[string]any{"prompt": strings.Repeat("after the stop, a long prompt to prefill ", 40+i), "max_tokens": 2})
