@@ -17,7 +17,10 @@ import (
 // ending in ":best" sweeps and reports the run with the lowest mean
 // end-to-end latency, named as asked, with its split: static:best and
 // dynamo-static:best over every fixed split, dynamo:best over those Dynamo
-// splits and the shipped planner. "oracle" takes the best static split
+// splits and the shipped planner. ":best-throughput" sweeps the same runs
+// and reports the one with the most output tokens a second: where
+// throughput is the claim, the baseline is the best for throughput, which
+// need not be the best for latency. "oracle" takes the best static split
 // minute by minute (see Oracle). Independent runs use every core; the
 // results do not depend on how many there are. hooks may be nil.
 func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
@@ -52,15 +55,15 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	members := map[string][]string{}
 	for _, name := range names {
 		var m []string
-		switch {
-		case name == "oracle", name == "static:best":
+		switch sweep, _ := strings.CutSuffix(name, "-throughput"); {
+		case name == "oracle", sweep == "static:best":
 			m = splits("static")
-		case name == "dynamo-static:best":
+		case sweep == "dynamo-static:best":
 			m = splits("dynamo-static")
-		case name == "dynamo:best":
+		case sweep == "dynamo:best":
 			m = append([]string{"dynamo", "dynamo-sla"}, splits("dynamo-static")...)
-		case strings.HasSuffix(name, ":best"):
-			return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep", name)
+		case strings.HasSuffix(sweep, ":best"):
+			return nil, fmt.Errorf("policy %q: only static:best, dynamo-static:best and dynamo:best sweep (and their -throughput)", name)
 		default:
 			m = []string{name}
 		}
@@ -158,10 +161,14 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 				runs[i] = need[n].res
 			}
 			out = append(out, oracleOf(sc, runs))
-		case strings.HasSuffix(name, ":best"):
+		case strings.HasSuffix(name, ":best"), strings.HasSuffix(name, ":best-throughput"):
+			wins := better
+			if strings.HasSuffix(name, "-throughput") {
+				wins = moreThroughput
+			}
 			best := need[m[0]].res
 			for _, n := range m[1:] {
-				if r := need[n].res; better(r, best) {
+				if r := need[n].res; wins(r, best) {
 					best = r
 				}
 			}
@@ -255,4 +262,13 @@ func better(a, b Result) bool {
 		return a.MeanE2E < b.MeanE2E
 	}
 	return a.Requests > b.Requests
+}
+
+// moreThroughput reports whether a beats b on output tokens a second,
+// the lower mean end-to-end latency breaking ties.
+func moreThroughput(a, b Result) bool {
+	if a.Throughput != b.Throughput {
+		return a.Throughput > b.Throughput
+	}
+	return better(a, b)
 }

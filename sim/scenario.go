@@ -72,7 +72,8 @@ func (p Policy) engineConfig() enginesim.Config {
 }
 
 // PolicyNames are the policies Compare runs, splits written P:D.
-var PolicyNames = []string{"evolve", "dynamo", "dynamo-static", "dynamo-sla", "dynamo:best", "static:P:D", "static:best", "dynamo-static:P:D", "dynamo-static:best", "oracle"}
+var PolicyNames = []string{"evolve", "dynamo", "dynamo-static", "dynamo-sla", "dynamo:best", "dynamo:best-throughput", "static:P:D", "static:best",
+	"static:best-throughput", "dynamo-static:P:D", "dynamo-static:best", "dynamo-static:best-throughput", "oracle"}
 
 // ParsePolicy reads a policy for a cluster of n engines: static:P:D
 // (evolve's router and KV management), dynamo-static:P:D (Dynamo's router

@@ -68,20 +68,33 @@ func TestSameSeedSameResult(t *testing.T) {
 	}
 }
 
+// static:best is the split of lowest mean end-to-end latency, and
+// static:best-throughput the split of most output tokens a second, from
+// the same runs: where throughput is the claim, a baseline selected by
+// latency would be weaker than it can be.
 func TestBestSweepsSplits(t *testing.T) {
 	sc := smallScenario(t, "coding")
-	res, err := Compare(sc, []string{"static:best", "static:1:2", "static:2:1"}, nil)
+	res, err := Compare(sc, []string{"static:best", "static:best-throughput", "static:1:2", "static:2:1"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	best := res[0]
+	best, fastest := res[0], res[1]
 	if best.Policy != "static:best" || (best.Split != "1:2" && best.Split != "2:1") {
 		t.Fatalf("best: %+v", best)
 	}
-	for _, r := range res[1:] {
+	if fastest.Policy != "static:best-throughput" || (fastest.Split != "1:2" && fastest.Split != "2:1") {
+		t.Fatalf("best for throughput: %+v", fastest)
+	}
+	for _, r := range res[2:] {
 		if better(r, best) {
 			t.Fatalf("%s (%v) beats static:best (%v)", r.Policy, r.MeanE2E, best.MeanE2E)
 		}
+		if r.Throughput > fastest.Throughput {
+			t.Fatalf("%s (%.0f tok/s) beats static:best-throughput (%.0f tok/s)", r.Policy, r.Throughput, fastest.Throughput)
+		}
+	}
+	if _, err := Compare(sc, []string{"evolve:best-throughput"}, nil); err == nil {
+		t.Fatal("a sweep of a policy that does not sweep")
 	}
 }
 

@@ -359,7 +359,7 @@ func TestFlagValuesComplete(t *testing.T) {
 		{[]string{"bench", "--workload", ""}, "coding\nmath\ncomputer-use\nshift\n:4\n"},
 		{[]string{"nodes", "-o", ""}, "table\nwide\njson\nyaml\n:4\n"},
 		{[]string{"top", "-o", ""}, "table\njson\n:4\n"},
-		{[]string{"sim", "--policies", "static:best,dyn"}, "static:best,dynamo\nstatic:best,dynamo-static\nstatic:best,dynamo-sla\nstatic:best,dynamo:best\nstatic:best,dynamo-static:\nstatic:best,dynamo-static:best\n:6\n"},
+		{[]string{"sim", "--policies", "static:best,dyn"}, "static:best,dynamo\nstatic:best,dynamo-static\nstatic:best,dynamo-sla\nstatic:best,dynamo:best\nstatic:best,dynamo:best-throughput\nstatic:best,dynamo-static:\nstatic:best,dynamo-static:best\nstatic:best,dynamo-static:best-throughput\n:6\n"},
 		{[]string{"engine", "--backend", ""}, "sim\nvllm\n:4\n"},
 		{[]string{"up", "--log-level", ""}, "debug\ninfo\nwarn\nerror\n:4\n"},
 	} {

@@ -112,6 +112,10 @@ Policies (comma-separated):
                       (--handover=false: they finish first, as vLLM's do)
   static:P:D          evolve's router and KV management with a fixed split
   static:best         every static split, the best by mean end-to-end latency
+  static:best-throughput
+                      the same runs, the best by output tokens per second: the
+                      baseline where throughput is the claim (it may be
+                      another split; every :best has its -throughput)
   dynamo              Dynamo as shipped: its KV router cost, fixed-role workers,
                       KVBM write-through host offload per worker (no cross-worker
                       fetch), and its 2026 default load planner (5 s steps, 60 s
@@ -158,7 +162,7 @@ the research system's experiments:
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
-	f.String("policies", "dynamo,dynamo-static,dynamo-sla,dynamo:best,static:best,evolve", "policies to compare (by default Dynamo as shipped, at its profiled split, with its SLA planner and at its best, against evolve and the best static split)")
+	f.String("policies", "dynamo,dynamo-static,dynamo-sla,dynamo:best,static:best,static:best-throughput,evolve", "policies to compare (by default Dynamo as shipped, at its profiled split, with its SLA planner and at its best, against evolve and the best static split by latency and by throughput)")
 	f.Int64("seed", 1, "random seed")
 	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench or sim --record; .gz read as gzip) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
@@ -774,5 +778,8 @@ func readSimTrace(cmd *cobra.Command, path string, playback float64) (*simTrace,
 }
 
 // isSweep reports whether a policy name runs several simulations (a :best
-// sweep, or the oracle over every split) rather than one.
-func isSweep(name string) bool { return strings.HasSuffix(name, ":best") || name == "oracle" }
+// or :best-throughput sweep, or the oracle over every split) rather than
+// one.
+func isSweep(name string) bool {
+	return strings.HasSuffix(name, ":best") || strings.HasSuffix(name, ":best-throughput") || name == "oracle"
+}
