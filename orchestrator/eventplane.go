@@ -50,12 +50,17 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 	var reg protocol.Registration
 	err := json.Unmarshal(m.Data, &reg)
 	if err == nil {
-		err = reg.Validate()
+		err = protocol.ValidateEngineID(reg.ID)
 	}
 	if err != nil {
 		o.log.Warn("registration refused", "err", err, "data", truncate(m.Data, 512))
 		return
 	}
+	// A registration a router cannot use joins as rejected, with why, as
+	// one of another model does: dropped, its engine's heartbeats (from a
+	// node never seen) would ask every engine to register again, every
+	// second, and the operator would find it in no node list.
+	invalid := reg.Validate()
 	o.c.mu.Lock()
 	n := o.c.nodes[reg.ID]
 	fresh := n == nil || n.state == StateDown || !n.reg.StartedAt.Equal(reg.StartedAt)
@@ -70,18 +75,22 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 		o.c.nodes[reg.ID] = n
 		n.role = o.initialRole(reg)
 	}
-	if o.blockSize == 0 {
+	if o.blockSize == 0 && invalid == nil {
 		o.blockSize = reg.BlockSize
 		o.model = reg.Model
 	}
 	n.reg = reg
 	n.lastSeen = time.Now()
-	if reg.Model != o.model || reg.BlockSize != o.blockSize {
-		// Routing one model's prompts to another, or hashing blocks of
-		// another size, would be wrong: keep it out.
+	if invalid != nil || reg.Model != o.model || reg.BlockSize != o.blockSize {
+		// Routing one model's prompts to another, hashing blocks of
+		// another size, or trusting sizes below zero would be wrong:
+		// keep it out.
 		n.state = StateRejected
 		n.reason = fmt.Sprintf("serves %s with %d-token blocks; this cluster serves %s with %d-token blocks",
 			reg.Model, reg.BlockSize, o.model, o.blockSize)
+		if invalid != nil {
+			n.reason = invalid.Error()
+		}
 		o.c.changed(reg.ID)
 		o.c.mu.Unlock()
 		o.log.Error("engine rejected", "id", reg.ID, "reason", n.reason)

@@ -154,3 +154,38 @@ func checkEventPlaneState(t *testing.T, o *Orchestrator) {
 		}
 	}
 }
+
+// A registration the router cannot use (here a block size of 0, first of
+// all) joins as rejected, saying why, and sets nothing of the cluster's:
+// dropped instead, its engine's heartbeats from a node never seen would
+// ask every engine to register again, each second, unseen by operators.
+func TestInvalidRegistrationIsRejectedAndSaysWhy(t *testing.T) {
+	tc := startTestClusterWith(t, Config{}, nil)
+	nc, err := nats.Connect(tc.o.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	announces, _ := nc.SubscribeSync(protocol.SubjectAnnounce)
+	b, _ := json.Marshal(protocol.Registration{ID: "bad", URL: "http://127.0.0.1:9", Model: "m", BlockSize: 0})
+	nc.Publish(protocol.SubjectRegister, b)
+	eventually(t, "the node rejected", func() bool {
+		st, ok := tc.o.NodeStatus("bad")
+		return ok && st.State == StateRejected && st.Reason == "engine bad: block size 0: want 1 to 4096 tokens"
+	})
+	hb, _ := json.Marshal(protocol.Heartbeat{ID: "bad", Time: time.Now()})
+	for range 3 {
+		nc.Publish(protocol.HeartbeatSubject("bad"), hb)
+	}
+	nc.Flush()
+	time.Sleep(200 * time.Millisecond)
+	if msg, err := announces.NextMsg(10 * time.Millisecond); err == nil {
+		t.Fatalf("a rejected node's heartbeats asked every engine to register again: %v", msg.Subject)
+	}
+	tc.o.c.mu.Lock()
+	bs := tc.o.blockSize
+	tc.o.c.mu.Unlock()
+	if bs != 0 {
+		t.Fatalf("an invalid registration set the cluster's block size to %d", bs)
+	}
+}

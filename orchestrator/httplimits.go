@@ -141,7 +141,8 @@ func readRequestBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error
 	}
 	bw, _ := r.Context().Value(bodyWorkKey{}).(*bodyWork)
 	if err := bw.admit(r.Context(), r.ContentLength); err != nil {
-		return nil, http.StatusServiceUnavailable, fmt.Errorf("the router is busy with large requests: %w", err)
+		// The client left while its body waited for room.
+		return nil, http.StatusServiceUnavailable, errors.New("the router was busy with other large requests and the request was cancelled while it waited; retry")
 	}
 	body, err := readBody(http.MaxBytesReader(w, r.Body, openaiapi.MaxBodyBytes), r.ContentLength)
 	bw.read(len(body))

@@ -53,11 +53,10 @@ func newLargeBodies(budget int64) *largeBodies {
 // bodyWork is a request's room in the budget, held from its body's
 // reading to its routing.
 type bodyWork struct {
-	l       *largeBodies
-	weight  int64
-	size    int64 // the body's, once read
-	once    sync.Once
-	waiting bool
+	l      *largeBodies
+	weight int64
+	size   int64 // the body's, once read
+	once   sync.Once
 }
 
 type bodyWorkKey struct{}
