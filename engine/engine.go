@@ -146,7 +146,7 @@ func (e *Engine) Registration(version string) protocol.Registration {
 		Profile: p.Name, GPUs: p.GPUs, Role: e.model.Role().String(), BlockSize: p.BlockSize,
 		GPUBlocks: c.GPUBlocks, HostBlocks: c.HostBlocks, KVBytesPerToken: p.KVBytesPerToken,
 		MaxModelLen: p.MaxModelLen, Speedup: e.cfg.Speedup, Version: version, StartedAt: e.start,
-		LastKVSeq: e.model.LastEventSeq(), PrefillUsPerToken: p.Prefill.PerTokenUs, HostGBps: p.HostGBps,
+		LastKVSeq: e.model.LastEventSeq(), PrefillUsPerToken: p.PrefillTokenSec(1) * 1e6, HostGBps: p.HostGBps,
 		NetworkGBps: p.NetworkGBps, MaxNumSeqs: c.MaxNumSeqs, MaxNumBatchedTokens: c.MaxNumBatchedTokens, CanHandOver: true, PromptTokens: true, TokenRequired: e.cfg.Token != "",
 	}
 }

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"math"
+	"sort"
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
@@ -95,20 +96,19 @@ func dynamoReplicas(pr *enginesim.Profile, cfg enginesim.Config, total int, rate
 	// (the profiler runs without prefix caching).
 	b := float64(cfg.MaxNumBatchedTokens)
 	all, topK := pr.PrefillPairs(0, int(isl))
-	perTok := pr.Prefill.PerTokenUs*1e-6 + pr.PrefillAttentionSec(all, topK)/max(isl, 1)
+	perTok := pr.PrefillTokenSec(1) + pr.PrefillAttentionSec(all, topK)/max(isl, 1)
 	prefillTput := b / (pr.Prefill.BaseMs*1e-3 + b*perTok)
 	// A prompt must also meet the TTFT target alone; longer ones cannot,
 	// and the profiler's throughput is what it is.
 	p = int(math.Ceil(rate * isl / prefillTput))
-	// Decode: the largest batch whose pass stays under the ITL target at
-	// the mean context, within max_num_seqs and the KV capacity.
+	// Decode: the largest batch whose step stays under the ITL target at
+	// the mean context, within max_num_seqs and the KV capacity (the step
+	// grows with the batch, not always in a straight line: search it).
 	ctx := isl + osl/2
-	perSeq := pr.Decode.PerSeqUs*1e-6 + pr.DecodeReadSec(ctx, float64(pr.DecodeTopK(int(ctx))))
-	batch := (slaITL.Seconds() - pr.Decode.BaseMs*1e-3) / perSeq
-	batch = min(batch, float64(cfg.MaxNumSeqs), float64(cfg.GPUBlocks*pr.BlockSize)/ctx)
-	batch = max(batch, 1)
-	itl := pr.Decode.BaseMs*1e-3 + batch*perSeq
-	decodeTput := batch / itl
+	limit := min(cfg.MaxNumSeqs, int(float64(cfg.GPUBlocks*pr.BlockSize)/ctx))
+	batch := max(sort.Search(limit, func(b int) bool { return pr.DecodeStepSec(b+1, ctx) > slaITL.Seconds() }), 1)
+	itl := pr.DecodeStepSec(batch, ctx)
+	decodeTput := float64(batch) / itl
 	d = int(math.Ceil(rate * osl / decodeTput))
 	p, d = max(p, 1), max(d, 1)
 	if p+d > total {

@@ -331,7 +331,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		r.byID[id] = i
 		r.view.Nodes = append(r.view.Nodes, routing.Node{ID: id, Dir: dir, Role: role, Serving: true,
 			MaxSeqs: model.Config().MaxNumSeqs, GPUBlocks: model.Config().GPUBlocks,
-			PrefillSecPerToken: p.Prefill.PerTokenUs * 1e-6,
+			PrefillSecPerToken: p.PrefillTokenSec(1),
 			HostSecPerBlock:    blockBytes / (p.HostGBps * 1e9), NetSecPerBlock: blockBytes / (p.NetworkGBps * 1e9)})
 	}
 	r.view.BlockSize = p.BlockSize

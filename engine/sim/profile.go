@@ -45,6 +45,88 @@ type Profile struct {
 	// attends to the top_k keys an indexer picks, and the indexer scores
 	// every key of the context at a smaller cost per pair.
 	Sparse SparseAttention `yaml:"sparse_attention"`
+
+	// MoE, when its experts are set, makes the decode step read the
+	// weights of the routed experts its tokens touch (see ExpertShare).
+	MoE MoE `yaml:"moe"`
+
+	// Checks are the public measurements the costs above are fitted to or
+	// checked against; go test ./engine/sim runs each on the model and
+	// fails when one is off by more than CheckTolerance.
+	Checks []Check `yaml:"checks"`
+}
+
+// MoE describes a mixture-of-experts model's routed experts.
+type MoE struct {
+	Experts         int `yaml:"experts"`           // routed experts per layer
+	ExpertsPerToken int `yaml:"experts_per_token"` // experts each token is routed to (top-k)
+}
+
+// ExpertShare is the share of the routed experts that a pass over tokens
+// tokens reads: 1-(1-k/E)^tokens with E experts and k per token, as if
+// routing were uniform. With 256 experts and top-8 it is 22% at 8 tokens,
+// 40% at 16, 64% at 32 and 87% at 64; 1 for a dense model.
+func (p *Profile) ExpertShare(tokens int) float64 {
+	e, k := p.MoE.Experts, p.MoE.ExpertsPerToken
+	if e <= 0 || k <= 0 || k >= e {
+		return 1
+	}
+	if tokens <= 0 {
+		return 0
+	}
+	return 1 - math.Pow(1-float64(k)/float64(e), float64(tokens))
+}
+
+// CheckTolerance is how far a profile's model may be from each of its
+// Checks: 25% of the public figure.
+const CheckTolerance = 0.25
+
+// Check is one public measurement and the point at which the model is run
+// to compare with it. Exactly one figure is set:
+//   - step_ms: a decode step of batch sequences of context tokens each;
+//   - decode_tok_per_gpu_s: the output rate of such steps, per GPU;
+//   - prefill_tok_per_gpu_s: prompts of prompt tokens in full passes;
+//   - ttft_s: one prompt of prompt tokens alone, from arrival to first token.
+type Check struct {
+	Source  string `yaml:"source"`  // the measurement and where it is published
+	Batch   int    `yaml:"batch"`   // decode: sequences in the step
+	Context int    `yaml:"context"` // decode: context of each sequence, tokens
+	Prompt  int    `yaml:"prompt"`  // prefill: prompt length, tokens
+
+	StepMs            float64 `yaml:"step_ms"`
+	DecodeTokPerGPUs  float64 `yaml:"decode_tok_per_gpu_s"`
+	PrefillTokPerGPUs float64 `yaml:"prefill_tok_per_gpu_s"`
+	TTFTSec           float64 `yaml:"ttft_s"`
+}
+
+// IsDecode reports whether the check runs decode steps (batch and
+// context), not a prefill (prompt).
+func (c *Check) IsDecode() bool { return c.StepMs > 0 || c.DecodeTokPerGPUs > 0 }
+
+// Want is the check's public figure.
+func (c *Check) Want() float64 {
+	return c.StepMs + c.DecodeTokPerGPUs + c.PrefillTokPerGPUs + c.TTFTSec
+}
+
+func (c *Check) validate() error {
+	set := 0
+	for _, v := range []float64{c.StepMs, c.DecodeTokPerGPUs, c.PrefillTokPerGPUs, c.TTFTSec} {
+		switch {
+		case v < 0 || math.IsNaN(v) || math.IsInf(v, 0):
+			return fmt.Errorf("check %q: figures must be finite and positive", c.Source)
+		case v > 0:
+			set++
+		}
+	}
+	switch {
+	case set != 1:
+		return fmt.Errorf("check %q: set exactly one of step_ms, decode_tok_per_gpu_s, prefill_tok_per_gpu_s, ttft_s", c.Source)
+	case c.IsDecode() && (c.Batch < 1 || c.Context < 1):
+		return fmt.Errorf("check %q: a decode check needs batch and context", c.Source)
+	case !c.IsDecode() && c.Prompt < 1:
+		return fmt.Errorf("check %q: a prefill check needs prompt", c.Source)
+	}
+	return nil
 }
 
 // SparseAttention describes DeepSeek Sparse Attention (DSA), which
@@ -58,6 +140,10 @@ type SparseAttention struct {
 	TopK                    int     `yaml:"top_k"`                       // keys each query attends to; 0: dense attention
 	SelectedKVBytesPerToken int     `yaml:"selected_kv_bytes_per_token"` // of kv_bytes_per_token, the part read only for selected keys
 	IndexerPairCost         float64 `yaml:"indexer_pair_cost"`           // an indexer pair's cost, as a share of a dense attention pair's
+	// PerTokenUs is the sparse path's own work per new prefill token
+	// beyond the dense per_token_us (the indexer's projections, each
+	// query's top-k selection, kernels less mature than dense ones).
+	PerTokenUs float64 `yaml:"per_token_us"`
 }
 
 // IsSparse reports whether attention is sparse (top_k set).
@@ -91,6 +177,30 @@ func (p *Profile) DecodeTopK(ctx int) int {
 	return ctx
 }
 
+// PrefillTokenSec is the per-token time of n new prefill tokens, before
+// attention: prefill.per_token_us, and the sparse path's own per_token_us.
+func (p *Profile) PrefillTokenSec(n int) float64 {
+	us := p.Prefill.PerTokenUs
+	if p.IsSparse() {
+		us += p.Sparse.PerTokenUs
+	}
+	return us * 1e-6 * float64(n)
+}
+
+// DecodeBaseSec is a decode step's cost before its per-sequence terms:
+// decode.base_ms and the share of decode.expert_read_ms that tokens
+// routed tokens touch (see ExpertShare).
+func (p *Profile) DecodeBaseSec(tokens int) float64 {
+	return (p.Decode.BaseMs + p.Decode.ExpertReadMs*p.ExpertShare(tokens)) * 1e-3
+}
+
+// DecodeStepSec is the modelled duration of a decode step of batch
+// sequences of ctx context tokens each, and nothing else.
+func (p *Profile) DecodeStepSec(batch int, ctx float64) float64 {
+	b := float64(batch)
+	return p.DecodeBaseSec(batch) + p.Decode.PerSeqUs*1e-6*b + p.DecodeReadSec(b*ctx, b*float64(p.DecodeTopK(int(ctx))))
+}
+
 // PrefillAttentionSec is the attention time of a prefill whose pairs are
 // all and, within each token's top_k, topK (see PrefillPairs).
 func (p *Profile) PrefillAttentionSec(all, topK float64) float64 {
@@ -122,11 +232,15 @@ type PrefillCost struct {
 }
 
 // DecodeCost is the decode part of a pass:
-// base + per_seq * batch + sum(context) * kv_bytes_per_token / (hbm * kv_read_efficiency).
+// base + expert_read * ExpertShare(tokens) + per_seq * batch +
+// sum(context) * kv_bytes_per_token / (hbm * kv_read_efficiency).
 type DecodeCost struct {
 	BaseMs           float64 `yaml:"base_ms"`
 	PerSeqUs         float64 `yaml:"per_seq_us"`
 	KVReadEfficiency float64 `yaml:"kv_read_efficiency"` // share of HBM bandwidth attention reads reach
+	// ExpertReadMs is what reading every routed expert's weights adds to a
+	// step; a step pays the share its tokens touch (MoE, ExpertShare).
+	ExpertReadMs float64 `yaml:"expert_read_ms"`
 }
 
 // GPUBlocks is the GPU KV capacity in blocks.
@@ -193,6 +307,8 @@ func (p *Profile) Validate() error {
 		{!p.IsSparse() || p.Sparse.SelectedKVBytesPerToken > 0 && p.Sparse.SelectedKVBytesPerToken <= p.KVBytesPerToken,
 			"sparse_attention.selected_kv_bytes_per_token must be positive and at most kv_bytes_per_token"},
 		{!p.IsSparse() || p.Sparse.IndexerPairCost >= 0 && p.Sparse.IndexerPairCost <= 1, "sparse_attention.indexer_pair_cost must be between 0 and 1"},
+		{p.Sparse.PerTokenUs >= 0 && p.Decode.ExpertReadMs >= 0, "sparse_attention.per_token_us and decode.expert_read_ms must not be negative"},
+		{p.MoE.Experts >= 0 && p.MoE.ExpertsPerToken >= 0 && p.MoE.ExpertsPerToken <= p.MoE.Experts, "moe: experts and experts_per_token must not be negative, and a token takes at most every expert"},
 	}
 	for _, c := range checks {
 		if !c.ok {
@@ -204,9 +320,15 @@ func (p *Profile) Validate() error {
 		v    float64
 	}{{"hbm_gbps", p.HBMGBps}, {"host_gbps", p.HostGBps}, {"network_gbps", p.NetworkGBps},
 		{"prefill.base_ms", p.Prefill.BaseMs}, {"prefill.per_token_us", p.Prefill.PerTokenUs}, {"prefill.per_token_context_ns", p.Prefill.PerTokenContextNs},
-		{"decode.base_ms", p.Decode.BaseMs}, {"decode.per_seq_us", p.Decode.PerSeqUs}, {"sparse_attention.indexer_pair_cost", p.Sparse.IndexerPairCost}} {
+		{"decode.base_ms", p.Decode.BaseMs}, {"decode.per_seq_us", p.Decode.PerSeqUs}, {"decode.expert_read_ms", p.Decode.ExpertReadMs},
+		{"sparse_attention.indexer_pair_cost", p.Sparse.IndexerPairCost}, {"sparse_attention.per_token_us", p.Sparse.PerTokenUs}} {
 		if math.IsInf(f.v, 0) || math.IsNaN(f.v) {
 			return fmt.Errorf("profile %q: %s must be a finite number, not %v", p.Name, f.name, f.v)
+		}
+	}
+	for i := range p.Checks {
+		if err := p.Checks[i].validate(); err != nil {
+			return fmt.Errorf("profile %q: %w", p.Name, err)
 		}
 	}
 	return nil

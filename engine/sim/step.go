@@ -240,10 +240,11 @@ func (m *Model) passTime(st *PassStats) time.Duration {
 		base = p.Prefill.BaseMs * 1e-3
 	}
 	if st.DecodeSeqs > 0 {
-		base = max(base, p.Decode.BaseMs*1e-3)
+		// The experts read are those of every token in the pass.
+		base = max(base, p.DecodeBaseSec(st.DecodeSeqs+st.PrefillTokens))
 	}
 	t := base +
-		p.Prefill.PerTokenUs*1e-6*float64(st.PrefillTokens) +
+		p.PrefillTokenSec(st.PrefillTokens) +
 		p.PrefillAttentionSec(st.PrefillAttended, st.PrefillTopK) +
 		p.Decode.PerSeqUs*1e-6*float64(st.DecodeSeqs) +
 		p.DecodeReadSec(float64(st.DecodeContext), float64(st.DecodeTopK)) +
