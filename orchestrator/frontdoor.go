@@ -189,7 +189,7 @@ func (o *Orchestrator) view(chain []kv.BlockHash, m *kv.Match, exclude map[strin
 		blockBytes := float64(n.reg.BlockSize * n.reg.KVBytesPerToken)
 		rn := routing.Node{
 			ID: id, Dir: n.dir, Role: n.role, Serving: n.state == StateServing && !exclude[id],
-			Running: n.hb.Running, Waiting: n.hb.Waiting, MaxSeqs: n.reg.MaxNumSeqs,
+			Running: n.hb.Running, Waiting: n.hb.Waiting, MaxSeqs: n.reg.MaxNumSeqs, MaxBatchedTokens: n.reg.MaxNumBatchedTokens,
 			GPUBlocks: n.reg.GPUBlocks, GPUBlocksUse: int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
 			PrefillSecPerToken: n.reg.PrefillUsPerToken * 1e-6, SelfManagedKV: n.reg.SelfManagedKV,
 		}

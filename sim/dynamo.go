@@ -110,6 +110,7 @@ func (r *run) ready(i int) {
 	}
 	e.state = engActive
 	r.res.RoleSwitches++
+	r.drainRouterQueue() // a new worker is not busy
 }
 
 // remove ends a removed worker's grace: what it still serves aborts and is
@@ -156,4 +157,5 @@ func (r *run) remove(i int) {
 	if r.pol.SLAPlanner {
 		r.slaFill() // a freed slot may be what a growing pool waits for
 	}
+	r.drainRouterQueue()
 }

@@ -134,8 +134,9 @@ type Result struct {
 	ComputedTokens    int64   `json:"computed_tokens"`
 	LostKVReuse       int64   `json:"lost_kv_reuse_tokens"`
 	RoleSwitches      int     `json:"role_switches"`
-	Retried           int     `json:"requests_retried"`    // aborted by a worker's removal and sent again
-	HandedOver        int     `json:"decodes_handed_over"` // decoding sequences moved to a peer before a switch
+	Retried           int     `json:"requests_retried"`       // aborted by a worker's removal and sent again
+	RouterQueued      int     `json:"requests_router_queued"` // held in the router's queue (Dynamo's) before routing
+	HandedOver        int     `json:"decodes_handed_over"`    // decoding sequences moved to a peer before a switch
 	Preemptions       uint64  `json:"preemptions"`
 	EnginePasses      uint64  `json:"engine_passes"` // forward passes simulated
 	VirtualSec        float64 `json:"virtual_s"`

@@ -147,8 +147,10 @@ type request struct {
 	// Leg progress, for aborts when a worker is removed.
 	prefillDone, decodeStarted bool
 	retry                      bool
-	attempt                    int // bumped on every routing; stale events are ignored
-	pendingAt                  int // 1 + the engine whose pendingDecodes counts this request; 0: none
+	queued                     bool // waited in the router's queue (Dynamo's): counted from its first arrival
+	fromQueue                  bool // leaving the router's queue now
+	attempt                    int  // bumped on every routing; stale events are ignored
+	pendingAt                  int  // 1 + the engine whose pendingDecodes counts this request; 0: none
 	carry                      *carried
 	migrations                 int
 	branch                     string         // as the branch tracker named it
@@ -210,6 +212,10 @@ type sessionState struct {
 }
 
 type run struct {
+	// routerQueue holds, in arrival order, requests a queueing policy
+	// (Dynamo's router) keeps back while every engine is busy.
+	routerQueue []*request
+
 	sc      Scenario
 	pol     Policy
 	now     time.Time
@@ -330,7 +336,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		r.engines = append(r.engines, &engine{id: id, dir: dir, model: model, role: role})
 		r.byID[id] = i
 		r.view.Nodes = append(r.view.Nodes, routing.Node{ID: id, Dir: dir, Role: role, Serving: true,
-			MaxSeqs: model.Config().MaxNumSeqs, GPUBlocks: model.Config().GPUBlocks,
+			MaxSeqs: model.Config().MaxNumSeqs, MaxBatchedTokens: model.Config().MaxNumBatchedTokens, GPUBlocks: model.Config().GPUBlocks,
 			PrefillSecPerToken: p.PrefillTokenSec(1),
 			HostSecPerBlock:    blockBytes / (p.HostGBps * 1e9), NetSecPerBlock: blockBytes / (p.NetworkGBps * 1e9)})
 	}
@@ -496,9 +502,10 @@ func (r *run) nextCall(ls *laneState) {
 	r.push(&event{at: r.now.Add(call.Think), kind: evArrive, req: req})
 }
 
-// arrive routes a call and submits its first leg.
+// arrive routes a call and submits its first leg, or queues it at the
+// router while a queueing policy (Dynamo's) finds every engine busy.
 func (r *run) arrive(req *request) {
-	if !req.retry {
+	if !req.retry && !req.queued {
 		req.arrival = r.now
 		req.scored = !r.now.Before(r.scoreFrom)
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
@@ -510,15 +517,17 @@ func (r *run) arrive(req *request) {
 			r.slaObserve(len(req.call.Tokens), req.call.MaxTokens)
 		}
 	}
+	r.refreshView()
+	if q, ok := r.router.(routing.Queuer); ok && (len(r.routerQueue) > 0 && !req.fromQueue || q.Busy(&r.view)) {
+		// Behind those already waiting, first come first served.
+		req.queued = true
+		r.routerQueue = append(r.routerQueue, req)
+		r.res.RouterQueued++
+		return
+	}
+	req.fromQueue = false
 	req.prefillDone, req.decodeStarted = false, false
 	req.attempt++
-	for i, e := range r.engines {
-		v := &r.view.Nodes[i]
-		v.Running, v.Waiting = e.stats.Running, e.stats.Waiting
-		v.GPUBlocksUse = e.stats.GPUBlocksUsed
-		v.Serving = e.state == engActive && !e.switching
-		v.Role = e.role
-	}
 	var m kv.Match
 	r.dir.Match(req.chain, &m)
 	rr := &routing.Request{ID: req.id, Tokens: len(req.call.Tokens), Chain: req.chain, Match: &m, MaxTokens: req.call.MaxTokens}
@@ -553,6 +562,38 @@ func (r *run) arrive(req *request) {
 	r.submit(req, req.prefillAt, sr)
 }
 
+// refreshView copies the engines' load and state into the router's view.
+func (r *run) refreshView() {
+	for i, e := range r.engines {
+		v := &r.view.Nodes[i]
+		v.Running, v.Waiting = e.stats.Running, e.stats.Waiting
+		v.GPUBlocksUse = e.stats.GPUBlocksUsed
+		v.Serving = e.state == engActive && !e.switching
+		v.Role = e.role
+	}
+}
+
+// drainRouterQueue routes the requests waiting in the router's queue, in
+// order, while the policy no longer finds every engine busy; called when
+// load leaves an engine.
+func (r *run) drainRouterQueue() {
+	q, ok := r.router.(routing.Queuer)
+	if !ok {
+		return
+	}
+	for len(r.routerQueue) > 0 {
+		r.refreshView()
+		if q.Busy(&r.view) {
+			return
+		}
+		req := r.routerQueue[0]
+		r.routerQueue[0] = nil
+		r.routerQueue = r.routerQueue[1:]
+		req.fromQueue = true
+		r.arrive(req)
+	}
+}
+
 // submit gives a leg to engine i; if the engine refuses it, the request is
 // dropped and its agent moves on.
 func (r *run) submit(req *request, i int, sr enginesim.Request) {
@@ -564,6 +605,7 @@ func (r *run) submit(req *request, i int, sr enginesim.Request) {
 		r.router.Finished(r.now, req.id)
 		delete(r.reqs, req.id)
 		r.nextCall(req.lane)
+		r.drainRouterQueue()
 		return
 	}
 	r.kick(i)
@@ -641,6 +683,9 @@ func (r *run) step(i int) {
 		r.observePass(e, d, &out.Stats)
 		for _, f := range out.Finished {
 			r.finished(e, i, f, end)
+		}
+		if len(out.Finished) > 0 {
+			r.drainRouterQueue()
 		}
 		e.scheduled = true
 		r.push(&event{at: end, kind: evStep, eng: i})

@@ -308,3 +308,30 @@ func TestDynamoStaticUsesProfiledSplit(t *testing.T) {
 		}
 	}
 }
+
+// Dynamo's router queues requests while every prefill worker is past its
+// queue threshold (16 token budgets of active prefill): an opening burst of
+// long prompts on one prefill engine waits at the router, then every one
+// is served; evolve's router never queues there.
+func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
+	p, err := enginesim.LoadProfile("gb300-glm5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := Scenario{Profile: p, Engines: 2, Workload: "coding", Agents: 40, Warmup: 0, Duration: 4 * time.Minute, Seed: 2}
+	for _, name := range []string{"dynamo-static:1:1", "static:1:1"} {
+		pol, err := ParsePolicy(name, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res, err := Run(sc, pol)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %d held at the router, %d served", name, res.RouterQueued, res.Requests)
+		queued := res.RouterQueued > 0
+		if queued != (name == "dynamo-static:1:1") || res.Requests < 40 {
+			t.Errorf("%s: %d requests held at the router, %d served", name, res.RouterQueued, res.Requests)
+		}
+	}
+}

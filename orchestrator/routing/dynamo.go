@@ -12,16 +12,28 @@ import (
 // bookkeeping and no knowledge Dynamo lacks. Per worker w and request with
 // prompt length ISL and n full blocks:
 //
-//	prefill_blocks_w = (active_prefill_tokens_w + ISL - overlap_w*bs) / bs
+//	credit_w         = device_overlap_w + 0.75 * host_overlap_w
+//	prefill_blocks_w = (active_prefill_tokens_w + ISL - credit_w*bs) / bs
 //	decode_blocks_w  = active_blocks_w + (n - depth_w)
 //	cost_w           = prefill_blocks_w + decode_blocks_w, argmin, ties at random
 //
-// overlap_w counts the leading blocks w has cached (GPU or host: KVBM merges
-// tiers), from the engines' KV events; depth_w how far the chain matches
-// blocks already in flight on w. With both prefill and decode workers it
-// routes disaggregated: the prefill stage by the prefill term alone, the
-// decode stage by in-flight blocks counted in full (no dedup, no cache
-// credit), and every request is prefilled remotely.
+// device_overlap_w counts the leading blocks w has on GPU and host_overlap_w
+// the blocks past them in its host tier (KVBM), from the engines' KV events;
+// a host hit is worth host_cache_hit_weight 0.75 of a device hit
+// (lib/kv-router/src/scheduling/config.rs, default_host_cache_hit_weight;
+// applied in scheduling/selector/default.rs, worker_logit). depth_w is how
+// far the chain matches blocks already in flight on w: with
+// router_assume_kv_reuse (default true) active blocks are de-duplicated by
+// hash. With both prefill and decode workers it routes disaggregated: the
+// prefill stage by the prefill term alone, the decode stage by in-flight
+// blocks summed per request (the decode override sets assume_kv_reuse
+// false and overlap credit 0: sequences/prompt_registry.rs,
+// potential_decode_blocks), and every request is prefilled remotely.
+//
+// Router queue (scheduling/queue.rs): when every worker that prefills has
+// active prefill tokens above router_queue_threshold (default 16.0) times
+// its max_num_batched_tokens, new requests wait at the router, first come
+// first served, until one drops below (Busy).
 type Dynamo struct {
 	workers map[string]*dynWorker
 	reqs    map[string]*dynRequest
@@ -63,13 +75,26 @@ func (d *Dynamo) worker(id string) *dynWorker {
 	return w
 }
 
-// costs of one worker for request r.
+// DynamoHostCacheHitWeight is what a block in a worker's host tier is
+// worth against one on its GPU (host_cache_hit_weight).
+const DynamoHostCacheHitWeight = 0.75
+
+// DynamoQueueThreshold is router_queue_threshold: the router queues when
+// every prefilling worker has more active prefill tokens than this many
+// times its max_num_batched_tokens.
+const DynamoQueueThreshold = 16.0
+
+// costs of one worker for request r; overlap is the leading blocks it
+// holds, GPU or host, which its prefill will not compute.
 func (d *Dynamo) costs(n *Node, r *Request, bs int) (prefillBlocks, decodeBlocks float64, overlap int) {
 	w := d.worker(n.ID)
+	credit := 0.0
 	if r.Match != nil {
-		overlap = r.Match.For(n.Dir).Local
+		m := r.Match.For(n.Dir)
+		overlap = m.Local
+		credit = float64(m.GPU) + DynamoHostCacheHitWeight*float64(m.Local-m.GPU)
 	}
-	prefillBlocks = (w.activePrefillTokens + float64(r.Tokens) - float64(overlap*bs)) / float64(bs)
+	prefillBlocks = (w.activePrefillTokens + float64(r.Tokens) - credit*float64(bs)) / float64(bs)
 	depth := 0
 	for depth < len(r.Chain) && w.activeBlocks[r.Chain[depth]] > 0 {
 		depth++
@@ -133,6 +158,27 @@ func (d *Dynamo) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 		prefillTokens: float64(r.Tokens - overlaps[pi]*bs), decodeBlocks: len(r.Chain)}
 	d.admit(r.ID, req, false)
 	return Decision{Prefill: ps[pi].ID, Decode: ds[di].ID, Disaggregated: true, Reason: "dynamo: disaggregated, prefill by queued prefill, decode by in-flight blocks"}, nil
+}
+
+// Busy reports whether Dynamo's router would queue a new request now:
+// every serving worker that prefills (the prefill pool when there is one,
+// else every worker) has active prefill tokens above DynamoQueueThreshold
+// times its max_num_batched_tokens. A worker whose budget is unknown is
+// never counted busy.
+func (d *Dynamo) Busy(v *View) bool {
+	pool := serving(v, Prefill)
+	if len(pool) == 0 || len(serving(v, Decode)) == 0 {
+		pool = append(pool, serving(v, Decode)...)
+	}
+	if len(pool) == 0 {
+		return false
+	}
+	for _, n := range pool {
+		if n.MaxBatchedTokens <= 0 || d.worker(n.ID).activePrefillTokens <= DynamoQueueThreshold*float64(n.MaxBatchedTokens) {
+			return false
+		}
+	}
+	return true
 }
 
 func (d *Dynamo) admit(id string, req *dynRequest, aggregated bool) {

@@ -48,11 +48,12 @@ type Node struct {
 	Serving bool // false while down or draining away from its role
 
 	// Load, from heartbeats and the router's own bookkeeping.
-	Running      int
-	Waiting      int
-	MaxSeqs      int
-	GPUBlocks    int // KV capacity
-	GPUBlocksUse int // blocks in use by sequences
+	Running          int
+	Waiting          int
+	MaxSeqs          int
+	MaxBatchedTokens int // the engine's max_num_batched_tokens; 0 if unknown
+	GPUBlocks        int // KV capacity
+	GPUBlocksUse     int // blocks in use by sequences
 
 	// Costs, learned or from the profile.
 	PrefillSecPerToken float64 // marginal prefill time per uncached token
@@ -114,6 +115,14 @@ type Policy interface {
 	Route(now time.Time, r *Request, v *View) (Decision, error)
 	FirstToken(now time.Time, reqID string)
 	Finished(now time.Time, reqID string)
+}
+
+// Queuer is a policy that holds new requests at the router while every
+// engine is busy (Dynamo's router queue): the caller asks Busy before
+// Route, keeps the request in arrival order while it is true, and asks
+// again whenever load leaves an engine (a first token, a finish).
+type Queuer interface {
+	Busy(v *View) bool
 }
 
 // New returns the named policy: evolve, dynamo or round-robin.

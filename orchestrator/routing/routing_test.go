@@ -116,6 +116,65 @@ func TestDynamoCreditsCachedOverlapIncludingHost(t *testing.T) {
 	}
 }
 
+// A block in a worker's host tier is worth 0.75 of one on its GPU
+// (host_cache_hit_weight): 40 blocks on GPU beat 50 on host, 60 on host
+// beat 40 on GPU.
+func TestDynamoWeighsHostHitsAtThreeQuarters(t *testing.T) {
+	for _, tc := range []struct {
+		hostBlocks int
+		want       string
+	}{{50, "gpu"}, {60, "host"}} {
+		c := newCluster(t)
+		c.node("gpu", Decode)
+		c.node("host", Decode)
+		r := c.request("r", 1024, 2)
+		c.holds("gpu", r.Chain, 0, 40, kv.TierGPU)
+		c.holds("host", r.Chain, 0, tc.hostBlocks, kv.TierHost)
+		c.rematch(r)
+		d := NewDynamo()
+		p, _, overlap := d.costs(c.get("host"), r, bs)
+		if want := (1024 - 0.75*float64(tc.hostBlocks)*bs) / bs; p != want || overlap != tc.hostBlocks {
+			t.Fatalf("host worker: prefill blocks %v overlap %d, want %v and %d", p, overlap, want, tc.hostBlocks)
+		}
+		if dec, _ := d.Route(t0, r, &c.v); dec.Prefill != tc.want {
+			t.Errorf("%d host blocks against 40 on GPU: picked %s, want %s", tc.hostBlocks, dec.Prefill, tc.want)
+		}
+	}
+}
+
+// Dynamo's router queues once every prefilling worker holds more than 16
+// times its token budget in active prefill, and not before; a worker whose
+// budget is unknown is never busy.
+func TestDynamoBusyPastItsQueueThreshold(t *testing.T) {
+	c := newCluster(t)
+	for _, id := range []string{"p1", "p2"} {
+		c.node(id, Prefill).MaxBatchedTokens = 64
+	}
+	c.node("d1", Decode).MaxBatchedTokens = 64
+	d := NewDynamo()
+	if d.Busy(&c.v) {
+		t.Fatal("busy with nothing in flight")
+	}
+	d.worker("p1").activePrefillTokens = 16*64 + 1
+	if d.Busy(&c.v) {
+		t.Fatal("busy with one prefill worker under the threshold")
+	}
+	d.worker("p2").activePrefillTokens = 16 * 64
+	if d.Busy(&c.v) {
+		t.Fatal("busy at the threshold, not past it")
+	}
+	d.worker("p2").activePrefillTokens++
+	if !d.Busy(&c.v) {
+		t.Fatal("not busy with every prefill worker past the threshold")
+	}
+	// The decode pool's load does not count when a prefill pool exists;
+	// without budgets nothing is busy.
+	c.get("p2").MaxBatchedTokens = 0
+	if d.Busy(&c.v) {
+		t.Fatal("busy with a worker of unknown budget")
+	}
+}
+
 // Identical prefixes in a burst see no overlap (no KV event yet) and spread
 // by load, as Dynamo's do.
 func TestDynamoBurstSpreadsByLoad(t *testing.T) {
