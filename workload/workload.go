@@ -53,7 +53,7 @@ type Model interface {
 	NewSession(r *rand.Rand, agent, seq int, elapsed time.Duration) *Session
 }
 
-// New returns a model by name: coding, math, computer-use, a mix such as
+// New returns a model by name: coding, claude-code, math, computer-use, a mix such as
 // "mix:coding=3,math=1", or a shift such as "shift:math>computer-use:1h:1h:1h"
 // (first model for 1 h, a linear change over 1 h, the second for 1 h).
 // agents is the fleet size (coding shares repositories among agents/4).
@@ -61,6 +61,8 @@ func New(name string, agents int) (Model, error) {
 	switch {
 	case name == "coding":
 		return NewCoding(agents), nil
+	case name == "claude-code":
+		return NewClaudeCode(agents), nil
 	case name == "math":
 		return NewMath(), nil
 	case name == "computer-use":
@@ -72,11 +74,11 @@ func New(name string, agents int) (Model, error) {
 	case strings.HasPrefix(name, "shift:"):
 		return parseShift(strings.TrimPrefix(name, "shift:"), agents)
 	}
-	return nil, fmt.Errorf("unknown workload %q (want coding, math, computer-use, mix:A=w,B=w or shift:A>B:T1:T2:T3)", name)
+	return nil, fmt.Errorf("unknown workload %q (want coding, claude-code, math, computer-use, mix:A=w,B=w or shift:A>B:T1:T2:T3)", name)
 }
 
 // Names lists the plain models.
-func Names() []string { return []string{"coding", "math", "computer-use", "shift"} }
+func Names() []string { return []string{"coding", "claude-code", "math", "computer-use", "shift"} }
 
 // Mix picks a model for each new session by weight.
 type Mix struct {

@@ -267,3 +267,44 @@ func TestCodingSessionsStartConcurrently(t *testing.T) {
 		t.Error(e)
 	}
 }
+
+// The claude-code model matches the research system's figures: about 117
+// LLM calls a session, sub-agents included, and about 20 s of tool time
+// between calls; the coding model keeps the public traces' 56 and 4 s.
+func TestClaudeCodeSessionsAreLongAndSlow(t *testing.T) {
+	for _, tc := range []struct {
+		m                  Model
+		name               string
+		calls, think       float64 // means
+		callsTol, thinkTol float64
+	}{
+		{NewClaudeCode(8), "claude-code", 117, 20, 12, 2.5},
+		{NewCoding(8), "coding", 56, 4.2, 8, 1},
+	} {
+		m, _ := New(tc.name, 8)
+		if m.Name() != tc.name || tc.m.Name() != tc.name {
+			t.Fatalf("New(%q) is %q", tc.name, m.Name())
+		}
+		r := rand.New(rand.NewPCG(5, 6))
+		calls, thinks, think := 0, 0, 0.0
+		const sessions = 200
+		for seq := range sessions {
+			s := m.NewSession(r, seq%8, seq, 0)
+			if s.Model != tc.name {
+				t.Fatalf("session of %s says %q", tc.name, s.Model)
+			}
+			for _, c := range run(s, fakeAnswer)[0] {
+				calls++
+				if c.Think > 0 {
+					thinks++
+					think += c.Think.Seconds()
+				}
+			}
+		}
+		gotCalls, gotThink := float64(calls)/sessions, think/float64(thinks)
+		t.Logf("%s: %.1f calls a session, %.1f s of tool time a call", tc.name, gotCalls, gotThink)
+		if gotCalls < tc.calls-tc.callsTol || gotCalls > tc.calls+tc.callsTol || gotThink < tc.think-tc.thinkTol || gotThink > tc.think+tc.thinkTol {
+			t.Errorf("%s: %.1f calls a session and %.1f s of tool time, want about %.0f and %.1f", tc.name, gotCalls, gotThink, tc.calls, tc.think)
+		}
+	}
+}

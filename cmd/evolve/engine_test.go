@@ -534,8 +534,9 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 	for name, want := range map[string]scenario{
 		"putnam":             {"math", 160, 36, "gb300-glm5"},
 		"osworld":            {"computer-use", 160, 36, "gb300-kimi-k2"},
-		"claude-code-126x36": {"coding", 126, 36, "gb300-glm5"},
-		"claude-code-high":   {"coding", 160, 36, "gb300-glm5"},
+		"claude-code-126x36": {"claude-code", 126, 36, "gb300-glm5"},
+		"claude-code-high":   {"claude-code", 160, 36, "gb300-glm5"},
+		"coding-126x36":      {"coding", 126, 36, "gb300-glm5"},
 		"shift-math-cu-3h":   {"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2"},
 	} {
 		out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", "static:4:5", "-o", "json")
@@ -549,7 +550,8 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 	// --help lists every preset with what it runs, aliases beside their level.
 	help, _ := runBinOut(t, nil, "sim", "--help")
 	for _, line := range []string{
-		"  claude-code-126x36      126   36  gb300-glm5     30m + 1h         coding\n",
+		"  claude-code-126x36      126   36  gb300-glm5     30m + 1h         claude-code\n",
+		"  coding-126x36           126   36  gb300-glm5     30m + 1h         coding\n",
 		"  putnam-mid, putnam      160   36  gb300-glm5     10m + 1h         math\n",
 		"  osworld-low              96   36  gb300-kimi-k2  10m + 1h         computer-use\n",
 		"  shift-math-cu-3h        160   36  gb300-kimi-k2  10m + 3h         shift:math>computer-use:1h:1h:1h\n",

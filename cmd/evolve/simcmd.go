@@ -41,14 +41,18 @@ var presets = map[string]preset{}
 
 func init() {
 	add := func(name string, p preset) { presets[name] = p }
-	add("claude-code-126x36", preset{"coding", 126, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
+	// The claude-code presets run the workload shaped by the research
+	// system's Claude Code figures (117 calls a session, ~20 s of tool time
+	// a call); coding-126x36 the same fleet on the public-trace coding model.
+	add("claude-code-126x36", preset{"claude-code", 126, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
+	add("coding-126x36", preset{"coding", 126, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
 	add("shift-math-cu-3h", preset{"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2", 10 * time.Minute, 3 * time.Hour})
 	for _, lvl := range []struct {
 		name          string
 		math, cc, osw int
 	}{{"low", 96, 96, 96}, {"mid", 160, 126, 160}, {"high", 224, 160, 224}} {
 		add("putnam-"+lvl.name, preset{"math", lvl.math, 36, "gb300-glm5", 10 * time.Minute, time.Hour})
-		add("claude-code-"+lvl.name, preset{"coding", lvl.cc, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
+		add("claude-code-"+lvl.name, preset{"claude-code", lvl.cc, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
 		add("osworld-"+lvl.name, preset{"computer-use", lvl.osw, 36, "gb300-kimi-k2", 10 * time.Minute, time.Hour})
 	}
 	// The experiments' own names run their middle level.
@@ -147,10 +151,10 @@ the research system's experiments:
 		RunE: runSim,
 	}
 	f := cmd.Flags()
-	f.String("preset", "", "scenario preset, named after the research system's experiments: claude-code-126x36, shift-math-cu-3h, and putnam, osworld, claude-code at -low, -mid or -high concurrency (putnam and osworld alone: -mid); flags given alongside override it")
+	f.String("preset", "", "scenario preset, named after the research system's experiments: claude-code-126x36, coding-126x36, shift-math-cu-3h, and putnam, osworld, claude-code at -low, -mid or -high concurrency (putnam and osworld alone: -mid); flags given alongside override it")
 	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
-	f.String("workload", "coding", "agent workload")
+	f.String("workload", "coding", "agent workload: coding, claude-code, math, computer-use, mix:A=w,B=w or shift:A>B:T1:T2:T3")
 	f.Int("kv-block-tokens", 0, "model KV in blocks of this many tokens, a power-of-two multiple of the profile's block size, for every policy alike: "+
 		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (on claude-code-126x36, 128: 1.9x faster, mean E2E within 1%; 256: 2.6x faster, within 3%; TTFT tails can move more, see the README); 0: the profile's")
 	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes, as the live orchestrator does with evolve's engines; false: the node finishes them first, as a live node running vLLM does (vLLM cannot hand a decode over)")
