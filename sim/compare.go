@@ -20,8 +20,9 @@ import (
 // splits and the shipped planner. ":best-throughput" sweeps the same runs
 // and reports the one with the most output tokens a second: where
 // throughput is the claim, the baseline is the best for throughput, which
-// need not be the best for latency. "oracle" takes the best static split
-// minute by minute (see Oracle). Independent runs use every core; the
+// need not be the best for latency. "oracle" searches schedules of splits
+// from the best static one, by mean end-to-end latency, and
+// "oracle-throughput" by output tokens a second (see oracle.go). Independent runs use every core; the
 // results do not depend on how many there are. hooks may be nil.
 func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	// Expand every name into the runs it needs.
@@ -56,7 +57,7 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	for _, name := range names {
 		var m []string
 		switch sweep, _ := strings.CutSuffix(name, "-throughput"); {
-		case name == "oracle", sweep == "static:best":
+		case sweep == "oracle", sweep == "static:best":
 			m = splits("static")
 		case sweep == "dynamo-static:best":
 			m = splits("dynamo-static")
@@ -155,12 +156,42 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 			continue
 		}
 		switch {
-		case name == "oracle":
+		case name == "oracle", name == "oracle-throughput":
 			runs := make([]Result, len(m))
 			for i, n := range m {
 				runs[i] = need[n].res
 			}
-			out = append(out, oracleOf(sc, runs))
+			wins := better
+			if name == "oracle-throughput" {
+				wins = moreThroughput
+			}
+			var progress func(done, total int) bool
+			if hooks != nil {
+				if hooks.Start != nil {
+					hooks.Start(name)
+				}
+				span := sc.Warmup + sc.Duration
+				progress = func(done, total int) bool {
+					if hooks.Progress != nil && total > 0 {
+						hooks.Progress(name, time.Duration(done)*span/time.Duration(total), span)
+					}
+					return hooks.Cancelled != nil && hooks.Cancelled()
+				}
+			}
+			res, err := oracleSearch(sc, name, runs, wins, progress)
+			var ie *InterruptedError
+			switch {
+			case errors.As(err, &ie):
+				cut.Unfinished = append(cut.Unfinished, ie.Unfinished...)
+				cut.Names = append(cut.Names, name)
+				continue
+			case err != nil:
+				return nil, err
+			}
+			if hooks != nil && hooks.Done != nil {
+				hooks.Done(name, res)
+			}
+			out = append(out, res)
 		case strings.HasSuffix(name, ":best"), strings.HasSuffix(name, ":best-throughput"):
 			wins := better
 			if strings.HasSuffix(name, "-throughput") {

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"sort"
 	"time"
 
@@ -70,25 +71,76 @@ func (r *run) planStep() {
 			r.view.Nodes[i].PrefillSecPerToken = sec
 		}
 	}
+	if !r.pol.Planner {
+		return // learning only: no node moves
+	}
 	for _, m := range r.planner.Step(r.now, nodes) {
-		i := r.byID[m.Node]
-		e := r.engines[i]
-		e.switching = true
-		e.switchTo = routing.Decode
+		to := routing.Decode
 		if m.To == planner.Prefill {
-			e.switchTo = routing.Prefill
+			to = routing.Prefill
 		}
-		e.switchWhy = "planner"
+		why := "planner"
 		if ds := r.planner.Status().Decisions; len(ds) > 0 {
-			e.switchWhy = "planner: " + ds[len(ds)-1].Reason
+			why = "planner: " + ds[len(ds)-1].Reason
 		}
-		if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
-			r.res.RoleSwitches++
+		r.startSwitch(r.byID[m.Node], to, why)
+	}
+}
+
+// startSwitch begins moving engine i to role to: it leaves the router's
+// view, hands its decodes over (unless the scenario drains), and takes
+// the role once empty (switchStep).
+func (r *run) startSwitch(i int, to routing.Role, why string) {
+	e := r.engines[i]
+	e.switching, e.switchTo, e.switchWhy = true, to, why
+	if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
+		r.res.RoleSwitches++
+	}
+	if e.role == routing.Decode && !r.sc.DrainSwitches {
+		r.handOver(i)
+	}
+	r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
+}
+
+// applySchedule starts the switches that bring the cluster to ch's split:
+// the least loaded engines of the role that has too many move, by the
+// same protocol as the planner's.
+func (r *run) applySchedule(ch SplitChange) {
+	bound := func(e *engine) routing.Role {
+		if e.switching {
+			return e.switchTo
 		}
-		if e.role == routing.Decode && !r.sc.DrainSwitches {
-			r.handOver(i)
+		return e.role
+	}
+	prefill := 0
+	for _, e := range r.engines {
+		if bound(e) == routing.Prefill {
+			prefill++
 		}
-		r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
+	}
+	for prefill != ch.Prefill {
+		from, to := routing.Decode, routing.Prefill
+		if prefill > ch.Prefill {
+			from, to = routing.Prefill, routing.Decode
+		}
+		best, load := -1, 0
+		for i, e := range r.engines {
+			if e.switching || e.state != engActive || e.role != from {
+				continue
+			}
+			if l := e.stats.Running + e.stats.Waiting; best < 0 || l < load {
+				best, load = i, l
+			}
+		}
+		if best < 0 {
+			return // every engine of that role is already moving
+		}
+		r.startSwitch(best, to, fmt.Sprintf("schedule: %d:%d", ch.Prefill, len(r.engines)-ch.Prefill))
+		if to == routing.Prefill {
+			prefill++
+		} else {
+			prefill--
+		}
 	}
 }
 

@@ -1,65 +1,127 @@
 package sim
 
 import (
+	"fmt"
+	"runtime"
+	"strings"
+	"sync"
 	"time"
-
-	"github.com/evolvellm/evolve/workload"
 )
 
-// oracleOf builds the upper limit named "oracle" in Compare: every fixed
-// split runs the whole scenario, and for each minute the oracle takes the
-// split that served that minute best (lowest mean end-to-end latency of the
-// requests arriving in it), as if
-// it had known the future and switched for free. Gluing minutes from
-// different runs ignores that the state a minute starts from depends on
-// the split before it, so the oracle is optimistic: a limit, not a policy.
-func oracleOf(sc Scenario, runs []Result) Result {
-	out := Result{Policy: "oracle", Split: "per minute"}
-	var e2e, ttft []float64
-	var tokens int64
-	prev := -1
-	for wi := range runs[0].Timeline {
-		start := runs[0].Timeline[wi].Start
-		if start < sc.Warmup || start >= sc.Warmup+sc.Duration {
-			continue
+// The oracle is the best schedule of splits the search finds with the
+// future known: evolve's router and KV handling, switches by evolve's
+// protocol (hand-over, drain, host copy) at set times, and no planner.
+// Forking the simulator is replaying it: a run is a pure function of its
+// scenario and policy, so a schedule's runs share their past exactly.
+//
+// The search starts from the best static split (every static run, already
+// made for static:best) and walks the run's boundaries, one every
+// OracleSegment from its start: at each it tries moving the split by up
+// to OracleReach engines from there on, runs each candidate to the end,
+// and keeps the best by the metric being reported, or none if none
+// beats the schedule so far. Each kept schedule is at least as good as
+// the one before it, so the oracle is never below static:best; it is a
+// greedy search, so a schedule it does not try may still do better.
+const (
+	DefaultOracleSegment = 10 * time.Minute
+	OracleReach          = 2
+)
+
+// oracleSearch runs the search for the policy called name, judging runs
+// with wins (better or moreThroughput); static holds the static runs by
+// prefill engines, static[p-1] for p:n-p. progress, when set, hears how
+// many of the boundaries are done and may stop the search (true).
+func oracleSearch(sc Scenario, name string, static []Result, wins func(a, b Result) bool, progress func(done, total int) bool) (Result, error) {
+	best, p0 := static[0], 1
+	for i, r := range static[1:] {
+		if wins(r, best) {
+			best, p0 = r, i+2
 		}
-		best := 0
-		bestMean := -1.0
-		for k, r := range runs {
-			if wi >= len(r.Timeline) || r.Timeline[wi].Requests == 0 {
-				continue
-			}
-			m := workload.Summarize(append([]float64(nil), r.Timeline[wi].e2e...)).Mean
-			if bestMean < 0 || m < bestMean {
-				best, bestMean = k, m
-			}
-		}
-		if prev >= 0 && best != prev {
-			out.RoleSwitches++
-		}
-		prev = best
-		w := runs[best].Timeline[wi]
-		w.Start = start
-		out.Timeline = append(out.Timeline, w)
-		e2e = append(e2e, w.e2e...)
-		ttft = append(ttft, w.ttft...)
-		out.Requests += w.Requests
-		out.Sessions += w.Sessions
-		tokens += w.OutputTokens
-		out.PromptTokens += w.PromptTokens
-		out.GPUHitTokens += w.GPUHit
-		out.HostHitTokens += w.HostHit
-		out.ComputedTokens += w.Computed
-		out.LostKVReuse += w.LostReuse
 	}
-	d, t := workload.Summarize(e2e), workload.Summarize(ttft)
-	out.MeanE2E, out.P50E2E, out.P99E2E = d.Mean, d.P50, d.P99
-	out.MeanTTFT, out.P50TTFT, out.P95TTFT, out.P99TTFT = t.Mean, t.P50, t.P95, t.P99
-	secs := float64(len(out.Timeline)) * time.Minute.Seconds()
-	if secs > 0 {
-		out.Throughput = float64(tokens) / secs
-		out.SessionsPerHour = float64(out.Sessions) / secs * 3600
+	total := sc.Warmup + sc.Duration
+	var bounds []time.Duration
+	seg := sc.OracleSegment
+	if seg <= 0 {
+		seg = DefaultOracleSegment
 	}
-	out.VirtualSec = runs[0].VirtualSec
-	return out
+	for at := seg; at < total; at += seg {
+		bounds = append(bounds, at)
+	}
+	var schedule []SplitChange
+	split := func(at time.Duration) int { // the schedule's split at at
+		p := p0
+		for _, ch := range schedule {
+			if ch.At <= at {
+				p = ch.Prefill
+			}
+		}
+		return p
+	}
+	for k, at := range bounds {
+		if progress != nil && progress(k, len(bounds)) {
+			return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Elapsed: time.Duration(k) * total / time.Duration(len(bounds)), Total: total}}}
+		}
+		cur := split(at)
+		var cands [][]SplitChange
+		for p := max(1, cur-OracleReach); p <= min(sc.Engines-1, cur+OracleReach); p++ {
+			if p != cur {
+				cands = append(cands, append(append([]SplitChange(nil), schedule...), SplitChange{At: at, Prefill: p}))
+			}
+		}
+		results, err := runSchedules(sc, p0, cands)
+		if err != nil {
+			return Result{}, err
+		}
+		for i, r := range results {
+			if wins(r, best) {
+				best, schedule = r, cands[i]
+			}
+		}
+	}
+	if progress != nil {
+		progress(len(bounds), len(bounds))
+	}
+	best.Policy, best.Split = name, describeSchedule(p0, schedule, sc.Engines)
+	return best, nil
+}
+
+// runSchedules runs evolve's router at split p0 under each schedule, a
+// worker per core.
+func runSchedules(sc Scenario, p0 int, schedules [][]SplitChange) ([]Result, error) {
+	out := make([]Result, len(schedules))
+	errs := make([]error, len(schedules))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, runtime.GOMAXPROCS(0))
+	for i, s := range schedules {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			pol, err := ParsePolicy(fmt.Sprintf("static:%d:%d", p0, sc.Engines-p0), sc.Engines)
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			pol.Schedule = s
+			out[i], errs[i] = Run(sc, pol)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// describeSchedule writes a schedule as its splits and when they begin:
+// "3:6, 4:5 at 40m, 3:6 at 1h10m".
+func describeSchedule(p0 int, schedule []SplitChange, n int) string {
+	parts := []string{fmt.Sprintf("%d:%d", p0, n-p0)}
+	for _, ch := range schedule {
+		parts = append(parts, fmt.Sprintf("%d:%d at %s", ch.Prefill, n-ch.Prefill, strings.TrimSuffix(ch.At.String(), "0s")))
+	}
+	return strings.Join(parts, ", ")
 }

@@ -37,6 +37,9 @@ type Scenario struct {
 	// simulator hands them over to peer decode nodes (handOver), as the
 	// live orchestrator does with evolve's engines.
 	DrainSwitches bool
+	// OracleSegment is how often the oracle's search may change the split
+	// (see oracle.go); 0: DefaultOracleSegment.
+	OracleSegment time.Duration
 	// Planner tunes evolve's planner as the orchestrator's --planner-*
 	// flags do: Interval, Persistence, TTFTWeight and MinImprovement are
 	// taken, zero fields keep their defaults. The engines' limits come
@@ -58,11 +61,25 @@ type Policy struct {
 	SLAPlanner bool
 	// Planner runs evolve's online planner, starting from the fixed split.
 	Planner bool
+	// Learn runs evolve's planner to learn pass costs and price the
+	// router with them, as evolve's does, but never to move a node: the
+	// static splits and the oracle's schedules route as evolve does.
+	Learn bool
 	// ProfiledSplit replaces Prefill, before the run, with the split
 	// Dynamo's throughput formulas give for the scenario (dynamo-static;
 	// see dynamoStaticSplit).
 	ProfiledSplit bool
 	ColdStart     time.Duration // how long an added worker loads before it serves
+	// Schedule changes the split at set times, by evolve's switching
+	// protocol (the oracle's search; see oracle.go).
+	Schedule []SplitChange
+}
+
+// SplitChange is one step of a Policy's schedule: from At into the run,
+// Prefill engines prefill and the rest decode.
+type SplitChange struct {
+	At      time.Duration
+	Prefill int
 }
 
 // engineConfig is how the policy's engines are configured: the simulator
@@ -73,7 +90,7 @@ func (p Policy) engineConfig() enginesim.Config {
 
 // PolicyNames are the policies Compare runs, splits written P:D.
 var PolicyNames = []string{"evolve", "dynamo", "dynamo-static", "dynamo-sla", "dynamo:best", "dynamo:best-throughput", "static:P:D", "static:best",
-	"static:best-throughput", "dynamo-static:P:D", "dynamo-static:best", "dynamo-static:best-throughput", "oracle"}
+	"static:best-throughput", "dynamo-static:P:D", "dynamo-static:best", "dynamo-static:best-throughput", "oracle", "oracle-throughput"}
 
 // ParsePolicy reads a policy for a cluster of n engines: static:P:D
 // (evolve's router and KV management), dynamo-static:P:D (Dynamo's router
@@ -103,7 +120,7 @@ func ParsePolicy(name string, n int) (Policy, error) {
 		return Policy{Name: name, Router: "dynamo", Prefill: max(1, n/3), WriteThrough: true, ProfiledSplit: true}, nil
 	case strings.HasPrefix(name, "static:"):
 		p, err := split(strings.TrimPrefix(name, "static:"))
-		return Policy{Name: name, Router: "evolve", Prefill: p}, err
+		return Policy{Name: name, Router: "evolve", Prefill: p, Learn: true}, err
 	case strings.HasPrefix(name, "dynamo-static:"):
 		p, err := split(strings.TrimPrefix(name, "dynamo-static:"))
 		return Policy{Name: name, Router: "dynamo", Prefill: p, WriteThrough: true}, err

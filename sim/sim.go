@@ -31,6 +31,7 @@ const (
 	evSwitch          // a switching node is checked
 	evSLA             // Dynamo's SLA planner's 180-second tick
 	evWatch           // a watcher gets the cluster's state
+	evSchedule        // a scheduled split (Policy.Schedule) begins
 )
 
 type event struct {
@@ -382,7 +383,10 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	if pol.SLAPlanner {
 		r.push(&event{at: r.now.Add(slaInterval), kind: evSLA})
 	}
-	if pol.Planner {
+	for k, ch := range pol.Schedule {
+		r.push(&event{at: r.start.Add(ch.At), kind: evSchedule, num: k})
+	}
+	if pol.Planner || pol.Learn {
 		r.planner = newPlanner(sc, r.engines[0].model)
 		r.push(&event{at: r.now.Add(r.planner.Config().Interval), kind: evPlanStep})
 	}
@@ -440,6 +444,8 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 			r.slaPlan()
 		case evWatch:
 			r.watch()
+		case evSchedule:
+			r.applySchedule(pol.Schedule[ev.num])
 		}
 	}
 	r.now = simulated

@@ -134,8 +134,12 @@ Policies (comma-separated):
   dynamo-static:P:D   the same with a fixed split and no planner
   dynamo-static:best  every fixed Dynamo split, the best
   dynamo:best         the best of dynamo, dynamo-sla and every fixed Dynamo split
-  oracle              per minute, the best static split, as if the future were
-                      known and switches free (an optimistic upper limit)
+  oracle              the best schedule of splits a search finds knowing the
+                      future: from static:best, at every --oracle-segment it
+                      tries moving up to 2 engines (evolve's router, KV and
+                      switching protocol, no planner), runs each to the end
+                      and keeps the best by mean latency; slow (replays)
+  oracle-throughput   the same search, by output tokens a second
 
 One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets, after
 the research system's experiments:
@@ -157,6 +161,7 @@ the research system's experiments:
 	f.String("workload", "coding", "agent workload: coding, claude-code, math, computer-use, mix:A=w,B=w or shift:A>B:T1:T2:T3")
 	f.Int("kv-block-tokens", 0, "model KV in blocks of this many tokens, a power-of-two multiple of the profile's block size, for every policy alike: "+
 		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (on claude-code-126x36, 128: 1.9x faster, mean E2E within 1%; 256: 2.6x faster, within 3%; TTFT tails can move more, see the README); 0: the profile's")
+	f.Duration("oracle-segment", sim.DefaultOracleSegment, "how often the oracle's search may change the split (modelled time): shorter finds more and runs longer, each boundary costs up to 4 runs to the end")
 	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes, as the live orchestrator does with evolve's engines; false: the node finishes them first, as a live node running vLLM does (vLLM cannot hand a decode over)")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")
 	f.Duration("planner-interval", 0, "evolve's planner: time between its steps, as the orchestrator's flag (default 5s)")
@@ -244,12 +249,16 @@ func runSim(cmd *cobra.Command, _ []string) error {
 	if agents < 1 || dur <= 0 || warm < 0 {
 		return usage(fmt.Errorf("want --agents >= 1, --duration > 0 and --warmup >= 0"))
 	}
+	if seg := config.GetDuration(k("oracle-segment")); seg <= 0 {
+		return usage(fmt.Errorf("--oracle-segment %v: want a positive duration such as 10m", seg))
+	}
 	model, err := workload.New(wl, agents)
 	if err != nil {
 		return usage(fmt.Errorf("--workload: %w", err))
 	}
 	sc := sim.Scenario{Profile: prof, Engines: gpus / prof.GPUs, Workload: wl, Agents: agents, Warmup: warm, Duration: dur,
-		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction")), DrainSwitches: !config.GetBool(k("handover"))}
+		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction")), DrainSwitches: !config.GetBool(k("handover")),
+		OracleSegment: config.GetDuration(k("oracle-segment"))}
 	if tr != nil {
 		sc.Trace, sc.TimeScale = tr.recs, 1/tr.playback
 	}
@@ -785,5 +794,5 @@ func readSimTrace(cmd *cobra.Command, path string, playback float64) (*simTrace,
 // or :best-throughput sweep, or the oracle over every split) rather than
 // one.
 func isSweep(name string) bool {
-	return strings.HasSuffix(name, ":best") || strings.HasSuffix(name, ":best-throughput") || name == "oracle"
+	return strings.HasSuffix(name, ":best") || strings.HasSuffix(name, ":best-throughput") || name == "oracle" || name == "oracle-throughput"
 }
