@@ -141,7 +141,7 @@ func (r *run) state() *State {
 		}
 		s.Nodes = append(s.Nodes, n)
 	}
-	if r.planner != nil {
+	if r.planner != nil && r.pol.Planner { // a learn-only planner (static splits) moves nothing: none shown
 		st := r.planner.Status()
 		st.Decisions = append([]planner.Decision(nil), st.Decisions...)
 		s.Planner = &st
