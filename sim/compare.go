@@ -165,20 +165,23 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 			if name == "oracle-throughput" {
 				wins = moreThroughput
 			}
-			var progress func(done, total int) bool
+			var progress func(done, total int)
+			var cancelled func() bool
 			if hooks != nil {
 				if hooks.Start != nil {
 					hooks.Start(name)
 				}
-				span := sc.Warmup + sc.Duration
-				progress = func(done, total int) bool {
-					if hooks.Progress != nil && total > 0 {
-						hooks.Progress(name, time.Duration(done)*span/time.Duration(total), span)
+				if hooks.Progress != nil {
+					span := sc.Warmup + sc.Duration
+					progress = func(done, total int) {
+						if total > 0 { // a segment as long as the run leaves no boundary
+							hooks.Progress(name, time.Duration(done)*span/time.Duration(total), span)
+						}
 					}
-					return hooks.Cancelled != nil && hooks.Cancelled()
 				}
+				cancelled = hooks.Cancelled
 			}
-			res, err := oracleSearch(sc, name, runs, wins, progress)
+			res, err := oracleSearch(sc, name, runs, wins, progress, cancelled)
 			var ie *InterruptedError
 			switch {
 			case errors.As(err, &ie):

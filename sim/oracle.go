@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,13 +32,18 @@ const (
 // oracleSearch runs the search for the policy called name, judging runs
 // with wins (better or moreThroughput); static holds the static runs by
 // prefill engines, static[p-1] for p:n-p. progress, when set, hears how
-// many of the boundaries are done and may stop the search (true).
-func oracleSearch(sc Scenario, name string, static []Result, wins func(a, b Result) bool, progress func(done, total int) bool) (Result, error) {
+// many of the boundaries are done; cancelled, when set, stops the search
+// and the runs it has under way at their next modelled minute.
+func oracleSearch(sc Scenario, name string, static []Result, wins func(a, b Result) bool, progress func(done, total int), cancelled func() bool) (Result, error) {
 	best, p0 := static[0], 1
 	for i, r := range static[1:] {
 		if wins(r, best) {
 			best, p0 = r, i+2
 		}
+	}
+	base, err := ParsePolicy(fmt.Sprintf("static:%d:%d", p0, sc.Engines-p0), sc.Engines)
+	if err != nil {
+		return Result{}, err
 	}
 	total := sc.Warmup + sc.Duration
 	var bounds []time.Duration
@@ -47,28 +54,25 @@ func oracleSearch(sc Scenario, name string, static []Result, wins func(a, b Resu
 	for at := seg; at < total; at += seg {
 		bounds = append(bounds, at)
 	}
-	var schedule []SplitChange
-	split := func(at time.Duration) int { // the schedule's split at at
-		p := p0
-		for _, ch := range schedule {
-			if ch.At <= at {
-				p = ch.Prefill
-			}
-		}
-		return p
-	}
+	var schedule []SplitChange // in time order: its last change is the split now
 	for k, at := range bounds {
-		if progress != nil && progress(k, len(bounds)) {
-			return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Elapsed: time.Duration(k) * total / time.Duration(len(bounds)), Total: total}}}
+		if progress != nil {
+			progress(k, len(bounds))
 		}
-		cur := split(at)
+		cur := p0
+		if len(schedule) > 0 {
+			cur = schedule[len(schedule)-1].Prefill
+		}
 		var cands [][]SplitChange
 		for p := max(1, cur-OracleReach); p <= min(sc.Engines-1, cur+OracleReach); p++ {
 			if p != cur {
-				cands = append(cands, append(append([]SplitChange(nil), schedule...), SplitChange{At: at, Prefill: p}))
+				cands = append(cands, append(slices.Clone(schedule), SplitChange{At: at, Prefill: p}))
 			}
 		}
-		results, err := runSchedules(sc, p0, cands)
+		results, err := runSchedules(sc, base, cands, cancelled)
+		if errors.Is(err, ErrInterrupted) {
+			return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Elapsed: time.Duration(k) * total / time.Duration(len(bounds)), Total: total}}}
+		}
 		if err != nil {
 			return Result{}, err
 		}
@@ -85,9 +89,13 @@ func oracleSearch(sc Scenario, name string, static []Result, wins func(a, b Resu
 	return best, nil
 }
 
-// runSchedules runs evolve's router at split p0 under each schedule, a
-// worker per core.
-func runSchedules(sc Scenario, p0 int, schedules [][]SplitChange) ([]Result, error) {
+// runSchedules runs policy base under each schedule, a worker per core;
+// cancelled, when set, stops every run at its next modelled minute.
+func runSchedules(sc Scenario, base Policy, schedules [][]SplitChange, cancelled func() bool) ([]Result, error) {
+	var rh runHooks
+	if cancelled != nil {
+		rh.progress = func(_, _ time.Duration) bool { return cancelled() }
+	}
 	out := make([]Result, len(schedules))
 	errs := make([]error, len(schedules))
 	var wg sync.WaitGroup
@@ -98,22 +106,13 @@ func runSchedules(sc Scenario, p0 int, schedules [][]SplitChange) ([]Result, err
 			defer wg.Done()
 			sem <- struct{}{}
 			defer func() { <-sem }()
-			pol, err := ParsePolicy(fmt.Sprintf("static:%d:%d", p0, sc.Engines-p0), sc.Engines)
-			if err != nil {
-				errs[i] = err
-				return
-			}
+			pol := base
 			pol.Schedule = s
-			out[i], errs[i] = Run(sc, pol)
+			out[i], errs[i] = runWith(sc, pol, rh)
 		}()
 	}
 	wg.Wait()
-	for _, err := range errs {
-		if err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return out, errors.Join(errs...)
 }
 
 // describeSchedule writes a schedule as its splits and when they begin:

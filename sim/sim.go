@@ -148,10 +148,8 @@ type request struct {
 	// Leg progress, for aborts when a worker is removed.
 	prefillDone, decodeStarted bool
 	retry                      bool
-	queued                     bool // waited in the router's queue (Dynamo's): counted from its first arrival
-	fromQueue                  bool // leaving the router's queue now
-	attempt                    int  // bumped on every routing; stale events are ignored
-	pendingAt                  int  // 1 + the engine whose pendingDecodes counts this request; 0: none
+	attempt                    int // bumped on every routing; stale events are ignored
+	pendingAt                  int // 1 + the engine whose pendingDecodes counts this request; 0: none
 	carry                      *carried
 	migrations                 int
 	branch                     string         // as the branch tracker named it
@@ -511,7 +509,7 @@ func (r *run) nextCall(ls *laneState) {
 // arrive routes a call and submits its first leg, or queues it at the
 // router while a queueing policy (Dynamo's) finds every engine busy.
 func (r *run) arrive(req *request) {
-	if !req.retry && !req.queued {
+	if !req.retry {
 		req.arrival = r.now
 		req.scored = !r.now.Before(r.scoreFrom)
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
@@ -524,14 +522,18 @@ func (r *run) arrive(req *request) {
 		}
 	}
 	r.refreshView()
-	if q, ok := r.router.(routing.Queuer); ok && (len(r.routerQueue) > 0 && !req.fromQueue || q.Busy(&r.view)) {
+	if q, ok := r.router.(routing.Queuer); ok && (len(r.routerQueue) > 0 || q.Busy(&r.view)) {
 		// Behind those already waiting, first come first served.
-		req.queued = true
 		r.routerQueue = append(r.routerQueue, req)
 		r.res.RouterQueued++
 		return
 	}
-	req.fromQueue = false
+	r.route(req)
+}
+
+// route places a request on the router's current view (refreshView) and
+// submits its first leg.
+func (r *run) route(req *request) {
 	req.prefillDone, req.decodeStarted = false, false
 	req.attempt++
 	var m kv.Match
@@ -595,8 +597,7 @@ func (r *run) drainRouterQueue() {
 		req := r.routerQueue[0]
 		r.routerQueue[0] = nil
 		r.routerQueue = r.routerQueue[1:]
-		req.fromQueue = true
-		r.arrive(req)
+		r.route(req)
 	}
 }
 

@@ -216,6 +216,14 @@ func TestOracleSearchesSchedules(t *testing.T) {
 	if len(progress) < 2 || progress[len(progress)-1] != sc.Warmup+sc.Duration {
 		t.Errorf("oracle progress %v", progress)
 	}
+	// Stopped once the static runs are done, the search stops within its
+	// runs and names the oracle as cut short.
+	done := 0
+	_, err = Compare(sc, []string{"oracle"}, &Hooks{Done: func(string, Result) { done++ }, Cancelled: func() bool { return done >= 3 }})
+	var ie *InterruptedError
+	if !errors.As(err, &ie) || !slices.Equal(ie.Names, []string{"oracle"}) || len(ie.Unfinished) != 1 || ie.Unfinished[0].Policy != "oracle" {
+		t.Errorf("oracle stopped after the static runs: %v", err)
+	}
 	// A schedule is followed: switches happen at its times, by the
 	// planner's protocol, and a schedule back to the start split ends there.
 	pol, _ := ParsePolicy("static:1:3", 4)
@@ -328,6 +336,7 @@ func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
 		t.Fatal(err)
 	}
 	sc := Scenario{Profile: p, Engines: 2, Workload: "coding", Agents: 40, Warmup: 0, Duration: 4 * time.Minute, Seed: 2}
+	served := map[string]int{}
 	for _, name := range []string{"dynamo-static:1:1", "static:1:1"} {
 		pol, err := ParsePolicy(name, 2)
 		if err != nil {
@@ -342,5 +351,11 @@ func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
 		if queued != (name == "dynamo-static:1:1") || res.Requests < 40 {
 			t.Errorf("%s: %d requests held at the router, %d served", name, res.RouterQueued, res.Requests)
 		}
+		served[name] = res.Requests
+	}
+	// The held requests leave the queue: Dynamo's agents are not stuck
+	// behind it (a queue never drained would stop most of the fleet).
+	if served["dynamo-static:1:1"] < served["static:1:1"]*9/10 {
+		t.Errorf("served: dynamo %d, static %d", served["dynamo-static:1:1"], served["static:1:1"])
 	}
 }

@@ -166,9 +166,9 @@ func (d *Dynamo) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 // times its max_num_batched_tokens. A worker whose budget is unknown is
 // never counted busy.
 func (d *Dynamo) Busy(v *View) bool {
-	pool := serving(v, Prefill)
-	if len(pool) == 0 || len(serving(v, Decode)) == 0 {
-		pool = append(pool, serving(v, Decode)...)
+	pool, ds := serving(v, Prefill), serving(v, Decode)
+	if len(pool) == 0 || len(ds) == 0 { // aggregated: every worker prefills
+		pool = append(pool, ds...)
 	}
 	if len(pool) == 0 {
 		return false
