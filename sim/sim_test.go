@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -218,8 +219,8 @@ func TestOracleSearchesSchedules(t *testing.T) {
 	}
 	// Stopped once the static runs are done, the search stops within its
 	// runs and names the oracle as cut short.
-	done := 0
-	_, err = Compare(sc, []string{"oracle"}, &Hooks{Done: func(string, Result) { done++ }, Cancelled: func() bool { return done >= 3 }})
+	var done atomic.Int32 // hooks are called from the runs' goroutines
+	_, err = Compare(sc, []string{"oracle"}, &Hooks{Done: func(string, Result) { done.Add(1) }, Cancelled: func() bool { return done.Load() >= 3 }})
 	var ie *InterruptedError
 	if !errors.As(err, &ie) || !slices.Equal(ie.Names, []string{"oracle"}) || len(ie.Unfinished) != 1 || ie.Unfinished[0].Policy != "oracle" {
 		t.Errorf("oracle stopped after the static runs: %v", err)
