@@ -135,6 +135,9 @@ func (d *Directory) Replicas() int { return d.replicas }
 // Blocks is the number of distinct blocks indexed.
 func (d *Directory) Blocks() int { return d.t.Len() }
 
+// Has reports whether some node holds a copy of h.
+func (d *Directory) Has(h BlockHash) bool { return d.entry(h) != nil }
+
 // entry returns the arena entry of h, or nil.
 func (d *Directory) entry(h BlockHash) *replicaSet {
 	pos, ok := d.locate(h, &d.lastQuery)

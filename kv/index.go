@@ -222,3 +222,61 @@ func (x *Table[V]) resize(size int) {
 		x.slots[i] = s
 	}
 }
+
+// RecentTable is a Table that remembers the entries put lately in bounded
+// memory, as RecentSet does: at least the last n distinct hashes put and
+// at most 2n, in two generations, each sized for n when first used. Get
+// and Delete see both; Put writes the newer, and emptying a full newer
+// generation drops the older. Not safe for concurrent use.
+type RecentTable[V any] struct {
+	cur, old *Table[V]
+	n        int
+}
+
+// NewRecentTable returns a table that remembers at least the last n (> 0)
+// distinct hashes put.
+func NewRecentTable[V any](n int) *RecentTable[V] {
+	n = max(n, 1)
+	return &RecentTable[V]{cur: &Table[V]{}, old: &Table[V]{}, n: n}
+}
+
+// Get returns h's value and whether h is remembered.
+func (r *RecentTable[V]) Get(h BlockHash) (V, bool) {
+	if v, ok := r.cur.Get(h); ok {
+		return v, true
+	}
+	return r.old.Get(h)
+}
+
+// Put sets h's value in the newer generation.
+func (r *RecentTable[V]) Put(h BlockHash, v V) {
+	if p := r.cur.Ptr(h); p != nil {
+		*p = v
+		return
+	}
+	r.old.Delete(h)
+	if r.cur.Len() >= r.n {
+		r.cur, r.old = r.old, r.cur
+		r.cur.clear()
+	}
+	if r.cur.slots == nil {
+		r.cur.init(r.n)
+	}
+	r.cur.Put(h, v)
+}
+
+// Delete forgets h.
+func (r *RecentTable[V]) Delete(h BlockHash) {
+	r.cur.Delete(h)
+	r.old.Delete(h)
+}
+
+// Len is how many hashes are remembered.
+func (r *RecentTable[V]) Len() int { return r.cur.Len() + r.old.Len() }
+
+// clear empties the table and keeps its slots.
+func (x *Table[V]) clear() {
+	clear(x.slots)
+	var zero V
+	x.n, x.zero, x.zeroVal = 0, false, zero
+}

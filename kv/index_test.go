@@ -128,3 +128,52 @@ func TestPrefetchChangesNothing(t *testing.T) {
 		t.Fatalf("after Prefetch: Get(7) = %d %v, Len %d, Has(8) %v", v, ok, x.Len(), x.Has(8))
 	}
 }
+
+// A recent table keeps the last n distinct hashes' values, forgets the
+// oldest past 2n, sees deletes in both generations and never grows.
+func TestRecentTableRemembersTheLastN(t *testing.T) {
+	const n = 3000
+	r := NewRecentTable[int8](n)
+	for i := 1; i <= n; i++ {
+		r.Put(BlockHash(i), int8(i%100))
+	}
+	if r.old.slots != nil {
+		t.Fatal("the older generation was allocated before the newer filled")
+	}
+	r.Put(n+1, 1)
+	slots := len(r.cur.slots) + len(r.old.slots)
+	for i := 1; i <= 10*n; i++ {
+		r.Put(BlockHash(i), int8(i%100))
+		if r.Len() > 2*n {
+			t.Fatalf("after %d puts it holds %d, over 2n", i, r.Len())
+		}
+	}
+	last := BlockHash(10 * n)
+	for h := last - n + 1; h <= last; h++ {
+		if v, ok := r.Get(h); !ok || v != int8(h%100) {
+			t.Fatalf("hash %d: %d, %v; want %d", h, v, ok, h%100)
+		}
+	}
+	if _, ok := r.Get(1); ok {
+		t.Fatal("remembers the first hash put")
+	}
+	old := last - n + 1 // the oldest of the last n: in the older generation
+	if _, ok := r.old.Get(old); !ok {
+		t.Fatalf("%d is not in the older generation", old)
+	}
+	r.Put(old, 7) // moves to the newer generation with its new value
+	if v, _ := r.Get(old); v != 7 {
+		t.Fatalf("value %d after a put of 7", v)
+	}
+	r.Delete(old)
+	r.Delete(last)
+	if _, ok := r.Get(old); ok {
+		t.Fatal("a deleted hash is still there")
+	}
+	if _, ok := r.Get(last); ok {
+		t.Fatal("a deleted hash is still there")
+	}
+	if got := len(r.cur.slots) + len(r.old.slots); got != slots {
+		t.Fatalf("slots grew from %d to %d", slots, got)
+	}
+}

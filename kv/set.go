@@ -75,3 +75,60 @@ func (s *Set) grow() {
 		s.slots[i] = h
 	}
 }
+
+// Clear empties the set and keeps its slots for reuse.
+func (s *Set) Clear() {
+	clear(s.slots)
+	s.n, s.zero = 0, false
+}
+
+// reserve sizes an empty set for n hashes, so that adding them never grows
+// it.
+func (s *Set) reserve(n int) {
+	size := 1024
+	for 3*size < 4*(n+1) {
+		size *= 2
+	}
+	s.slots, s.mask = make([]BlockHash, size), uint64(size-1)
+	AdviseHugePages(s.slots)
+}
+
+// RecentSet remembers the hashes added lately in bounded memory: at least
+// the last n distinct ones and at most 2n. It keeps two generations of n;
+// when the newer one is full, the older is emptied and becomes the newer.
+// A hash added again while remembered moves to the newer generation, so
+// what keeps being seen is never forgotten. Each generation is sized for n
+// when first used (the newer at the first Add, the older when the newer
+// first fills) and never grows: memory is at most two Sets of n (11 to 21
+// bytes a hash), however long the run. Not safe for concurrent use.
+type RecentSet struct {
+	cur, old Set
+	n        int
+}
+
+// NewRecentSet returns a set that remembers at least the last n (> 0)
+// distinct hashes added.
+func NewRecentSet(n int) *RecentSet {
+	return &RecentSet{n: max(n, 1)}
+}
+
+// Add remembers h.
+func (r *RecentSet) Add(h BlockHash) {
+	if r.cur.Has(h) {
+		return
+	}
+	if r.cur.Len() >= r.n {
+		r.cur, r.old = r.old, r.cur
+		r.cur.Clear()
+	}
+	if r.cur.slots == nil {
+		r.cur.reserve(r.n)
+	}
+	r.cur.Add(h)
+}
+
+// Has reports whether h is remembered.
+func (r *RecentSet) Has(h BlockHash) bool { return r.cur.Has(h) || r.old.Has(h) }
+
+// Len is how many hashes are remembered.
+func (r *RecentSet) Len() int { return r.cur.Len() + r.old.Len() }

@@ -102,9 +102,6 @@ func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
 		holders = o.c.dir.Holders(h, holders[:0])
 		if len(holders) == 0 && prio != hintReferenced {
 			// Its store events have not arrived yet: hint it when they do.
-			if o.c.pendingHints.Len() >= everLimit {
-				o.c.pendingHints = kv.NewTable[int8](1 << 10)
-			}
 			o.c.pendingHints.Put(h, prio)
 		}
 		seen := kv.NodeID(0xffff)

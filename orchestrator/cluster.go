@@ -175,18 +175,18 @@ type cluster struct {
 	dir   *kv.Directory
 	gen   uint64 // bumped on every change the watch stream reports
 	subs  map[chan watchEvent]struct{}
-	// Agent branches and the blocks they reference; blocks ever stored
-	// (for lost KV reuse).
+	// Agent branches and the blocks they reference; blocks stored lately
+	// (for lost KV reuse, with those the directory holds).
 	branches *kv.Branches
-	ever     *kv.Index
+	ever     *kv.RecentSet
 	// pendingHints: hints for blocks no engine was known to hold when
 	// their reference count changed; sent when a store event names one.
-	pendingHints *kv.Table[int8]
+	pendingHints *kv.RecentTable[int8]
 }
 
 func newCluster() *cluster {
 	c := &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{},
-		branches: kv.NewBranches(BranchTTL), ever: kv.NewIndex(1 << 16), pendingHints: kv.NewTable[int8](1 << 10)}
+		branches: kv.NewBranches(BranchTTL), ever: kv.NewRecentSet(everRecent), pendingHints: kv.NewRecentTable[int8](pendingRecent)}
 	// The directory counts each node's referenced copies as they change
 	// (hintsLocked marks the blocks whose references crossed zero).
 	c.dir.SetReferencedSource(func(h kv.BlockHash) bool { return c.branches.Refs(h) > 0 })

@@ -380,7 +380,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if try == 0 {
 			o.planArrival(len(p.Tokens), computed, dec)
 			o.c.mu.Lock()
-			reuse = kv.NotePlacement(chain, held, o.c.ever)
+			reuse = kv.NotePlacement(chain, held, everStored{o.c.dir, o.c.ever})
 			o.c.mu.Unlock()
 		}
 		a := &attempt{o: o, w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}

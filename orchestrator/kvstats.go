@@ -17,10 +17,26 @@ type kvCounters struct {
 	fetchedBlocks, transferredTokens       atomic.Int64
 }
 
-// everLimit bounds the index of blocks ever stored (for lost KV reuse):
-// past it the index starts over, and lost reuse is undercounted for a
-// while rather than memory growing without bound.
-const everLimit = 8 << 20
+// everRecent is how many blocks stored and since evicted everywhere the
+// router remembers at least (for lost KV reuse; blocks some engine holds
+// are known from the directory): two generations of this many, 16 MiB
+// each once filled. A block evicted longer ago and computed again is not
+// counted as lost, rather than memory growing with the run's history.
+const everRecent = 3<<19 - 1
+
+// pendingRecent is how many pending hints the router remembers at least;
+// a hint waits for a store event that comes within moments of the request
+// that made it, or never.
+const pendingRecent = 1 << 16
+
+// everStored is the set of blocks some engine has computed, as far as the
+// router remembers: those held now, and those stored lately.
+type everStored struct {
+	dir    *kv.Directory
+	recent *kv.RecentSet
+}
+
+func (e everStored) Has(h kv.BlockHash) bool { return e.recent.Has(h) || e.dir.Has(h) }
 
 // KVNode is one node's KV as the control API reports it.
 type KVNode struct {
@@ -166,10 +182,7 @@ func (o *Orchestrator) noteStoredLocked(events []kv.Event) []protocol.Hint {
 				}
 			}
 		}
-		if o.c.ever.Len() >= everLimit {
-			o.c.ever = kv.NewIndex(1 << 16)
-		}
-		o.c.ever.Put(e.Hash, 1)
+		o.c.ever.Add(e.Hash)
 	}
 	return hints
 }

@@ -140,7 +140,13 @@ type Result struct {
 	// asked to retry later (429 or 503 with Retry-After: an API key at its
 	// max-concurrency, an engine draining) or gave no answer at all (a
 	// router restarting); a request refused every time is an error.
-	Retried    int `json:"requests_retried"`
+	Retried int `json:"requests_retried"`
+	// Cut is how many of those were sent again because their answer's
+	// stream broke off without an error event (the router or its host
+	// died while it streamed): the client saw an answer begin and end
+	// early, and sends the call again as Claude Code does. The part
+	// streamed before the cut is not counted.
+	Cut        int `json:"requests_cut_and_resent"`
 	MaxContext int `json:"max_model_len,omitempty"`
 	// The first and the last failed request: what went wrong and when, in
 	// wall seconds from the start (to line them up with a role switch or
@@ -570,25 +576,41 @@ type noAnswer struct{ err error }
 
 func (n *noAnswer) Error() string { return n.err.Error() }
 
+// cutShort is a call whose answer began and broke off without an error
+// event: the connection to the router was lost while it streamed.
+type cutShort struct{ err error }
+
+func (c *cutShort) Error() string { return c.err.Error() }
+
 // noAnswerWait is the pause before a call that got no answer is sent
 // again the try-th time (from 0), as the SDKs back off: 0.5 s, doubling
 // up to 8 s.
 func noAnswerWait(try int) time.Duration { return min(500*time.Millisecond<<try, 8*time.Second) }
 
-// send sends a call, and again while the server asks to retry later or
-// gives no answer at all (up to maxRetries times), as an agent's client
-// would; a call still refused then is an error.
+// send sends a call, and again while the server asks to retry later,
+// gives no answer at all or cuts its answer short (up to maxRetries
+// times), as an agent's client would; a call still refused then is an
+// error.
 func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
 	for try := 0; ; try++ {
 		out, err := c.request(ctx, cfg, model, call)
 		var rl *retryLater
 		var na *noAnswer
+		var cut *cutShort
 		switch {
 		case errors.As(err, &na):
 			if try == maxRetries {
 				return nil, c.fail(ctx, fmt.Errorf("%w (no answer %d times)", na.err, try+1))
 			}
 			rl = &retryLater{wait: noAnswerWait(try), err: na.err}
+		case errors.As(err, &cut):
+			if try == maxRetries {
+				return nil, c.fail(ctx, fmt.Errorf("%w (cut short %d times)", cut.err, try+1))
+			}
+			rl = &retryLater{wait: noAnswerWait(try), err: cut.err}
+			c.mu.Lock()
+			c.res.Cut++
+			c.mu.Unlock()
 		case !errors.As(err, &rl):
 			return out, err
 		}
@@ -738,7 +760,13 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 		if err == nil {
 			err = io.ErrUnexpectedEOF
 		}
-		return nil, c.fail(ctx, fmt.Errorf("stream ended early: %w", err))
+		err = fmt.Errorf("stream ended early: %w", err)
+		if ctx.Err() != nil || errors.Is(err, bufio.ErrTooLong) {
+			return nil, c.fail(ctx, err)
+		}
+		// The answer broke off (its router died while it streamed): an
+		// agent's client sends the call again.
+		return nil, &cutShort{err}
 	}
 	end := time.Now()
 	out := tokenizer.Encode(text.String())

@@ -226,6 +226,32 @@ func TestBenchRetriesWhatTheRouterAsksToRetryLater(t *testing.T) {
 		t.Fatalf("%d retried, %d errors, %d requests: want the two refusals retried and the call served", res.Retried, res.Errors, res.Requests)
 	}
 
+	// An answer that breaks off (its router died while it streamed) is
+	// sent again; a stream error event is the server's answer, not sent
+	// again.
+	var m atomic.Int64
+	cuts := fakeRouter(t, func() int64 { return 1000000 }, func(w http.ResponseWriter, r *http.Request) {
+		switch i := m.Add(1); {
+		case i == 1:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"choices\": [{\"text\": \"ok\"}]}\n\n")
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler) // the connection drops mid-answer
+		case i == 2:
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprint(w, "data: {\"error\": {\"message\": \"engine failed\"}}\n\n")
+		default:
+			answer(w)
+		}
+	})
+	res, err = Bench(context.Background(), BenchConfig{URL: cuts.URL, Model: model, Agents: 1, Duration: 300 * time.Millisecond, Speedup: 1000, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Cut != 1 || res.Retried != 1 || res.Errors != 1 || !strings.Contains(res.FirstError, "engine failed") || res.Requests < 1 {
+		t.Fatalf("%d cut, %d retried, %d errors (first %q), %d requests: want the cut answer sent again, the error event counted", res.Cut, res.Retried, res.Errors, res.FirstError, res.Requests)
+	}
+
 	var calls atomic.Int64
 	always := fakeRouter(t, func() int64 { return 1000000 }, func(w http.ResponseWriter, r *http.Request) {
 		calls.Add(1)

@@ -36,10 +36,12 @@ that think and tool times shrink to match).
 A router that refuses connections for --unreachable-timeout (no answer of
 any status between) ends the run early: the summary covers what ran until
 then, says when the router went, and the exit status is 1. A call that
-gets no answer at all (refused, or cut before its answer began) is sent
-again after 0.5 s, doubling up to 8 s, four times at most, as OpenAI's and
-Anthropic's clients do (counted in requests_retried): a router back within
-that time (a restart) loses no call but the answers it was streaming.
+gets no answer at all (refused, or cut before its answer began), or whose
+answer breaks off without an error (its router died while it streamed), is
+sent again after 0.5 s, doubling up to 8 s, four times at most, as agents'
+clients do (counted in requests_retried; the broken-off ones also in
+requests_cut_and_resent): a router back within that time (a restart) loses
+no call.
 Requests ask for ignore_eos, so that answers are as long as the workload
 draws them, on evolve's engines as on vLLM's.`,
 		Example: `  evolve bench --workload coding --agents 32 --duration 10m
@@ -241,8 +243,8 @@ func printBench(cmd *cobra.Command, res workload.Result) error {
 			}
 		}
 		if res.Retried > 0 {
-			fmt.Fprintf(w, "\t%s again after the router asked to retry later (429 or 503 with Retry-After: an API key at its max-concurrency, an engine draining)\n",
-				counted(res.Retried, "request")+" sent")
+			fmt.Fprintf(w, "\t%s again: the router asked to retry later (429 or 503 with Retry-After: an API key at its max-concurrency, an engine draining), gave no answer, or cut %d answers short (a router restarting)\n",
+				counted(res.Retried, "request")+" sent", res.Cut)
 		}
 		fmt.Fprintln(w, "\tmean\tp50\tp95\tp99")
 		for _, r := range []struct {

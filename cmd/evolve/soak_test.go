@@ -26,7 +26,7 @@ import (
 // its supervisor with the same command line; at a third and two thirds of
 // the run the orchestrator is killed with -9 and restarted so. After every
 // fault every node must serve again; the agents' calls must complete or be
-// retried, but for those in flight through a killed orchestrator; and the
+// retried (a stream cut by a killed orchestrator is sent again); and the
 // orchestrator's memory (RSS) and goroutines must end within 10% of where
 // they were once warm. The figures go to the log, and as JSON to
 // $EVOLVE_SOAK_OUT when set:
@@ -354,10 +354,10 @@ func (s *soak) report() {
 	if num("requests_completed") == 0 {
 		t.Fatal("no request completed")
 	}
-	// A stream through a killed orchestrator is lost to its client: at
-	// most one call per agent per kill; a call refused while it restarts
-	// is sent again.
-	if errs := num("errors"); errs > 2*64 {
+	// A call refused while the orchestrator restarts, or whose stream
+	// broke off when it was killed, is sent again, as agents' clients do:
+	// every call completes or is retried.
+	if errs := num("errors"); errs > 0 {
 		t.Errorf("%v calls failed (first: %v; last: %v)", errs, f.Bench["first_error"], f.Bench["last_error"])
 	}
 	if len(f.Orchestrators) == 0 {
