@@ -30,7 +30,7 @@ func startEngine(t *testing.T, id string, role sim.Role, speedup float64, sk Eve
 // startEngineConfig is startEngine from a Config (the tiny profile's).
 func startEngineConfig(t *testing.T, cfg Config, sk EventSink) (*Engine, *httptest.Server) {
 	t.Helper()
-	p, err := sim.LoadProfile("tiny")
+	p, err := sim.BuiltinProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 	if gpu, _ := held(); gpu != 0 {
 		t.Fatalf("e0 stopped, and the directory still lists %d GPU copies on it", gpu)
 	}
-	p, _ := sim.LoadProfile("tiny")
+	p, _ := sim.BuiltinProfile("tiny")
 	tc.addEngine(t, "e0", p, sim.RoleDecode)
 	eventually(t, "e0 serving again", func() bool {
 		st, ok := tc.o.NodeStatus("e0")

@@ -86,7 +86,7 @@ func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...
 		if name == "tiny" {
 			want++
 		}
-		p, _ := sim.LoadProfile(name)
+		p, _ := sim.BuiltinProfile(name)
 		tc.addEngine(t, fmt.Sprint("e", i), p, r)
 	}
 	t.Cleanup(tc.stop)

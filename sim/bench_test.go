@@ -13,7 +13,7 @@ import (
 // coding agents, seed 1, with the warm-up and scored time given, and KV
 // in blocks of the given tokens.
 func benchScenario(b *testing.B, warmup, scored time.Duration, blockTokens int) Scenario {
-	p, err := enginesim.LoadProfile("gb300-glm5")
+	p, err := enginesim.BuiltinProfile("gb300-glm5")
 	if err != nil {
 		b.Fatal(err)
 	}

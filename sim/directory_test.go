@@ -16,7 +16,7 @@ import (
 // process's events, numbered from 1 again, for the old one's already
 // applied, and Dynamo's router routed blind to what the worker cached.)
 func TestDirectoryHoldsWhatTheEnginesHold(t *testing.T) {
-	p, err := enginesim.LoadProfile("gb300-glm5")
+	p, err := enginesim.BuiltinProfile("gb300-glm5")
 	if err != nil {
 		t.Fatal(err)
 	}

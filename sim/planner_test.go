@@ -12,7 +12,7 @@ import (
 // dominates than during math, reached within minutes, with every decode on
 // a node that leaves decode handed over rather than waited for.
 func TestEvolvePlannerFollowsAShift(t *testing.T) {
-	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,7 +49,7 @@ func TestEvolvePlannerFollowsAShift(t *testing.T) {
 // A stationary workload with noisy arrivals: after the planner has fitted
 // the split, at most one switch per 10 minutes.
 func TestEvolvePlannerHoldsOnAStationaryWorkload(t *testing.T) {
-	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func mean(x []float64) float64 {
 // with DrainSwitches it finishes them first, as a node running vLLM
 // does, and hands nothing over.
 func TestDrainSwitchesHandsNothingOver(t *testing.T) {
-	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

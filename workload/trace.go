@@ -2,12 +2,10 @@ package workload
 
 import (
 	"bufio"
-	"compress/gzip"
 	"encoding/json"
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"sort"
 	"strings"
 	"time"
@@ -64,30 +62,6 @@ func ReadTrace(r io.Reader) ([]TraceRecord, error) {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Timestamp < out[j].Timestamp })
 	return out, nil
-}
-
-// ReadTraceFile reads the JSONL trace at path (see ReadTrace), gzipped
-// when its name ends in .gz; an error names the file.
-func ReadTraceFile(path string) ([]TraceRecord, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	var r io.Reader = f
-	if strings.HasSuffix(path, ".gz") {
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
-		}
-		defer zr.Close()
-		r = zr
-	}
-	recs, err := ReadTrace(r)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return recs, nil
 }
 
 // TraceSpan is when the last of recs (sorted, as ReadTrace returns them)

@@ -3,7 +3,8 @@
 // context; sub-agents and sampled branches; compaction and sliding history
 // windows that rewrite a context. The models' parameters come from public
 // statistics (../shared/reference/workloads.md and calibration.md). It is
-// pure: the load generator and the simulator drive it with their clocks.
+// pure (internal/purity checks it): the load generator (loadgen) and the
+// simulator drive it with their clocks, and files are read by the caller.
 package workload
 
 import (

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/tokenizer"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
@@ -68,15 +69,15 @@ draws them, on evolve's engines as on vLLM's.`,
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--speedup must be positive")}
 			case config.GetFloat64(k("playback")) <= 0:
 				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--playback must be positive (2 replays twice as fast as recorded)")}
-			case config.GetInt(k("vocab-size")) != 0 && config.GetInt(k("vocab-size")) < workload.MinVocabSize:
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--vocab-size must be at least %d (a model's vocab_size; 0 leaves the ids as they are)", workload.MinVocabSize)}
+			case config.GetInt(k("vocab-size")) != 0 && config.GetInt(k("vocab-size")) < loadgen.MinVocabSize:
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--vocab-size must be at least %d (a model's vocab_size; 0 leaves the ids as they are)", loadgen.MinVocabSize)}
 			}
 			// Ctrl-C, a closed terminal or a dead pipe (| head) end the run
 			// with its summary and recording, rather than killing it.
 			ctx, stop := notifyInterrupt(cmd.Context())
 			defer stop()
 			errw := cmd.ErrOrStderr()
-			base := workload.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
+			base := loadgen.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
 				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
 				VocabSize: config.GetInt(k("vocab-size")), Unreachable: config.GetDuration(k("unreachable-timeout"))}
 			trace := config.GetString(k("trace"))
@@ -95,10 +96,10 @@ draws them, on evolve's engines as on vLLM's.`,
 				fmt.Fprintf(errw, "the local cluster's engines run %gx: --playback %g replays the trace in their time\n", local, local)
 			}
 			total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
-			base.Progress = func(s workload.Snapshot) { progressLine(errw, s, total, "") }
-			var res workload.Result
+			base.Progress = func(s loadgen.Snapshot) { progressLine(errw, s, total, "") }
+			var res loadgen.Result
 			if trace != "" {
-				recs, err := workload.ReadTraceFile(trace)
+				recs, err := readTraceFile(trace)
 				if err != nil {
 					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
 				}
@@ -109,7 +110,7 @@ draws them, on evolve's engines as on vLLM's.`,
 				}
 				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), trace, playback)
 				var skipped int
-				res, skipped, err = workload.Replay(ctx, workload.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
+				res, skipped, err = loadgen.Replay(ctx, loadgen.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
 				if err != nil {
 					return err
 				}
@@ -136,7 +137,7 @@ draws them, on evolve's engines as on vLLM's.`,
 					defer rec.discard() // nothing left once kept
 					base.Record = rec.w
 				}
-				if res, err = workload.Bench(ctx, base); err != nil {
+				if res, err = loadgen.Bench(ctx, base); err != nil {
 					return err
 				}
 				if rec != nil {
@@ -167,14 +168,14 @@ draws them, on evolve's engines as on vLLM's.`,
 	f.String("trace", "", "replay this JSONL trace (Mooncake format, or one recorded with --record; .gz read as gzip) instead of running agents")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
 	f.String("record", "", "record every call of the agents to this JSONL trace (gzipped if it ends in .gz)")
-	f.Duration("unreachable-timeout", workload.DefaultUnreachable, "stop early, with the summary so far and exit status 1, once the router has refused connections this long with no answer between (0: never; keep trying through a long router restart)")
+	f.Duration("unreachable-timeout", loadgen.DefaultUnreachable, "stop early, with the summary so far and exit status 1, once the router has refused connections this long with no answer between (0: never; keep trying through a long router restart)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
 
 // servedNothing is a load run's failure when no request was answered:
 // every one failed, or none could be sent; nil otherwise.
-func servedNothing(res workload.Result) error {
+func servedNothing(res loadgen.Result) error {
 	if res.Requests == 0 && res.Errors > 0 {
 		return fmt.Errorf("every request failed; last error: %s", res.LastError)
 	}
@@ -187,7 +188,7 @@ func servedNothing(res workload.Result) error {
 
 // progressLine is a load run's line every few seconds: with a known
 // total, a bar and the share done first.
-func progressLine(w io.Writer, s workload.Snapshot, total time.Duration, extra string) {
+func progressLine(w io.Writer, s loadgen.Snapshot, total time.Duration, extra string) {
 	at := "t=" + s.Elapsed.Round(time.Second).String()
 	if total > 0 {
 		frac := min(1, float64(s.Elapsed)/float64(total))
@@ -228,7 +229,7 @@ func bar(frac float64, n int) string {
 	return "[" + b + "]"
 }
 
-func printBench(cmd *cobra.Command, res workload.Result) error {
+func printBench(cmd *cobra.Command, res loadgen.Result) error {
 	return output(cmd, res, func(w *tabwriter.Writer, _ bool) {
 		if res.Agents > 0 {
 			fmt.Fprintf(w, "workload\t%s, %s, %.0f s\n", res.Workload, counted(res.Agents, "agent"), res.DurationSec)

@@ -141,7 +141,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	default:
 		return usage(fmt.Errorf("--backend %q: want sim or vllm", b))
 	}
-	profile, err := sim.LoadProfile(get("profile"))
+	profile, err := loadProfile(get("profile"))
 	if err != nil {
 		return usage(fmt.Errorf("--profile: %w", err))
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -614,7 +615,7 @@ func TestSimReplaysATrace(t *testing.T) {
 	}
 	// Prompts longer than the model's context are left out, and counted.
 	tooLong := 0
-	all, err := workload.ReadTraceFile(trace)
+	all, err := readTraceFile(trace)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -790,7 +791,7 @@ func TestBenchProgressBar(t *testing.T) {
 		}
 	}
 	var b strings.Builder
-	s := workload.Snapshot{Elapsed: 150 * time.Second, Requests: 7}
+	s := loadgen.Snapshot{Elapsed: 150 * time.Second, Requests: 7}
 	progressLine(&b, s, 10*time.Minute, "")
 	progressLine(&b, s, 0, " | split 1P/3D")
 	lines := strings.Split(b.String(), "\n")
@@ -847,7 +848,7 @@ func TestSimRecordsATrace(t *testing.T) {
 	path := filepath.Join(dir, "fleet.jsonl")
 	args := []string{"sim", "--gpus", "2", "--profile", "tiny", "--workload", "math", "--agents", "3", "--warmup", "0s", "--duration", "2m", "--policies", "static:1:1"}
 	out, code := runBin(t, nil, append(args, "--record", path)...)
-	recs, err := workload.ReadTraceFile(path)
+	recs, err := readTraceFile(path)
 	if code != 0 || err != nil || len(recs) == 0 ||
 		!strings.Contains(out, fmt.Sprintf("record: %d calls of static:1:1 written to %s", len(recs), path)) {
 		t.Fatalf("sim --record: exit %d, trace %d records (%v)\n%s", code, len(recs), err, out)

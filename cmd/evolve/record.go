@@ -3,6 +3,7 @@ package main
 import (
 	"compress/gzip"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -81,4 +82,28 @@ func (r *recording) keep() error {
 func (r *recording) discard() {
 	r.f.Close()
 	os.Remove(r.f.Name())
+}
+
+// readTraceFile reads the JSONL trace at path (see workload.ReadTrace), gzipped
+// when its name ends in .gz; an error names the file.
+func readTraceFile(path string) ([]workload.TraceRecord, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if strings.HasSuffix(path, ".gz") {
+		zr, err := gzip.NewReader(f)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", path, err)
+		}
+		defer zr.Close()
+		r = zr
+	}
+	recs, err := workload.ReadTrace(r)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return recs, nil
 }

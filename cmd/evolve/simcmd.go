@@ -17,7 +17,6 @@ import (
 	"text/tabwriter"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/sim/live"
@@ -233,7 +232,7 @@ func runSim(cmd *cobra.Command, _ []string) error {
 			dur = max(tr.span-warm, 0).Truncate(time.Minute) + time.Minute + traceDrain
 		}
 	}
-	prof, err := enginesim.LoadProfile(profile)
+	prof, err := loadProfile(profile)
 	if err != nil {
 		return usage(err)
 	}
@@ -780,7 +779,7 @@ func readSimTrace(cmd *cobra.Command, path string, playback float64) (*simTrace,
 	if playback <= 0 || math.IsInf(playback, 0) || math.IsNaN(playback) {
 		return nil, fmt.Errorf("--playback %g: want a positive factor (2 replays twice as fast as recorded)", playback)
 	}
-	recs, err := workload.ReadTraceFile(path)
+	recs, err := readTraceFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--trace: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/workload"
 )
@@ -33,7 +34,7 @@ func TestSimAgreesWithLiveCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	prof, err := enginesim.LoadProfile("gb300-kimi-k2")
+	prof, err := enginesim.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestSimAgreesWithLiveCluster(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("live replay: %d %s", code, out)
 	}
-	var live workload.Result
+	var live loadgen.Result
 	if err := json.Unmarshal([]byte(out), &live); err != nil {
 		t.Fatal(err)
 	}

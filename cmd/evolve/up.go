@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/workload"
@@ -198,7 +199,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	if prefill < 0 || prefill > engines {
 		return usage(fmt.Errorf("--prefill must be between 0 and --engines (%d)", engines))
 	}
-	if _, err := sim.LoadProfile(config.GetString(key("profile"))); err != nil {
+	if _, err := loadProfile(config.GetString(key("profile"))); err != nil {
 		return usage(fmt.Errorf("--profile: %w", err))
 	}
 	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
@@ -470,9 +471,9 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			case <-bctx.Done():
 			}
 		}()
-		res, berr := workload.Bench(bctx, workload.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey, Unreachable: workload.DefaultUnreachable,
+		res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey, Unreachable: loadgen.DefaultUnreachable,
 			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
-			Progress: func(s workload.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
+			Progress: func(s loadgen.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
 		stopAgents()
 		// The agents may have failed on the dying router before up saw
 		// the orchestrator exit: give it a moment to.

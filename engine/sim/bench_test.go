@@ -13,7 +13,7 @@ import (
 // decoding rather than preemption; the set-up's garbage is collected before
 // the timer restarts.
 func decodeHeavyModel(b *testing.B, profile string, seqs, ctx, maxTokens int) (*Model, time.Time) {
-	p, err := LoadProfile(profile)
+	p, err := BuiltinProfile(profile)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func benchAdvanceDecode(b *testing.B, profile string) {
 // BenchmarkStepMixed measures a realistic mix: requests arriving, chunked
 // prefill with prefix hits, decode, and finishes, on gb300-kimi-k2.
 func BenchmarkStepMixed(b *testing.B) {
-	p, err := LoadProfile("gb300-kimi-k2")
+	p, err := BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		b.Fatal(err)
 	}

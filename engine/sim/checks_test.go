@@ -13,7 +13,7 @@ import (
 // (real passes of Step, not the cost formula alone).
 func TestProfilesMatchTheirPublicPoints(t *testing.T) {
 	for _, name := range ProfileNames() {
-		p, err := LoadProfile(name)
+		p, err := BuiltinProfile(name)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,7 +14,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func tinyProfile(t testing.TB) *Profile {
 	t.Helper()
-	p, err := LoadProfile("tiny")
+	p, err := BuiltinProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -489,7 +489,7 @@ func TestStepIsDeterministic(t *testing.T) {
 
 func TestBuiltinProfilesLoad(t *testing.T) {
 	for _, name := range ProfileNames() {
-		p, err := LoadProfile(name)
+		p, err := BuiltinProfile(name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -498,11 +498,11 @@ func TestBuiltinProfilesLoad(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"gb300-glm46", "gb300-kimi-k2", "tiny"} {
-		if _, err := LoadProfile(want); err != nil {
+		if _, err := BuiltinProfile(want); err != nil {
 			t.Fatalf("missing profile %s: %v", want, err)
 		}
 	}
-	if _, err := LoadProfile("nope"); err == nil {
+	if _, err := BuiltinProfile("nope"); err == nil {
 		t.Fatal("unknown profile loaded")
 	}
 	if _, err := ParseProfile([]byte("name: x\ngpus: 1\nbogus: 3\n")); err == nil {
@@ -550,7 +550,7 @@ func TestPrefillPairs(t *testing.T) {
 // MLA pays for every pair, and costs the same as dense (plus the indexer)
 // on short ones.
 func TestGLM5SparseAttention(t *testing.T) {
-	p, err := LoadProfile("gb300-glm5")
+	p, err := BuiltinProfile("gb300-glm5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -607,7 +607,7 @@ func TestExpertShareGrowsWithTheBatch(t *testing.T) {
 		t.Error("a dense model reads all its weights; no token reads no expert")
 	}
 	// The step pays it: a batch of 32 costs more than 32 x per_seq over one.
-	glm, err := LoadProfile("gb300-glm5")
+	glm, err := BuiltinProfile("gb300-glm5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -654,7 +654,7 @@ func TestWriteThroughCopiesEveryBlockToHost(t *testing.T) {
 // A decoding sequence migrates: the peer continues from the KV it pulls and
 // the whole output is as long as asked.
 func TestMigrateHandsADecodeToAPeer(t *testing.T) {
-	p, _ := LoadProfile("tiny")
+	p, _ := BuiltinProfile("tiny")
 	a, b := NewModel(p, Config{}), NewModel(p, Config{})
 	now := t0
 	prompt := make([]uint32, 300)

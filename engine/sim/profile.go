@@ -4,8 +4,6 @@ import (
 	"embed"
 	"fmt"
 	"math"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"time"
@@ -345,23 +343,22 @@ func ProfileNames() []string {
 	return names
 }
 
-// LoadProfile returns the built-in profile of that name, or reads a YAML file
-// when nameOrPath names one (it contains a path separator or ends in .yaml).
-func LoadProfile(nameOrPath string) (*Profile, error) {
-	var data []byte
-	var err error
-	if strings.ContainsRune(nameOrPath, filepath.Separator) || strings.HasSuffix(nameOrPath, ".yaml") || strings.HasSuffix(nameOrPath, ".yml") {
-		data, err = os.ReadFile(nameOrPath)
-		if err != nil {
-			return nil, fmt.Errorf("read profile: %w", err)
-		}
-	} else {
-		data, err = builtinProfiles.ReadFile("profiles/" + nameOrPath + ".yaml")
-		if err != nil {
-			return nil, fmt.Errorf("unknown profile %q (built in: %s; or give a path to a YAML file)", nameOrPath, strings.Join(ProfileNames(), ", "))
-		}
+// BuiltinProfile returns the built-in profile of that name. Reading a
+// profile from a file is the caller's (ParseProfile parses its bytes):
+// this package does no I/O.
+func BuiltinProfile(name string) (*Profile, error) {
+	data, err := builtinProfiles.ReadFile("profiles/" + name + ".yaml")
+	if err != nil {
+		return nil, fmt.Errorf("unknown profile %q (built in: %s; or give a path to a YAML file)", name, strings.Join(ProfileNames(), ", "))
 	}
 	return ParseProfile(data)
+}
+
+// IsProfileFile reports whether nameOrPath names a YAML file rather than
+// a built-in profile: it contains a path separator or ends in .yaml or
+// .yml.
+func IsProfileFile(nameOrPath string) bool {
+	return strings.ContainsAny(nameOrPath, `/\`) || strings.HasSuffix(nameOrPath, ".yaml") || strings.HasSuffix(nameOrPath, ".yml")
 }
 
 // ParseProfile reads a profile from YAML; unknown fields are errors.

@@ -16,7 +16,7 @@ import (
 
 func scenario(t *testing.T) sim.Scenario {
 	t.Helper()
-	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

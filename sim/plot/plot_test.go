@@ -13,7 +13,7 @@ import (
 
 func results(t *testing.T) []sim.Result {
 	t.Helper()
-	p, err := enginesim.LoadProfile("gb300-kimi-k2")
+	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package workload
+package loadgen
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/workload"
 )
 
 // flakyRouter is a router on a fixed loopback port that can go away
@@ -105,13 +107,13 @@ func TestBenchStopsWhenTheRouterIsGone(t *testing.T) {
 			go func() {
 				var o out
 				if replay {
-					recs := make([]TraceRecord, 3000) // one every 40 ms for 2 minutes
+					recs := make([]workload.TraceRecord, 3000) // one every 40 ms for 2 minutes
 					for i := range recs {
-						recs[i] = TraceRecord{Timestamp: float64(40 * i), InputLength: 64, OutputLength: 1, HashIDs: []int64{int64(i)}}
+						recs[i] = workload.TraceRecord{Timestamp: float64(40 * i), InputLength: 64, OutputLength: 1, HashIDs: []int64{int64(i)}}
 					}
 					o.res, _, o.err = Replay(context.Background(), ReplayConfig{BenchConfig: cfg, Records: recs, Playback: 1})
 				} else {
-					model, err := New("math", 2)
+					model, err := workload.New("math", 2)
 					if err != nil {
 						o.err = err
 					} else {
@@ -152,7 +154,7 @@ func TestBenchStopsWhenTheRouterIsGone(t *testing.T) {
 // A router that is back within the Unreachable time (a restart) keeps the
 // run going, and so does one that is gone when Unreachable is negative.
 func TestBenchRidesOutARouterRestart(t *testing.T) {
-	model, err := New("math", 2)
+	model, err := workload.New("math", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package workload
+package loadgen
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/tokenizer"
+	"github.com/evolvellm/evolve/workload"
 )
 
 // A run whose server refuses some requests counts them and says which
@@ -42,7 +43,7 @@ func TestBenchReportsErrorsAndKVSources(t *testing.T) {
 			" \"evolve\": {\"transferred_tokens\": 96, \"preemptions\": 2, \"handed_over\": %d, \"prefill\": {\"gpu_hit_tokens\": 64, \"computed_tokens\": 36, \"preemptions\": 1}}}\n\n", handedOver)
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	})
-	model, err := New("math", 2)
+	model, err := workload.New("math", 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +111,7 @@ func TestBenchFoldsIDsForASmallVocabulary(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
 	})
-	model, _ := New("coding", 2)
+	model, _ := workload.New("coding", 2)
 	cfg := BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 500 * time.Millisecond, Speedup: 1000, Seed: 1}
 	res, err := Bench(context.Background(), cfg)
 	if err != nil {
@@ -138,7 +139,7 @@ func TestBenchCountsSessionsPastTheContext(t *testing.T) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: {\"choices\": [{\"text\": \" baca\"}]}\n\ndata: [DONE]\n\n")
 	})
-	model, _ := New("coding", 2)
+	model, _ := workload.New("coding", 2)
 	maxLen.Store(64) // below the shared system prompt
 	cfg := BenchConfig{URL: srv.URL, Model: model, Agents: 2, Duration: 1500 * time.Millisecond, Speedup: 1000, Seed: 1}
 	res, err := Bench(context.Background(), cfg)
@@ -196,7 +197,7 @@ func fakeRouter(t *testing.T, maxLen func() int64, complete http.HandlerFunc) *h
 // error only once refused maxRetries+1 times; a 503 without Retry-After
 // is an error at once.
 func TestBenchRetriesWhatTheRouterAsksToRetryLater(t *testing.T) {
-	model, err := New("math", 2)
+	model, err := workload.New("math", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package workload
+package loadgen
 
 import (
 	"bufio"
@@ -19,13 +19,14 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/tokenizer"
+	"github.com/evolvellm/evolve/workload"
 )
 
 // BenchConfig configures a closed-loop load run against an OpenAI-style
 // router.
 type BenchConfig struct {
 	URL      string // base URL of the router, e.g. http://127.0.0.1:8000
-	Model    Model
+	Model    workload.Model
 	Agents   int
 	Duration time.Duration // 0: until ctx ends
 	// Speedup divides think and tool times, to match engines that run
@@ -37,7 +38,7 @@ type BenchConfig struct {
 	ProgressEvery time.Duration
 	Client        *http.Client
 	// Record, if set, receives every call as a trace line.
-	Record *TraceWriter
+	Record *workload.TraceWriter
 	// APIKey, if set, is sent as a bearer token with every request.
 	APIKey string
 	// VocabSize, if set, folds the prompts' token ids below it (FoldVocab):
@@ -99,19 +100,19 @@ func (cfg BenchConfig) authorize(req *http.Request) {
 // Result is what a run measured. Latencies are wall seconds as agents saw
 // them (multiply by the engines' speedup for modelled time).
 type Result struct {
-	Workload     string  `json:"workload"`
-	Agents       int     `json:"agents"`
-	DurationSec  float64 `json:"duration_s"`
-	Requests     int     `json:"requests_completed"`
-	Errors       int     `json:"errors"`
-	Sessions     int     `json:"sessions_completed"`
-	E2E          Dist    `json:"e2e"`
-	TTFT         Dist    `json:"ttft"`
-	ITL          Dist    `json:"itl"`
-	PromptTokens int64   `json:"prompt_tokens"`
-	OutputTokens int64   `json:"output_tokens"`
-	TokensPerSec float64 `json:"output_tokens_per_s"`
-	CachedTokens int64   `json:"cached_tokens"`
+	Workload     string        `json:"workload"`
+	Agents       int           `json:"agents"`
+	DurationSec  float64       `json:"duration_s"`
+	Requests     int           `json:"requests_completed"`
+	Errors       int           `json:"errors"`
+	Sessions     int           `json:"sessions_completed"`
+	E2E          workload.Dist `json:"e2e"`
+	TTFT         workload.Dist `json:"ttft"`
+	ITL          workload.Dist `json:"itl"`
+	PromptTokens int64         `json:"prompt_tokens"`
+	OutputTokens int64         `json:"output_tokens"`
+	TokensPerSec float64       `json:"output_tokens_per_s"`
+	CachedTokens int64         `json:"cached_tokens"`
 	// Where the prompts' KV came from, as evolve's engines say: a GPU hit,
 	// a host hit or computed on the engine that prefilled it (these three
 	// add up to the prompt tokens), and, of those, how many a decode engine
@@ -173,8 +174,8 @@ type Snapshot struct {
 	// OverContext is how many sessions ended because their next prompt
 	// outgrew the model's context.
 	OverContext int
-	TTFT        Dist // over the last interval
-	E2E         Dist // over the last interval
+	TTFT        workload.Dist // over the last interval
+	E2E         workload.Dist // over the last interval
 }
 
 // withLimit bounds ctx by d when d is positive.
@@ -201,7 +202,7 @@ func (cfg *BenchConfig) defaults() {
 type collector struct {
 	mu              sync.Mutex
 	start           time.Time
-	record          *TraceWriter
+	record          *workload.TraceWriter
 	res             Result
 	e2e, ttft, itl  []float64
 	winE2E, winTTFT []float64
@@ -314,7 +315,7 @@ func (c *collector) wait(wg *sync.WaitGroup, cfg BenchConfig, start time.Time) R
 			defer c.mu.Unlock()
 			res := c.res
 			res.DurationSec = time.Since(start).Seconds()
-			res.E2E, res.TTFT, res.ITL = Summarize(c.e2e), Summarize(c.ttft), Summarize(c.itl)
+			res.E2E, res.TTFT, res.ITL = workload.Summarize(c.e2e), workload.Summarize(c.ttft), workload.Summarize(c.itl)
 			span := res.DurationSec
 			if res.RouterGone {
 				span = res.RouterGoneAtS // the time after served nothing
@@ -327,7 +328,7 @@ func (c *collector) wait(wg *sync.WaitGroup, cfg BenchConfig, start time.Time) R
 			if cfg.Progress != nil {
 				c.mu.Lock()
 				snap := Snapshot{Elapsed: time.Since(start), Requests: c.res.Requests, Errors: c.res.Errors, Sessions: c.res.Sessions,
-					OverContext: c.res.OverContext, TTFT: Summarize(c.winTTFT), E2E: Summarize(c.winE2E)}
+					OverContext: c.res.OverContext, TTFT: workload.Summarize(c.winTTFT), E2E: workload.Summarize(c.winE2E)}
 				c.winE2E, c.winTTFT = c.winE2E[:0], c.winTTFT[:0]
 				c.mu.Unlock()
 				cfg.Progress(snap)
@@ -339,7 +340,7 @@ func (c *collector) wait(wg *sync.WaitGroup, cfg BenchConfig, start time.Time) R
 // ReplayConfig configures an open-loop trace replay.
 type ReplayConfig struct {
 	BenchConfig
-	Records []TraceRecord
+	Records []workload.TraceRecord
 	// Playback divides the trace's timestamps: 60 replays an hour in a
 	// minute.
 	Playback float64
@@ -387,7 +388,7 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 				}
 				out = maxLen - rec.InputLength
 			}
-			call := Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Rewrite: rec.Rewrite, Tokens: rec.Tokens(), MaxTokens: out}
+			call := workload.Call{Session: rec.Session, Branch: rec.Branch, Parent: rec.Parent, Rewrite: rec.Rewrite, Tokens: rec.Tokens(), MaxTokens: out}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -442,14 +443,14 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 // runSession runs a session's lanes concurrently; it reports whether the
 // session ended normally (not cut short by the run's end) and how many of
 // its requests were answered.
-func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string, s *Session) (bool, int) {
+func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string, s *workload.Session) (bool, int) {
 	var mu sync.Mutex // lanes share the session's random source
 	var wg sync.WaitGroup
 	ok, served, overContext := true, 0, false
 	var okMu sync.Mutex
 	for _, lane := range s.Lanes {
 		wg.Add(1)
-		go func(l Lane) {
+		go func(l workload.Lane) {
 			defer wg.Done()
 			for {
 				mu.Lock()
@@ -591,7 +592,7 @@ func noAnswerWait(try int) time.Duration { return min(500*time.Millisecond<<try,
 // gives no answer at all or cuts its answer short (up to maxRetries
 // times), as an agent's client would; a call still refused then is an
 // error.
-func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
+func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, call workload.Call) ([]uint32, error) {
 	for try := 0; ; try++ {
 		out, err := c.request(ctx, cfg, model, call)
 		var rl *retryLater
@@ -629,7 +630,7 @@ func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, cal
 }
 
 // request sends one call, streamed, and records what it measured.
-func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call Call) ([]uint32, error) {
+func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call workload.Call) ([]uint32, error) {
 	body, _ := json.Marshal(map[string]any{
 		// ignore_eos: the answer is as long as the workload drew it, on
 		// evolve's engines as on vLLM's, not where the model would stop.
@@ -830,3 +831,5 @@ type kvSource struct {
 	Preemptions int64 `json:"preemptions"`
 	HandedOver  int   `json:"handed_over"`
 }
+
+func secs(d time.Duration) float64 { return d.Seconds() }
