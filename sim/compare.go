@@ -21,7 +21,7 @@ import (
 // and reports the one with the most output tokens a second: where
 // throughput is the claim, the baseline is the best for throughput, which
 // need not be the best for latency. "oracle" searches schedules of splits
-// from the best static one, by mean end-to-end latency, and
+// from the best static one or evolve's own, by mean end-to-end latency, and
 // "oracle-throughput" by output tokens a second (see oracle.go). Independent runs use every core; the
 // results do not depend on how many there are. hooks may be nil.
 func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
@@ -57,8 +57,10 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 	for _, name := range names {
 		var m []string
 		switch sweep, _ := strings.CutSuffix(name, "-throughput"); {
-		case sweep == "oracle", sweep == "static:best":
+		case sweep == "static:best":
 			m = splits("static")
+		case sweep == "oracle":
+			m = append(splits("static"), "evolve") // its search starts from the best of them
 		case sweep == "dynamo-static:best":
 			m = splits("dynamo-static")
 		case sweep == "dynamo:best":
@@ -157,10 +159,11 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 		}
 		switch {
 		case name == "oracle", name == "oracle-throughput":
-			runs := make([]Result, len(m))
-			for i, n := range m {
+			runs := make([]Result, len(m)-1) // the static splits, then evolve
+			for i, n := range m[:len(m)-1] {
 				runs[i] = need[n].res
 			}
+			evolve := need[m[len(m)-1]].res
 			wins := better
 			if name == "oracle-throughput" {
 				wins = moreThroughput
@@ -181,7 +184,7 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 				}
 				cancelled = hooks.Cancelled
 			}
-			res, err := oracleSearch(sc, name, runs, wins, progress, cancelled)
+			res, err := oracleSearch(sc, name, runs, evolve, wins, progress, cancelled)
 			var ie *InterruptedError
 			switch {
 			case errors.As(err, &ie):

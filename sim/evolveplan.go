@@ -93,6 +93,7 @@ func (r *run) planStep() {
 func (r *run) startSwitch(i int, to routing.Role, why string) {
 	e := r.engines[i]
 	e.switching, e.switchTo, e.switchWhy = true, to, why
+	r.res.Moves = append(r.res.Moves, Move{At: r.now.Sub(r.start), Engine: i, To: to})
 	if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
 		r.res.RoleSwitches++
 	}
@@ -100,6 +101,18 @@ func (r *run) startSwitch(i int, to routing.Role, why string) {
 		r.handOver(i)
 	}
 	r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
+}
+
+// replay starts a recorded switch, if its engine can move now as it could
+// then (active, not moving, in the other role).
+func (r *run) replay(m Move) {
+	if m.Engine < 0 || m.Engine >= len(r.engines) {
+		return
+	}
+	if e := r.engines[m.Engine]; e.switching || e.state != engActive || e.role == m.To {
+		return
+	}
+	r.startSwitch(m.Engine, m.To, "replay")
 }
 
 // applySchedule starts the switches that bring the cluster to ch's split:

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -43,6 +45,19 @@ func TestEvolvePlannerFollowsAShift(t *testing.T) {
 	}
 	if pred < 0.7*got || pred > 1.3*got {
 		t.Fatalf("predicted TTFT %.3fs, measured %.3fs (sums over 3 minutes)", pred, got)
+	}
+	// Its switches, replayed from its first split with no planner (as the
+	// oracle's search starts from them), give the same run: the planner
+	// acts on the cluster only by its switches.
+	again, _ := ParsePolicy(fmt.Sprintf("static:%d:%d", res.Initial, 6-res.Initial), 6)
+	again.Replay = res.Moves
+	b, err := Run(sc, again)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Moves, b.Moves) || res.MeanE2E != b.MeanE2E || res.Throughput != b.Throughput || res.Requests != b.Requests {
+		t.Fatalf("replayed: moves %v against %v, mean E2E %.4f s against %.4f s, %.1f tok/s against %.1f, %d requests against %d",
+			b.Moves, res.Moves, b.MeanE2E, res.MeanE2E, b.Throughput, res.Throughput, b.Requests, res.Requests)
 	}
 }
 

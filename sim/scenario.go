@@ -10,6 +10,7 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/workload"
 )
@@ -73,6 +74,18 @@ type Policy struct {
 	// Schedule changes the split at set times, by evolve's switching
 	// protocol (the oracle's search; see oracle.go).
 	Schedule []SplitChange
+	// Replay starts these engines' switches at these times, as a run
+	// recorded them (Result.Moves): the oracle replays evolve's planner
+	// this way, with no planner.
+	Replay []Move
+}
+
+// Move is one engine's switch: at At into the run, engine Engine (by
+// index) begins to move to role To.
+type Move struct {
+	At     time.Duration
+	Engine int
+	To     routing.Role
 }
 
 // SplitChange is one step of a Policy's schedule: from At into the run,
@@ -161,6 +174,12 @@ type Result struct {
 	// Timeline is the run minute by minute (not in the JSON result; see
 	// WriteTimeline).
 	Timeline []Window `json:"-"`
+	// Initial is the run's first split (prefill engines), and Moves every
+	// switch it began, whoever asked (not in the JSON result): a
+	// Policy.Replay of them, from static Initial, runs the same switches
+	// again without their planner.
+	Initial int    `json:"-"`
+	Moves   []Move `json:"-"`
 }
 
 // Window is one minute of a run.

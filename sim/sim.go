@@ -32,6 +32,7 @@ const (
 	evSLA             // Dynamo's SLA planner's 180-second tick
 	evWatch           // a watcher gets the cluster's state
 	evSchedule        // a scheduled split (Policy.Schedule) begins
+	evReplay          // a replayed switch (Policy.Replay) begins
 )
 
 type event struct {
@@ -351,7 +352,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	default:
 		return Result{}, fmt.Errorf("eviction %q: want ref or lru", sc.Eviction)
 	}
-	r.res = Result{Policy: pol.Name, Split: fmt.Sprintf("%d:%d", pol.Prefill, sc.Engines-pol.Prefill)}
+	r.res = Result{Policy: pol.Name, Split: fmt.Sprintf("%d:%d", pol.Prefill, sc.Engines-pol.Prefill), Initial: pol.Prefill}
 	if len(sc.Trace) > 0 {
 		scale := sc.TimeScale
 		if scale <= 0 {
@@ -383,6 +384,9 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	}
 	for k, ch := range pol.Schedule {
 		r.push(&event{at: r.start.Add(ch.At), kind: evSchedule, num: k})
+	}
+	for k, m := range pol.Replay {
+		r.push(&event{at: r.start.Add(m.At), kind: evReplay, num: k})
 	}
 	if pol.Planner || pol.Learn {
 		r.planner = newPlanner(sc, r.engines[0].model)
@@ -444,6 +448,8 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 			r.watch()
 		case evSchedule:
 			r.applySchedule(pol.Schedule[ev.num])
+		case evReplay:
+			r.replay(pol.Replay[ev.num])
 		}
 	}
 	r.now = simulated

@@ -217,10 +217,11 @@ func TestOracleSearchesSchedules(t *testing.T) {
 	if len(progress) < 2 || progress[len(progress)-1] != sc.Warmup+sc.Duration {
 		t.Errorf("oracle progress %v", progress)
 	}
-	// Stopped once the static runs are done, the search stops within its
-	// runs and names the oracle as cut short.
+	// Stopped once the runs it starts from are done (three static splits
+	// and evolve), the search stops within its runs and names the oracle
+	// as cut short.
 	var done atomic.Int32 // hooks are called from the runs' goroutines
-	_, err = Compare(sc, []string{"oracle"}, &Hooks{Done: func(string, Result) { done.Add(1) }, Cancelled: func() bool { return done.Load() >= 3 }})
+	_, err = Compare(sc, []string{"oracle"}, &Hooks{Done: func(string, Result) { done.Add(1) }, Cancelled: func() bool { return done.Load() >= 4 }})
 	var ie *InterruptedError
 	if !errors.As(err, &ie) || !slices.Equal(ie.Names, []string{"oracle"}) || len(ie.Unfinished) != 1 || ie.Unfinished[0].Policy != "oracle" {
 		t.Errorf("oracle stopped after the static runs: %v", err)
