@@ -1,32 +1,38 @@
 package controlapi
 
-import "time"
+import (
+	"time"
+
+	"github.com/evolvellm/evolve/roles"
+)
 
 // The control API's JSON, as its clients read it and as evolve sim --live
 // writes it (the orchestrator's own types carry more fields under the
 // same names).
 
-// Node is a node as the control API reports it.
+// Node is a node as the control API reports it (the orchestrator's status
+// of a node, and evolve sim --live's of a simulated engine). Field names
+// are stable: scripts depend on them.
 type Node struct {
-	ID           string       `json:"id"`
-	Role         string       `json:"role"`
-	Mode         string       `json:"mode"`
-	State        string       `json:"state"`
-	Address      string       `json:"address"`
-	Model        string       `json:"model,omitempty"`
-	Profile      string       `json:"profile,omitempty"`
-	Waiting      int          `json:"waiting"`
-	Running      int          `json:"running"`
-	InFlight     int          `json:"in_flight"`
-	TokensPerSec float64      `json:"tokens_per_s"` // processed, per second of model time
-	GPUKVUsage   float64      `json:"gpu_kv_usage"`
-	HostKVUsage  float64      `json:"host_kv_usage"`
-	GPUBlocks    int          `json:"gpu_blocks_cached"`
-	HostBlocks   int          `json:"host_blocks_cached"`
-	LastSeen     time.Time    `json:"last_seen,omitzero"`
-	Switch       *Switch      `json:"switch,omitempty"`
-	Reason       string       `json:"reason,omitempty"`
-	History      []RoleChange `json:"history,omitempty"`
+	ID           string         `json:"id"`
+	Role         string         `json:"role"`
+	Mode         string         `json:"mode"`
+	State        string         `json:"state"`
+	Address      string         `json:"address"`
+	Model        string         `json:"model,omitempty"`
+	Profile      string         `json:"profile,omitempty"`
+	Waiting      int            `json:"waiting"`
+	Running      int            `json:"running"`
+	InFlight     int            `json:"in_flight"`
+	TokensPerSec float64        `json:"tokens_per_s"` // processed, per second of model time
+	GPUKVUsage   float64        `json:"gpu_kv_usage"`
+	HostKVUsage  float64        `json:"host_kv_usage"`
+	GPUBlocks    int            `json:"gpu_blocks_cached"`
+	HostBlocks   int            `json:"host_blocks_cached"`
+	LastSeen     time.Time      `json:"last_seen,omitzero"`
+	Switch       *Switch        `json:"switch,omitempty"`
+	Reason       string         `json:"reason,omitempty"`
+	History      []roles.Change `json:"history,omitempty"`
 	// Answers it was streaming when it failed (since it last joined),
 	// which went on on other nodes, and those that could not.
 	Interrupted int `json:"answers_interrupted,omitempty"`
@@ -44,18 +50,11 @@ type Node struct {
 
 // Switch is a role switch in progress.
 type Switch struct {
-	To         string `json:"to"`
-	Phase      string `json:"phase"`
-	HandedOver int    `json:"handed_over,omitempty"`
-}
-
-// RoleChange is one entry of a node's role history.
-type RoleChange struct {
-	Time       time.Time `json:"time"`
-	From       string    `json:"from"`
-	To         string    `json:"to"`
-	Reason     string    `json:"reason"`
-	HandedOver int       `json:"handed_over,omitempty"` // answers handed to peers on the way
+	To      string    `json:"to"`
+	Phase   string    `json:"phase"` // draining or handing over, offloading, flipping
+	Started time.Time `json:"started,omitzero"`
+	// HandedOver: answers handed to peer decode nodes so far.
+	HandedOver int `json:"handed_over,omitempty"`
 }
 
 // WatchEvent is one message of the watch stream.

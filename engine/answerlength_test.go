@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/evolvellm/evolve/tokenizer"
 )
 
@@ -39,7 +39,7 @@ func wholeAnswer(t *testing.T, url, extra string) (completion int, finish, text 
 // answer); ignore_eos writes max_tokens, as vLLM's benchmarks ask, and
 // min_tokens raises the stop.
 func TestAnswerEndsOnItsOwn(t *testing.T) {
-	_, srv := startEngine(t, "e", sim.RoleDecode, 1000, nil)
+	_, srv := startEngine(t, "e", roles.Decode, 1000, nil)
 	n, finish, text := wholeAnswer(t, srv.URL, "")
 	if finish != "stop" || n < answerFloor || n >= 3000 {
 		t.Fatalf("an answer of %d tokens ended for %q", n, finish)

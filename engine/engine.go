@@ -23,6 +23,7 @@ import (
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Config configures an engine agent.
@@ -31,7 +32,7 @@ type Config struct {
 	Profile          *sim.Profile // hardware and model
 	Sim              sim.Config   // scheduler overrides
 	ServedModelName  string       // default: the profile's model
-	Role             sim.Role
+	Role             roles.Role
 	Speedup          float64 // modelled seconds per wall second; default 1
 	AdvertiseURL     string  // base URL peers and routers use to reach this engine
 	DefaultMaxTokens int     // for requests without max_tokens; default 256 (chat) / 16 (completions, as OpenAI)
@@ -521,7 +522,7 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 	case protocol.OpStatus:
 		return nil
 	case protocol.OpSetRole:
-		r, err := sim.ParseRole(req.Role)
+		r, err := roles.Parse(req.Role)
 		if err != nil {
 			return err
 		}

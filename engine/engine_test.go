@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // sink records what the engine publishes.
@@ -35,7 +35,7 @@ func (s *sink) Pass(protocol.PassRecord) { s.mu.Lock(); s.passes++; s.mu.Unlock(
 func startInProcess(t *testing.T, speedup float64) (*Engine, *httptest.Server, *sink) {
 	t.Helper()
 	sk := &sink{}
-	e, srv := startEngine(t, "t1", sim.RoleBoth, speedup, sk)
+	e, srv := startEngine(t, "t1", roles.Both, speedup, sk)
 	return e, srv, sk
 }
 

@@ -17,12 +17,13 @@ import (
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/openaiapi/openaiapitest"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/evolvellm/evolve/tokenizer"
 )
 
 // startEngine runs engine id with the tiny profile behind an HTTP server,
 // publishing to sk (nil: nowhere).
-func startEngine(t *testing.T, id string, role sim.Role, speedup float64, sk EventSink) (*Engine, *httptest.Server) {
+func startEngine(t *testing.T, id string, role roles.Role, speedup float64, sk EventSink) (*Engine, *httptest.Server) {
 	t.Helper()
 	return startEngineConfig(t, Config{ID: id, Role: role, Speedup: speedup}, sk)
 }
@@ -90,8 +91,8 @@ func postRaw(t *testing.T, url string, body []byte, movable bool) *http.Response
 // summed. A request without the router's header runs to its end where it
 // is.
 func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
-	a, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
-	_, srvB := startEngine(t, "b", sim.RoleDecode, 1, nil)
+	a, srvA := startEngine(t, "a", roles.Decode, 1, nil)
+	_, srvB := startEngine(t, "b", roles.Decode, 1, nil)
 	const n = 300
 	body := []byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat("the long context of an agent ", 30) +
 		`"}], "max_tokens": 300, "ignore_eos": true, "seed": 5, "stream": true, "stream_options": {"include_usage": true}}`)
@@ -280,8 +281,8 @@ func TestHandOverMovesAnAnswerToAPeerUnchanged(t *testing.T) {
 // or a prefill engine computes that KV and a decode engine pulls it and
 // writes the rest.
 func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
-	_, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
-	_, srvB := startEngine(t, "b", sim.RolePrefill, 1, nil) // a prefill engine takes whole requests too
+	_, srvA := startEngine(t, "a", roles.Decode, 1, nil)
+	_, srvB := startEngine(t, "b", roles.Prefill, 1, nil) // a prefill engine takes whole requests too
 	const n = 200
 	body := `{"messages": [{"role": "user", "content": "` + strings.Repeat("an agent's question ", 20) +
 		`"}], "max_tokens": 200, "seed": 8, "stream": true, "stream_options": {"include_usage": true}}`
@@ -361,8 +362,8 @@ func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 	// prefill engine computes the KV of the prompt and the output so far
 	// and holds it (a prefill leg with evolve_resume), and a decode engine
 	// pulls it and writes the rest, computing next to nothing itself.
-	_, srvP := startEngine(t, "p", sim.RolePrefill, 1, nil)
-	ec, srvC := startEngine(t, "c", sim.RoleDecode, 1, nil)
+	_, srvP := startEngine(t, "p", roles.Prefill, 1, nil)
+	ec, srvC := startEngine(t, "c", roles.Decode, 1, nil)
 	rb, err := openaiapi.ParseObject([]byte(body))
 	if err != nil {
 		t.Fatal(err)
@@ -406,7 +407,7 @@ func TestTokenCommentsLetAnotherEngineFinishTheAnswer(t *testing.T) {
 // takes no new request, but an answer it handed over that comes back
 // (no peer took it) is finished there: the same answer, to its end.
 func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
-	a, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
+	a, srvA := startEngine(t, "a", roles.Decode, 1, nil)
 	const n = 300
 	body := []byte(`{"messages": [{"role": "user", "content": "` + strings.Repeat("the long context of an agent ", 30) +
 		`"}], "max_tokens": 300, "seed": 6, "stream": true, "stream_options": {"include_usage": true}}`)
@@ -475,7 +476,7 @@ func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
 // has a client mid-read: it waits ahead of the requests that arrived
 // before it and are still queued, rather than behind them.
 func TestAResumedAnswerWaitsAheadOfQueuedRequests(t *testing.T) {
-	e, srv := startEngineConfig(t, Config{ID: "a", Role: sim.RoleDecode, Speedup: 4, Sim: sim.Config{MaxNumSeqs: 1}}, nil)
+	e, srv := startEngineConfig(t, Config{ID: "a", Role: roles.Decode, Speedup: 4, Sim: sim.Config{MaxNumSeqs: 1}}, nil)
 	chat := func(words, maxTokens int) []byte {
 		return []byte(fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d}`,
 			strings.Repeat("context ", words), maxTokens))
@@ -538,7 +539,7 @@ func TestAResumedAnswerWaitsAheadOfQueuedRequests(t *testing.T) {
 // in flight for orphanHoldWait, rather than for its whole grace, and ends
 // the hold.
 func TestALeavingEngineGivesUpAHoldNoPeerPulls(t *testing.T) {
-	a, srvA := startEngine(t, "a", sim.RoleDecode, 1, nil)
+	a, srvA := startEngine(t, "a", roles.Decode, 1, nil)
 	a.orphanHoldWait = 400 * time.Millisecond
 	body := []byte(`{"messages": [{"role": "user", "content": "an agent's context"}], "max_tokens": 300, "stream": true}`)
 	left := make(chan int, 1)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -81,8 +82,8 @@ func newMetrics(e *Engine) *metrics {
 	return m
 }
 
-func (m *metrics) setRole(r sim.Role) {
-	for _, x := range []sim.Role{sim.RoleBoth, sim.RolePrefill, sim.RoleDecode} {
+func (m *metrics) setRole(r roles.Role) {
+	for _, x := range []roles.Role{roles.Both, roles.Prefill, roles.Decode} {
 		v := 0.0
 		if x == r {
 			v = 1

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // call sends body (GET when empty, else POST) to url with the given
@@ -51,9 +51,9 @@ func send(t *testing.T, url, auth, body string) (int, map[string]any) {
 // pulls a prefill leg's KV from.
 func TestEngineTokenGuardsTheAPIAndTravelsToPeers(t *testing.T) {
 	const token = "t0k-3n"
-	_, pre := startEngineConfig(t, Config{ID: "pre", Role: sim.RolePrefill, Speedup: 50, Token: token}, nil)
-	_, dec := startEngineConfig(t, Config{ID: "dec", Role: sim.RoleDecode, Speedup: 50, Token: token}, nil)
-	_, open := startEngineConfig(t, Config{ID: "open", Role: sim.RoleDecode, Speedup: 50}, nil)
+	_, pre := startEngineConfig(t, Config{ID: "pre", Role: roles.Prefill, Speedup: 50, Token: token}, nil)
+	_, dec := startEngineConfig(t, Config{ID: "dec", Role: roles.Decode, Speedup: 50, Token: token}, nil)
+	_, open := startEngineConfig(t, Config{ID: "open", Role: roles.Decode, Speedup: 50}, nil)
 
 	for _, path := range []string{"/health", "/metrics"} {
 		if status, _ := call(t, pre.URL+path, "", ""); status != 200 {

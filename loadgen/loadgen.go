@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/tokenizer"
 	"github.com/evolvellm/evolve/workload"
 )
@@ -643,13 +644,13 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	}
 	req.Header.Set("Content-Type", "application/json")
 	cfg.authorize(req)
-	req.Header.Set("X-Evolve-Session", call.Session)
-	req.Header.Set("X-Evolve-Branch", call.Branch)
+	req.Header.Set(protocol.HeaderSession, call.Session)
+	req.Header.Set(protocol.HeaderBranch, call.Branch)
 	if call.Parent != "" {
-		req.Header.Set("X-Evolve-Parent-Branch", call.Parent)
+		req.Header.Set(protocol.HeaderParentBranch, call.Parent)
 	}
 	if call.Rewrite {
-		req.Header.Set("X-Evolve-Rewrite", "true")
+		req.Header.Set(protocol.HeaderRewrite, "true")
 	}
 	c.mu.Lock()
 	c.sent++

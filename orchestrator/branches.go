@@ -33,8 +33,8 @@ const BranchTTL = 10 * time.Minute
 // identity reads the agent's identity from the headers, or from the
 // body's metadata (session, branch, parent_branch, rewrite).
 func identity(r *http.Request, p *openaiapi.Parsed) kv.Identity {
-	id := kv.Identity{Session: r.Header.Get("X-Evolve-Session"), Branch: r.Header.Get("X-Evolve-Branch"),
-		Parent: r.Header.Get("X-Evolve-Parent-Branch"), Rewrite: strings.EqualFold(r.Header.Get("X-Evolve-Rewrite"), "true")}
+	id := kv.Identity{Session: r.Header.Get(protocol.HeaderSession), Branch: r.Header.Get(protocol.HeaderBranch),
+		Parent: r.Header.Get(protocol.HeaderParentBranch), Rewrite: strings.EqualFold(r.Header.Get(protocol.HeaderRewrite), "true")}
 	md := p.Req.Metadata
 	str := func(k string) string {
 		s, _ := md[k].(string)

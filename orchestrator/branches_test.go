@@ -13,10 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // words makes a prompt of n distinct words of a family.
@@ -82,7 +82,7 @@ func (tc *testCluster) gpuPrefix(node string, chain []kv.BlockHash) int {
 // then evicts the rewritten branch's dead tail, not the older context of
 // another agent's live branch (plain LRU would take that one first).
 func TestCompactedTailIsEvictedFirst(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode) // one tiny engine: 512 GPU blocks of 16 tokens
+	tc := startTestCluster(t, roles.Decode) // one tiny engine: 512 GPU blocks of 16 tokens
 	router := tc.o.RouterURL()
 	b := words("bravo", 1000) // about 125 blocks
 	a := words("alpha", 1000)
@@ -126,7 +126,7 @@ func TestCompactedTailIsEvictedFirst(t *testing.T) {
 // An agent ends its session: its branches end, the router says so, and a
 // second end is a 404.
 func TestAgentEndsSession(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode)
 	router := tc.o.RouterURL()
 	turn(t, router, "s", "main", "", false, words("echo", 100))
 	turn(t, router, "s", "sub1", "main", false, words("echo", 50)+words("fox", 30))
@@ -163,7 +163,7 @@ func TestAgentEndsSession(t *testing.T) {
 // that never saw it, fetches it from that host pool instead of
 // recomputing it.
 func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	router := tc.o.RouterURL()
 	p := words("context", 600) // about 75 blocks
 	turn(t, router, "s", "main", "", false, p)
@@ -260,7 +260,7 @@ func (tc *testCluster) engineCounter(t *testing.T, id, name string) float64 {
 // Live branches whose contexts outgrow the GPU: the evictions of their
 // blocks are counted per node and tier, and reported in the KV summary.
 func TestReferencedEvictionsAreCounted(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode) // one tiny engine: 512 GPU blocks of 16 tokens
+	tc := startTestCluster(t, roles.Decode) // one tiny engine: 512 GPU blocks of 16 tokens
 	router := tc.o.RouterURL()
 	for i, w := range []string{"echo", "foxtrot", "golf", "hotel", "india"} {
 		turn(t, router, fmt.Sprintf("s%d", i), "main", "", false, words(w, 1000)) // about 125 blocks each
@@ -337,7 +337,7 @@ func TestLostReuseCountsWhatThePrefillRecomputed(t *testing.T) {
 // start a turn that brings the session back (its branch would hold the
 // context as referenced until the idle TTL).
 func TestAbandonedRequestDoesNotReviveItsSession(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode)
 	router := tc.o.RouterURL()
 	prompt := words("kilo", 80)
 	turn(t, router, "s", "main", "", false, prompt)

@@ -18,8 +18,8 @@ import (
 
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/kv"
-	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Node states.
@@ -37,81 +37,21 @@ const (
 	ModePinned = "pinned" // only the operator may
 )
 
-// RoleChange is one entry of a node's role history.
-type RoleChange struct {
-	Time   time.Time `json:"time"`
-	From   string    `json:"from"`
-	To     string    `json:"to"`
-	Reason string    `json:"reason"`
-	// HandedOver: answers the node handed to peer decode nodes on the way.
-	HandedOver int `json:"handed_over,omitempty"`
-}
-
-// Switch is a role switch in progress.
-type Switch struct {
-	To      string    `json:"to"`
-	Phase   string    `json:"phase"` // draining or handing over, offloading, flipping
-	Started time.Time `json:"started"`
-	// HandedOver: answers handed to peer decode nodes so far.
-	HandedOver int `json:"handed_over,omitempty"`
-}
-
-// NodeStatus is a node as the control API reports it. Field names are
-// stable: scripts depend on them.
-type NodeStatus struct {
-	ID          string  `json:"id"`
-	Role        string  `json:"role"`
-	Mode        string  `json:"mode"`
-	State       string  `json:"state"`
-	Address     string  `json:"address"`
-	Model       string  `json:"model"`
-	Profile     string  `json:"profile,omitempty"`
-	Waiting     int     `json:"waiting"`
-	Running     int     `json:"running"`
-	InFlight    int     `json:"in_flight"` // requests the router has sent it and not seen finish
-	GPUKVUsage  float64 `json:"gpu_kv_usage"`
-	HostKVUsage float64 `json:"host_kv_usage"`
-	// TokensPerSec: tokens the node processed (prompt tokens computed and
-	// tokens generated) per second of model time over the last 10 s.
-	TokensPerSec float64      `json:"tokens_per_s"`
-	GPUBlocks    int          `json:"gpu_blocks_cached"` // copies the directory knows on its GPU
-	HostBlocks   int          `json:"host_blocks_cached"`
-	LastSeen     time.Time    `json:"last_seen"`
-	Switch       *Switch      `json:"switch,omitempty"`
-	Reason       string       `json:"reason,omitempty"` // why a node is rejected or down
-	History      []RoleChange `json:"history,omitempty"`
-	// Interrupted: answers the node was streaming when it failed, since
-	// it last joined, which the router then continued on other nodes;
-	// Lost: those of them no node could continue.
-	Interrupted int `json:"answers_interrupted,omitempty"`
-	Lost        int `json:"answers_lost,omitempty"`
-	// TokenRequired: the engine's port answers only with the engine token.
-	TokenRequired bool `json:"token_required"`
-	// Passes: pass records the node has sent the planner since its engine
-	// started (a vLLM engine sends them only with vLLM's forward-pass
-	// metrics).
-	Passes uint64 `json:"passes"`
-	// KVBlocksLeftOut: blocks whose KV events the engine could not pass
-	// on, missing from the directory; KVLeftOutWhy: why, for the last.
-	KVBlocksLeftOut uint64 `json:"kv_blocks_left_out,omitempty"`
-	KVLeftOutWhy    string `json:"kv_left_out_why,omitempty"`
-}
-
 // node is the orchestrator's record of one engine.
 type node struct {
 	reg      protocol.Registration
 	hb       protocol.Heartbeat
 	dir      kv.NodeID
-	role     routing.Role
+	role     roles.Role
 	mode     string
 	state    string
 	lastSeen time.Time
 	inFlight int
-	sw       *Switch
+	sw       *controlapi.Switch
 	// handingOver: the node's engine hands its decodes to peers (a
 	// switch away from decode); new decode legs go elsewhere.
 	handingOver bool
-	history     []RoleChange
+	history     []roles.Change
 	// Answers it was streaming when it failed, since it last joined, and
 	// of those the ones no node could continue (NodeStatus).
 	interrupted, lost int
@@ -196,13 +136,13 @@ func newCluster() *cluster {
 // status is a snapshot of the node that shares no memory with it: the
 // watch stream marshals it after the lock is released, while a switch
 // goes on changing n.sw and n.history.
-func (n *node) status(id string, d *kv.Directory) NodeStatus {
+func (n *node) status(id string, d *kv.Directory) controlapi.Node {
 	g, h := d.NodeReplicas(n.dir)
-	var sw *Switch
+	var sw *controlapi.Switch
 	if n.sw != nil {
 		sw = ptr(*n.sw)
 	}
-	st := NodeStatus{
+	st := controlapi.Node{
 		ID: id, Role: n.role.String(), Mode: n.mode, State: n.state, Address: n.reg.URL, Model: n.reg.Model,
 		Profile: n.reg.Profile, Waiting: n.hb.Waiting, Running: n.hb.Running, InFlight: n.inFlight,
 		GPUKVUsage: n.hb.GPUKVUsage, HostKVUsage: n.hb.HostKVUsage, GPUBlocks: g, HostBlocks: h, TokensPerSec: n.tokensPerSec(time.Now()),
@@ -219,8 +159,8 @@ func (n *node) status(id string, d *kv.Directory) NodeStatus {
 }
 
 // statuses lists every node, sorted by id. Call with mu held.
-func (c *cluster) statuses() []NodeStatus {
-	out := make([]NodeStatus, 0, len(c.nodes))
+func (c *cluster) statuses() []controlapi.Node {
+	out := make([]controlapi.Node, 0, len(c.nodes))
 	for id, n := range c.nodes {
 		out = append(out, n.status(id, c.dir))
 	}
@@ -251,8 +191,8 @@ func ptr[T any](v T) *T { return &v }
 
 // watchEvent is one message of the watch stream.
 type watchEvent struct {
-	Type       string       `json:"type"` // snapshot, node
-	Generation uint64       `json:"generation"`
-	Nodes      []NodeStatus `json:"nodes,omitempty"`
-	Node       *NodeStatus  `json:"node,omitempty"`
+	Type       string            `json:"type"` // snapshot, node
+	Generation uint64            `json:"generation"`
+	Nodes      []controlapi.Node `json:"nodes,omitempty"`
+	Node       *controlapi.Node  `json:"node,omitempty"`
 }

@@ -8,7 +8,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // A node's status is marshalled by the watch stream after the cluster lock
@@ -20,9 +22,9 @@ func TestNodeStatusSharesNoMemoryWithTheNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := &node{dir: id, sw: &Switch{To: "prefill", Phase: "draining", Started: time.Now()},
-		history: make([]RoleChange, 1, 4)}
-	n.history[0] = RoleChange{From: "decode", To: "prefill", Reason: "first"}
+	n := &node{dir: id, sw: &controlapi.Switch{To: "prefill", Phase: "draining", Started: time.Now()},
+		history: make([]roles.Change, 1, 4)}
+	n.history[0] = roles.Change{From: "decode", To: "prefill", Reason: "first"}
 	st := n.status("e0", dir)
 	n.sw.Phase = "offloading"
 	n.history[0].Reason = "changed"

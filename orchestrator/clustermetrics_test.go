@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // routerMetrics is the router's /metrics text.
@@ -25,7 +25,7 @@ func routerMetrics(t *testing.T, o *Orchestrator) string {
 // every role at 0 when no node has it, and follows an engine going down;
 // the KV directory and pool are there too.
 func TestClusterMetricsFollowTheNodes(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode)
 	m := routerMetrics(t, tc.o)
 	for _, want := range []string{`evolve_nodes{role="prefill",state="serving"} 1`, `evolve_nodes{role="decode",state="serving"} 1`,
 		`evolve_nodes{role="decode",state="down"} 0`, `evolve_nodes{role="both",state="switching"} 0`,

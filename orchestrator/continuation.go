@@ -17,6 +17,7 @@ import (
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // An answer goes on elsewhere when its engine stops writing it. Two
@@ -342,7 +343,7 @@ func (a *attempt) resumeFetches(v *routing.View, m *kv.Match, to string) resumeP
 	if target == nil {
 		return plan
 	}
-	plan.decode = target.Role == routing.Decode
+	plan.decode = target.Role == roles.Decode
 	plan.held = m.For(target.Dir).Local
 	plan.covered = plan.held
 	if len(a.chain) == 0 {

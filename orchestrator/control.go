@@ -181,19 +181,19 @@ func (o *Orchestrator) noSuchNode(w http.ResponseWriter, id string) {
 
 // Nodes lists the nodes, in the order of their ids (engine-2 before
 // engine-10).
-func (o *Orchestrator) Nodes() []NodeStatus {
+func (o *Orchestrator) Nodes() []controlapi.Node {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	return o.c.statuses()
 }
 
 // NodeStatus reports one node.
-func (o *Orchestrator) NodeStatus(id string) (NodeStatus, bool) {
+func (o *Orchestrator) NodeStatus(id string) (controlapi.Node, bool) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	n := o.c.nodes[id]
 	if n == nil {
-		return NodeStatus{}, false
+		return controlapi.Node{}, false
 	}
 	return n.status(id, o.c.dir), true
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // An engine that restarts under the same name is a new process whose KV
@@ -16,7 +17,7 @@ import (
 // old process's and routing blind to the engine. What the old process
 // computed and the new one computes again is lost KV reuse.
 func TestRestartedEngineKVIsSeen(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode)
 	held := func() (gpu int, seq uint64) {
 		tc.o.c.mu.Lock()
 		defer tc.o.c.mu.Unlock()
@@ -53,7 +54,7 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 		t.Fatalf("e0 stopped, and the directory still lists %d GPU copies on it", gpu)
 	}
 	p, _ := sim.BuiltinProfile("tiny")
-	tc.addEngine(t, "e0", p, sim.RoleDecode)
+	tc.addEngine(t, "e0", p, roles.Decode)
 	eventually(t, "e0 serving again", func() bool {
 		st, ok := tc.o.NodeStatus("e0")
 		return ok && st.State == StateServing

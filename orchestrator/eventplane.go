@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
-	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
 )
 
@@ -125,11 +125,11 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 
 // initialRole is a new node's role: the one it was started with, or
 // decode for an engine that takes both.
-func (o *Orchestrator) initialRole(reg protocol.Registration) routing.Role {
+func (o *Orchestrator) initialRole(reg protocol.Registration) roles.Role {
 	if reg.Role == "prefill" {
-		return routing.Prefill
+		return roles.Prefill
 	}
-	return routing.Decode
+	return roles.Decode
 }
 
 func (o *Orchestrator) onHeartbeat(m *nats.Msg) {

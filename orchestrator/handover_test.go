@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/openaiapi/openaiapitest"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -116,7 +116,7 @@ func readRoutedChatAt(t *testing.T, resp *http.Response, k int, at func()) *rout
 // one it would have read had nothing moved; whether the request was split
 // between a prefill and a decode node or served whole on one.
 func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode, roles.Decode)
 	const n = 6000
 	chat := func(topic string, times int) string { return streamedChat(topic, times, n, 11) }
 	post := func(body string) *http.Response { return postChat(t, tc, body) }
@@ -216,7 +216,7 @@ func busyDecodeNode(t *testing.T, tc *testCluster, ids ...string) string {
 // A whole (not streamed) answer moves too: the client gets one answer,
 // the one it would have got, with the node that finished it named.
 func TestDecodeSwitchHandsAWholeAnswerOver(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	body := `{"prompt": "` + strings.Repeat("a long derivation ", 100) + `", "max_tokens": 6000, "ignore_eos": true, "seed": 3}`
 	type answer struct {
 		status int
@@ -270,7 +270,7 @@ func TestDecodeSwitchHandsAWholeAnswerOver(t *testing.T) {
 // costs: the profile's copy times divided by the engines' speedup (tiny:
 // a 16 KiB block takes 16.4 us to host and 32.8 us to a peer, modelled).
 func TestPlannerPricesCopiesInWallTime(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode) // engines at 20x
+	tc := startTestCluster(t, roles.Prefill, roles.Decode) // engines at 20x
 	tc.o.plan.mu.Lock()
 	cfg := tc.o.plan.p.Config()
 	tc.o.plan.mu.Unlock()

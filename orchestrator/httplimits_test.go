@@ -10,13 +10,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 func limitedCluster(t *testing.T, profiles ...string) *testCluster {
 	t.Helper()
 	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{MaxConnections: 4, BodyTimeout: time.Second, BodyMinRate: 1 << 20,
-		WriteIdle: 2 * time.Second, IdleTimeout: 1500 * time.Millisecond}}, profiles, sim.RoleDecode)
+		WriteIdle: 2 * time.Second, IdleTimeout: 1500 * time.Millisecond}}, profiles, roles.Decode)
 	eventually(t, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
 	return tc
 }

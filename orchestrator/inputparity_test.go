@@ -6,13 +6,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Requests vLLM refuses are refused by the router too, 400, whichever API
 // they come through; a body too large is 413, a wrong method 405.
 func TestRouterRefusesWhatVLLMRefuses(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode)
 	base := tc.o.RouterURL()
 	chat := func(extra string) string {
 		return fmt.Sprintf(`{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4%s}`, extra)

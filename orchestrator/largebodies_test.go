@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // routerMetric reads one unlabelled metric from the router's /metrics.
@@ -43,7 +43,7 @@ func bigPrompt(n int) string {
 // read, parsed and tokenized at once, and the orchestrator, short of CPU,
 // lost its engines' heartbeats.
 func TestLargeBodiesWaitForRoom(t *testing.T) {
-	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{LargeBodyBudget: 4 << 20}}, nil, sim.RoleDecode)
+	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{LargeBodyBudget: 4 << 20}}, nil, roles.Decode)
 	eventually(t, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
 	// Another large request holds the whole budget.
 	if err := tc.o.bodies.sem.Acquire(context.Background(), 4<<20); err != nil {
@@ -98,7 +98,7 @@ func TestLargeBodiesWaitForRoom(t *testing.T) {
 // answered: it kept it before (an idle router seldom collects), 235 MB of
 // it after one 31 MB prompt.
 func TestHugeRequestGivesItsMemoryBack(t *testing.T) {
-	tc := startTestClusterWith(t, Config{}, nil, sim.RoleDecode)
+	tc := startTestClusterWith(t, Config{}, nil, roles.Decode)
 	eventually(t, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
 	if code, _ := postJSON(t, tc.o.RouterURL()+"/v1/completions", bigPrompt(16<<20)); code != 400 {
 		t.Fatalf("a 16 MB prompt: %d", code)

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -20,7 +20,7 @@ import (
 // request: the decode node serves it whole. Before, such requests failed
 // with 503 "a decode engine takes no prefill-only leg".
 func TestPrefillLegRefusedForItsRoleIsServedWhole(t *testing.T) {
-	tc := startTestClusterWith(t, Config{Policy: "dynamo", PlannerMode: PlannerOff}, nil, sim.RolePrefill, sim.RoleDecode)
+	tc := startTestClusterWith(t, Config{Policy: "dynamo", PlannerMode: PlannerOff}, nil, roles.Prefill, roles.Decode)
 	// The engine switches before the orchestrator hears of it.
 	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpSetRole, Role: "decode"}); err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestPrefillLegRefusedForItsRoleIsServedWhole(t *testing.T) {
 
 // Switching the last prefill node to decode under load fails no request.
 func TestSwitchingTheLastPrefillNodeFailsNoRequest(t *testing.T) {
-	tc := startTestClusterWith(t, Config{PlannerMode: PlannerOff}, nil, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestClusterWith(t, Config{PlannerMode: PlannerOff}, nil, roles.Prefill, roles.Decode, roles.Decode)
 	stop := make(chan struct{})
 	failures := make(chan string, 1000)
 	var wg sync.WaitGroup

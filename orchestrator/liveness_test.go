@@ -4,14 +4,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // A node marked down because it went silent (SIGSTOP, a stalled host)
 // serves again once its heartbeats come back: the orchestrator asks it to
 // register again, and it resyncs its KV.
 func TestSilentNodeComesBackWhenItBeatsAgain(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode, roles.Decode)
 	tc.o.markDown("e0", "no heartbeat for 3s", true)
 	if st, _ := tc.o.NodeStatus("e0"); st.State != StateDown {
 		t.Fatalf("e0 after markDown: %s", st.State)
@@ -25,7 +25,7 @@ func TestSilentNodeComesBackWhenItBeatsAgain(t *testing.T) {
 // A node that said goodbye stays down, whatever it still sends: it is
 // stopping, and bringing it back would route requests into its shutdown.
 func TestDeregisteredNodeStaysDown(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode, roles.Decode)
 	tc.o.markDown("e0", "deregistered", false)
 	time.Sleep(3 * time.Second) // three heartbeats
 	if st, _ := tc.o.NodeStatus("e0"); st.State != StateDown {
@@ -38,7 +38,7 @@ func TestDeregisteredNodeStaysDown(t *testing.T) {
 // than the heartbeat limit, heartbeats still arrive, and no node is
 // marked down for the wait.
 func TestHeldLockDoesNotMarkNodesDown(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode, roles.Decode)
 	limit := time.Duration(tc.o.cfg.MissedHeartbeats) * time.Second
 	tc.o.c.mu.Lock()
 	time.Sleep(limit + 1500*time.Millisecond)

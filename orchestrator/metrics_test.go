@@ -7,14 +7,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // A client that closes its stream as soon as it reads [DONE] (as many
 // SDKs do) got its whole answer: counted ok, never client_gone.
 func TestStreamClosedAfterDoneCountsOK(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode)
 	const n = 40
 	for i := 0; i < n; i++ {
 		resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json",
@@ -43,7 +43,7 @@ func TestStreamClosedAfterDoneCountsOK(t *testing.T) {
 // The orchestrator's /metrics has the process's own figures, and its
 // control API serves Go's profiler (behind its token, when it has one).
 func TestOrchestratorExposesProcessMetricsAndProfiles(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode)
 	resp, err := http.Get(tc.o.RouterURL() + "/metrics")
 	if err != nil {
 		t.Fatal(err)

@@ -18,6 +18,7 @@ import (
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -32,28 +33,28 @@ type testCluster struct {
 	servers []*http.Server // each engine's HTTP server
 }
 
-func startTestCluster(t *testing.T, roles ...sim.Role) *testCluster {
+func startTestCluster(t *testing.T, roles ...roles.Role) *testCluster {
 	t.Helper()
 	return startTestClusterProfiles(t, nil, roles...)
 }
 
 // startTestClusterProfiles is startTestCluster with a profile per engine
 // (nil: all tiny); it waits for the tiny ones to serve.
-func startTestClusterProfiles(t *testing.T, profiles []string, roles ...sim.Role) *testCluster {
+func startTestClusterProfiles(t *testing.T, profiles []string, roles ...roles.Role) *testCluster {
 	t.Helper()
 	return startTestClusterLogged(t, nil, profiles, roles...)
 }
 
 // startTestClusterLogged is startTestClusterProfiles with the
 // orchestrator logging to log (nil: slog's default).
-func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, roles ...sim.Role) *testCluster {
+func startTestClusterLogged(t *testing.T, log *slog.Logger, profiles []string, roles ...roles.Role) *testCluster {
 	t.Helper()
 	return startTestClusterWith(t, Config{Logger: log}, profiles, roles...)
 }
 
 // startTestClusterWith is startTestClusterProfiles with the orchestrator
 // configured by cfg, on loopback and free ports.
-func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...sim.Role) *testCluster {
+func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...roles.Role) *testCluster {
 	t.Helper()
 	cfg.RouterAddr, cfg.ControlAddr, cfg.NATSListen, cfg.DataDir = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", t.TempDir()
 	if cfg.Policy == "" {
@@ -102,7 +103,7 @@ func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...
 
 // addEngine starts an engine process of profile p and role r that joins
 // the cluster as id; tc.engines gets the function that stops it.
-func (tc *testCluster) addEngine(t testing.TB, id string, p *sim.Profile, r sim.Role) {
+func (tc *testCluster) addEngine(t testing.TB, id string, p *sim.Profile, r roles.Role) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -154,7 +155,7 @@ func postJSON(t *testing.T, url, body string) (int, map[string]any) {
 }
 
 func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	router := tc.o.RouterURL()
 	long := strings.Repeat("context for the agent to read ", 200)
 
@@ -284,7 +285,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // An engine whose HTTP side dies while its heartbeats go on: requests
 // routed to it fail before their first byte and are routed again.
 func TestRetriesOnAnotherEngineBeforeFirstByte(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Decode, roles.Decode)
 	tc.servers[0].Close()
 	for i := 0; i < 10; i++ {
 		status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": "request %d", "max_tokens": 3}`, i))
@@ -301,7 +302,7 @@ func TestRetriesOnAnotherEngineBeforeFirstByte(t *testing.T) {
 
 // An engine of another model joining the cluster is kept out of routing.
 func TestRejectsEngineOfAnotherModel(t *testing.T) {
-	tc := startTestClusterProfiles(t, []string{"tiny", "gb300-kimi-k2"}, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestClusterProfiles(t, []string{"tiny", "gb300-kimi-k2"}, roles.Decode, roles.Decode)
 	eventually(t, "e1 rejected", func() bool {
 		st, ok := tc.o.NodeStatus("e1")
 		return ok && st.State == StateRejected && st.Reason != ""
@@ -317,7 +318,7 @@ func TestRejectsEngineOfAnotherModel(t *testing.T) {
 // When the decode leg fails before it pulls the KV, the router frees the
 // prefill engine's hold at once and serves the request elsewhere.
 func TestFailedDecodeLegReleasesPrefillHold(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode)
 	tc.servers[1].Close() // the decode engine's HTTP dies; its heartbeats go on
 	long := strings.Repeat("context for the agent to read ", 200)
 	status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 3}`, long))
@@ -413,7 +414,7 @@ func (l *recordLog) find(msg, key string, val any) map[string]any {
 func TestAnswerSaysWhereItWasServed(t *testing.T) {
 	logs := &recordLog{}
 	log := slog.New(logs)
-	tc := startTestClusterLogged(t, log, nil, sim.RolePrefill, sim.RoleDecode)
+	tc := startTestClusterLogged(t, log, nil, roles.Prefill, roles.Decode)
 	router := tc.o.RouterURL()
 	post := func(body string) *http.Response {
 		t.Helper()
@@ -450,7 +451,7 @@ func TestAnswerSaysWhereItWasServed(t *testing.T) {
 // request's decode leg answers, its KV has left the prefill node. (Math
 // agents' decodes run for minutes; the switch used to wait for all.)
 func TestPrefillSwitchDoesNotWaitForDecodesElsewhere(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode)
 	long := strings.Repeat("a problem to reason about at length ", 200)
 	resp, err := http.Post(tc.o.RouterURL()+"/v1/completions", "application/json",
 		strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 6000, "ignore_eos": true, "stream": true}`, long)))

@@ -13,6 +13,7 @@ import (
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
 )
 
@@ -107,7 +108,7 @@ func (o *Orchestrator) onStats(m *nats.Msg) {
 	o.c.mu.Lock()
 	speedup, prefill := 1.0, false
 	if n := o.c.nodes[b.Engine]; n != nil {
-		prefill = n.role == routing.Prefill
+		prefill = n.role == roles.Prefill
 		n.noteTokens(now, tokens)
 		n.passes += uint64(len(b.Passes))
 		if n.reg.Speedup > 0 {
@@ -183,11 +184,7 @@ func (o *Orchestrator) planStep(now time.Time) {
 		if n.sw != nil {
 			role, _ = parseRole(n.sw.To)
 		}
-		name := planner.Decode
-		if role == routing.Prefill {
-			name = planner.Prefill
-		}
-		nodes = append(nodes, planner.NodeInfo{ID: id, Role: name, Auto: n.mode == ModeAuto,
+		nodes = append(nodes, planner.NodeInfo{ID: id, Role: role, Auto: n.mode == ModeAuto,
 			Serving: n.state == StateServing, Switching: n.state == StateSwitching,
 			Waiting: n.hb.Waiting, Running: n.hb.Running + n.inFlight,
 			GPUBlocksUsed:   int(n.hb.GPUKVUsage * float64(n.reg.GPUBlocks)),
@@ -204,7 +201,7 @@ func (o *Orchestrator) planStep(now time.Time) {
 	}
 	o.met.planner(st)
 	for _, m := range moves {
-		if _, err := o.setRole(m.Node, m.To, false, "planner: "+m.Reason, false); err != nil {
+		if _, err := o.setRole(m.Node, m.To.String(), false, "planner: "+m.Reason, false); err != nil {
 			o.log.Warn("planner move failed", "id", m.Node, "to", m.To, "err", err)
 			continue
 		}
@@ -251,14 +248,14 @@ func (o *Orchestrator) PlannerStatus() (planner.Status, bool) {
 }
 
 // parseRole reads a role name: prefill or decode.
-func parseRole(s string) (routing.Role, bool) {
+func parseRole(s string) (roles.Role, bool) {
 	switch s {
 	case "prefill":
-		return routing.Prefill, true
+		return roles.Prefill, true
 	case "decode":
-		return routing.Decode, true
+		return roles.Decode, true
 	}
-	return routing.Decode, false
+	return roles.Decode, false
 }
 
 // usage is the part of an answer's usage the orchestrator reads.

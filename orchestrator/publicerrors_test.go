@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // When every engine fails a request, the agent is told so with the
@@ -14,7 +14,7 @@ import (
 // errors); the log keeps the cause under the same id.
 func TestFailedRequestTellsTheAgentNoInternals(t *testing.T) {
 	rec := &recordLog{}
-	tc := startTestClusterLogged(t, slog.New(rec), nil, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestClusterLogged(t, slog.New(rec), nil, roles.Decode, roles.Decode)
 	tc.servers[0].Close()
 	tc.servers[1].Close()
 	status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", `{"prompt": "hello", "max_tokens": 3}`)

@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
-	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -26,7 +25,7 @@ import (
 // nothing failed: one id, every token, the same text. With every decode
 // node gone, a prefill node (which takes whole requests) finishes it.
 func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	const n = 3000
 	body := streamedChat("a problem to reason about at length", 60, n, 5)
 	post := func() *http.Response { return postChat(t, tc, body) }
@@ -76,7 +75,7 @@ func TestEngineFailingMidStreamTheAnswerGoesOnElsewhere(t *testing.T) {
 // have read had nothing moved, the KV held for the peer is freed, and the
 // switch goes through once the answer ends.
 func TestHandOverThatNoPeerTakesFinishesWhereItWas(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	const n = 3000
 	body := streamedChat("a long derivation", 100, n, 9)
 	post := func() *http.Response { return postChat(t, tc, body) }
@@ -137,7 +136,7 @@ func TestRelayDropsALineCutShort(t *testing.T) {
 // it takes requests again.
 func TestADrainingNodeGetsNoRequests(t *testing.T) {
 	logs := &recordLog{}
-	tc := startTestClusterLogged(t, slog.New(logs), nil, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestClusterLogged(t, slog.New(logs), nil, roles.Decode, roles.Decode)
 	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpDrain}); err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +168,7 @@ func TestADrainingNodeGetsNoRequests(t *testing.T) {
 // An answer whose engine failed goes on where most of its prompt's KV
 // is, rather than on the least busy node, which would recompute it all.
 func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode, roles.Decode)
 	body := streamedChat("a long shared context", 80, 8, 1)
 	resp := postChat(t, tc, body)
 	holder := resp.Header.Get(HeaderDecodeNode)
@@ -214,7 +213,7 @@ func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
 // far and the prompt's last partial block, not the whole context. The
 // client still reads the answer it would have read.
 func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	const n = 6000
 	body := streamedChat("a long context the agent keeps coming back to", 150, n, 3)
 	p, _, perr := openaiapi.ParseBody([]byte(body), true, 0)
@@ -291,7 +290,7 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 // writes the rest, computing almost nothing. The client reads the answer
 // it would have read, and the answer's story says where its KV came from.
 func TestAResumedAnswerFarIntoItIsPrefilledElsewhere(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	const n, at = 3000, 1200
 	body := streamedChat("a problem to reason about at length", 60, n, 11)
 	ref := readRoutedChat(t, postChat(t, tc, body), nil)
@@ -339,7 +338,7 @@ func TestAResumedAnswerFarIntoItIsPrefilledElsewhere(t *testing.T) {
 // (here split, the output so far being long); the client gets the answer
 // it would have got had nothing failed.
 func TestEngineFailingMidAWholeAnswerTheAnswerGoesOnElsewhere(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	const n, at = 6000, 1000
 	body := fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d, "ignore_eos": true, "seed": 4}`,
 		strings.Repeat("a question to think hard about ", 40), n)
@@ -422,7 +421,7 @@ func TestEngineFailingMidAWholeAnswerTheAnswerGoesOnElsewhere(t *testing.T) {
 // included: a vLLM engine pulls nothing, so another decode node would
 // recompute the whole prompt. A node that failed lately comes last.
 func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
-	tc := startTestCluster(t, sim.RolePrefill, sim.RoleDecode, sim.RoleDecode)
+	tc := startTestCluster(t, roles.Prefill, roles.Decode, roles.Decode)
 	body := streamedChat("a long shared context for vLLM", 80, 8, 1)
 	resp := postChat(t, tc, body)
 	holder := resp.Header.Get(HeaderDecodeNode)
@@ -457,7 +456,7 @@ func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
 	if !tc.o.vllmPrefillServes(failed, "vllm") || tc.o.vllmPrefillServes(map[string]bool{"e0": true}, "vllm") {
 		t.Fatal("vllmPrefillServes does not see e0, the one vLLM prefill node, or sees it excluded")
 	}
-	if id, _, _ := tc.o.claimVLLMResumer(failed, chain, "vllm", routing.Decode); id == "e0" || id == holder || id == "" {
+	if id, _, _ := tc.o.claimVLLMResumer(failed, chain, "vllm", roles.Decode); id == "e0" || id == holder || id == "" {
 		t.Fatalf("a decode node resumed on %q", id)
 	} else {
 		tc.o.release(id)
@@ -478,7 +477,7 @@ func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
 // Routing leaves out a node that failed a request lately, while another
 // serves: a dead engine looks idle until its agent reports it down.
 func TestRoutingLeavesOutANodeThatFailedLately(t *testing.T) {
-	tc := startTestCluster(t, sim.RoleBoth, sim.RoleBoth)
+	tc := startTestCluster(t, roles.Both, roles.Both)
 	if s := tc.o.suspects(); len(s) != 0 {
 		t.Fatalf("suspects at start: %v", s)
 	}

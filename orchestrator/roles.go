@@ -6,9 +6,10 @@ import (
 	"slices"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/kv"
-	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // ErrUnknownNode is returned for a node id the orchestrator has not seen.
@@ -23,26 +24,26 @@ func (e ErrUnknownNode) Error() string { return fmt.Sprintf("no node %q", string
 // offload its GPU KV to its host pool so the context stays reachable,
 // flip the engine's role, resume. A request is never dropped. It returns at once with the node's status. An operator's
 // choice is stored and survives restarts.
-func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (NodeStatus, error) {
+func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (controlapi.Node, error) {
 	return o.setRole(id, role, pin, reason, true)
 }
 
 // setRole is SetRole; the planner's moves are not stored (it re-derives
 // the split; an engine re-registering reports the role it has).
-func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store bool) (NodeStatus, error) {
+func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store bool) (controlapi.Node, error) {
 	to, ok := parseRole(role)
 	if !ok {
-		return NodeStatus{}, fmt.Errorf("role %q: want prefill or decode", role)
+		return controlapi.Node{}, fmt.Errorf("role %q: want prefill or decode", role)
 	}
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
 	if n == nil {
 		o.c.mu.Unlock()
-		return NodeStatus{}, ErrUnknownNode(id)
+		return controlapi.Node{}, ErrUnknownNode(id)
 	}
 	if n.state == StateDown {
 		o.c.mu.Unlock()
-		return NodeStatus{}, fmt.Errorf("node %s is down", id)
+		return controlapi.Node{}, fmt.Errorf("node %s is down", id)
 	}
 	if pin {
 		n.mode = ModePinned
@@ -50,7 +51,7 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 	rec := roleRecord{Role: role, Pinned: n.mode == ModePinned}
 	start := false
 	if n.sw == nil && n.role != to {
-		n.sw = &Switch{To: role, Phase: "draining", Started: time.Now()}
+		n.sw = &controlapi.Switch{To: role, Phase: "draining", Started: time.Now()}
 		n.state = StateSwitching
 		start = true
 	}
@@ -69,12 +70,12 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 }
 
 // Unpin returns node id to automatic mode.
-func (o *Orchestrator) Unpin(id string) (NodeStatus, error) {
+func (o *Orchestrator) Unpin(id string) (controlapi.Node, error) {
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
 	if n == nil {
 		o.c.mu.Unlock()
-		return NodeStatus{}, ErrUnknownNode(id)
+		return controlapi.Node{}, ErrUnknownNode(id)
 	}
 	n.mode = ModeAuto
 	o.c.changed(id)
@@ -95,7 +96,7 @@ func (o *Orchestrator) phase(id, phase string) {
 	}
 }
 
-func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
+func (o *Orchestrator) runSwitch(id string, to roles.Role, reason string) {
 	ctx, cancel := context.WithTimeout(o.ctx, o.cfg.DrainTimeout)
 	defer cancel()
 	handOver := o.startHandOver(id, to)
@@ -146,17 +147,17 @@ func (o *Orchestrator) runSwitch(id string, to routing.Role, reason string) {
 			go o.control(id, protocol.ControlRequest{Op: protocol.OpResume})
 		}
 		o.log.Error("role switch failed; the node keeps its role", "id", id, "err", err)
-		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: from.String(), Reason: "switch failed: " + err.Error()})
+		n.history = appendHistory(n.history, roles.Change{Time: time.Now(), From: from.String(), To: from.String(), Reason: "switch failed: " + err.Error()})
 	} else {
 		n.role = to
-		n.history = appendHistory(n.history, RoleChange{Time: time.Now(), From: from.String(), To: to.String(), Reason: reason, HandedOver: handed})
+		n.history = appendHistory(n.history, roles.Change{Time: time.Now(), From: from.String(), To: to.String(), Reason: reason, HandedOver: handed})
 		o.met.switches.WithLabelValues(to.String()).Inc()
 		o.log.Info("role switched", "id", id, "from", from.String(), "to", to.String(), "reason", reason, "handed_over", handed)
 	}
 	o.c.changed(id)
 }
 
-func appendHistory(h []RoleChange, c RoleChange) []RoleChange {
+func appendHistory(h []roles.Change, c roles.Change) []roles.Change {
 	h = append(h, c)
 	if len(h) > 20 {
 		h = h[len(h)-20:]
@@ -168,13 +169,13 @@ func appendHistory(h []RoleChange, c RoleChange) []RoleChange {
 // decodes over to peers rather than finish them (they can run for
 // minutes on reasoning work), when its engine can and a peer decode node
 // serves. It reports whether the engine took it on.
-func (o *Orchestrator) startHandOver(id string, to routing.Role) bool {
+func (o *Orchestrator) startHandOver(id string, to roles.Role) bool {
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
-	ok := n != nil && n.role == routing.Decode && to == routing.Prefill && n.reg.CanHandOver && n.inFlight > 0
+	ok := n != nil && n.role == roles.Decode && to == roles.Prefill && n.reg.CanHandOver && n.inFlight > 0
 	peers := 0
 	for pid, p := range o.c.nodes {
-		if pid != id && p.role == routing.Decode && p.state == StateServing {
+		if pid != id && p.role == roles.Decode && p.state == StateServing {
 			peers++
 		}
 	}
@@ -222,7 +223,7 @@ func (o *Orchestrator) handingOver(id string) bool {
 // handed-over decode continues on, as the simulator picks it. It returns
 // "" when no decode node serves.
 func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string) {
-	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode }, nil)
+	return o.claimPeer(exclude, func(n *node) bool { return n.role == roles.Decode }, nil)
 }
 
 // claimResumer picks and claims a serving node not in exclude that can
@@ -235,7 +236,7 @@ func (o *Orchestrator) claimDecodePeer(exclude map[string]bool) (id, url string)
 // prompt (on GPU or host), then as claimDecodePeer picks.
 func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHash) (id, url string) {
 	held := lastIfSuspect(o.heldOf(chain))
-	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Decode && n.reg.CanHandOver }, held); id != "" {
+	if id, url = o.claimPeer(exclude, func(n *node) bool { return n.role == roles.Decode && n.reg.CanHandOver }, held); id != "" {
 		return id, url
 	}
 	return o.claimPeer(exclude, func(n *node) bool { return n.reg.CanHandOver }, held)
@@ -244,16 +245,16 @@ func (o *Orchestrator) claimResumer(exclude map[string]bool, chain []kv.BlockHas
 // claimVLLMResumer picks and claims a serving vLLM engine of backend,
 // not in exclude, to go on with an answer another vLLM engine streamed
 // (resumeVLLM): the one holding most of chain's KV, a decode node among
-// equals. With roles given, only engines of those count. It returns how
+// equals. With roles given (only), only engines of those count. It returns how
 // many leading tokens of chain's prompt the engine holds, in whole blocks.
-func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string, roles ...routing.Role) (id, url string, heldTokens int) {
+func (o *Orchestrator) claimVLLMResumer(exclude map[string]bool, chain []kv.BlockHash, backend string, only ...roles.Role) (id, url string, heldTokens int) {
 	heldBy := o.heldOf(chain)
 	fits := func(n *node) bool {
-		return isVLLM(n, backend) && (len(roles) == 0 || slices.Contains(roles, n.role))
+		return isVLLM(n, backend) && (len(only) == 0 || slices.Contains(only, n.role))
 	}
 	id, url = o.claimPeer(exclude, fits, lastIfSuspect(func(n *node) int {
 		h := 2 * heldBy(n)
-		if n.role == routing.Decode {
+		if n.role == roles.Decode {
 			h++
 		}
 		return h
@@ -280,7 +281,7 @@ func (o *Orchestrator) vllmPrefillServes(exclude map[string]bool, backend string
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	for id, n := range o.c.nodes {
-		if !exclude[id] && n.state == StateServing && n.role == routing.Prefill && isVLLM(n, backend) {
+		if !exclude[id] && n.state == StateServing && n.role == roles.Prefill && isVLLM(n, backend) {
 			return true
 		}
 	}
@@ -294,7 +295,7 @@ func (o *Orchestrator) vllmPrefillServes(exclude map[string]bool, backend string
 // it, on GPU or host), then as claimDecodePeer picks. It returns "" when
 // none serves.
 func (o *Orchestrator) claimResumePrefill(exclude map[string]bool, m *kv.Match) (id, url string) {
-	return o.claimPeer(exclude, func(n *node) bool { return n.role == routing.Prefill && n.reg.CanHandOver },
+	return o.claimPeer(exclude, func(n *node) bool { return n.role == roles.Prefill && n.reg.CanHandOver },
 		func(n *node) int { return m.For(n.dir).Local })
 }
 

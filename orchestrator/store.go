@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -79,9 +79,9 @@ func (o *Orchestrator) applyStoredRole(id string, n *node) {
 		return
 	}
 	if r.Role == "prefill" {
-		n.role = routing.Prefill
+		n.role = roles.Prefill
 	} else if r.Role == "decode" {
-		n.role = routing.Decode
+		n.role = roles.Decode
 	}
 	if r.Pinned {
 		n.mode = ModePinned

@@ -10,6 +10,7 @@ import (
 
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // A vLLM engine cannot be handed an answer to go on with (it takes no
@@ -484,7 +485,7 @@ func (a *attempt) resumeVLLM(cause error) error {
 			var to, url string
 			held := 0
 			if split {
-				to, url, held = a.o.claimVLLMResumer(a.failed, a.chain, a.vllm.backend, routing.Decode)
+				to, url, held = a.o.claimVLLMResumer(a.failed, a.chain, a.vllm.backend, roles.Decode)
 			}
 			if to == "" {
 				split = false
@@ -563,7 +564,7 @@ func (a *attempt) vllmResumePrefill(to string, body []byte, recompute int) ([]by
 	if err != nil {
 		return nil, false
 	}
-	p, url, _ := a.o.claimVLLMResumer(a.failedAnd(to), a.chain, a.vllm.backend, routing.Prefill)
+	p, url, _ := a.o.claimVLLMResumer(a.failedAnd(to), a.chain, a.vllm.backend, roles.Prefill)
 	if p == "" {
 		return nil, false
 	}

@@ -17,12 +17,8 @@ import (
 	"sort"
 	"strings"
 	"time"
-)
 
-// Roles, as the planner names them.
-const (
-	Prefill = "prefill"
-	Decode  = "decode"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Config tunes the planner. Zero values take the defaults in brackets.
@@ -115,7 +111,7 @@ func (c *Config) defaults() {
 type NodeInfo struct {
 	ID string
 	// Role the node serves, or is switching to.
-	Role      string
+	Role      roles.Role
 	Auto      bool // the planner may move it (not pinned by an operator)
 	Serving   bool // up, and not in a switch
 	Switching bool
@@ -132,10 +128,10 @@ type NodeInfo struct {
 
 // Move asks for one node to change role.
 type Move struct {
-	Node   string `json:"node"`
-	From   string `json:"from"`
-	To     string `json:"to"`
-	Reason string `json:"reason"`
+	Node   string     `json:"node"`
+	From   roles.Role `json:"from"`
+	To     roles.Role `json:"to"`
+	Reason string     `json:"reason"`
 }
 
 // Decision is one entry of the planner's log.
@@ -347,14 +343,14 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 			continue
 		}
 		total++
-		if n.Role == Prefill {
+		if n.Role == roles.Prefill {
 			cur++
 		}
 		if n.Switching {
 			switching++
 		}
 		if !n.Auto || n.Switching {
-			if n.Role == Prefill {
+			if n.Role == roles.Prefill {
 				pinnedP++
 			} else {
 				pinnedD++
@@ -365,9 +361,9 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 	seqs, queued := 0.0, 0.0
 	for _, n := range nodes {
 		switch {
-		case n.Role == Decode && (n.Serving || n.Switching):
+		case n.Role == roles.Decode && (n.Serving || n.Switching):
 			seqs += float64(n.Waiting + n.Running)
-		case n.Role == Prefill && n.Serving:
+		case n.Role == roles.Prefill && n.Serving:
 			queued += float64(n.Waiting)
 		}
 	}
@@ -481,9 +477,9 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 		return nil
 	}
 	n := min(abs(target-cur), p.maxMoves(total), len(cand))
-	from, to := Decode, Prefill
+	from, to := roles.Decode, roles.Prefill
 	if dir < 0 {
-		from, to = Prefill, Decode
+		from, to = roles.Prefill, roles.Decode
 	}
 	reason := fmt.Sprintf("%s: objective %.2fs -> %.2fs (TTFT %.2fs -> %.2fs, ITL %.1fms -> %.1fms), gain %.0fs > cost %.0fs, held %.0fs",
 		split, st.Current.Objective, best.Objective, st.Current.TTFT, best.TTFT, st.Current.ITL*1e3, best.ITL*1e3,
@@ -512,9 +508,9 @@ func (p *Planner) maxMoves(total int) int {
 // pickNodes lists the auto nodes that could move in direction dir, best
 // first: least referenced GPU KV, then in-flight work that ends soonest.
 func (p *Planner) pickNodes(nodes []NodeInfo, dir int) []NodeInfo {
-	from := Decode
+	from := roles.Decode
 	if dir < 0 {
-		from = Prefill
+		from = roles.Prefill
 	}
 	var out []NodeInfo
 	for _, n := range nodes {
@@ -558,9 +554,9 @@ func (p *Planner) switchCost(dm Demand, cur, total, dir int, pc PrefillCost, dc 
 	// queue.
 	drain := 0.0
 	switch {
-	case n.Role == Decode && n.CanHandOver:
+	case n.Role == roles.Decode && n.CanHandOver:
 		drain = 2*now.ITL + float64(n.GPUBlocksUsed)*p.cfg.NetSecPerBlock
-	case n.Role == Decode:
+	case n.Role == roles.Decode:
 		drain = dm.OutputTokens * now.ITL
 	case n.Waiting+n.Running > 0:
 		drain = float64(n.Waiting+n.Running) * (pc.BaseSec + dm.PrefillTokens*pc.PerToken)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/roles"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -147,9 +149,9 @@ type cluster struct {
 func newCluster(n, prefill int, cfg Config) *cluster {
 	c := &cluster{p: New(cfg), now: t0, rng: rand.New(rand.NewPCG(7, 8))}
 	for i := 0; i < n; i++ {
-		role := Decode
+		role := roles.Decode
 		if i < prefill {
-			role = Prefill
+			role = roles.Prefill
 		}
 		c.nodes = append(c.nodes, NodeInfo{ID: fmt.Sprintf("n%02d", i), Role: role, Auto: true, Serving: true})
 	}
@@ -158,7 +160,7 @@ func newCluster(n, prefill int, cfg Config) *cluster {
 
 func (c *cluster) split() (p, d int) {
 	for _, n := range c.nodes {
-		if n.Role == Prefill {
+		if n.Role == roles.Prefill {
 			p++
 		} else {
 			d++
@@ -259,7 +261,7 @@ func TestPinsAndMinimumsAreRespected(t *testing.T) {
 	c.nodes[1].Auto = false
 	c.run(15*time.Minute, 4, 500, 4000) // output-heavy: wants few prefill
 	p, _ := c.split()
-	if c.nodes[0].Role != Prefill || c.nodes[1].Role != Prefill {
+	if c.nodes[0].Role != roles.Prefill || c.nodes[1].Role != roles.Prefill {
 		t.Fatal("a pinned node moved")
 	}
 	if p != 2 {
@@ -278,7 +280,7 @@ func TestPinsAndMinimumsAreRespected(t *testing.T) {
 // Until the costs are learned the planner holds.
 func TestNoMovesWhileLearning(t *testing.T) {
 	p := New(Config{})
-	nodes := []NodeInfo{{ID: "a", Role: Prefill, Auto: true, Serving: true}, {ID: "b", Role: Prefill, Auto: true, Serving: true}, {ID: "c", Role: Decode, Auto: true, Serving: true}}
+	nodes := []NodeInfo{{ID: "a", Role: roles.Prefill, Auto: true, Serving: true}, {ID: "b", Role: roles.Prefill, Auto: true, Serving: true}, {ID: "c", Role: roles.Decode, Auto: true, Serving: true}}
 	now := t0
 	for i := 0; i < 100; i++ {
 		now = now.Add(time.Second)
@@ -315,11 +317,11 @@ func TestNoMovesWhileLearning(t *testing.T) {
 func TestMovesTheNodeThatLosesLeast(t *testing.T) {
 	p := New(Config{})
 	nodes := []NodeInfo{
-		{ID: "a", Role: Decode, Auto: true, Serving: true, Running: 50, ReferencedShare: 0.1},
-		{ID: "b", Role: Decode, Auto: true, Serving: true, Running: 2, ReferencedShare: 0.8},
-		{ID: "c", Role: Decode, Auto: true, Serving: true, Running: 10, ReferencedShare: 0.1},
-		{ID: "d", Role: Decode, Auto: false, Serving: true},
-		{ID: "e", Role: Decode, Auto: true, Switching: true},
+		{ID: "a", Role: roles.Decode, Auto: true, Serving: true, Running: 50, ReferencedShare: 0.1},
+		{ID: "b", Role: roles.Decode, Auto: true, Serving: true, Running: 2, ReferencedShare: 0.8},
+		{ID: "c", Role: roles.Decode, Auto: true, Serving: true, Running: 10, ReferencedShare: 0.1},
+		{ID: "d", Role: roles.Decode, Auto: false, Serving: true},
+		{ID: "e", Role: roles.Decode, Auto: true, Switching: true},
 	}
 	got := p.pickNodes(nodes, +1)
 	if len(got) != 3 || got[0].ID != "c" || got[1].ID != "a" || got[2].ID != "b" {
@@ -440,7 +442,7 @@ func runPrefillBehind(c *cluster, slow bool, dur time.Duration, step func()) Dem
 		}
 		for i := range c.nodes {
 			c.nodes[i].Waiting = 0
-			if behind && c.nodes[i].Role == Prefill {
+			if behind && c.nodes[i].Role == roles.Prefill {
 				c.nodes[i].Waiting = 40
 			}
 		}
@@ -559,7 +561,7 @@ func TestHandOverMakesADecodeSwitchCheap(t *testing.T) {
 	p.SetLimits(Limits{MaxBatchedTokens: 8192, MaxSeqs: 256, GPUKVTokens: 2_000_000}, 2e-6, 5e-6)
 	dm := Demand{RequestsPerSec: 4, DisaggShare: 1, PrefillTokens: 1000, PrefillCV2: 1, PrefillContext: 1000,
 		PrefillTokPerSec: 4000, OutputTokens: 4000, OutputTokPerSec: 16000, DecodeContext: 3000}
-	n := NodeInfo{ID: "d", Role: Decode, Auto: true, Serving: true, Running: 60, GPUBlocksUsed: 20000}
+	n := NodeInfo{ID: "d", Role: roles.Decode, Auto: true, Serving: true, Running: 60, GPUBlocksUsed: 20000}
 	drained := p.switchCost(dm, 3, 9, -1, gb300.pc, gb300.dc, []NodeInfo{n})
 	n.CanHandOver = true
 	handed := p.switchCost(dm, 3, 9, -1, gb300.pc, gb300.dc, []NodeInfo{n})

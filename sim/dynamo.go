@@ -5,7 +5,7 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
-	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Dynamo's 2026 default planner ("throughput" target, load-based), as
@@ -26,7 +26,7 @@ const (
 
 func (r *run) plan() {
 	r.push(&event{at: r.now.Add(dynamoPlanInterval), kind: evPlan})
-	for _, role := range []routing.Role{routing.Prefill, routing.Decode} {
+	for _, role := range []roles.Role{roles.Prefill, roles.Decode} {
 		var pool []int
 		pending := false
 		for i, e := range r.engines {
@@ -48,7 +48,7 @@ func (r *run) plan() {
 			e := r.engines[i]
 			qp, qkv := e.model.Load()
 			var load float64
-			if role == routing.Prefill {
+			if role == roles.Prefill {
 				load = float64(qp) / float64(r.sc.Profile.MaxModelLen)
 				up = up || load >= 1.0
 				down = down && load < 0.1
@@ -84,18 +84,18 @@ func (r *run) leastLoaded(pool []int) int {
 // removeWorker stops routing to engine i; after the grace period its
 // requests abort and are sent again (remove).
 func (r *run) removeWorker(i int) {
-	r.noteRole(i, roleName(r.engines[i].role), "down", "planner removed the worker: grace, then abort")
+	r.noteRole(i, r.engines[i].role.String(), "down", "planner removed the worker: grace, then abort")
 	r.engines[i].state = engRemoving
 	r.push(&event{at: r.now.Add(dynamoRemoveGrace), kind: evRemove, eng: i})
 }
 
 // addWorker starts a cold worker of role in a free slot of the budget.
-func (r *run) addWorker(role routing.Role) {
+func (r *run) addWorker(role roles.Role) {
 	for i, e := range r.engines {
 		if e.state != engOff {
 			continue
 		}
-		r.noteRole(i, "down", roleName(role), "planner added a worker: cold start")
+		r.noteRole(i, "down", role.String(), "planner added a worker: cold start")
 		e.role, e.state = role, engStarting // its model is the empty one remove left
 		e.stats = enginesim.PassStats{}
 		r.push(&event{at: r.now.Add(r.pol.ColdStart), kind: evReady, eng: i})

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
-	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Dynamo's older SLA planner, the dynamo-sla baseline
@@ -52,15 +52,15 @@ func (r *run) slaPlan() {
 	osl := float64(w.osl) / float64(w.arrivals)
 	p, d := r.slaReplicas(rate, isl, osl)
 	r.slaWant = [2]int{p, d}
-	r.shrink(routing.Prefill, p)
-	r.shrink(routing.Decode, d)
+	r.shrink(roles.Prefill, p)
+	r.shrink(roles.Decode, d)
 	r.slaFill()
 }
 
 // slaFill adds cold workers to pools below their target while the budget
 // has free slots (removed workers free theirs after their grace).
 func (r *run) slaFill() {
-	for k, role := range []routing.Role{routing.Prefill, routing.Decode} {
+	for k, role := range []roles.Role{roles.Prefill, roles.Decode} {
 		have := 0
 		for _, e := range r.engines {
 			if e.role == role && (e.state == engActive || e.state == engStarting) {
@@ -120,7 +120,7 @@ func dynamoReplicas(pr *enginesim.Profile, cfg enginesim.Config, total int, rate
 }
 
 // shrink removes the least loaded serving workers of a pool above want.
-func (r *run) shrink(role routing.Role, want int) {
+func (r *run) shrink(role roles.Role, want int) {
 	var active []int
 	have := 0
 	for i, e := range r.engines {

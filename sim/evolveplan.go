@@ -6,8 +6,8 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
-	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // evolve's online planner in the simulator: the same planner.Planner the
@@ -33,13 +33,6 @@ func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
 	})
 }
 
-func roleName(r routing.Role) string {
-	if r == routing.Prefill {
-		return planner.Prefill
-	}
-	return planner.Decode
-}
-
 // observePass gives the planner one pass of engine e.
 func (r *run) observePass(e *engine, d time.Duration, st *enginesim.PassStats) {
 	if r.planner == nil || d <= 0 {
@@ -47,7 +40,7 @@ func (r *run) observePass(e *engine, d time.Duration, st *enginesim.PassStats) {
 	}
 	r.planner.ObservePass(r.now, planner.Pass{Seconds: d.Seconds(), PrefillTokens: st.PrefillTokens,
 		PrefillAttended: st.PrefillAttended, DecodeSeqs: st.DecodeSeqs, DecodeContext: st.DecodeContext,
-		CopyBlocks: st.HostLoadBlocks + st.OffloadBlocks, OnPrefillNode: e.role == routing.Prefill})
+		CopyBlocks: st.HostLoadBlocks + st.OffloadBlocks, OnPrefillNode: e.role == roles.Prefill})
 }
 
 // planStep runs one planner step and starts the switches it asks for.
@@ -59,7 +52,7 @@ func (r *run) planStep() {
 		if e.switching {
 			role = e.switchTo
 		}
-		nodes = append(nodes, planner.NodeInfo{ID: e.id, Role: roleName(role), Auto: true,
+		nodes = append(nodes, planner.NodeInfo{ID: e.id, Role: role, Auto: true,
 			Serving: e.state == engActive && !e.switching, Switching: e.switching,
 			Waiting: e.stats.Waiting, Running: e.stats.Running, GPUBlocksUsed: e.stats.GPUBlocksUsed,
 			ReferencedShare: r.referencedShare(e.dir), CanHandOver: !r.sc.DrainSwitches})
@@ -75,10 +68,7 @@ func (r *run) planStep() {
 		return // learning only: no node moves
 	}
 	for _, m := range r.planner.Step(r.now, nodes) {
-		to := routing.Decode
-		if m.To == planner.Prefill {
-			to = routing.Prefill
-		}
+		to := m.To
 		why := "planner"
 		if ds := r.planner.Status().Decisions; len(ds) > 0 {
 			why = "planner: " + ds[len(ds)-1].Reason
@@ -90,14 +80,14 @@ func (r *run) planStep() {
 // startSwitch begins moving engine i to role to: it leaves the router's
 // view, hands its decodes over (unless the scenario drains), and takes
 // the role once empty (switchStep).
-func (r *run) startSwitch(i int, to routing.Role, why string) {
+func (r *run) startSwitch(i int, to roles.Role, why string) {
 	e := r.engines[i]
 	e.switching, e.switchTo, e.switchWhy = true, to, why
 	r.res.Moves = append(r.res.Moves, Move{At: r.now.Sub(r.start), Engine: i, To: to})
 	if !r.now.Before(r.scoreFrom) && !r.now.After(r.scoreTo) {
 		r.res.RoleSwitches++
 	}
-	if e.role == routing.Decode && !r.sc.DrainSwitches {
+	if e.role == roles.Decode && !r.sc.DrainSwitches {
 		r.handOver(i)
 	}
 	r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
@@ -119,7 +109,7 @@ func (r *run) replay(m Move) {
 // the least loaded engines of the role that has too many move, by the
 // same protocol as the planner's.
 func (r *run) applySchedule(ch SplitChange) {
-	bound := func(e *engine) routing.Role {
+	bound := func(e *engine) roles.Role {
 		if e.switching {
 			return e.switchTo
 		}
@@ -127,14 +117,14 @@ func (r *run) applySchedule(ch SplitChange) {
 	}
 	prefill := 0
 	for _, e := range r.engines {
-		if bound(e) == routing.Prefill {
+		if bound(e) == roles.Prefill {
 			prefill++
 		}
 	}
 	for prefill != ch.Prefill {
-		from, to := routing.Decode, routing.Prefill
+		from, to := roles.Decode, roles.Prefill
 		if prefill > ch.Prefill {
-			from, to = routing.Prefill, routing.Decode
+			from, to = roles.Prefill, roles.Decode
 		}
 		best, load := -1, 0
 		for i, e := range r.engines {
@@ -149,7 +139,7 @@ func (r *run) applySchedule(ch SplitChange) {
 			return // every engine of that role is already moving
 		}
 		r.startSwitch(best, to, fmt.Sprintf("schedule: %d:%d", ch.Prefill, len(r.engines)-ch.Prefill))
-		if to == routing.Prefill {
+		if to == roles.Prefill {
 			prefill++
 		} else {
 			prefill--
@@ -169,12 +159,12 @@ func (r *run) switchStep(i int) {
 		return
 	}
 	e.model.OffloadGPU(r.now) // delays the node's next pass by the copy
-	role := enginesim.RoleDecode
-	if e.switchTo == routing.Prefill {
-		role = enginesim.RolePrefill
+	role := roles.Decode
+	if e.switchTo == roles.Prefill {
+		role = roles.Prefill
 	}
 	e.model.SetRole(role)
-	r.noteRole(i, roleName(e.role), roleName(e.switchTo), e.switchWhy)
+	r.noteRole(i, e.role.String(), e.switchTo.String(), e.switchWhy)
 	e.role, e.switching = e.switchTo, false
 	r.kick(i) // publishes the offload's KV events
 }
@@ -238,7 +228,7 @@ func (r *run) handOver(i int) {
 func (r *run) handOverTarget(i int) int {
 	best, load := -1, 0
 	for j, e := range r.engines {
-		if j == i || e.role != routing.Decode || e.switching || e.state != engActive {
+		if j == i || e.role != roles.Decode || e.switching || e.state != engActive {
 			continue
 		}
 		l := e.stats.Running + e.stats.Waiting + e.pendingDecodes

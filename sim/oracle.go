@@ -9,7 +9,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // The oracle is the best schedule of splits the search finds with the
@@ -49,7 +49,7 @@ func (pl oraclePlan) splitAt(at time.Duration) int {
 	p := pl.start
 	for _, m := range pl.replay {
 		if m.At < at {
-			if m.To == routing.Prefill {
+			if m.To == roles.Prefill {
 				p++
 			} else {
 				p--

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	enginesim "github.com/evolvellm/evolve/engine/sim"
-	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/evolvellm/evolve/workload"
 )
 
@@ -85,7 +85,7 @@ type Policy struct {
 type Move struct {
 	At     time.Duration
 	Engine int
-	To     routing.Role
+	To     roles.Role
 }
 
 // SplitChange is one step of a Policy's schedule: from At into the run,

@@ -14,6 +14,7 @@ import (
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/evolvellm/evolve/workload"
 )
 
@@ -108,18 +109,18 @@ type engine struct {
 	id        string
 	dir       kv.NodeID
 	model     *enginesim.Model
-	role      routing.Role
+	role      roles.Role
 	scheduled bool // a step event is queued
 	stats     enginesim.PassStats
 	state     int // engActive, engStarting, engRemoving, engOff
 	// A role switch by evolve's planner: the role it goes to, and the
 	// decode legs routed to it that have not reached it yet.
 	switching      bool
-	switchTo       routing.Role
+	switchTo       roles.Role
 	pendingDecodes int
 	switchWhy      string
-	history        []RoleChange // for watchers
-	tokens         uint64       // processed (prompt tokens computed, tokens generated)
+	history        []roles.Change // for watchers
+	tokens         uint64         // processed (prompt tokens computed, tokens generated)
 	// Where the last watcher's look left tokens, for its tokens per second.
 	watchTokens uint64
 	watchAt     time.Time
@@ -328,9 +329,9 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	for i := 0; i < sc.Engines; i++ {
 		id := fmt.Sprintf("e%d", i)
 		dir, _ := r.dir.Node(id)
-		role := routing.Decode
+		role := roles.Decode
 		if i < pol.Prefill {
-			role = routing.Prefill
+			role = roles.Prefill
 		}
 		model := enginesim.NewModel(p, pol.engineConfig())
 		r.engines = append(r.engines, &engine{id: id, dir: dir, model: model, role: role})
@@ -795,7 +796,7 @@ func (r *run) closeWindow() {
 		if e.state != engActive {
 			continue
 		}
-		if e.role == routing.Prefill {
+		if e.role == roles.Prefill {
 			w.Prefill++
 		} else {
 			w.Decode++

@@ -6,6 +6,7 @@ import (
 
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/planner"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/evolvellm/evolve/workload"
 )
 
@@ -70,14 +71,7 @@ type NodeState struct {
 	TokensPerSec float64
 	// Passes: forward passes the engine has run, which the planner learns from.
 	Passes  uint64
-	History []RoleChange // oldest first
-}
-
-// RoleChange is a node's change of role or state, in modelled time.
-type RoleChange struct {
-	At       time.Time
-	From, To string
-	Reason   string
+	History []roles.Change // oldest first, in modelled time
 }
 
 // maxHistory is how many role changes a node keeps.
@@ -121,17 +115,17 @@ func (s *State) Branches() []BranchState {
 func (r *run) state() *State {
 	s := &State{Policy: r.pol.Name, Auto: r.pol.Planner || r.pol.DynamoPlanner || r.pol.SLAPlanner, Now: r.now, Elapsed: r.now.Sub(r.start), Total: r.sc.Warmup + r.sc.Duration, run: r}
 	for _, e := range r.engines {
-		n := NodeState{ID: e.id, Role: roleName(e.role), State: "serving", Waiting: e.stats.Waiting, Running: e.stats.Running,
+		n := NodeState{ID: e.id, Role: e.role.String(), State: "serving", Waiting: e.stats.Waiting, Running: e.stats.Running,
 			GPUUsed: e.stats.GPUBlocksUsed, GPUBlocks: e.stats.GPUBlocksCached, GPUCapacity: e.model.Config().GPUBlocks,
 			HostBlocks: e.stats.HostBlocksUsed, HostCapacity: e.model.Config().HostBlocks, ReferencedShare: r.referencedShare(e.dir),
-			Passes: e.model.Counters().Passes, History: append([]RoleChange(nil), e.history...)}
+			Passes: e.model.Counters().Passes, History: append([]roles.Change(nil), e.history...)}
 		if dt := r.now.Sub(e.watchAt).Seconds(); dt > 0 && !e.watchAt.IsZero() {
 			n.TokensPerSec = float64(e.tokens-e.watchTokens) / dt
 		}
 		e.watchTokens, e.watchAt = e.tokens, r.now
 		switch {
 		case e.switching:
-			n.State, n.SwitchTo = "switching", roleName(e.switchTo)
+			n.State, n.SwitchTo = "switching", e.switchTo.String()
 		case e.state == engStarting:
 			n.State = "starting"
 		case e.state == engRemoving:
@@ -172,7 +166,7 @@ func (r *run) state() *State {
 // noteRole records a change of engine i's role or state.
 func (r *run) noteRole(i int, from, to, reason string) {
 	e := r.engines[i]
-	e.history = append(e.history, RoleChange{At: r.now, From: from, To: to, Reason: reason})
+	e.history = append(e.history, roles.Change{Time: r.now, From: from, To: to, Reason: reason})
 	if len(e.history) > maxHistory {
 		e.history = append(e.history[:0], e.history[len(e.history)-maxHistory:]...)
 	}

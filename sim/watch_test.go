@@ -101,7 +101,7 @@ func TestWatchShowsRoleChanges(t *testing.T) {
 	changes := 0
 	for _, n := range last.Nodes {
 		for _, h := range n.History {
-			if h.To == "down" && h.Reason != "" && !h.At.IsZero() {
+			if h.To == "down" && h.Reason != "" && !h.Time.IsZero() {
 				changes++
 			}
 		}

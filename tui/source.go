@@ -13,13 +13,14 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // The control API's JSON, shared with its servers (see controlapi).
 type (
 	Node       = controlapi.Node
 	Switch     = controlapi.Switch
-	RoleChange = controlapi.RoleChange
+	RoleChange = roles.Change
 	WatchEvent = controlapi.WatchEvent
 	Cluster    = controlapi.Cluster
 	Simulation = controlapi.Simulation

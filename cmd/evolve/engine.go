@@ -18,6 +18,7 @@ import (
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 )
@@ -145,7 +146,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	if err != nil {
 		return usage(fmt.Errorf("--profile: %w", err))
 	}
-	role, err := sim.ParseRole(get("role"))
+	role, err := roles.Parse(get("role"))
 	if err != nil {
 		return usage(fmt.Errorf("--role: %w", err))
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/url"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/monitoring"
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/spf13/cobra"
@@ -101,7 +102,7 @@ able to read.`,
 			if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
 				return err
 			}
-			var nodes []orchestrator.NodeStatus
+			var nodes []controlapi.Node
 			if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
 				return err
 			}

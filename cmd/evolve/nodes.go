@@ -18,7 +18,7 @@ import (
 // statusOutput is what `evolve status -o json` prints. Names are stable.
 type statusOutput struct {
 	orchestrator.ClusterStatus
-	Nodes []orchestrator.NodeStatus `json:"nodes"`
+	Nodes []controlapi.Node `json:"nodes"`
 }
 
 func newStatusCmd() *cobra.Command {
@@ -291,7 +291,7 @@ undoes it).`,
 			c := newControlClient(cmd)
 			id, role := args[0], args[1]
 			pin := config.GetBool(cfgKey(cmd) + ".pin")
-			var st orchestrator.NodeStatus
+			var st controlapi.Node
 			if err := c.do(cmd.Context(), "POST", "/api/v1/nodes/"+id+"/role", map[string]any{"role": role, "pin": pin}, &st); err != nil {
 				return err
 			}
@@ -317,7 +317,7 @@ undoes it).`,
 					return nil
 				case <-time.After(100 * time.Millisecond):
 				}
-				st = orchestrator.NodeStatus{} // omitted fields (switch) must not linger
+				st = controlapi.Node{} // omitted fields (switch) must not linger
 				if err := c.do(ctx, "GET", "/api/v1/nodes/"+id, nil, &st); err != nil {
 					return err
 				}
@@ -356,7 +356,7 @@ undoes it).`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var st orchestrator.NodeStatus
+			var st controlapi.Node
 			if err := newControlClient(cmd).do(cmd.Context(), "DELETE", "/api/v1/nodes/"+args[0]+"/pin", nil, &st); err != nil {
 				return err
 			}
@@ -380,7 +380,7 @@ func completeNodes(cmd *cobra.Command, args []string, _ string) ([]string, cobra
 	if err := loadConfig(cmd); err != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}
-	var nodes []orchestrator.NodeStatus
+	var nodes []controlapi.Node
 	if newControlClient(cmd).do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes) != nil {
 		return nil, cobra.ShellCompDirectiveNoFileComp
 	}

@@ -1,18 +1,17 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"math"
 	"os"
-
-	"encoding/json"
-	"fmt"
-	"golang.org/x/term"
 	"text/tabwriter"
 
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/tui"
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 )
 
 func newPlannerCmd() *cobra.Command {

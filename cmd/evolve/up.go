@@ -19,6 +19,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/engine/sim"
 	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/orchestrator"
@@ -403,7 +404,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	fmt.Fprintf(errw, "starting %s (%d prefill, %d decode)", counted(engines, "engine"), prefill, engines-prefill)
 	client := &controlClient{base: info.ControlURL, http: shortClient}
 	for {
-		var nodes []orchestrator.NodeStatus
+		var nodes []controlapi.Node
 		serving := 0
 		if client.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes) == nil {
 			for _, n := range nodes {
@@ -572,7 +573,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 
 // split describes the cluster's prefill/decode split for a progress line.
 func split(c *controlClient) string {
-	var nodes []orchestrator.NodeStatus
+	var nodes []controlapi.Node
 	if c.do(context.Background(), "GET", "/api/v1/nodes", nil, &nodes) != nil {
 		return ""
 	}

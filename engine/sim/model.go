@@ -8,43 +8,9 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/roles"
 	"github.com/zeebo/xxh3"
 )
-
-// Role is what work an engine takes. Nothing restarts when it changes:
-// sequences in flight finish where they are.
-type Role uint8
-
-// Engine roles.
-const (
-	RoleBoth    Role = iota // prefill and decode
-	RolePrefill             // prefill only (remote-decode legs and whole requests)
-	RoleDecode              // decode: no remote-decode (prefill-only) legs
-)
-
-// String returns "both", "prefill" or "decode".
-func (r Role) String() string {
-	switch r {
-	case RolePrefill:
-		return "prefill"
-	case RoleDecode:
-		return "decode"
-	}
-	return "both"
-}
-
-// ParseRole reads a role name.
-func ParseRole(s string) (Role, error) {
-	switch s {
-	case "both", "":
-		return RoleBoth, nil
-	case "prefill", "p", "P":
-		return RolePrefill, nil
-	case "decode", "d", "D":
-		return RoleDecode, nil
-	}
-	return 0, fmt.Errorf("unknown role %q (want prefill, decode or both)", s)
-}
 
 // Errors returned by Submit.
 var (
@@ -275,7 +241,7 @@ type Model struct {
 	bs      int // block size, a power of two
 	bsShift int // log2(bs)
 
-	role     Role
+	role     roles.Role
 	draining bool
 
 	byID    map[string]*seq
@@ -360,11 +326,11 @@ func (m *Model) Profile() *Profile { return &m.p }
 func (m *Model) Config() Config { return m.cfg }
 
 // Role returns the current role.
-func (m *Model) Role() Role { return m.role }
+func (m *Model) Role() roles.Role { return m.role }
 
 // SetRole changes the role at once; requests in flight are not touched.
 // Setting a role ends a drain.
-func (m *Model) SetRole(r Role) { m.role, m.draining = r, false }
+func (m *Model) SetRole(r roles.Role) { m.role, m.draining = r, false }
 
 // SetDraining stops (true) or resumes (false) taking new requests.
 func (m *Model) SetDraining(d bool) { m.draining = d }
@@ -406,10 +372,10 @@ func (m *Model) Accepts(remoteDecode, remotePrefill bool) error {
 }
 
 func (m *Model) acceptsRole(remoteDecode, remotePrefill bool) error {
-	if m.role == RoleDecode && remoteDecode {
+	if m.role == roles.Decode && remoteDecode {
 		return fmt.Errorf("%w: a decode engine takes no prefill-only leg", ErrWrongRole)
 	}
-	if m.role == RolePrefill && remotePrefill {
+	if m.role == roles.Prefill && remotePrefill {
 		return fmt.Errorf("%w: a prefill engine takes no decode leg", ErrWrongRole)
 	}
 	return nil

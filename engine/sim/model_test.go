@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/roles"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -286,7 +287,7 @@ func TestRoleChangeNeverDropsARequest(t *testing.T) {
 		d, _ := m.Step(now)
 		now = now.Add(d)
 	}
-	m.SetRole(RoleDecode) // in flight: prefills and a remote-decode leg
+	m.SetRole(roles.Decode) // in flight: prefills and a remote-decode leg
 	if err := m.Submit(now, Request{ID: "new-leg", Tokens: prompt(64, 51), MaxTokens: 1, RemoteDecode: true}); !errors.Is(err, ErrWrongRole) {
 		t.Fatalf("decode engine took a prefill leg: %v", err)
 	}
@@ -299,7 +300,7 @@ func TestRoleChangeNeverDropsARequest(t *testing.T) {
 	if r.finished["leg"].Reason != FinishRemoteDecode {
 		t.Fatalf("leg: %+v", r.finished["leg"])
 	}
-	m.SetRole(RolePrefill)
+	m.SetRole(roles.Prefill)
 	if err := m.Submit(now, Request{ID: "d", Tokens: prompt(64, 52), MaxTokens: 1, Remote: &RemoteKV{}}); !errors.Is(err, ErrWrongRole) {
 		t.Fatalf("prefill engine took a decode leg: %v", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/roles"
 )
 
 // Dynamo is NVIDIA Dynamo's KV-aware router (lib/kv-router, release line 1.x)
@@ -122,7 +123,7 @@ func (d *Dynamo) argmin(costs []float64) int {
 
 // Route picks workers by Dynamo's cost and records the request.
 func (d *Dynamo) Route(_ time.Time, r *Request, v *View) (Decision, error) {
-	ps, ds := serving(v, Prefill), serving(v, Decode)
+	ps, ds := serving(v, roles.Prefill), serving(v, roles.Decode)
 	bs := v.BlockSize
 	if len(ps) == 0 || len(ds) == 0 { // aggregated: every worker does both
 		all := append(ps, ds...)
@@ -166,7 +167,7 @@ func (d *Dynamo) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 // times its max_num_batched_tokens. A worker whose budget is unknown is
 // never counted busy.
 func (d *Dynamo) Busy(v *View) bool {
-	pool, ds := serving(v, Prefill), serving(v, Decode)
+	pool, ds := serving(v, roles.Prefill), serving(v, roles.Decode)
 	if len(pool) == 0 || len(ds) == 0 { // aggregated: every worker prefills
 		pool = append(pool, ds...)
 	}

@@ -21,31 +21,15 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/roles"
 )
-
-// Role is what a node is routed: prefill or decode work.
-type Role uint8
-
-// Node roles.
-const (
-	Prefill Role = iota
-	Decode
-)
-
-// String returns "prefill" or "decode".
-func (r Role) String() string {
-	if r == Decode {
-		return "decode"
-	}
-	return "prefill"
-}
 
 // Node is one engine as the router sees it.
 type Node struct {
 	ID      string
-	Dir     kv.NodeID // the node's id in the KV directory
-	Role    Role
-	Serving bool // false while down or draining away from its role
+	Dir     kv.NodeID  // the node's id in the KV directory
+	Role    roles.Role // a node that takes both is routed as a decode node
+	Serving bool       // false while down or draining away from its role
 
 	// Load, from heartbeats and the router's own bookkeeping.
 	Running          int
@@ -141,10 +125,10 @@ func New(name string) (Policy, error) {
 // Names lists the policies New knows.
 func Names() []string { return []string{"evolve", "dynamo", "round-robin"} }
 
-func serving(v *View, role Role) []*Node {
+func serving(v *View, role roles.Role) []*Node {
 	var out []*Node
 	for i := range v.Nodes {
-		if n := &v.Nodes[i]; n.Serving && n.Role == role {
+		if n := &v.Nodes[i]; n.Serving && (n.Role == role || role == roles.Decode && n.Role == roles.Both) {
 			out = append(out, n)
 		}
 	}
@@ -154,7 +138,7 @@ func serving(v *View, role Role) []*Node {
 // candidates returns the serving prefill and decode nodes. With no prefill
 // node, decode nodes serve whole requests, and the reverse.
 func candidates(v *View) (ps, ds []*Node, err error) {
-	ps, ds = serving(v, Prefill), serving(v, Decode)
+	ps, ds = serving(v, roles.Prefill), serving(v, roles.Decode)
 	switch {
 	case len(ps) == 0 && len(ds) == 0:
 		return nil, nil, ErrNoNode

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
+	"github.com/evolvellm/evolve/roles"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -28,7 +29,7 @@ func newCluster(t *testing.T) *cluster {
 
 // node adds a node and returns it; the pointer is good until the next node
 // is added (use get after that).
-func (c *cluster) node(id string, role Role) *Node {
+func (c *cluster) node(id string, role roles.Role) *Node {
 	dir, err := c.d.Node(id)
 	if err != nil {
 		c.t.Fatal(err)
@@ -77,7 +78,7 @@ func (c *cluster) rematch(r *Request) { c.d.Match(r.Chain, r.Match) }
 func TestDynamoWorkedExample(t *testing.T) {
 	c := newCluster(t)
 	for _, id := range []string{"w1", "w2", "w3"} {
-		c.node(id, Decode) // aggregated: one role only
+		c.node(id, roles.Decode) // aggregated: one role only
 	}
 	d := NewDynamo()
 	r := c.request("r", 32, 1) // 2 blocks, no overlap, nothing in flight
@@ -105,8 +106,8 @@ func TestDynamoWorkedExample(t *testing.T) {
 
 func TestDynamoCreditsCachedOverlapIncludingHost(t *testing.T) {
 	c := newCluster(t)
-	c.node("a", Decode)
-	c.node("b", Decode)
+	c.node("a", roles.Decode)
+	c.node("b", roles.Decode)
 	r := c.request("r", 1024, 2)
 	c.holds("b", r.Chain, 0, 60, kv.TierHost) // KVBM's host tier counts as cached
 	c.rematch(r)
@@ -125,8 +126,8 @@ func TestDynamoWeighsHostHitsAtThreeQuarters(t *testing.T) {
 		want       string
 	}{{50, "gpu"}, {60, "host"}} {
 		c := newCluster(t)
-		c.node("gpu", Decode)
-		c.node("host", Decode)
+		c.node("gpu", roles.Decode)
+		c.node("host", roles.Decode)
 		r := c.request("r", 1024, 2)
 		c.holds("gpu", r.Chain, 0, 40, kv.TierGPU)
 		c.holds("host", r.Chain, 0, tc.hostBlocks, kv.TierHost)
@@ -148,9 +149,9 @@ func TestDynamoWeighsHostHitsAtThreeQuarters(t *testing.T) {
 func TestDynamoBusyPastItsQueueThreshold(t *testing.T) {
 	c := newCluster(t)
 	for _, id := range []string{"p1", "p2"} {
-		c.node(id, Prefill).MaxBatchedTokens = 64
+		c.node(id, roles.Prefill).MaxBatchedTokens = 64
 	}
-	c.node("d1", Decode).MaxBatchedTokens = 64
+	c.node("d1", roles.Decode).MaxBatchedTokens = 64
 	d := NewDynamo()
 	if d.Busy(&c.v) {
 		t.Fatal("busy with nothing in flight")
@@ -180,7 +181,7 @@ func TestDynamoBusyPastItsQueueThreshold(t *testing.T) {
 func TestDynamoBurstSpreadsByLoad(t *testing.T) {
 	c := newCluster(t)
 	for i := 0; i < 4; i++ {
-		c.node(fmt.Sprint("w", i), Decode)
+		c.node(fmt.Sprint("w", i), roles.Decode)
 	}
 	d := NewDynamo()
 	used := map[string]int{}
@@ -198,7 +199,7 @@ func TestDynamoBurstSpreadsByLoad(t *testing.T) {
 
 func TestDynamoBookkeeping(t *testing.T) {
 	c := newCluster(t)
-	c.node("a", Decode)
+	c.node("a", roles.Decode)
 	d := NewDynamo()
 	r := c.request("r", 320, 4)
 	d.Route(t0, r, &c.v)
@@ -218,10 +219,10 @@ func TestDynamoBookkeeping(t *testing.T) {
 
 func TestDynamoDisaggregated(t *testing.T) {
 	c := newCluster(t)
-	c.node("p1", Prefill)
-	c.node("p2", Prefill)
-	c.node("d1", Decode)
-	c.node("d2", Decode)
+	c.node("p1", roles.Prefill)
+	c.node("p2", roles.Prefill)
+	c.node("d1", roles.Decode)
+	c.node("d2", roles.Decode)
 	d := NewDynamo()
 	r := c.request("r", 1024, 5)
 	c.holds("p2", r.Chain, 0, 64, kv.TierGPU)
@@ -239,9 +240,9 @@ func (d *Dynamo) decodeWorkerLoad(id string, blocks int) { d.worker(id).decodeBl
 
 func TestEvolvePrefersCachedUnlessQueued(t *testing.T) {
 	c := newCluster(t)
-	c.node("a", Prefill)
-	c.node("b", Prefill)
-	c.node("d", Decode)
+	c.node("a", roles.Prefill)
+	c.node("b", roles.Prefill)
+	c.node("d", roles.Decode)
 	e := NewEvolve(EvolveConfig{})
 	r := c.request("r1", 16*200, 6)
 	c.holds("a", r.Chain, 0, 190, kv.TierGPU)
@@ -262,10 +263,10 @@ func TestEvolvePrefersCachedUnlessQueued(t *testing.T) {
 
 func TestEvolveCountsHostAndPeerBlocks(t *testing.T) {
 	c := newCluster(t)
-	c.node("a", Prefill)
-	c.node("b", Prefill)
-	c.node("d", Decode)
-	c.node("busy", Decode).Running = 250 // holds the context but decodes a lot
+	c.node("a", roles.Prefill)
+	c.node("b", roles.Prefill)
+	c.node("d", roles.Decode)
+	c.node("busy", roles.Decode).Running = 250 // holds the context but decodes a lot
 	r := c.request("r", 16*300, 7)
 	c.holds("b", r.Chain, 0, 100, kv.TierHost)    // b: its own host tier
 	c.holds("busy", r.Chain, 0, 280, kv.TierHost) // a peer's host pool
@@ -292,9 +293,9 @@ func TestEvolveCountsHostAndPeerBlocks(t *testing.T) {
 
 func TestEvolveNoFetchWhenRecomputeIsCheaper(t *testing.T) {
 	c := newCluster(t)
-	c.node("a", Prefill)
-	c.node("d", Decode)
-	c.node("busy", Decode).Running = 250
+	c.node("a", roles.Prefill)
+	c.node("d", roles.Decode)
+	c.node("busy", roles.Decode).Running = 250
 	c.get("a").NetSecPerBlock = 1 // a slow network: recompute (160 us a block) wins
 	r := c.request("r", 16*100, 8)
 	c.holds("busy", r.Chain, 0, 100, kv.TierHost)
@@ -310,9 +311,9 @@ func TestEvolveNoFetchWhenRecomputeIsCheaper(t *testing.T) {
 func TestEvolveFetchesNeitherToNorFromSelfManagedKV(t *testing.T) {
 	for _, tc := range []struct{ to, from bool }{{true, false}, {false, true}} {
 		c := newCluster(t)
-		c.node("a", Prefill).SelfManagedKV = tc.to
-		c.node("d", Decode)
-		c.node("busy", Decode).Running = 250
+		c.node("a", roles.Prefill).SelfManagedKV = tc.to
+		c.node("d", roles.Decode)
+		c.node("busy", roles.Decode).Running = 250
 		c.get("busy").SelfManagedKV = tc.from
 		r := c.request("r", 16*300, 9)
 		c.holds("busy", r.Chain, 0, 280, kv.TierHost)
@@ -326,9 +327,9 @@ func TestEvolveFetchesNeitherToNorFromSelfManagedKV(t *testing.T) {
 
 func TestEvolveShortUncachedStaysOnDecodeNode(t *testing.T) {
 	c := newCluster(t)
-	c.node("p", Prefill)
-	c.node("d1", Decode)
-	c.node("d2", Decode)
+	c.node("p", roles.Prefill)
+	c.node("d1", roles.Decode)
+	c.node("d2", roles.Decode)
 	r := c.request("r", 16*100+40, 9)
 	c.holds("d2", r.Chain, 0, 100, kv.TierGPU) // the agent's previous turn decoded here
 	c.rematch(r)
@@ -340,10 +341,10 @@ func TestEvolveShortUncachedStaysOnDecodeNode(t *testing.T) {
 
 func TestEvolveDecodeByLoadAndRoom(t *testing.T) {
 	c := newCluster(t)
-	c.node("p", Prefill)
-	c.node("d1", Decode).Running = 200
-	c.node("d2", Decode).Running = 10
-	c.node("d3", Decode)
+	c.node("p", roles.Prefill)
+	c.node("d1", roles.Decode).Running = 200
+	c.node("d2", roles.Decode).Running = 10
+	c.node("d3", roles.Decode)
 	c.get("d3").GPUBlocksUse = c.get("d3").GPUBlocks // no room
 	r := c.request("r", 4000, 10)
 	dec, _ := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
@@ -354,8 +355,8 @@ func TestEvolveDecodeByLoadAndRoom(t *testing.T) {
 
 func TestEvolveBookkeeping(t *testing.T) {
 	c := newCluster(t)
-	c.node("p", Prefill)
-	c.node("d", Decode)
+	c.node("p", roles.Prefill)
+	c.node("d", roles.Decode)
 	e := NewEvolve(EvolveConfig{})
 	r := c.request("r", 4000, 11)
 	e.Route(t0, r, &c.v)
@@ -376,9 +377,9 @@ func TestPoliciesSkipNodesNotServing(t *testing.T) {
 	for _, name := range Names() {
 		t.Run(name, func(t *testing.T) {
 			c := newCluster(t)
-			c.node("p", Prefill).Serving = false
-			c.node("d1", Decode).Serving = false
-			c.node("d2", Decode)
+			c.node("p", roles.Prefill).Serving = false
+			c.node("d1", roles.Decode).Serving = false
+			c.node("d2", roles.Decode)
 			p, err := New(name)
 			if err != nil {
 				t.Fatal(err)
@@ -402,9 +403,9 @@ func TestPoliciesSkipNodesNotServing(t *testing.T) {
 
 func TestRoundRobinAlternates(t *testing.T) {
 	c := newCluster(t)
-	c.node("p1", Prefill)
-	c.node("p2", Prefill)
-	c.node("d1", Decode)
+	c.node("p1", roles.Prefill)
+	c.node("p2", roles.Prefill)
+	c.node("d1", roles.Decode)
 	rr := &RoundRobin{}
 	var got []string
 	for i := 0; i < 4; i++ {
@@ -420,9 +421,9 @@ func TestRoundRobinAlternates(t *testing.T) {
 // (the engine waits for sequences to finish) instead of failing.
 func TestEvolveQueuesWhenNoDecodeNodeHasRoom(t *testing.T) {
 	c := newCluster(t)
-	c.node("p", Prefill)
-	c.node("d1", Decode)
-	c.node("d2", Decode)
+	c.node("p", roles.Prefill)
+	c.node("d1", roles.Decode)
+	c.node("d2", roles.Decode)
 	c.get("d1").GPUBlocksUse = c.get("d1").GPUBlocks
 	c.get("d2").GPUBlocksUse = c.get("d2").GPUBlocks - 3
 	r := c.request("r", 4000, 12)
@@ -450,9 +451,9 @@ func TestEvolveDecodeStaysWithContextUnlessMuchBusier(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cl := newCluster(t)
-			cl.node("p", Prefill)
-			cl.node("d1", Decode)
-			cl.node("d2", Decode).Running = c.holderLoad
+			cl.node("p", roles.Prefill)
+			cl.node("d1", roles.Decode)
+			cl.node("d2", roles.Decode).Running = c.holderLoad
 			r := cl.request("r", 16*100+1000, 12) // 100 full blocks and 1,000 new tokens
 			cl.holds("d2", r.Chain, 0, c.heldBlocks, kv.TierGPU)
 			cl.rematch(r)
@@ -483,9 +484,9 @@ func TestEvolveDecodeStaysWithContextUnlessMuchBusier(t *testing.T) {
 // for a new request.
 func TestPeerFetchesExtendWhatTheNodeHolds(t *testing.T) {
 	c := newCluster(t)
-	c.node("to", Decode)
-	c.node("p", Prefill)
-	c.node("q", Prefill)
+	c.node("to", roles.Decode)
+	c.node("p", roles.Prefill)
+	c.node("q", roles.Prefill)
 	r := c.request("r", 16*100, 12)
 	c.holds("to", r.Chain, 0, 10, kv.TierGPU)
 	c.holds("p", r.Chain, 0, 60, kv.TierGPU)

@@ -165,7 +165,7 @@ func (s *Server) update(f *feed, st *sim.State) {
 			j.Switch = &controlapi.Switch{To: n.SwitchTo, Phase: "draining"}
 		}
 		for _, h := range n.History {
-			j.History = append(j.History, controlapi.RoleChange{Time: h.At, From: h.From, To: h.To, Reason: h.Reason})
+			j.History = append(j.History, h)
 		}
 		if k := len(n.History); k > 0 && (n.State == "down" || n.State == "draining") {
 			j.Reason = n.History[k-1].Reason
