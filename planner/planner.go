@@ -651,3 +651,19 @@ func boolInt(b bool) int {
 	}
 	return 0
 }
+
+// Validate reports a setting no planner can run with; zero values are
+// defaults and valid.
+func (c Config) Validate() error {
+	switch {
+	case c.Interval < 0:
+		return fmt.Errorf("planner interval %v: must not be negative (0: the default, 5s)", c.Interval)
+	case c.Persistence < 0:
+		return fmt.Errorf("planner persistence %v: must not be negative (0: the default)", c.Persistence)
+	case c.TTFTWeight < 0 || math.IsNaN(c.TTFTWeight):
+		return fmt.Errorf("planner TTFT weight %g: must not be negative (0: the default, %v)", c.TTFTWeight, DefaultTTFTWeight)
+	case c.MinImprovement < 0 || c.MinImprovement >= 1 || math.IsNaN(c.MinImprovement):
+		return fmt.Errorf("planner minimum improvement %g: want a share in [0, 1), 0 for the default (%g)", c.MinImprovement, DefaultMinImprovement)
+	}
+	return nil
+}

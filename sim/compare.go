@@ -25,6 +25,9 @@ import (
 // "oracle-throughput" by output tokens a second (see oracle.go). Independent runs use every core; the
 // results do not depend on how many there are. hooks may be nil.
 func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
+	if err := sc.Validate(); err != nil {
+		return nil, err
+	}
 	// Expand every name into the runs it needs.
 	type job struct {
 		pol Policy

@@ -201,3 +201,33 @@ type Window struct {
 	PredictedTTFT float64
 	planned       bool
 }
+
+// Validate reports what makes the scenario impossible to run, before any
+// run starts (an hour of simulation should not end in a bad setting).
+func (sc Scenario) Validate() error {
+	switch {
+	case sc.Profile == nil:
+		return fmt.Errorf("no engine profile")
+	case sc.Engines < 2:
+		return fmt.Errorf("%d engines: want at least two (a prefill and a decode)", sc.Engines)
+	case sc.Trace == nil && sc.Agents < 1:
+		return fmt.Errorf("%d agents: want at least one", sc.Agents)
+	case sc.Duration <= 0:
+		return fmt.Errorf("scored duration %v: want a positive one", sc.Duration)
+	case sc.Warmup < 0:
+		return fmt.Errorf("warm-up %v: must not be negative", sc.Warmup)
+	case sc.TimeScale < 0:
+		return fmt.Errorf("time scale %g: must not be negative", sc.TimeScale)
+	case sc.OracleSegment < 0:
+		return fmt.Errorf("oracle segment %v: want a positive duration such as 10m (0: the default)", sc.OracleSegment)
+	}
+	if e := sc.Eviction; e != "" && e != "ref" && e != "lru" {
+		return fmt.Errorf("eviction %q: want ref or lru", e)
+	}
+	if sc.Trace == nil {
+		if _, err := workload.New(sc.Workload, sc.Agents); err != nil {
+			return fmt.Errorf("workload: %w", err)
+		}
+	}
+	return sc.Planner.Validate()
+}

@@ -361,3 +361,40 @@ func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
 		t.Errorf("served: dynamo %d, static %d", served["dynamo-static:1:1"], served["static:1:1"])
 	}
 }
+
+// A scenario that cannot run is refused before any run starts, with what
+// is wrong; the presets' shapes pass.
+func TestScenarioValidateNamesWhatIsWrong(t *testing.T) {
+	p, err := enginesim.BuiltinProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := Scenario{Profile: p, Engines: 2, Workload: "coding", Agents: 1, Duration: time.Minute}
+	if err := good.Validate(); err != nil {
+		t.Fatalf("a runnable scenario refused: %v", err)
+	}
+	for want, change := range map[string]func(*Scenario){
+		"profile":     func(s *Scenario) { s.Profile = nil },
+		"engines":     func(s *Scenario) { s.Engines = 1 },
+		"agents":      func(s *Scenario) { s.Agents = 0 },
+		"duration":    func(s *Scenario) { s.Duration = 0 },
+		"warm-up":     func(s *Scenario) { s.Warmup = -time.Second },
+		"eviction":    func(s *Scenario) { s.Eviction = "mru" },
+		"oracle":      func(s *Scenario) { s.OracleSegment = -time.Minute },
+		"workload":    func(s *Scenario) { s.Workload = "poetry" },
+		"interval":    func(s *Scenario) { s.Planner.Interval = -time.Second },
+		"improvement": func(s *Scenario) { s.Planner.MinImprovement = 1 },
+		"TTFT weight": func(s *Scenario) { s.Planner.TTFTWeight = -1 },
+		"persistence": func(s *Scenario) { s.Planner.Persistence = -time.Second },
+		"time scale":  func(s *Scenario) { s.TimeScale = -1 },
+	} {
+		sc := good
+		change(&sc)
+		if err := sc.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: %v", want, err)
+		}
+		if _, err := Compare(sc, []string{"evolve"}, nil); err == nil {
+			t.Errorf("%s: Compare ran it", want)
+		}
+	}
+}

@@ -484,7 +484,8 @@ func TestSimPrintsStableJSON(t *testing.T) {
 	for _, bad := range [][]string{{"sim", "--policies", "orakel"}, {"sim", "--policies", "fast:best"}, {"sim", "--policies", "evolve,dynamo,evolve"}, {"sim", "--gpus", "6"}, {"sim", "--preset", "nope"},
 		{"sim", "--workload", "poetry"}, {"sim", "--workload", "shift:math>poetry:1m:1m:1m"},
 		{"sim", "--timeline", filepath.Join(t.TempDir(), "missing", "t.csv")}, {"sim", "--plot", t.TempDir()}, {"sim", "--plot", "run.gif"},
-		{"sim", "--oracle-segment", "0s"}, {"sim", "--oracle-segment", "-5m"}} {
+		{"sim", "--oracle-segment", "0s"}, {"sim", "--oracle-segment", "-5m"}, {"sim", "--eviction", "mru"}, {"sim", "--agents", "0"},
+		{"sim", "--planner-interval", "-1s"}, {"sim", "--duration", "0s"}, {"sim", "--planner-min-improvement", "1.5"}} {
 		// Refused before any simulation starts.
 		if out, code := runBin(t, nil, bad...); code != 2 || strings.Contains(out, "simulating") {
 			t.Errorf("evolve %v: exit %d %s", bad, code, out)
