@@ -183,54 +183,125 @@ A small one (the README has a fuller example):
 
 func runUp(cmd *cobra.Command, _ []string) error {
 	key := func(k string) string { return "up." + k }
-	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
 	if file := config.GetString(key("file")); file != "" {
 		return upFromFile(cmd, file, config.GetBool(key("dry-run")))
 	}
+	u, err := parseUp(cmd)
+	if err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
+	if err := u.prepare(); err != nil {
+		return err
+	}
+	// The children run in their own process groups, so only this process
+	// hears Ctrl-C, a closed terminal or a kill: it must stop them, or
+	// they run on with nobody to stop them but 'evolve down'.
+	ctx, stop := notifyInterrupt(context.Background())
+	defer stop()
+	u.ctx = ctx
+	if err := u.startOrchestrator(); err != nil {
+		return err
+	}
+	if err := u.startEngines(); err != nil {
+		return err
+	}
+	if err := u.waitServing(); err != nil {
+		return err
+	}
+	if err := u.print(); err != nil || u.detach {
+		return err
+	}
+	if u.agents > 0 {
+		return u.runAgents()
+	}
+	select {
+	case <-ctx.Done():
+		fmt.Fprintln(u.errw, "\nstopping the cluster")
+	case <-u.orchDone:
+		fmt.Fprintf(u.errw, "the orchestrator exited (%s). The end of its log:\n%s\n", u.orch.ProcessState,
+			tail(filepath.Join(u.logDir, "orchestrator.log"), 10))
+	}
+	u.cleanup()
+	return nil
+}
+
+// localUp is evolve up of a local cluster: an orchestrator and simulated
+// engines, children of this process, on loopback.
+type localUp struct {
+	cmd              *cobra.Command
+	errw             io.Writer
+	key              func(string) string
+	engines, prefill int
+	keys             []string // API keys
+	agents           int
+	model            workload.Model // the agents' workload, with agents
+	detach           bool
+
+	dir, logDir string
+	st          *localState
+	// Each child is waited for once; exited[pid] closes when it ends, for
+	// the teardown and to notice an engine that stops alone.
+	exited    map[int]chan struct{}
+	stopping  atomic.Bool
+	ctx       context.Context // done on Ctrl-C, a closed terminal, a kill
+	exe       string
+	orch      *exec.Cmd
+	orchDone  chan struct{}
+	info      readyInfo
+	natsToken string // the event plane's token, off loopback
+	deadline  time.Time
+	client    *controlClient
+}
+
+// parseUp reads and checks evolve up's flags for a local cluster.
+func parseUp(cmd *cobra.Command) (*localUp, error) {
+	key := func(k string) string { return "up." + k }
+	u := &localUp{cmd: cmd, errw: cmd.ErrOrStderr(), key: key, exited: map[int]chan struct{}{}}
 	if config.GetBool(key("dry-run")) {
-		return usage(fmt.Errorf("--dry-run checks a cluster file: pass it with -f"))
+		return nil, fmt.Errorf("--dry-run checks a cluster file: pass it with -f")
 	}
-	engines, prefill := config.GetInt(key("engines")), config.GetInt(key("prefill"))
-	if engines < 1 {
-		return usage(fmt.Errorf("--engines must be at least 1"))
+	u.engines, u.prefill = config.GetInt(key("engines")), config.GetInt(key("prefill"))
+	if u.engines < 1 {
+		return nil, fmt.Errorf("--engines must be at least 1")
 	}
-	if prefill == 0 && engines > 1 {
-		prefill = max(1, engines/3)
+	if u.prefill == 0 && u.engines > 1 {
+		u.prefill = max(1, u.engines/3)
 	}
-	if prefill < 0 || prefill > engines {
-		return usage(fmt.Errorf("--prefill must be between 0 and --engines (%d)", engines))
+	if u.prefill < 0 || u.prefill > u.engines {
+		return nil, fmt.Errorf("--prefill must be between 0 and --engines (%d)", u.engines)
 	}
 	if _, err := loadProfile(config.GetString(key("profile"))); err != nil {
-		return usage(fmt.Errorf("--profile: %w", err))
+		return nil, fmt.Errorf("--profile: %w", err)
 	}
 	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
-		return usage(fmt.Errorf("--policy: %w", err))
+		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	if err := checkPlannerFlags("up"); err != nil {
-		return usage(err)
+		return nil, err
 	}
 	if config.GetDuration(key("timeout")) <= 0 {
-		return usage(fmt.Errorf("--timeout must be positive"))
+		return nil, fmt.Errorf("--timeout must be positive")
 	}
-	keys, err := apiKeys("up")
-	if err != nil {
-		return usage(err)
+	var err error
+	if u.keys, err = apiKeys("up"); err != nil {
+		return nil, err
 	}
 	if config.GetDuration(key("duration")) < 0 {
-		return usage(fmt.Errorf("--duration must not be negative (0: until Ctrl-C)"))
+		return nil, fmt.Errorf("--duration must not be negative (0: until Ctrl-C)")
 	}
 	if config.GetFloat64(key("speedup")) <= 0 {
-		return usage(fmt.Errorf("--speedup must be positive"))
+		return nil, fmt.Errorf("--speedup must be positive")
 	}
-	agents := config.GetInt(key("agents"))
-	var model workload.Model
-	if agents > 0 {
-		if config.GetBool(key("detach")) {
-			return usage(fmt.Errorf("--agents runs in the foreground: drop --detach, or run 'evolve bench' against a detached cluster"))
-		}
-		var err error
-		if model, err = workload.New(config.GetString(key("workload")), agents); err != nil {
-			return usage(fmt.Errorf("--workload: %w", err))
+	u.detach = config.GetBool(key("detach"))
+	u.agents = config.GetInt(key("agents"))
+	switch {
+	case u.agents < 0:
+		return nil, fmt.Errorf("--agents must not be negative")
+	case u.agents > 0 && u.detach:
+		return nil, fmt.Errorf("--agents runs in the foreground: drop --detach, or run 'evolve bench' against a detached cluster")
+	case u.agents > 0:
+		if u.model, err = workload.New(config.GetString(key("workload")), u.agents); err != nil {
+			return nil, fmt.Errorf("--workload: %w", err)
 		}
 		// Agent contexts need a real model's context length; time runs
 		// faster so that a demo shows minutes of agent work per minute.
@@ -240,9 +311,20 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		if !cmd.Flags().Changed("speedup") && config.GetFloat64(key("speedup")) == 1 {
 			config.Set(key("speedup"), 10.0)
 		}
-	} else if agents < 0 {
-		return usage(fmt.Errorf("--agents must not be negative"))
 	}
+	// An address in use fails the orchestrator deep in its log: say which
+	// flag to change before anything starts.
+	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
+		if _, _, err := net.SplitHostPort(config.GetString(key(flag))); err != nil {
+			return nil, fmt.Errorf("--%s: %w (want HOST:PORT)", flag, err)
+		}
+	}
+	return u, nil
+}
+
+// prepare refuses a second local cluster, stops the engines a dead one
+// left, checks the addresses are free and makes the state directory.
+func (u *localUp) prepare() error {
 	if st, err := readLocalState(); err == nil {
 		if ours(st.Orchestrator) {
 			return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
@@ -256,79 +338,74 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			}
 		}
 		if len(left) > 0 {
-			fmt.Fprintf(cmd.ErrOrStderr(), "the last local cluster's orchestrator is gone; stopping the %d engines it left running\n", len(left))
+			fmt.Fprintf(u.errw, "the last local cluster's orchestrator is gone; stopping the %d engines it left running\n", len(left))
 			// Their router is gone with the orchestrator: nothing is
 			// in flight to drain, so they get little time.
-			stopPIDs(cmd.ErrOrStderr(), left, nil, 2*time.Second)
+			stopPIDs(u.errw, left, nil, 2*time.Second)
 		}
 	}
-	// An address in use fails the orchestrator deep in its log: say which
-	// flag to change before anything starts.
 	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
-		addr := config.GetString(key(flag))
-		_, port, err := net.SplitHostPort(addr)
-		if err != nil {
-			return usage(fmt.Errorf("--%s: %w (want HOST:PORT)", flag, err))
-		}
-		if port == "0" {
+		addr := config.GetString(u.key(flag))
+		if _, port, _ := net.SplitHostPort(addr); port == "0" {
 			continue // a free port is picked
 		}
 		if err := checkListen(addr); err != nil {
 			return fmt.Errorf("--%s %s: %w; pick another, or port 0 for a free one", flag, addr, err)
 		}
 	}
-	exe, err := os.Executable()
-	if err != nil {
+	var err error
+	if u.exe, err = os.Executable(); err != nil {
 		return err
 	}
-	dir := localDir()
-	logDir := filepath.Join(dir, "logs")
-	if err := os.MkdirAll(logDir, 0o700); err != nil {
+	u.dir = localDir()
+	u.logDir = filepath.Join(u.dir, "logs")
+	if err := os.MkdirAll(u.logDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	detach := config.GetBool(key("detach"))
-	errw := cmd.ErrOrStderr()
-	st := &localState{LogDir: logDir, Started: time.Now(), Detached: detach}
-	if len(keys) > 0 {
-		st.APIKey = orchestrator.EntryKey(keys[0])
+	u.st = &localState{LogDir: u.logDir, Started: time.Now(), Detached: u.detach}
+	if len(u.keys) > 0 {
+		u.st.APIKey = orchestrator.EntryKey(u.keys[0])
 	}
-	// Each child is waited for once, here; exited[pid] closes when it
-	// ends, for the teardown and to notice an engine that stops alone.
-	exited := map[int]chan struct{}{}
-	var stopping atomic.Bool
-	waitFor := func(p *exec.Cmd) chan struct{} {
-		ch := make(chan struct{})
-		exited[p.Process.Pid] = ch
-		go func() { p.Wait(); close(ch) }()
-		return ch
-	}
-	cleanup := func() {
-		stopping.Store(true)
-		stopAll(errw, st, exited)
-	}
-	// The children run in their own process groups, so only this process
-	// hears Ctrl-C, a closed terminal or a kill: it must stop them, or
-	// they run on with nobody to stop them but 'evolve down'.
-	ctx, stop := notifyInterrupt(context.Background())
-	defer stop()
-	interrupted := func(what string) error {
-		fmt.Fprintln(errw)
-		cleanup()
-		return fmt.Errorf("interrupted %s; stopped what had started", what)
-	}
+	u.deadline = time.Now().Add(config.GetDuration(u.key("timeout")))
+	return nil
+}
 
-	// The orchestrator first: engines need its NATS address.
-	ready := filepath.Join(dir, "orchestrator.ready")
+// waitFor waits for a child, once; the channel closes when it ends.
+func (u *localUp) waitFor(p *exec.Cmd) chan struct{} {
+	ch := make(chan struct{})
+	u.exited[p.Process.Pid] = ch
+	go func() { p.Wait(); close(ch) }()
+	return ch
+}
+
+// cleanup stops every child started.
+func (u *localUp) cleanup() {
+	u.stopping.Store(true)
+	stopAll(u.errw, u.st, u.exited)
+}
+
+// interrupted stops what had started after Ctrl-C while what was going on.
+func (u *localUp) interrupted(what string) error {
+	fmt.Fprintln(u.errw)
+	u.cleanup()
+	return fmt.Errorf("interrupted %s; stopped what had started", what)
+}
+
+// startOrchestrator starts the orchestrator, first (engines need its NATS
+// address), and waits for its ready file.
+func (u *localUp) startOrchestrator() error {
+	key := u.key
+	ready := filepath.Join(u.dir, "orchestrator.ready")
 	os.Remove(ready)
 	orchArgs := append([]string{"orchestrator",
 		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
-		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(dir, "nats"),
+		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(u.dir, "nats"),
 		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level")}, routingFlags()...)
 	// The key file's path, so that the orchestrator reads it again when
 	// it changes; the flags' keys through its environment.
 	keyFile, err := apiKeyFile("up")
 	if err != nil {
-		return usage(err)
+		return usageError{cmd: u.cmd.CommandPath(), err: err}
 	}
 	if keyFile != "" {
 		orchArgs = append(orchArgs, "--api-key-file", keyFile)
@@ -336,102 +413,116 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	orchEnv := apiKeyEnv(configList("up.api-key"))
 	// An event plane off loopback takes only engines with its token, which
 	// goes through the environment, not the command lines ps shows.
-	natsToken := ""
 	if !orchestrator.IsLoopback(config.GetString(key("nats-addr"))) {
-		natsToken = newSecret()
-		orchEnv = append(orchEnv, "EVOLVE_ORCHESTRATOR_NATS_TOKEN="+natsToken)
+		u.natsToken = newSecret()
+		orchEnv = append(orchEnv, "EVOLVE_ORCHESTRATOR_NATS_TOKEN="+u.natsToken)
 	}
-	orch, err := startChildEnv(exe, filepath.Join(logDir, "orchestrator.log"), detach, orchEnv, orchArgs...)
-	if err != nil {
+	log := filepath.Join(u.logDir, "orchestrator.log")
+	if u.orch, err = startChildEnv(u.exe, log, u.detach, orchEnv, orchArgs...); err != nil {
 		return err
 	}
-	orchDone := waitFor(orch)
-	st.Orchestrator = orch.Process.Pid
-	fmt.Fprintf(errw, "starting orchestrator (log %s)\n", filepath.Join(logDir, "orchestrator.log"))
-	deadline := time.Now().Add(config.GetDuration(key("timeout")))
-	var info readyInfo
+	u.orchDone = u.waitFor(u.orch)
+	u.st.Orchestrator = u.orch.Process.Pid
+	fmt.Fprintf(u.errw, "starting orchestrator (log %s)\n", log)
 	for {
-		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &info) == nil {
+		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &u.info) == nil {
 			break
 		}
-		if !alive(orch.Process.Pid) || time.Now().After(deadline) {
-			cleanup()
-			return fmt.Errorf("the orchestrator did not start:\n%s", tail(filepath.Join(logDir, "orchestrator.log"), 10))
+		if !alive(u.orch.Process.Pid) || time.Now().After(u.deadline) {
+			u.cleanup()
+			return fmt.Errorf("the orchestrator did not start:\n%s", tail(log, 10))
 		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
-			return interrupted("while the orchestrator started")
+		if !sleepCtx(u.ctx, 50*time.Millisecond) {
+			return u.interrupted("while the orchestrator started")
 		}
 	}
-	st.RouterURL, st.ControlURL, st.NATSURL = info.RouterURL, info.ControlURL, info.NATSURL
+	u.st.RouterURL, u.st.ControlURL, u.st.NATSURL = u.info.RouterURL, u.info.ControlURL, u.info.NATSURL
+	return nil
+}
 
-	for i := 0; i < engines; i++ {
+// startEngines starts the engines, prefill ones first, and records the
+// cluster.
+func (u *localUp) startEngines() error {
+	key := u.key
+	for i := 0; i < u.engines; i++ {
 		role := "decode"
-		if i < prefill {
+		if i < u.prefill {
 			role = "prefill"
 		}
 		id := fmt.Sprintf("engine-%d", i)
-		log := filepath.Join(logDir, id+".log")
-		engineNATS := info.NATSURL
-		if natsToken != "" {
-			if engineNATS, err = natsURLWithToken(info.NATSURL, natsToken); err != nil {
-				cleanup()
+		log := filepath.Join(u.logDir, id+".log")
+		engineNATS := u.info.NATSURL
+		if u.natsToken != "" {
+			var err error
+			if engineNATS, err = natsURLWithToken(u.info.NATSURL, u.natsToken); err != nil {
+				u.cleanup()
 				return err
 			}
 		}
-		p, err := startChildEnv(exe, log, detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
+		p, err := startChildEnv(u.exe, log, u.detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
 			"--role", role, "--profile", config.GetString(key("profile")),
 			"--speedup", strconv.FormatFloat(config.GetFloat64(key("speedup")), 'g', -1, 64),
 			"--shutdown-grace", "10s", "--log-format", "json", "--log-level", config.GetString("log-level"))
 		if err != nil {
-			cleanup()
+			u.cleanup()
 			return err
 		}
-		st.Engines = append(st.Engines, p.Process.Pid)
-		done := waitFor(p)
+		u.st.Engines = append(u.st.Engines, p.Process.Pid)
+		done := u.waitFor(p)
 		go func() {
 			<-done
-			if !stopping.Load() && !detach {
+			if !u.stopping.Load() && !u.detach {
 				// The cluster serves on without it (the orchestrator
 				// marks it down); say so where the operator looks.
-				fmt.Fprintf(errw, "%s stopped on its own (%v); the cluster serves on without it. The end of %s:\n%s\n", id, p.ProcessState, log, tail(log, 5))
+				fmt.Fprintf(u.errw, "%s stopped on its own (%v); the cluster serves on without it. The end of %s:\n%s\n", id, p.ProcessState, log, tail(log, 5))
 			}
 		}()
 	}
-	if err := writeLocalState(st); err != nil {
-		cleanup()
+	if err := writeLocalState(u.st); err != nil {
+		u.cleanup()
 		return fmt.Errorf("record the local cluster: %w", err)
 	}
-	fmt.Fprintf(errw, "starting %s (%d prefill, %d decode)", counted(engines, "engine"), prefill, engines-prefill)
-	client := &controlClient{base: info.ControlURL, http: shortClient}
+	return nil
+}
+
+// waitServing waits until every engine serves, showing progress.
+func (u *localUp) waitServing() error {
+	fmt.Fprintf(u.errw, "starting %s (%d prefill, %d decode)", counted(u.engines, "engine"), u.prefill, u.engines-u.prefill)
+	u.client = &controlClient{base: u.info.ControlURL, http: shortClient}
 	for {
 		var nodes []controlapi.Node
 		serving := 0
-		if client.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes) == nil {
+		if u.client.do(u.cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes) == nil {
 			for _, n := range nodes {
 				if n.State == orchestrator.StateServing {
 					serving++
 				}
 			}
 		}
-		if serving == engines {
-			fmt.Fprintln(errw, " ready")
-			break
+		if serving == u.engines {
+			fmt.Fprintln(u.errw, " ready")
+			return nil
 		}
-		if time.Now().After(deadline) {
-			fmt.Fprintln(errw)
-			cleanup()
-			return fmt.Errorf("only %d of %d engines registered in time; logs in %s", serving, engines, logDir)
+		if time.Now().After(u.deadline) {
+			fmt.Fprintln(u.errw)
+			u.cleanup()
+			return fmt.Errorf("only %d of %d engines registered in time; logs in %s", serving, u.engines, u.logDir)
 		}
-		fmt.Fprint(errw, ".")
-		if !sleepCtx(ctx, 200*time.Millisecond) {
-			return interrupted("while the engines registered")
+		fmt.Fprint(u.errw, ".")
+		if !sleepCtx(u.ctx, 200*time.Millisecond) {
+			return u.interrupted("while the engines registered")
 		}
 	}
-	aliases := configList(key("model-alias"))
+}
+
+// print says where the cluster serves and what to try.
+func (u *localUp) print() error {
+	st, keys := u.st, u.keys
+	aliases := configList(u.key("model-alias"))
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
-		"engines": engines, "prefill": prefill, "log_dir": logDir, "detached": detach,
+		"engines": u.engines, "prefill": u.prefill, "log_dir": u.logDir, "detached": u.detach,
 		"api_keys": len(keys), "model_aliases": aliases}
-	err = output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+	return output(u.cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "router\t%s\t(OpenAI and Anthropic APIs for agents)\n", st.RouterURL)
 		if len(keys) > 0 {
 			fmt.Fprintf(w, "\t\tneeds an API key (%s; send Authorization: Bearer KEY or x-api-key: KEY)\n", counted(len(keys), "key"))
@@ -440,7 +531,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 			fmt.Fprintf(w, "\t\tthe served model also answers to %s\n", strings.Join(aliases, ", "))
 		}
 		fmt.Fprintf(w, "control\t%s\n", st.ControlURL)
-		fmt.Fprintf(w, "logs\t%s\n", logDir)
+		fmt.Fprintf(w, "logs\t%s\n", u.logDir)
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "try:")
 		auth := ""
@@ -450,69 +541,61 @@ func runUp(cmd *cobra.Command, _ []string) error {
 		fmt.Fprintf(w, "  curl -s %s%s/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", auth, st.RouterURL)
 		fmt.Fprintln(w, "  evolve nodes")
 		fmt.Fprintln(w, "  evolve role set engine-0 decode")
-		if detach {
+		if u.detach {
 			fmt.Fprintln(w, "  evolve down")
 		} else {
 			fmt.Fprintln(w, "Ctrl-C stops the cluster.")
 		}
 	})
-	if err != nil || detach {
-		return err
-	}
-	if agents > 0 {
-		fmt.Fprintf(errw, "running %s (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", counted(agents, model.Name()+" agent"),
-			config.GetString(key("profile")), config.GetFloat64(key("speedup")))
-		// The agents stop when the orchestrator does (killed, crashed):
-		// with their router gone every call would fail until the run's end.
-		bctx, stopAgents := context.WithCancel(ctx)
-		go func() {
-			select {
-			case <-orchDone:
-				stopAgents()
-			case <-bctx.Done():
-			}
-		}()
-		res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: st.RouterURL, Model: model, Agents: agents, APIKey: st.APIKey, Unreachable: loadgen.DefaultUnreachable,
-			Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
-			Progress: func(s loadgen.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(client)) }})
-		stopAgents()
-		// The agents may have failed on the dying router before up saw
-		// the orchestrator exit: give it a moment to.
-		var grace time.Duration
-		if berr != nil {
-			grace = 2 * time.Second
+}
+
+// runAgents runs --agents against the cluster, prints what they
+// measured, and stops the cluster.
+func (u *localUp) runAgents() error {
+	key, errw := u.key, u.errw
+	fmt.Fprintf(errw, "running %s (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", counted(u.agents, u.model.Name()+" agent"),
+		config.GetString(key("profile")), config.GetFloat64(key("speedup")))
+	// The agents stop when the orchestrator does (killed, crashed):
+	// with their router gone every call would fail until the run's end.
+	bctx, stopAgents := context.WithCancel(u.ctx)
+	go func() {
+		select {
+		case <-u.orchDone:
+			stopAgents()
+		case <-bctx.Done():
 		}
-		switch {
-		case closedWithin(orchDone, grace):
-			fmt.Fprintf(errw, "the orchestrator exited (%s); the agents stopped. The end of its log:\n%s\n", orch.ProcessState,
-				tail(filepath.Join(logDir, "orchestrator.log"), 10))
-			if berr == nil {
-				printBench(cmd, res)
-			} else {
-				fmt.Fprintln(errw, "agents:", berr)
-			}
-			berr = errors.New("the orchestrator exited while the agents ran")
-		case berr != nil:
+	}()
+	res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: u.st.RouterURL, Model: u.model, Agents: u.agents, APIKey: u.st.APIKey, Unreachable: loadgen.DefaultUnreachable,
+		Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
+		Progress: func(s loadgen.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(u.client)) }})
+	stopAgents()
+	// The agents may have failed on the dying router before up saw
+	// the orchestrator exit: give it a moment to.
+	var grace time.Duration
+	if berr != nil {
+		grace = 2 * time.Second
+	}
+	switch {
+	case closedWithin(u.orchDone, grace):
+		fmt.Fprintf(errw, "the orchestrator exited (%s); the agents stopped. The end of its log:\n%s\n", u.orch.ProcessState,
+			tail(filepath.Join(u.logDir, "orchestrator.log"), 10))
+		if berr == nil {
+			printBench(u.cmd, res)
+		} else {
 			fmt.Fprintln(errw, "agents:", berr)
-		default:
-			printBench(cmd, res)
-			berr = servedNothing(res)
 		}
-		// The signals stay caught through the teardown: a closed terminal
-		// or a dead pipe must not kill up before it stops the cluster.
-		fmt.Fprintln(errw, "stopping the cluster")
-		cleanup()
-		return berr
+		berr = errors.New("the orchestrator exited while the agents ran")
+	case berr != nil:
+		fmt.Fprintln(errw, "agents:", berr)
+	default:
+		printBench(u.cmd, res)
+		berr = servedNothing(res)
 	}
-	select {
-	case <-ctx.Done():
-		fmt.Fprintln(errw, "\nstopping the cluster")
-	case <-orchDone:
-		fmt.Fprintf(errw, "the orchestrator exited (%s). The end of its log:\n%s\n", orch.ProcessState,
-			tail(filepath.Join(logDir, "orchestrator.log"), 10))
-	}
-	cleanup()
-	return nil
+	// The signals stay caught through the teardown: a closed terminal
+	// or a dead pipe must not kill up before it stops the cluster.
+	fmt.Fprintln(errw, "stopping the cluster")
+	u.cleanup()
+	return berr
 }
 
 // closedWithin says whether ch is closed, or closes within d.
