@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -94,39 +95,17 @@ func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
 }
 
 // upFromFile brings up the hosts of a cluster file over SSH, with the
-// orchestrator on this machine.
+// orchestrator on this machine or on a host of its own.
 func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	f, err := loadClusterFile(cmd, path)
 	if err != nil {
 		return err
 	}
 	if dryRun {
-		plan := f.Plan()
-		out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": plan}
-		return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
-			fmt.Fprintf(w, "%s: cluster %s, %s, valid\n", path, f.Metadata.Name, hostsAndEngines(f))
-			for _, h := range plan {
-				fmt.Fprintf(w, "\n%s (%s)\n", h.Host, h.SSH)
-				for i, s := range h.Steps {
-					fmt.Fprintf(w, "  %d. %s\n", i+1, s)
-				}
-			}
-		})
+		return printUpPlan(cmd, f, path)
 	}
-	key := func(k string) string { return "up." + k }
-	switch v := config.GetString(key("service")); v {
-	case "auto", "systemd", "process":
-	default:
-		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--service %q: want auto, systemd or process", v)}
-	}
-	keys, err := apiKeys("up")
+	keys, err := checkUpFileFlags()
 	if err != nil {
-		return usageError{cmd: cmd.CommandPath(), err: err}
-	}
-	if _, err := routing.New(config.GetString(key("policy"))); err != nil {
-		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--policy: %w", err)}
-	}
-	if err := checkPlannerFlags("up"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
 	errw := cmd.ErrOrStderr()
@@ -146,31 +125,11 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	defer debug.Close()
 	fmt.Fprintf(errw, "bringing up cluster %s (%s); debug log %s\n", f.Metadata.Name, hostsAndEngines(f), debugPath)
-
-	exe := config.GetString(key("binary"))
-	if exe == "" {
-		if exe, err = os.Executable(); err != nil {
-			return err
-		}
-	}
 	prog := newHostProgress(errw, f)
-	log := lockedWriter{&prog.mu, debug}
-	// Hosts of another architecture get evolve cross-compiled from the
-	// source checkout this runs in, when there is one.
-	arch := cluster.BinaryArch(exe)
-	if arch == "" {
-		arch = runtime.GOOS + "/" + runtime.GOARCH
-		if runtime.GOOS == "linux" {
-			arch = "unknown" // not an ELF binary we can place
-		}
+	opt, err := upFileOptions(dir, lockedWriter{&prog.mu, debug}, prog, keys)
+	if err != nil {
+		return err
 	}
-	builder := &cluster.SourceBuilder{Out: filepath.Join(dir, "bin"), Log: log}
-	if cwd, err := os.Getwd(); err == nil {
-		builder.Dir, _ = cluster.FindSource(cwd)
-	}
-	opt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
-		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString(key("service")),
-		APIKeys: keys, OrchestratorArgs: routingFlags()}
 	var st *fileClusterState
 	var orchAction string
 	if f.Spec.Orchestrator.Host == "local" {
@@ -195,8 +154,77 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	opt.NATSToken = st.NATSToken
 	res := cluster.Up(ctx, f, opt)
+	res = waitRegistered(ctx, f, st, res, prog)
+	out := upOutput{Cluster: f.Metadata.Name, RouterURL: st.RouterURL, ControlURL: st.ControlURL,
+		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath}
+	out.Orchestrator.Host, out.Orchestrator.Action = f.Spec.Orchestrator.Host, orchAction
+	return reportUpFile(cmd, path, out, debug)
+}
 
-	// Wait until every engine that started has registered and serves.
+// printUpPlan prints what evolve up -f would do on each host (--dry-run).
+func printUpPlan(cmd *cobra.Command, f *cluster.File, path string) error {
+	plan := f.Plan()
+	out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": plan}
+	return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
+		fmt.Fprintf(w, "%s: cluster %s, %s, valid\n", path, f.Metadata.Name, hostsAndEngines(f))
+		for _, h := range plan {
+			fmt.Fprintf(w, "\n%s (%s)\n", h.Host, h.SSH)
+			for i, s := range h.Steps {
+				fmt.Fprintf(w, "  %d. %s\n", i+1, s)
+			}
+		}
+	})
+}
+
+// checkUpFileFlags checks the flags evolve up -f takes and returns the API
+// keys they give.
+func checkUpFileFlags() ([]string, error) {
+	switch v := config.GetString("up.service"); v {
+	case "auto", "systemd", "process":
+	default:
+		return nil, fmt.Errorf("--service %q: want auto, systemd or process", v)
+	}
+	keys, err := apiKeys("up")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := routing.New(config.GetString("up.policy")); err != nil {
+		return nil, fmt.Errorf("--policy: %w", err)
+	}
+	return keys, checkPlannerFlags("up")
+}
+
+// upFileOptions is how the hosts are brought up: over SSH as the flags
+// say, with this evolve binary (or --binary), cross-compiled from the
+// source checkout this runs in for hosts of another architecture.
+func upFileOptions(dir string, log io.Writer, prog *hostProgress, keys []string) (cluster.UpOptions, error) {
+	exe := config.GetString("up.binary")
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return cluster.UpOptions{}, err
+		}
+	}
+	arch := cluster.BinaryArch(exe)
+	if arch == "" {
+		arch = runtime.GOOS + "/" + runtime.GOARCH
+		if runtime.GOOS == "linux" {
+			arch = "unknown" // not an ELF binary we can place
+		}
+	}
+	builder := &cluster.SourceBuilder{Out: filepath.Join(dir, "bin"), Log: log}
+	if cwd, err := os.Getwd(); err == nil {
+		builder.Dir, _ = cluster.FindSource(cwd)
+	}
+	return cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("up")), Resolve: cluster.Resolver(sshOptions("up")),
+		Binary: exe, BinaryArch: arch, Build: builder.Build, Log: log, Progress: prog.update, Service: config.GetString("up.service"),
+		APIKeys: keys, OrchestratorArgs: routingFlags()}, nil
+}
+
+// waitRegistered waits until every engine that started has registered
+// and serves, and marks those that did not in time (or when interrupted)
+// in the results it returns.
+func waitRegistered(ctx context.Context, f *cluster.File, st *fileClusterState, res []cluster.HostResult, prog *hostProgress) []cluster.HostResult {
 	var want []string
 	for _, r := range res {
 		if r.Err() == nil {
@@ -204,8 +232,8 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		}
 	}
 	c := &controlClient{base: st.ControlURL, token: st.ControlToken, http: newHTTPClient(5 * time.Second)}
-	timeout := config.GetDuration(key("timeout"))
-	if !config.IsSet(key("timeout")) && hasVLLM(f) {
+	timeout := config.GetDuration("up.timeout")
+	if !config.IsSet("up.timeout") && hasVLLM(f) {
 		timeout = vllmReadyTimeout // vLLM loads its model first: minutes, not seconds
 	}
 	waitStart := time.Now()
@@ -214,6 +242,13 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	noteEvery := time.Second
 	if !prog.tty {
 		noteEvery = 30 * time.Second // plain lines: one now and then
+	}
+	mark := func(hosts []string, f func(cluster.HostResult) cluster.HostResult) {
+		for i := range res {
+			if slices.Contains(hosts, res[i].Host) {
+				res[i] = f(res[i])
+			}
+		}
 	}
 	for len(want) > 0 {
 		var nodes []struct{ ID, State string }
@@ -232,10 +267,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 				prog.update(h, "serving", "") // after a wait worth mentioning
 			}
 		}
-		if want = left; len(want) == 0 {
-			break
-		}
-		if ctx.Err() != nil {
+		if want = left; len(want) == 0 || ctx.Err() != nil {
 			break
 		}
 		if time.Since(lastNote) >= noteEvery && time.Since(waitStart) > 2*time.Second {
@@ -245,32 +277,30 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 			}
 		}
 		if time.Now().After(deadline) {
-			for i := range res {
-				for _, h := range left {
-					if res[i].Host == h {
-						res[i] = cluster.Failed(res[i], "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", timeout, f.Engine(h).StateDir()))
-					}
-				}
-			}
+			mark(left, func(r cluster.HostResult) cluster.HostResult {
+				return cluster.Failed(r, "register", fmt.Errorf("the engine did not register with the orchestrator within %v (see its log: %s/engine.log on the host)", timeout, f.Engine(r.Host).StateDir()))
+			})
 			break
 		}
 		sleepCtx(ctx, 200*time.Millisecond)
 	}
 	if ctx.Err() != nil {
 		// Those still waiting to register were cut short there.
-		for i := range res {
-			for _, h := range want {
-				if res[i].Host == h && res[i].Err() == nil {
-					res[i].Phase = "register"
-					res[i] = cluster.Interrupted(res[i], ctx.Err())
-				}
+		mark(want, func(r cluster.HostResult) cluster.HostResult {
+			if r.Err() != nil {
+				return r
 			}
-		}
+			r.Phase = "register"
+			return cluster.Interrupted(r, ctx.Err())
+		})
 	}
+	return res
+}
 
-	out := upOutput{Cluster: f.Metadata.Name, RouterURL: st.RouterURL, ControlURL: st.ControlURL,
-		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath}
-	out.Orchestrator.Host, out.Orchestrator.Action = f.Spec.Orchestrator.Host, orchAction
+// reportUpFile prints each host's result and returns what failed or was
+// cut short, saying how to finish.
+func reportUpFile(cmd *cobra.Command, path string, out upOutput, debug io.Writer) error {
+	res := out.Hosts
 	var failed, cut []cluster.HostResult
 	for _, r := range res {
 		fmt.Fprintf(debug, "result %s: %s (phase %s) %s\n", r.Host, r.Action, r.Phase, r.Error)
@@ -306,7 +336,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		if len(serving) > 0 {
 			fmt.Fprintf(&b, "\nserving: %s", strings.Join(serving, ", "))
 		}
-		fmt.Fprintf(&b, "\nRun 'evolve up -f %s' again to finish (it picks up where each host stands), or 'evolve down -f %s' to remove what started.\n(debug log: %s)", path, path, debugPath)
+		fmt.Fprintf(&b, "\nRun 'evolve up -f %s' again to finish (it picks up where each host stands), or 'evolve down -f %s' to remove what started.\n(debug log: %s)", path, path, out.DebugLog)
 		return errors.New(b.String())
 	}
 	if len(failed) > 0 {
@@ -319,7 +349,7 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		for _, r := range failed {
 			fmt.Fprintf(&b, "\n  %s: %s: %s", r.Host, r.Phase, r.Error)
 		}
-		fmt.Fprintf(&b, "\n(debug log: %s)", debugPath)
+		fmt.Fprintf(&b, "\n(debug log: %s)", out.DebugLog)
 		if len(failed) < len(res) {
 			return exitCodeError{code: 3, err: errors.New(b.String())}
 		}
