@@ -86,207 +86,242 @@ func passMetricsPort(ctx context.Context, command, env []string, want int) (int,
 // (the command after --) or joins one (--vllm-url), and connects it to the
 // event plane.
 func runVLLMEngine(cmd *cobra.Command, command []string) error {
+	v, err := parseVLLMEngine(cmd, command)
+	var notUsage exitCodeError
+	switch {
+	case errors.As(err, &notUsage):
+		return err
+	case err != nil:
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
+	return v.run(cmd)
+}
+
+// vllmEngine is an evolve engine in front of a vLLM server: where the
+// server listens and is reached, and where its KV events and pass
+// metrics come from.
+type vllmEngine struct {
+	command                []string // the server's command (empty: joined at --vllm-url)
+	id, role               string
+	base, advertise        string // where the engine reaches the server, and where others do
+	events, replay, topic  string // KV events (ZMQ)
+	passes                 string // forward-pass metrics (ZMQ)
+	listenHost, listenPort string
+	launch                 vllm.Launch
+	token                  string
+}
+
+// parseVLLMEngine reads and checks the flags of a vLLM engine.
+func parseVLLMEngine(cmd *cobra.Command, command []string) (*vllmEngine, error) {
 	get := func(k string) string { return config.GetString("engine." + k) }
 	geti := func(k string) int { return config.GetInt("engine." + k) }
-	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
-
-	attach := get("vllm-url")
-	switch {
-	case attach == "" && len(command) == 0:
-		return usage(errors.New("--backend vllm needs the server: a command after -- (vllm serve MODEL ...) or --vllm-url"))
-	case attach != "" && len(command) > 0:
-		return usage(errors.New("give either --vllm-url or a command after --, not both"))
-	case len(command) > 0 && config.GetBool("engine.vllm-priority-scheduling"):
-		return usage(errors.New("--vllm-priority-scheduling is for a joined server (--vllm-url): a started server's command says it with --scheduling-policy priority"))
+	if err := checkVLLMFlags(get("vllm-url"), command); err != nil {
+		return nil, err
 	}
-	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port"} {
-		if geti(k) < 0 {
-			return usage(fmt.Errorf("--%s must not be negative", k))
-		}
-	}
-	if p := geti("pass-metrics-port"); p < -1 || p > 65535 {
-		return usage(fmt.Errorf("--pass-metrics-port %d: want a port number", geti("pass-metrics-port")))
-	}
-	if attach != "" && geti("pass-metrics-port") > 0 {
-		return usage(errors.New("--pass-metrics-port is for a started server: a joined one (--vllm-url) publishes where its own command says; give that endpoint with --pass-metrics"))
-	}
-	role := get("role")
-	switch role {
-	case "prefill", "decode", "both":
-	default:
-		return usage(fmt.Errorf("--role %q: want prefill, decode or both", role))
-	}
-
-	var (
-		base, advertise        string
-		events, replay, topic  string
-		passes                 string
-		proc                   *vllm.Process
-		listenHost, listenPort string
-	)
-	if attach != "" {
-		u, err := url.Parse(attach)
-		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-			return usage(fmt.Errorf("--vllm-url %q: want http://HOST:PORT", attach))
-		}
-		base = serverBase(attach)
-		advertise = base
-		events, replay = "tcp://"+net.JoinHostPort(u.Hostname(), "5557"), "tcp://"+net.JoinHostPort(u.Hostname(), "5558")
-	} else {
-		var err error
-		listenHost, listenPort, err = net.SplitHostPort(get("listen"))
-		if err != nil {
-			return usage(fmt.Errorf("--listen %q: %w", get("listen"), err))
-		}
-		if p, err := strconv.Atoi(listenPort); err != nil || p <= 0 {
-			return usage(fmt.Errorf("--listen %q: vLLM needs a fixed port", get("listen")))
-		}
-		local := listenHost
-		advertise = "http://" + net.JoinHostPort(listenHost, listenPort)
-		if ip := net.ParseIP(local); local == "" || ip != nil && ip.IsUnspecified() {
-			// Listening everywhere: the agent asks on loopback, and others
-			// are told this host's name, as the simulated engine does.
-			local = "127.0.0.1"
-			h, _ := os.Hostname()
-			advertise = "http://" + net.JoinHostPort(h, listenPort)
-		}
-		base = "http://" + net.JoinHostPort(local, listenPort)
+	v := &vllmEngine{command: command, role: get("role")}
+	if err := v.addresses(get("vllm-url")); err != nil {
+		return nil, err
 	}
 	if a := get("advertise"); a != "" {
-		advertise = strings.TrimRight(a, "/")
+		v.advertise = strings.TrimRight(a, "/")
 	}
 	if _, _, dp, _ := vllm.ParallelSizes(command); dp > 1 {
 		slog.Warn(fmt.Sprintf("vLLM runs %d data-parallel ranks: their KV events come on ports of their own, which this engine does not follow, so the router sees the caches of rank 0 only; run each rank as an engine of its own (a cluster file's engines: N)", dp))
 	}
-	advURL, _ := url.Parse(advertise)
-	launch := vllm.Launch{Command: command, Host: listenHost, EventsPort: geti("kv-events-port"),
+	advURL, _ := url.Parse(v.advertise)
+	v.launch = vllm.Launch{Command: command, Host: v.listenHost, EventsPort: geti("kv-events-port"),
 		ReplayPort: geti("kv-replay-port"), NixlPort: geti("nixl-port"), PassMetricsPort: geti("pass-metrics-port"),
 		Stdout: os.Stderr, Stderr: os.Stderr}
 	if advURL != nil {
-		launch.AdvertiseHost = advURL.Hostname()
+		v.launch.AdvertiseHost = advURL.Hostname()
 	}
-	if listenPort != "" {
-		launch.Port, _ = strconv.Atoi(listenPort)
+	if v.listenPort != "" {
+		v.launch.Port, _ = strconv.Atoi(v.listenPort)
 	}
-	token := engineToken()
-	if len(command) > 0 && token != "" {
-		// The server takes the engine token as its API key, so that its
-		// port serves only the cluster's routers.
-		if key, ok := vllmAPIKey(command); ok && key != token {
-			return usage(errors.New("the vLLM command sets --api-key: the engine gives vLLM its engine token as the key; drop --api-key, or set the engine's --token (and the orchestrator's --engine-token) to that key"))
-		}
-		if key, ok := os.LookupEnv("VLLM_API_KEY"); ok && key != token {
-			return usage(errors.New("VLLM_API_KEY is set to another key than the engine token, which the engine gives vLLM as its key: unset it, or set the engine's --token (and the orchestrator's --engine-token) to that key"))
-		}
-		launch.Env = append(launch.Env, "VLLM_API_KEY="+token)
+	v.token = engineToken()
+	if err := v.launchEndpoints(cmd.Context()); err != nil {
+		return nil, err
 	}
-	if len(command) > 0 {
-		var err error
-		if events, replay, topic, err = launch.Endpoints(); err != nil {
-			return usage(err)
-		}
-		if launch.PassMetricsPort, err = passMetricsPort(cmd.Context(), command, launch.Env, launch.PassMetricsPort); err != nil {
-			return err
-		}
-		if passes, err = launch.PassMetricsEndpoint(); err != nil {
-			return usage(err)
-		}
+	if err := v.endpointFlags(get); err != nil {
+		return nil, err
 	}
-	switch v := get("pass-metrics"); {
-	case v == "none":
-		passes = ""
-	case v != "":
-		if !strings.HasPrefix(v, "tcp://") {
-			return usage(fmt.Errorf("--pass-metrics %q: want tcp://HOST:PORT", v))
-		}
-		passes = v
-	}
-	if v := get("kv-events"); v != "" {
-		events = v
-	}
-	if v := get("kv-replay"); v != "" {
-		replay = v
-	}
-	if replay == "none" {
-		replay = ""
-	}
-	if v := get("kv-events-topic"); v != "" {
-		topic = v
-	}
-	id := get("id")
-	if id == "" {
+	v.id = get("id")
+	if v.id == "" {
 		h, _ := os.Hostname()
-		port := listenPort
+		port := v.listenPort
 		if advURL != nil && advURL.Port() != "" {
 			port = advURL.Port()
 		}
-		id = strings.Trim(hostnameCleaner.ReplaceAllString(h, "-"), "-") + "-" + port
+		v.id = strings.Trim(hostnameCleaner.ReplaceAllString(h, "-"), "-") + "-" + port
 	}
+	return v, nil
+}
 
+// checkVLLMFlags checks the flags that need no address: a server to start
+// or to join, ports, the role.
+func checkVLLMFlags(attach string, command []string) error {
+	geti := func(k string) int { return config.GetInt("engine." + k) }
+	switch {
+	case attach == "" && len(command) == 0:
+		return errors.New("--backend vllm needs the server: a command after -- (vllm serve MODEL ...) or --vllm-url")
+	case attach != "" && len(command) > 0:
+		return errors.New("give either --vllm-url or a command after --, not both")
+	case len(command) > 0 && config.GetBool("engine.vllm-priority-scheduling"):
+		return errors.New("--vllm-priority-scheduling is for a joined server (--vllm-url): a started server's command says it with --scheduling-policy priority")
+	}
+	for _, k := range []string{"gpus", "block-size", "kv-events-port", "kv-replay-port", "nixl-port"} {
+		if geti(k) < 0 {
+			return fmt.Errorf("--%s must not be negative", k)
+		}
+	}
+	if p := geti("pass-metrics-port"); p < -1 || p > 65535 {
+		return fmt.Errorf("--pass-metrics-port %d: want a port number", p)
+	}
+	if attach != "" && geti("pass-metrics-port") > 0 {
+		return errors.New("--pass-metrics-port is for a started server: a joined one (--vllm-url) publishes where its own command says; give that endpoint with --pass-metrics")
+	}
+	switch role := config.GetString("engine.role"); role {
+	case "prefill", "decode", "both":
+	default:
+		return fmt.Errorf("--role %q: want prefill, decode or both", role)
+	}
+	return nil
+}
+
+// addresses sets where the server is reached: the joined server's URL,
+// or --listen for one this engine starts.
+func (v *vllmEngine) addresses(attach string) error {
+	if attach != "" {
+		u, err := url.Parse(attach)
+		if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+			return fmt.Errorf("--vllm-url %q: want http://HOST:PORT", attach)
+		}
+		v.base = serverBase(attach)
+		v.advertise = v.base
+		v.events, v.replay = "tcp://"+net.JoinHostPort(u.Hostname(), "5557"), "tcp://"+net.JoinHostPort(u.Hostname(), "5558")
+		return nil
+	}
+	listen := config.GetString("engine.listen")
+	var err error
+	v.listenHost, v.listenPort, err = net.SplitHostPort(listen)
+	if err != nil {
+		return fmt.Errorf("--listen %q: %w", listen, err)
+	}
+	if p, err := strconv.Atoi(v.listenPort); err != nil || p <= 0 {
+		return fmt.Errorf("--listen %q: vLLM needs a fixed port", listen)
+	}
+	local := v.listenHost
+	v.advertise = "http://" + net.JoinHostPort(v.listenHost, v.listenPort)
+	if ip := net.ParseIP(local); local == "" || ip != nil && ip.IsUnspecified() {
+		// Listening everywhere: the agent asks on loopback, and others
+		// are told this host's name, as the simulated engine does.
+		local = "127.0.0.1"
+		h, _ := os.Hostname()
+		v.advertise = "http://" + net.JoinHostPort(h, v.listenPort)
+	}
+	v.base = "http://" + net.JoinHostPort(local, v.listenPort)
+	return nil
+}
+
+// launchEndpoints gives a server this engine starts the engine token as
+// its API key, and reads where its command publishes KV events and pass
+// metrics.
+func (v *vllmEngine) launchEndpoints(ctx context.Context) error {
+	command := v.command
+	if len(command) == 0 {
+		return nil
+	}
+	if v.token != "" {
+		// The server takes the engine token as its API key, so that its
+		// port serves only the cluster's routers.
+		if key, ok := vllmAPIKey(command); ok && key != v.token {
+			return errors.New("the vLLM command sets --api-key: the engine gives vLLM its engine token as the key; drop --api-key, or set the engine's --token (and the orchestrator's --engine-token) to that key")
+		}
+		if key, ok := os.LookupEnv("VLLM_API_KEY"); ok && key != v.token {
+			return errors.New("VLLM_API_KEY is set to another key than the engine token, which the engine gives vLLM as its key: unset it, or set the engine's --token (and the orchestrator's --engine-token) to that key")
+		}
+		v.launch.Env = append(v.launch.Env, "VLLM_API_KEY="+v.token)
+	}
+	var err error
+	if v.events, v.replay, v.topic, err = v.launch.Endpoints(); err != nil {
+		return err
+	}
+	if v.launch.PassMetricsPort, err = passMetricsPort(ctx, command, v.launch.Env, v.launch.PassMetricsPort); err != nil {
+		return exitCodeError{code: 1, err: err} // this machine's, not the flags'
+	}
+	v.passes, err = v.launch.PassMetricsEndpoint()
+	return err
+}
+
+// endpointFlags applies the flags that name the ZMQ endpoints outright.
+func (v *vllmEngine) endpointFlags(get func(string) string) error {
+	switch p := get("pass-metrics"); {
+	case p == "none":
+		v.passes = ""
+	case p != "":
+		if !strings.HasPrefix(p, "tcp://") {
+			return fmt.Errorf("--pass-metrics %q: want tcp://HOST:PORT", p)
+		}
+		v.passes = p
+	}
+	if e := get("kv-events"); e != "" {
+		v.events = e
+	}
+	if r := get("kv-replay"); r != "" {
+		v.replay = r
+	}
+	if v.replay == "none" {
+		v.replay = ""
+	}
+	if t := get("kv-events-topic"); t != "" {
+		v.topic = t
+	}
+	return nil
+}
+
+// run starts the server (when it has a command), waits for it, joins the
+// event plane and serves until a signal or the server's end.
+func (v *vllmEngine) run(cmd *cobra.Command) error {
+	get := func(k string) string { return config.GetString("engine." + k) }
 	sigCtx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 
 	var agent *engine.NATSAgent
-	maxSeqs, maxTokens := vllm.SchedulerLimits(command)
-	rep, err := vllm.New(vllm.Config{ID: id, URL: advertise, LocalURL: base, Events: events, Replay: replay, Topic: topic, Role: role,
+	maxSeqs, maxTokens := vllm.SchedulerLimits(v.command)
+	rep, err := vllm.New(vllm.Config{ID: v.id, URL: v.advertise, LocalURL: v.base, Events: v.events, Replay: v.replay, Topic: v.topic, Role: v.role,
 		EventsBind:  config.GetBool("engine.kv-events-bind"),
-		PassMetrics: passes, MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: maxTokens,
-		ServedModelName: get("served-model-name"), BlockSize: geti("block-size"), GPUs: geti("gpus"),
+		PassMetrics: v.passes, MaxNumSeqs: maxSeqs, MaxNumBatchedTokens: maxTokens,
+		ServedModelName: get("served-model-name"), BlockSize: config.GetInt("engine.block-size"), GPUs: config.GetInt("engine.gpus"),
 		PrefillUsPerToken: config.GetFloat64("engine.prefill-us-per-token"), Logger: slog.Default(),
-		Token:              token,
-		PriorityScheduling: vllm.PriorityScheduling(command) || config.GetBool("engine.vllm-priority-scheduling"),
-		Launched:           len(command) > 0,
+		Token:              v.token,
+		PriorityScheduling: vllm.PriorityScheduling(v.command) || config.GetBool("engine.vllm-priority-scheduling"),
+		Launched:           len(v.command) > 0,
 		Changed: func() {
 			if agent != nil {
 				agent.Register()
 			}
 		}})
 	if err != nil {
-		return usage(err)
+		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
-	if len(command) > 0 {
-		proc, err = vllm.Start(launch)
-		if err != nil {
-			return err
-		}
-		slog.Info("vLLM started", "pid", proc.Pid(), "command", strings.Join(launch.Args(), " "))
+	proc, err := v.start(ctx, rep, cancel)
+	if proc != nil {
 		defer func() {
 			if err := proc.Stop(config.GetDuration("engine.shutdown-grace")); err != nil {
 				slog.Warn("vLLM stop", "err", err)
 			}
 		}()
-		go func() {
-			<-proc.Done()
-			cancel() // the server is gone: so is this engine
-		}()
 	}
-	startCtx, cancelStart := context.WithTimeout(ctx, config.GetDuration("engine.vllm-start-timeout"))
-	lastLog := time.Time{}
-	err = rep.Probe(startCtx, func(err error) {
-		if time.Since(lastLog) > 15*time.Second {
-			slog.Info("waiting for vLLM", "url", advertise, "err", err)
-			lastLog = time.Now()
-		}
-	})
-	cancelStart()
 	if err != nil {
-		if proc != nil {
-			select {
-			case <-proc.Done():
-				return fmt.Errorf("vLLM exited before it was ready, %s", proc.Exited())
-			default:
-			}
-		}
 		if sigCtx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-
 	if u := get("nats"); u != "" {
-		nc, err := connectEngineNATS(u, id)
+		nc, err := connectEngineNATS(u, v.id)
 		if err != nil {
 			return err
 		}
@@ -297,8 +332,8 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 		}
 	}
 	reg := rep.Registration(buildVersion().Version)
-	slog.Info("engine ready", "id", id, "backend", "vllm", "url", advertise, "model", reg.Model, "block_size", reg.BlockSize,
-		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", events, "pass_metrics", passes, "nats", redactURL(get("nats")), "requires_token", reg.TokenRequired)
+	slog.Info("engine ready", "id", v.id, "backend", "vllm", "url", v.advertise, "model", reg.Model, "block_size", reg.BlockSize,
+		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", v.events, "pass_metrics", v.passes, "nats", redactURL(get("nats")), "requires_token", reg.TokenRequired)
 
 	agentDone := make(chan error, 1)
 	agentCtx, cancelAgent := context.WithCancel(context.Background())
@@ -326,6 +361,41 @@ func runVLLMEngine(cmd *cobra.Command, command []string) error {
 	if runErr != nil {
 		return runErr
 	}
-	slog.Info("engine stopping", "id", id)
+	slog.Info("engine stopping", "id", v.id)
 	return nil
+}
+
+// start starts the server when the engine has its command (its end
+// cancels ctx, through cancel), and waits until it answers or ctx ends. The process it returns,
+// when not nil, is the caller's to stop, also with an error.
+func (v *vllmEngine) start(ctx context.Context, rep *vllm.Replica, cancel context.CancelFunc) (*vllm.Process, error) {
+	var proc *vllm.Process
+	if len(v.command) > 0 {
+		var err error
+		if proc, err = vllm.Start(v.launch); err != nil {
+			return nil, err
+		}
+		slog.Info("vLLM started", "pid", proc.Pid(), "command", strings.Join(v.launch.Args(), " "))
+		go func() {
+			<-proc.Done()
+			cancel() // the server is gone: so is this engine
+		}()
+	}
+	startCtx, cancelStart := context.WithTimeout(ctx, config.GetDuration("engine.vllm-start-timeout"))
+	defer cancelStart()
+	lastLog := time.Time{}
+	err := rep.Probe(startCtx, func(err error) {
+		if time.Since(lastLog) > 15*time.Second {
+			slog.Info("waiting for vLLM", "url", v.advertise, "err", err)
+			lastLog = time.Now()
+		}
+	})
+	if err != nil && proc != nil {
+		select {
+		case <-proc.Done():
+			return proc, fmt.Errorf("vLLM exited before it was ready, %s", proc.Exited())
+		default:
+		}
+	}
+	return proc, err
 }
