@@ -50,111 +50,7 @@ draws them, on evolve's engines as on vLLM's.`,
   evolve bench --workload coding --agents 8 --duration 5m --record fleet.jsonl
   evolve bench --trace conversation_trace.jsonl --playback 60`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			k := func(s string) string { return cfgKey(cmd) + "." + s }
-			url, apiKey := config.GetString(k("url")), config.GetString(k("api-key"))
-			if url == "" {
-				url = "http://127.0.0.1:8000"
-				if st, err := readLocalState(); err == nil {
-					url = st.RouterURL
-					apiKey = cmp.Or(apiKey, st.APIKey)
-				}
-			}
-			switch {
-			case config.GetDuration(k("duration")) < 0:
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--duration must not be negative (0 runs until Ctrl-C)")}
-			case config.GetDuration(k("unreachable-timeout")) < 0:
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--unreachable-timeout must not be negative (0 never stops for an unreachable router)")}
-			case config.GetFloat64(k("speedup")) <= 0:
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--speedup must be positive")}
-			case config.GetFloat64(k("playback")) <= 0:
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--playback must be positive (2 replays twice as fast as recorded)")}
-			case config.GetInt(k("vocab-size")) != 0 && config.GetInt(k("vocab-size")) < loadgen.MinVocabSize:
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--vocab-size must be at least %d (a model's vocab_size; 0 leaves the ids as they are)", loadgen.MinVocabSize)}
-			}
-			// Ctrl-C, a closed terminal or a dead pipe (| head) end the run
-			// with its summary and recording, rather than killing it.
-			ctx, stop := notifyInterrupt(cmd.Context())
-			defer stop()
-			errw := cmd.ErrOrStderr()
-			base := loadgen.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
-				Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
-				VocabSize: config.GetInt(k("vocab-size")), Unreachable: config.GetDuration(k("unreachable-timeout"))}
-			trace := config.GetString(k("trace"))
-			local := 0.0 // the local cluster's engine speedup, when bench runs against it
-			if config.GetString(k("url")) == "" {
-				local = localEngineSpeedup(cmd)
-			}
-			switch {
-			case local <= 0 || local == 1:
-			case trace == "" && !cmd.Flags().Changed("speedup") && base.Speedup == 1:
-				// Against the local cluster, think and tool times follow its
-				// engines' clock unless told otherwise.
-				base.Speedup = local
-				fmt.Fprintf(errw, "the local cluster's engines run %gx: think and tool times shrink to match (--speedup %g); latencies are wall-clock\n", local, local)
-			case trace != "" && !cmd.Flags().Changed("playback"):
-				fmt.Fprintf(errw, "the local cluster's engines run %gx: --playback %g replays the trace in their time\n", local, local)
-			}
-			total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
-			base.Progress = func(s loadgen.Snapshot) { progressLine(errw, s, total, "") }
-			var res loadgen.Result
-			if trace != "" {
-				recs, err := readTraceFile(trace)
-				if err != nil {
-					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
-				}
-				playback := config.GetFloat64(k("playback"))
-				// A replay ends with its last request or --duration.
-				if span := workload.TraceSpan(recs, playback); len(recs) > 0 && (total == 0 || span < total) {
-					total = span
-				}
-				fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), trace, playback)
-				var skipped int
-				res, skipped, err = loadgen.Replay(ctx, loadgen.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
-				if err != nil {
-					return err
-				}
-				if skipped > 0 {
-					fmt.Fprintf(errw, "%d requests skipped: their prompts exceed the model's context\n", skipped)
-				}
-			} else {
-				agents := config.GetInt(k("agents"))
-				if agents < 1 {
-					return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--agents must be at least 1")}
-				}
-				model, err := workload.New(config.GetString(k("workload")), agents)
-				if err != nil {
-					return usageError{cmd: cmd.CommandPath(), err: err}
-				}
-				base.Model, base.Agents = model, agents
-				var rec *recording
-				if path := config.GetString(k("record")); path != "" {
-					// Written beside path, and put there at the end (a
-					// Ctrl-C included).
-					if rec, err = startRecording(path); err != nil {
-						return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--record: %w", err)}
-					}
-					defer rec.discard() // nothing left once kept
-					base.Record = rec.w
-				}
-				if res, err = loadgen.Bench(ctx, base); err != nil {
-					return err
-				}
-				if rec != nil {
-					if err := rec.keep(); err != nil {
-						return err
-					}
-				}
-			}
-			if err := printBench(cmd, res); err != nil {
-				return err
-			}
-			if res.RouterGone {
-				return fmt.Errorf("the router at %s refused connections from %.1fs on for %s, so the run stopped early; the summary covers what ran until then (--unreachable-timeout 0 keeps trying)",
-					base.URL, res.RouterGoneAtS, base.Unreachable)
-			}
-			return servedNothing(res)
-		},
+		RunE: runBench,
 	}
 	f := cmd.Flags()
 	f.String("url", "", "router base URL, with or without /v1 (default: the local cluster's, else http://127.0.0.1:8000)")
@@ -302,4 +198,112 @@ func localEngineSpeedup(cmd *cobra.Command) float64 {
 		return 0
 	}
 	return st.Speedup
+}
+
+// runBench is evolve bench: agents (or a trace) against a router, then
+// their summary.
+func runBench(cmd *cobra.Command, _ []string) error {
+	k := func(s string) string { return cfgKey(cmd) + "." + s }
+	url, apiKey := config.GetString(k("url")), config.GetString(k("api-key"))
+	if url == "" {
+		url = "http://127.0.0.1:8000"
+		if st, err := readLocalState(); err == nil {
+			url = st.RouterURL
+			apiKey = cmp.Or(apiKey, st.APIKey)
+		}
+	}
+	switch {
+	case config.GetDuration(k("duration")) < 0:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--duration must not be negative (0 runs until Ctrl-C)")}
+	case config.GetDuration(k("unreachable-timeout")) < 0:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--unreachable-timeout must not be negative (0 never stops for an unreachable router)")}
+	case config.GetFloat64(k("speedup")) <= 0:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--speedup must be positive")}
+	case config.GetFloat64(k("playback")) <= 0:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--playback must be positive (2 replays twice as fast as recorded)")}
+	case config.GetInt(k("vocab-size")) != 0 && config.GetInt(k("vocab-size")) < loadgen.MinVocabSize:
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--vocab-size must be at least %d (a model's vocab_size; 0 leaves the ids as they are)", loadgen.MinVocabSize)}
+	}
+	// Ctrl-C, a closed terminal or a dead pipe (| head) end the run
+	// with its summary and recording, rather than killing it.
+	ctx, stop := notifyInterrupt(cmd.Context())
+	defer stop()
+	errw := cmd.ErrOrStderr()
+	base := loadgen.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
+		Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
+		VocabSize: config.GetInt(k("vocab-size")), Unreachable: config.GetDuration(k("unreachable-timeout"))}
+	trace := config.GetString(k("trace"))
+	local := 0.0 // the local cluster's engine speedup, when bench runs against it
+	if config.GetString(k("url")) == "" {
+		local = localEngineSpeedup(cmd)
+	}
+	switch {
+	case local <= 0 || local == 1:
+	case trace == "" && !cmd.Flags().Changed("speedup") && base.Speedup == 1:
+		// Against the local cluster, think and tool times follow its
+		// engines' clock unless told otherwise.
+		base.Speedup = local
+		fmt.Fprintf(errw, "the local cluster's engines run %gx: think and tool times shrink to match (--speedup %g); latencies are wall-clock\n", local, local)
+	case trace != "" && !cmd.Flags().Changed("playback"):
+		fmt.Fprintf(errw, "the local cluster's engines run %gx: --playback %g replays the trace in their time\n", local, local)
+	}
+	total := base.Duration // what the progress bar fills up to (0: until Ctrl-C)
+	base.Progress = func(s loadgen.Snapshot) { progressLine(errw, s, total, "") }
+	var res loadgen.Result
+	if trace != "" {
+		recs, err := readTraceFile(trace)
+		if err != nil {
+			return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--trace: %w", err)}
+		}
+		playback := config.GetFloat64(k("playback"))
+		// A replay ends with its last request or --duration.
+		if span := workload.TraceSpan(recs, playback); len(recs) > 0 && (total == 0 || span < total) {
+			total = span
+		}
+		fmt.Fprintf(errw, "replaying %d requests from %s at %gx\n", len(recs), trace, playback)
+		var skipped int
+		res, skipped, err = loadgen.Replay(ctx, loadgen.ReplayConfig{BenchConfig: base, Records: recs, Playback: playback})
+		if err != nil {
+			return err
+		}
+		if skipped > 0 {
+			fmt.Fprintf(errw, "%d requests skipped: their prompts exceed the model's context\n", skipped)
+		}
+	} else {
+		agents := config.GetInt(k("agents"))
+		if agents < 1 {
+			return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--agents must be at least 1")}
+		}
+		model, err := workload.New(config.GetString(k("workload")), agents)
+		if err != nil {
+			return usageError{cmd: cmd.CommandPath(), err: err}
+		}
+		base.Model, base.Agents = model, agents
+		var rec *recording
+		if path := config.GetString(k("record")); path != "" {
+			// Written beside path, and put there at the end (a
+			// Ctrl-C included).
+			if rec, err = startRecording(path); err != nil {
+				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--record: %w", err)}
+			}
+			defer rec.discard() // nothing left once kept
+			base.Record = rec.w
+		}
+		if res, err = loadgen.Bench(ctx, base); err != nil {
+			return err
+		}
+		if rec != nil {
+			if err := rec.keep(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := printBench(cmd, res); err != nil {
+		return err
+	}
+	if res.RouterGone {
+		return fmt.Errorf("the router at %s refused connections from %.1fs on for %s, so the run stopped early; the summary covers what ran until then (--unreachable-timeout 0 keeps trying)",
+			base.URL, res.RouterGoneAtS, base.Unreachable)
+	}
+	return servedNothing(res)
 }

@@ -120,7 +120,6 @@ var hostnameCleaner = regexp.MustCompile(`[^A-Za-z0-9_-]+`)
 
 func runEngine(cmd *cobra.Command, args []string) error {
 	get := func(k string) string { return config.GetString("engine." + k) }
-	geti := func(k string) int { return config.GetInt("engine." + k) }
 	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
 
 	if err := engineNATSSecret(cmd); err != nil {
@@ -142,30 +141,51 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	default:
 		return usage(fmt.Errorf("--backend %q: want sim or vllm", b))
 	}
-	profile, err := loadProfile(get("profile"))
+	profile, role, err := checkSimEngineFlags()
 	if err != nil {
-		return usage(fmt.Errorf("--profile: %w", err))
-	}
-	role, err := roles.Parse(get("role"))
-	if err != nil {
-		return usage(fmt.Errorf("--role: %w", err))
-	}
-	speedup := config.GetFloat64("engine.speedup")
-	if speedup <= 0 {
-		return usage(fmt.Errorf("--speedup must be positive (got %g)", speedup))
-	}
-	for _, k := range []string{"max-num-seqs", "max-num-batched-tokens", "gpu-kv-tokens", "host-kv-tokens", "default-max-tokens"} {
-		if geti(k) < 0 {
-			return usage(fmt.Errorf("--%s must not be negative", k))
-		}
+		return usage(err)
 	}
 	ln, err := net.Listen("tcp", get("listen"))
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", get("listen"), err)
 	}
 	defer ln.Close()
+	eng, id, advertise, err := newSimEngine(ln, profile, role)
+	if err != nil {
+		return usage(err)
+	}
+	return serveEngine(ln, eng, id, advertise, profile.Name, role)
+}
+
+// checkSimEngineFlags checks a simulated engine's flags and returns its
+// profile and role.
+func checkSimEngineFlags() (*sim.Profile, roles.Role, error) {
+	profile, err := loadProfile(config.GetString("engine.profile"))
+	if err != nil {
+		return nil, 0, fmt.Errorf("--profile: %w", err)
+	}
+	role, err := roles.Parse(config.GetString("engine.role"))
+	if err != nil {
+		return nil, 0, fmt.Errorf("--role: %w", err)
+	}
+	if speedup := config.GetFloat64("engine.speedup"); speedup <= 0 {
+		return nil, 0, fmt.Errorf("--speedup must be positive (got %g)", speedup)
+	}
+	for _, k := range []string{"max-num-seqs", "max-num-batched-tokens", "gpu-kv-tokens", "host-kv-tokens", "default-max-tokens"} {
+		if config.GetInt("engine."+k) < 0 {
+			return nil, 0, fmt.Errorf("--%s must not be negative", k)
+		}
+	}
+	return profile, role, nil
+}
+
+// newSimEngine makes the simulated engine that serves on ln, with the id
+// and URL it is known by.
+func newSimEngine(ln net.Listener, profile *sim.Profile, role roles.Role) (eng *engine.Engine, id, advertise string, err error) {
+	get := func(k string) string { return config.GetString("engine." + k) }
+	geti := func(k string) int { return config.GetInt("engine." + k) }
 	addr := ln.Addr().(*net.TCPAddr)
-	advertise := get("advertise")
+	advertise = get("advertise")
 	if advertise == "" {
 		host := addr.IP.String()
 		if addr.IP.IsUnspecified() {
@@ -173,7 +193,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 		}
 		advertise = "http://" + net.JoinHostPort(host, fmt.Sprint(addr.Port))
 	}
-	id := get("id")
+	id = get("id")
 	if id == "" {
 		h, _ := os.Hostname()
 		id = strings.Trim(hostnameCleaner.ReplaceAllString(h, "-"), "-") + "-" + fmt.Sprint(addr.Port)
@@ -185,16 +205,18 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	if n := geti("host-kv-tokens"); n > 0 {
 		simCfg.HostBlocks = max(1, n/profile.BlockSize)
 	}
-	token := engineToken()
-	eng, err := engine.New(engine.Config{
+	eng, err = engine.New(engine.Config{
 		ID: id, Profile: profile, Sim: simCfg, ServedModelName: get("served-model-name"), Role: role,
-		Speedup: speedup, AdvertiseURL: advertise, DefaultMaxTokens: geti("default-max-tokens"), Logger: slog.Default(),
-		Token: token,
+		Speedup: config.GetFloat64("engine.speedup"), AdvertiseURL: advertise, DefaultMaxTokens: geti("default-max-tokens"), Logger: slog.Default(),
+		Token: engineToken(),
 	})
-	if err != nil {
-		return usage(err)
-	}
+	return eng, id, advertise, err
+}
 
+// serveEngine serves a simulated engine on ln, joined to the event plane
+// when --nats is given, until a signal.
+func serveEngine(ln net.Listener, eng *engine.Engine, id, advertise, profile string, role roles.Role) error {
+	get := func(k string) string { return config.GetString("engine." + k) }
 	// The first SIGINT or SIGTERM drains: no new requests; the answers a
 	// router streams are handed over to peers (Leave), the rest finish (up
 	// to --shutdown-grace). A second one kills at once.
@@ -227,8 +249,8 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	}
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
-	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile.Name,
-		"role", role.String(), "speedup", speedup, "nats", redactURL(get("nats")), "requires_token", token != "")
+	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile,
+		"role", role.String(), "speedup", config.GetFloat64("engine.speedup"), "nats", redactURL(get("nats")), "requires_token", engineToken() != "")
 
 	select {
 	case <-sigCtx.Done():

@@ -65,64 +65,7 @@ that join, leave or move are scraped with nothing run again; a control API
 that takes a token gets it from --token-file, which Prometheus must be
 able to read.`,
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			format := flagOrConfig(cmd, "output")
-			httpSD := config.GetBool(cfgKey(cmd) + ".http-sd")
-			if format != "yaml" && format != "json" {
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("-o %q: want yaml (prometheus.yml's scrape_configs) or json (file_sd targets)", format)}
-			}
-			if httpSD && format == "json" {
-				return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--http-sd prints YAML for prometheus.yml; file_sd targets (-o json) are for a cluster's targets as they are now")}
-			}
-			c := newControlClient(cmd)
-			if httpSD {
-				// Ask once, as Prometheus will: a wrong token or an old
-				// orchestrator shows here rather than in Prometheus's log.
-				var sd []struct {
-					Labels map[string]string `json:"labels"`
-				}
-				if err := c.do(cmd.Context(), "GET", monitoring.TargetsPath, nil, &sd); err != nil {
-					return fmt.Errorf("the control API's Prometheus targets: %w", err)
-				}
-				h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), CAFile: flagOrConfig(cmd, "ca-file")}
-				for _, g := range sd {
-					h.TargetsTLS = h.TargetsTLS || g.Labels["__scheme__"] == "https"
-				}
-				if c.token != "" {
-					h.TokenFile = flagOrConfig(cmd, "token-file")
-				}
-				out, err := monitoring.HTTPSDConfig(h)
-				if err != nil {
-					return err
-				}
-				_, err = cmd.OutOrStdout().Write(out)
-				return err
-			}
-			var st orchestrator.ClusterStatus
-			if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
-				return err
-			}
-			var nodes []controlapi.Node
-			if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
-				return err
-			}
-			t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: monitoring.ReachableRouter(st.RouterURL, hostOf(c.base)),
-				CAFile: flagOrConfig(cmd, "ca-file")}
-			for _, n := range nodes {
-				if n.Address != "" {
-					t.Engines = append(t.Engines, n.Address)
-				}
-			}
-			out, err := monitoring.ScrapeConfig(t)
-			if format == "json" {
-				out, err = monitoring.FileSD(t)
-			}
-			if err != nil {
-				return err
-			}
-			_, err = cmd.OutOrStdout().Write(out)
-			return err
-		},
+		RunE: runScrape,
 	}
 	scrape.Flags().StringP("output", "o", "yaml", "output format: yaml (scrape_configs) or json (file_sd targets)")
 	scrape.Flags().String("cluster", "evolve", "the cluster label every scraped series gets")
@@ -141,4 +84,65 @@ func hostOf(raw string) string {
 		return ""
 	}
 	return u.Host
+}
+
+// runScrape is evolve monitoring scrape: the scrape configuration of a
+// running cluster, as targets now or as HTTP service discovery.
+func runScrape(cmd *cobra.Command, _ []string) error {
+	format := flagOrConfig(cmd, "output")
+	httpSD := config.GetBool(cfgKey(cmd) + ".http-sd")
+	if format != "yaml" && format != "json" {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("-o %q: want yaml (prometheus.yml's scrape_configs) or json (file_sd targets)", format)}
+	}
+	if httpSD && format == "json" {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--http-sd prints YAML for prometheus.yml; file_sd targets (-o json) are for a cluster's targets as they are now")}
+	}
+	c := newControlClient(cmd)
+	if httpSD {
+		// Ask once, as Prometheus will: a wrong token or an old
+		// orchestrator shows here rather than in Prometheus's log.
+		var sd []struct {
+			Labels map[string]string `json:"labels"`
+		}
+		if err := c.do(cmd.Context(), "GET", monitoring.TargetsPath, nil, &sd); err != nil {
+			return fmt.Errorf("the control API's Prometheus targets: %w", err)
+		}
+		h := monitoring.HTTPSD{ControlURL: c.base, Cluster: flagOrConfig(cmd, "cluster"), CAFile: flagOrConfig(cmd, "ca-file")}
+		for _, g := range sd {
+			h.TargetsTLS = h.TargetsTLS || g.Labels["__scheme__"] == "https"
+		}
+		if c.token != "" {
+			h.TokenFile = flagOrConfig(cmd, "token-file")
+		}
+		out, err := monitoring.HTTPSDConfig(h)
+		if err != nil {
+			return err
+		}
+		_, err = cmd.OutOrStdout().Write(out)
+		return err
+	}
+	var st orchestrator.ClusterStatus
+	if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
+		return err
+	}
+	var nodes []controlapi.Node
+	if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
+		return err
+	}
+	t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: monitoring.ReachableRouter(st.RouterURL, hostOf(c.base)),
+		CAFile: flagOrConfig(cmd, "ca-file")}
+	for _, n := range nodes {
+		if n.Address != "" {
+			t.Engines = append(t.Engines, n.Address)
+		}
+	}
+	out, err := monitoring.ScrapeConfig(t)
+	if format == "json" {
+		out, err = monitoring.FileSD(t)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = cmd.OutOrStdout().Write(out)
+	return err
 }
