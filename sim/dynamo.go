@@ -9,7 +9,7 @@ import (
 )
 
 // Dynamo's 2026 default planner ("throughput" target, load-based), as
-// ../shared/reference/dynamo-baseline.md describes it: every 5 s, per pool,
+// docs/baselines.md describes it: every 5 s, per pool,
 // at most one step of one worker; prefill grows when any prefill worker has
 // queued prefill tokens of at least one context length and shrinks when all
 // are under a tenth; decode grows when any decode worker's scheduled plus

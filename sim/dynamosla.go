@@ -10,7 +10,7 @@ import (
 )
 
 // Dynamo's older SLA planner, the dynamo-sla baseline
-// (../shared/reference/dynamo-baseline.md): every 180 s it predicts the
+// (docs/baselines.md): every 180 s it predicts the
 // next interval's request rate, input and output lengths (the last
 // interval's, Dynamo's constant predictor), and sizes each pool from the
 // throughput one engine reaches under the TTFT and ITL targets, as

@@ -10,7 +10,7 @@ import (
 )
 
 // dynamoStaticSplit is the prefill engines of dynamo-static, Dynamo without
-// a planner (../shared/reference/dynamo-baseline.md, "Variants"): the split
+// a planner (docs/baselines.md): the split
 // its profiler's throughput formulas (those of the SLA planner) give for
 // the scenario's first workload phase, scaled to use every engine. The
 // demand (request rate, mean input and output lengths) is what an operator

@@ -2,7 +2,7 @@
 // each answer, think or run a tool, and send the next call with the grown
 // context; sub-agents and sampled branches; compaction and sliding history
 // windows that rewrite a context. The models' parameters come from public
-// statistics (../shared/reference/workloads.md and calibration.md). It is
+// statistics of agent traces (docs/measurements.md). It is
 // pure (internal/purity checks it): the load generator (loadgen) and the
 // simulator drive it with their clocks, and files are read by the caller.
 package workload

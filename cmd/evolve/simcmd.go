@@ -22,7 +22,7 @@ import (
 )
 
 // preset is a named scenario after the research system's experiments
-// (../shared/reference/workloads.md).
+// (docs/measurements.md, "The research system's tables").
 type preset struct {
 	workload string
 	agents   int

@@ -8,7 +8,7 @@
 // POST /tokenize so that block hashes agree. Launch starts and supervises
 // the server when the agent owns it.
 //
-// The facts it relies on are in ../shared/reference/vllm-interop.md:
+// The facts it relies on, from vLLM's source and docs (v0.11 and later):
 // events come positional or as maps, with any number of trailing fields;
 // block hashes are opaque; a sequence gap is repaired from the replay
 // endpoint or by starting over.

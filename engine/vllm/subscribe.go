@@ -16,7 +16,7 @@ import (
 const replayTimeout = 3 * time.Second
 
 // Subscriber reads the KV event stream vLLM publishes with
-// --kv-events-config (a ZMQ PUB socket; see ../shared/reference: each
+// --kv-events-config (a ZMQ PUB socket, as vLLM's docs on KV events describe it: each
 // message is topic, 8-byte big-endian sequence, msgpack payload). It
 // detects lost messages by their sequence numbers and asks the replay
 // endpoint for them; what cannot be replayed is reported as lost so that

@@ -9,7 +9,7 @@ import (
 )
 
 // Dynamo is NVIDIA Dynamo's KV-aware router (lib/kv-router, release line 1.x)
-// as described in ../shared/reference/dynamo-baseline.md, with the same
+// as docs/baselines.md describes it, with the same
 // bookkeeping and no knowledge Dynamo lacks. Per worker w and request with
 // prompt length ISL and n full blocks:
 //

@@ -11,7 +11,7 @@
 //     load, preferring the node that holds the context; short uncached parts
 //     prefill on the decode node.
 //   - dynamo: NVIDIA Dynamo's KV router cost function, with its bookkeeping
-//     (see ../shared/reference/dynamo-baseline.md).
+//     (see docs/baselines.md).
 //   - round-robin: for reference.
 package routing
 
