@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"path"
+	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
@@ -196,7 +197,13 @@ func Load(path string) (*File, error) {
 func Parse(path string, b []byte) (*File, error) {
 	var root yaml.Node
 	if err := yaml.Unmarshal(b, &root); err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, syntaxError(path, err)
+	}
+	if len(root.Content) == 0 {
+		return nil, fmt.Errorf("%s: the file is empty; a cluster file starts with apiVersion: %s and kind: %s (evolve up --help shows one)", path, APIVersion, Kind)
+	}
+	if es := shapeErrors(path, root.Content[0], reflect.TypeOf(File{}), ""); len(es) > 0 {
+		return nil, Errors(es)
 	}
 	f := &File{lines: map[string]int{}, path: path}
 	dec := yaml.NewDecoder(bytes.NewReader(b))

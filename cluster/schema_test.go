@@ -271,3 +271,43 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		t.Fatalf("the orchestrator starts %d times in the plan: %+v", o, plan)
 	}
 }
+
+// A mistake in a cluster file is named as the operator wrote it: the
+// field's path and line, what was wanted and what was given, a likely
+// meant field for a misspelt one, the right line of a YAML syntax error,
+// and an empty file says so.
+func TestClusterFileErrorsNameThePath(t *testing.T) {
+	doc := func(spec string) []byte {
+		return []byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: {name: t}\nspec:\n" + spec)
+	}
+	for _, tc := range []struct {
+		src  []byte
+		want string
+	}{
+		{doc("  hosts:\n    - name: a\n      address: 10.0.0.1\n    - name: b\n      adress: 10.0.0.2\n"),
+			"c.yaml:9: spec.hosts[1].adress: unknown field (did you mean address?)"},
+		{doc("  defaults:\n    gpus: four\n"), `c.yaml:6: spec.defaults.gpus: want a whole number, got "four"`},
+		{doc("  hosts:\n    - name: a\n      GPUs: 4\n"), "spec.hosts[0].GPUs: unknown field (did you mean gpus?)"},
+		{doc("  hosts:\n    name: a\n"), "c.yaml:6: spec.hosts: want a list, got a mapping"},
+		{doc("  hosts:\n    - name: a\n      engine: {args: 7}\n"), `spec.hosts[0].engine.args: want a list, got "7"`},
+		{doc("  hosts:\n    - name: [a, b]\n"), "spec.hosts[0].name: want a string, got a list"},
+		{doc("  hosts:\n    - name: a\n      engine: {env: {A: [1]}}\n"), "spec.hosts[0].engine.env.A: want a string, got a list"},
+		{[]byte("hello\n"), `c.yaml:1: the file: want a mapping of fields, got "hello"`},
+		{[]byte(""), "c.yaml: the file is empty"},
+		{[]byte("# only a comment\n"), "c.yaml: the file is empty"},
+		// yaml.v3 counts a parser error's line from 0: the flow list
+		// opened on line 3 is reported on line 3, not 2.
+		{[]byte("apiVersion: evolve/v1\nkind: Cluster\nmetadata: [a, b\nspec: {}\n"), "c.yaml:3: not valid YAML: did not find expected ',' or ']'"},
+		{[]byte("apiVersion: evolve/v1\n\tkind: Cluster\n"), "c.yaml:2: not valid YAML: found a tab character"},
+		// A merge key merges a mapping of the same shape, checked as such.
+		{doc("  defaults: &d {gpus: 4}\n  hosts:\n    - <<: *d\n      name: a\n      adress: x\n"), "spec.hosts[0].adress: unknown field (did you mean address?)"},
+	} {
+		_, err := Parse("c.yaml", tc.src)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q:\n got %v\nwant %s", tc.src, err, tc.want)
+		}
+		if err != nil && strings.Contains(err.Error(), "cluster.") {
+			t.Errorf("%q: a Go type in the message: %v", tc.src, err)
+		}
+	}
+}
