@@ -801,12 +801,6 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, 
 	return out, nil
 }
 
-func (c *collector) requests() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.res.Requests + c.res.Errors
-}
-
 func (c *collector) fail(ctx context.Context, err error) error {
 	if ctx.Err() != nil {
 		return err // the run ended; not the server's fault

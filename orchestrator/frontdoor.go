@@ -589,7 +589,6 @@ func (a *attempt) run() (string, error) {
 		}
 		a.o.release(ids...)
 	}()
-	body := a.body.Raw
 	if a.dec.Disaggregated {
 		params, err := a.prefill()
 		var ce *clientError
@@ -623,8 +622,7 @@ func (a *attempt) run() (string, error) {
 		for k, v := range a.watchVLLM() {
 			set[k] = v
 		}
-		body = a.body.With(set)
-		err = a.forward(a.urls[a.decode], body)
+		err = a.forward(a.urls[a.decode], a.body.With(set))
 		if err != nil && !a.started && !errors.Is(err, errHandedOver) {
 			// The decode leg never pulled the KV: free it on the prefill
 			// engine now rather than when its hold times out.

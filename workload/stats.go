@@ -3,7 +3,6 @@ package workload
 import (
 	"math"
 	"sort"
-	"time"
 )
 
 // Dist summarises a set of latencies, in seconds.
@@ -31,5 +30,3 @@ func Summarize(xs []float64) Dist {
 	}
 	return Dist{N: len(xs), Mean: sum / float64(len(xs)), P50: q(0.50), P95: q(0.95), P99: q(0.99)}
 }
-
-func secs(d time.Duration) float64 { return d.Seconds() }

@@ -674,15 +674,11 @@ func split(c *controlClient) string {
 	return fmt.Sprintf(" | split %dP/%dD", p, d)
 }
 
-// startChild starts `evolve args...` with its output in log. Children get
-// their own process group, so that a Ctrl-C reaches only `evolve up`, which
-// stops them in order; detached ones get their own session.
-func startChild(exe, log string, detach bool, args ...string) (*exec.Cmd, error) {
-	return startChildEnv(exe, log, detach, nil, args...)
-}
-
-// startChildEnv is startChild with extra environment (secrets go there,
-// not on command lines that ps shows).
+// startChildEnv starts `evolve args...` with its output in log and env
+// added to its environment (secrets go there, not on command lines that
+// ps shows). Children get their own process group, so that a Ctrl-C
+// reaches only `evolve up`, which stops them in order; detached ones get
+// their own session.
 func startChildEnv(exe, log string, detach bool, env []string, args ...string) (*exec.Cmd, error) {
 	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {

@@ -164,9 +164,7 @@ func (s *Server) update(f *feed, st *sim.State) {
 		if n.SwitchTo != "" {
 			j.Switch = &controlapi.Switch{To: n.SwitchTo, Phase: "draining"}
 		}
-		for _, h := range n.History {
-			j.History = append(j.History, h)
-		}
+		j.History = append(j.History, n.History...)
 		if k := len(n.History); k > 0 && (n.State == "down" || n.State == "draining") {
 			j.Reason = n.History[k-1].Reason
 		}
