@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
@@ -99,7 +100,7 @@ func TestCompactedTailIsEvictedFirst(t *testing.T) {
 	turn(t, router, "s3", "main", "", false, words("charlie", 1200))
 	turn(t, router, "s4", "main", "", false, words("delta", 1200))
 	ca, cb := chainOfPrompt(t, a), chainOfPrompt(t, b)
-	eventually(t, "the directory sees evictions", func() bool {
+	wait.Until(t, 10*time.Second, "the directory sees evictions", func() bool {
 		return tc.gpuPrefix("e0", ca) < len(ca) || tc.gpuPrefix("e0", cb) < len(cb)
 	})
 	time.Sleep(100 * time.Millisecond) // the rest of the events
@@ -170,7 +171,7 @@ func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
 	chain := chainOfPrompt(t, p)
 	// Which decode node decoded it, and which never saw it.
 	var holder, other string
-	eventually(t, "the decode node's copy is known", func() bool {
+	wait.Until(t, 10*time.Second, "the decode node's copy is known", func() bool {
 		holder, other = "", ""
 		for _, id := range []string{"e1", "e2"} {
 			if tc.gpuPrefix(id, chain) == len(chain) {
@@ -189,12 +190,12 @@ func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "both switches end", func() bool {
+	wait.Until(t, 10*time.Second, "both switches end", func() bool {
 		a, _ := tc.o.NodeStatus("e0")
 		b, _ := tc.o.NodeStatus(other)
 		return a.Role == "decode" && a.State == StateServing && b.Role == "prefill" && b.State == StateServing
 	})
-	eventually(t, "e0's host pool holds the branch's blocks after its switch", func() bool {
+	wait.Until(t, 10*time.Second, "e0's host pool holds the branch's blocks after its switch", func() bool {
 		for _, r := range tc.o.Branches("s")[0].Residency {
 			if r.Node == "e0" {
 				return r.Host == len(chain)
@@ -265,7 +266,7 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 	for i, w := range []string{"echo", "foxtrot", "golf", "hotel", "india"} {
 		turn(t, router, fmt.Sprintf("s%d", i), "main", "", false, words(w, 1000)) // about 125 blocks each
 	}
-	eventually(t, "referenced evictions counted", func() bool {
+	wait.Until(t, 10*time.Second, "referenced evictions counted", func() bool {
 		n := tc.o.KV().Nodes[0]
 		return n.RefEvictedGPU > 0
 	})
@@ -274,7 +275,7 @@ func TestReferencedEvictionsAreCounted(t *testing.T) {
 		t.Fatalf("more lost than evicted: %+v", n)
 	}
 	// The node's tokens per second come from its pass records.
-	eventually(t, "tokens per second", func() bool { return tc.o.Nodes()[0].TokensPerSec > 0 })
+	wait.Until(t, 10*time.Second, "tokens per second", func() bool { return tc.o.Nodes()[0].TokensPerSec > 0 })
 	// The control API's last minute (the router's first seconds, here)
 	// counts those requests, measured.
 	if r := tc.o.Status().Recent; r.Requests != 5 || r.TTFTP50 <= 0 || r.E2EP50 < r.TTFTP50 || r.WindowSec < 1 || r.WindowSec > 60 {

@@ -5,7 +5,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -35,7 +37,7 @@ func TestClusterMetricsFollowTheNodes(t *testing.T) {
 		}
 	}
 	tc.engines[1]() // the decode engine stops
-	eventually(t, "the decode node down in /metrics", func() bool {
+	wait.Until(t, 10*time.Second, "the decode node down in /metrics", func() bool {
 		m := routerMetrics(t, tc.o)
 		return strings.Contains(m, `evolve_nodes{role="decode",state="down"} 1`+"\n") &&
 			strings.Contains(m, `evolve_nodes{role="decode",state="serving"} 0`+"\n")

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -39,14 +41,14 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 		}
 	}
 	var before uint64
-	eventually(t, "the first process's KV events applied", func() bool {
+	wait.Until(t, 10*time.Second, "the first process's KV events applied", func() bool {
 		gpu, seq := held()
 		before = seq
 		return gpu > 0 && seq > 100
 	})
 
 	tc.engines[0]()
-	eventually(t, "e0 down", func() bool {
+	wait.Until(t, 10*time.Second, "e0 down", func() bool {
 		st, ok := tc.o.NodeStatus("e0")
 		return ok && st.State == StateDown
 	})
@@ -55,14 +57,14 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 	}
 	p, _ := sim.BuiltinProfile("tiny")
 	tc.addEngine(t, "e0", p, roles.Decode)
-	eventually(t, "e0 serving again", func() bool {
+	wait.Until(t, 10*time.Second, "e0 serving again", func() bool {
 		st, ok := tc.o.NodeStatus("e0")
 		return ok && st.State == StateServing
 	})
 	if status, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", fmt.Sprintf(`{"prompt": %q, "max_tokens": 2}`, prompt("new-", 100))); status != 200 {
 		t.Fatalf("request to the new process: %d %v", status, body)
 	}
-	eventually(t, "the new process's KV in the directory", func() bool {
+	wait.Until(t, 10*time.Second, "the new process's KV in the directory", func() bool {
 		gpu, seq := held()
 		return gpu > 0 && seq < before
 	})
@@ -80,5 +82,5 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 	// Its whole blocks, but for the last of a prompt of whole blocks,
 	// which is computed anyway.
 	want := int64((int(n) - 1) / bs * bs)
-	eventually(t, "the recomputed prompt counted as lost KV reuse", func() bool { return tc.o.KV().LostKVReuse-lost == want })
+	wait.Until(t, 10*time.Second, "the recomputed prompt counted as lost KV reuse", func() bool { return tc.o.KV().LostKVReuse-lost == want })
 }

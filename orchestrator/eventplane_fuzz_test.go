@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
@@ -169,7 +170,7 @@ func TestInvalidRegistrationIsRejectedAndSaysWhy(t *testing.T) {
 	announces, _ := nc.SubscribeSync(protocol.SubjectAnnounce)
 	b, _ := json.Marshal(protocol.Registration{ID: "bad", URL: "http://127.0.0.1:9", Model: "m", BlockSize: 0})
 	nc.Publish(protocol.SubjectRegister, b)
-	eventually(t, "the node rejected", func() bool {
+	wait.Until(t, 10*time.Second, "the node rejected", func() bool {
 		st, ok := tc.o.NodeStatus("bad")
 		return ok && st.State == StateRejected && st.Reason == "engine bad: block size 0: want 1 to 4096 tokens"
 	})

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/openaiapi/openaiapitest"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -132,7 +133,7 @@ func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 				return
 			}
 			go func() {
-				eventually(t, from+" serves as prefill", func() bool {
+				wait.Until(t, 10*time.Second, from+" serves as prefill", func() bool {
 					st, _ := tc.o.NodeStatus(from)
 					return st.Role == "prefill" && st.State == StateServing
 				})
@@ -184,7 +185,7 @@ func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 	}
 	// Every claim ended: the nodes are idle, and the KV handed over was
 	// pulled (no engine holds any).
-	eventually(t, "claims end", func() bool {
+	wait.Until(t, 10*time.Second, "claims end", func() bool {
 		tc.o.c.mu.Lock()
 		defer tc.o.c.mu.Unlock()
 		for _, nd := range tc.o.c.nodes {
@@ -201,7 +202,7 @@ func TestDecodeSwitchHandsStreamsOverUnchanged(t *testing.T) {
 func busyDecodeNode(t *testing.T, tc *testCluster, ids ...string) string {
 	t.Helper()
 	found := ""
-	eventually(t, "a decode node with a request in flight", func() bool {
+	wait.Until(t, 10*time.Second, "a decode node with a request in flight", func() bool {
 		for _, id := range ids {
 			if st, _ := tc.o.NodeStatus(id); st.InFlight > 0 && st.Role == "decode" {
 				found = id

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -17,7 +18,7 @@ func limitedCluster(t *testing.T, profiles ...string) *testCluster {
 	t.Helper()
 	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{MaxConnections: 4, BodyTimeout: time.Second, BodyMinRate: 1 << 20,
 		WriteIdle: 2 * time.Second, IdleTimeout: 1500 * time.Millisecond}}, profiles, roles.Decode)
-	eventually(t, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
 	return tc
 }
 

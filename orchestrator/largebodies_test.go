@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -44,7 +45,7 @@ func bigPrompt(n int) string {
 // lost its engines' heartbeats.
 func TestLargeBodiesWaitForRoom(t *testing.T) {
 	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{LargeBodyBudget: 4 << 20}}, nil, roles.Decode)
-	eventually(t, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
 	// Another large request holds the whole budget.
 	if err := tc.o.bodies.sem.Acquire(context.Background(), 4<<20); err != nil {
 		t.Fatal(err)
@@ -54,7 +55,7 @@ func TestLargeBodiesWaitForRoom(t *testing.T) {
 		code, _ := postJSON(t, tc.o.RouterURL()+"/v1/completions", bigPrompt(2<<20))
 		answered <- code
 	}()
-	eventually(t, "the large request waiting", func() bool { return routerMetric(t, tc, "evolve_router_large_body_waits_total") == "1" })
+	wait.Until(t, 10*time.Second, "the large request waiting", func() bool { return routerMetric(t, tc, "evolve_router_large_body_waits_total") == "1" })
 	if code, body := postJSON(t, tc.o.RouterURL()+"/v1/completions", `{"prompt": "a usual turn", "max_tokens": 2}`); code != 200 {
 		t.Fatalf("a small request while the budget is full: %d %v", code, body)
 	}
@@ -75,7 +76,7 @@ func TestLargeBodiesWaitForRoom(t *testing.T) {
 		}
 		gone <- err
 	}()
-	eventually(t, "the second large request waiting", func() bool { return routerMetric(t, tc, "evolve_router_large_body_waits_total") == "2" })
+	wait.Until(t, 10*time.Second, "the second large request waiting", func() bool { return routerMetric(t, tc, "evolve_router_large_body_waits_total") == "2" })
 	cancel()
 	<-gone
 
@@ -88,7 +89,7 @@ func TestLargeBodiesWaitForRoom(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the large request still waits with the budget free")
 	}
-	eventually(t, "the budget free again", func() bool { return tc.o.bodies.sem.TryAcquire(4 << 20) })
+	wait.Until(t, 10*time.Second, "the budget free again", func() bool { return tc.o.bodies.sem.TryAcquire(4 << 20) })
 	if v := routerMetric(t, tc, "evolve_router_large_body_bytes"); v != "0" {
 		t.Fatalf("large-body bytes in work after every request: %s", v)
 	}
@@ -99,11 +100,11 @@ func TestLargeBodiesWaitForRoom(t *testing.T) {
 // it after one 31 MB prompt.
 func TestHugeRequestGivesItsMemoryBack(t *testing.T) {
 	tc := startTestClusterWith(t, Config{}, nil, roles.Decode)
-	eventually(t, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return tc.o.servingNodes() == 1 })
 	if code, _ := postJSON(t, tc.o.RouterURL()+"/v1/completions", bigPrompt(16<<20)); code != 400 {
 		t.Fatalf("a 16 MB prompt: %d", code)
 	}
-	eventually(t, "the memory given back", func() bool { return routerMetric(t, tc, "evolve_router_memory_returns_total") == "1" })
+	wait.Until(t, 10*time.Second, "the memory given back", func() bool { return routerMetric(t, tc, "evolve_router_memory_returns_total") == "1" })
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
 	if kept := ms.HeapIdle - ms.HeapReleased; kept > 16<<20 {

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -75,7 +76,7 @@ func TestSwitchingTheLastPrefillNodeFailsNoRequest(t *testing.T) {
 		if _, err := tc.o.SetRole("e0", role, false, "operator"); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "e0 "+role, func() bool {
+		wait.Until(t, 10*time.Second, "e0 "+role, func() bool {
 			st, _ := tc.o.NodeStatus("e0")
 			return st.Role == role && st.State == StateServing
 		})

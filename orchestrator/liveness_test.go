@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -16,7 +17,7 @@ func TestSilentNodeComesBackWhenItBeatsAgain(t *testing.T) {
 	if st, _ := tc.o.NodeStatus("e0"); st.State != StateDown {
 		t.Fatalf("e0 after markDown: %s", st.State)
 	}
-	eventually(t, "e0 serving again after its next heartbeats", func() bool {
+	wait.Until(t, 10*time.Second, "e0 serving again after its next heartbeats", func() bool {
 		st, ok := tc.o.NodeStatus("e0")
 		return ok && st.State == StateServing
 	})

@@ -6,7 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -30,7 +32,7 @@ func TestStreamClosedAfterDoneCountsOK(t *testing.T) {
 		}
 		resp.Body.Close()
 	}
-	eventually(t, "every request counted", func() bool {
+	wait.Until(t, 10*time.Second, "every request counted", func() bool {
 		ok := testutil.ToFloat64(tc.o.met.requests.WithLabelValues("evolve", "ok"))
 		gone := testutil.ToFloat64(tc.o.met.requests.WithLabelValues("evolve", "client_gone"))
 		if gone > 0 {

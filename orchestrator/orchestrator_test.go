@@ -17,6 +17,7 @@ import (
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
@@ -200,7 +201,7 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 			p, d, resp.Header.Get("X-Request-Id"), ev["engine"])
 	}
 	// The directory learned the prompt's blocks from the prefill engine.
-	eventually(t, "directory holds the prompt", func() bool { return tc.o.Status().KVReplicas > 0 })
+	wait.Until(t, 10*time.Second, "directory holds the prompt", func() bool { return tc.o.Status().KVReplicas > 0 })
 
 	// Watch the control stream while switching a node under load.
 	watchCtx, stopWatch := context.WithCancel(context.Background())
@@ -236,7 +237,7 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	if len(failures) > 0 {
 		t.Fatalf("requests failed during the switch: %v", failures)
 	}
-	eventually(t, "switch completes", func() bool {
+	wait.Until(t, 10*time.Second, "switch completes", func() bool {
 		st, _ := tc.o.NodeStatus("e1")
 		return st.Role == "prefill" && st.Switch == nil && st.State == StateServing && st.Mode == ModePinned
 	})
@@ -256,7 +257,7 @@ func TestRoutesDisaggregatedAndSwitchesUnderLoad(t *testing.T) {
 	// A node that stops is marked down and leaves the directory.
 	tc.engines[2]()
 	tc.engines[2] = func() {}
-	eventually(t, "e2 down", func() bool {
+	wait.Until(t, 10*time.Second, "e2 down", func() bool {
 		st, _ := tc.o.NodeStatus("e2")
 		return st.State == StateDown && st.GPUBlocks == 0
 	})
@@ -268,17 +269,6 @@ func TestControlAPIRequiresTokenOffLoopback(t *testing.T) {
 	}
 	if _, err := New(Config{ControlAddr: "127.0.0.1:0", DataDir: t.TempDir(), Policy: "fastest"}); err == nil {
 		t.Fatal("unknown policy accepted")
-	}
-}
-
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out: %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 
@@ -303,7 +293,7 @@ func TestRetriesOnAnotherEngineBeforeFirstByte(t *testing.T) {
 // An engine of another model joining the cluster is kept out of routing.
 func TestRejectsEngineOfAnotherModel(t *testing.T) {
 	tc := startTestClusterProfiles(t, []string{"tiny", "gb300-kimi-k2"}, roles.Decode, roles.Decode)
-	eventually(t, "e1 rejected", func() bool {
+	wait.Until(t, 10*time.Second, "e1 rejected", func() bool {
 		st, ok := tc.o.NodeStatus("e1")
 		return ok && st.State == StateRejected && st.Reason != ""
 	})
@@ -326,7 +316,7 @@ func TestFailedDecodeLegReleasesPrefillHold(t *testing.T) {
 		t.Fatalf("request: %d %v", status, body)
 	}
 	st, _ := tc.o.NodeStatus("e0")
-	eventually(t, "no KV held on the prefill engine", func() bool {
+	wait.Until(t, 10*time.Second, "no KV held on the prefill engine", func() bool {
 		resp, err := http.Get(st.Address + "/metrics")
 		if err != nil {
 			return false
@@ -370,7 +360,7 @@ func TestPlannerSaysWhenNoEngineReportsPasses(t *testing.T) {
 			}
 		}
 	}()
-	eventually(t, "the planner's reason", func() bool {
+	wait.Until(t, 10*time.Second, "the planner's reason", func() bool {
 		st, ok := tc.o.PlannerStatus()
 		return ok && strings.Contains(st.Reason, "no engine publishes per-pass statistics") && strings.Contains(st.Reason, "--pass-metrics-port")
 	})
@@ -472,7 +462,7 @@ func TestPrefillSwitchDoesNotWaitForDecodesElsewhere(t *testing.T) {
 	if _, err := tc.o.SetRole("e0", "decode", true, "test"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "e0 switches to decode", func() bool {
+	wait.Until(t, 10*time.Second, "e0 switches to decode", func() bool {
 		st, _ := tc.o.NodeStatus("e0")
 		return st.Role == "decode" && st.State == StateServing
 	})

@@ -5,7 +5,9 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -33,7 +35,7 @@ func TestFailedRequestTellsTheAgentNoInternals(t *testing.T) {
 		t.Fatalf("no request id in %q", msg)
 	}
 	id := strings.TrimSuffix(msg[i+len("(request "):], ")")
-	eventually(t, "the log to keep the cause under the request's id", func() bool {
+	wait.Until(t, 10*time.Second, "the log to keep the cause under the request's id", func() bool {
 		for _, m := range []string{"request failed on every engine tried", "request failed: no engine left to try"} {
 			if r := rec.find(m, "request", id); r != nil && strings.Contains(fmt.Sprint(r["err"]), "127.0.0.1") {
 				return true

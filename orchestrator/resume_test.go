@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/protocol"
@@ -104,7 +105,7 @@ func TestHandOverThatNoPeerTakesFinishesWhereItWas(t *testing.T) {
 	if v := testutil.ToFloat64(tc.o.met.resumed.WithLabelValues(resumeNoPeer, "continued")); v != 1 {
 		t.Fatalf("answers finished where they were: %v", v)
 	}
-	eventually(t, from+" holds nothing and switches", func() bool {
+	wait.Until(t, 10*time.Second, from+" holds nothing and switches", func() bool {
 		st, _ := tc.o.NodeStatus(from)
 		tc.o.c.mu.Lock()
 		held := tc.o.c.nodes[from].hb.Held
@@ -140,7 +141,7 @@ func TestADrainingNodeGetsNoRequests(t *testing.T) {
 	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpDrain}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "e0 shows draining", func() bool {
+	wait.Until(t, 10*time.Second, "e0 shows draining", func() bool {
 		st, _ := tc.o.NodeStatus("e0")
 		return st.State == StateDraining
 	})
@@ -159,7 +160,7 @@ func TestADrainingNodeGetsNoRequests(t *testing.T) {
 	if _, err := tc.o.control("e0", protocol.ControlRequest{Op: protocol.OpResume}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "e0 serves again", func() bool {
+	wait.Until(t, 10*time.Second, "e0 serves again", func() bool {
 		st, _ := tc.o.NodeStatus("e0")
 		return st.State == StateServing
 	})
@@ -180,7 +181,7 @@ func TestAResumedAnswerGoesWhereItsPromptIs(t *testing.T) {
 		t.Fatal(perr)
 	}
 	chain := kv.ChainHashes(p.Tokens, tc.o.blockSize)
-	eventually(t, holder+" holds the prompt's KV", func() bool {
+	wait.Until(t, 10*time.Second, holder+" holds the prompt's KV", func() bool {
 		var m kv.Match
 		tc.o.c.mu.Lock()
 		defer tc.o.c.mu.Unlock()
@@ -242,7 +243,7 @@ func TestAResumedAnswerPullsItsPromptFromAPeer(t *testing.T) {
 		if _, err := tc.o.control(first, protocol.ControlRequest{Op: protocol.OpOffload}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, "the directory knows e0 holds the prompt, and "+first+" holds it in host", func() bool {
+		wait.Until(t, 10*time.Second, "the directory knows e0 holds the prompt, and "+first+" holds it in host", func() bool {
 			var m kv.Match
 			tc.o.c.mu.Lock()
 			defer tc.o.c.mu.Unlock()
@@ -325,7 +326,7 @@ func TestAResumedAnswerFarIntoItIsPrefilledElsewhere(t *testing.T) {
 		t.Fatalf("answers resumed: %v", v)
 	}
 	// Neither node is left claimed, nor e0 holding the KV.
-	eventually(t, "no claims or holds left", func() bool {
+	wait.Until(t, 10*time.Second, "no claims or holds left", func() bool {
 		tc.o.c.mu.Lock()
 		defer tc.o.c.mu.Unlock()
 		return tc.o.c.nodes["e0"].inFlight == 0 && tc.o.c.nodes[other].inFlight == 0 && tc.o.c.nodes["e0"].hb.Held == 0
@@ -390,7 +391,7 @@ func TestEngineFailingMidAWholeAnswerTheAnswerGoesOnElsewhere(t *testing.T) {
 	got := make(chan answer, 1)
 	go func() { got <- whole() }()
 	dead := ""
-	eventually(t, fmt.Sprintf("a decode node has written %d tokens of the answer", at), func() bool {
+	wait.Until(t, 10*time.Second, fmt.Sprintf("a decode node has written %d tokens of the answer", at), func() bool {
 		for id, b := range before {
 			if generated(id)-b >= at {
 				dead = id
@@ -433,7 +434,7 @@ func TestAResumedVLLMAnswerGoesWhereItsPromptIs(t *testing.T) {
 		t.Fatal(perr)
 	}
 	chain := kv.ChainHashes(p.Tokens, tc.o.blockSize)
-	eventually(t, "e0 holds the prompt's KV", func() bool {
+	wait.Until(t, 10*time.Second, "e0 holds the prompt's KV", func() bool {
 		var m kv.Match
 		tc.o.c.mu.Lock()
 		defer tc.o.c.mu.Unlock()
@@ -488,7 +489,7 @@ func TestRoutingLeavesOutANodeThatFailedLately(t *testing.T) {
 	holder := resp.Header.Get(HeaderDecodeNode)
 	readRoutedChat(t, resp, nil)
 	other := map[string]string{"e0": "e1", "e1": "e0"}[holder]
-	eventually(t, holder+" holds the prompt's KV", func() bool {
+	wait.Until(t, 10*time.Second, holder+" holds the prompt's KV", func() bool {
 		resp := postChat(t, tc, body)
 		defer readRoutedChat(t, resp, nil)
 		return resp.Header.Get(HeaderDecodeNode) == holder

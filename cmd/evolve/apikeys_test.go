@@ -16,6 +16,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // evolve up --api-key-file gives the router its keys (the file's path,
@@ -139,7 +141,7 @@ func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
 	orch, log := startOrchestratorLog(t, "--api-key-file", file)
 	// A tenth of real time: an answer of 500 tokens takes seconds.
 	startEngine(t, "--profile", "tiny", "--speedup", "0.1", "--nats", orch.NATSURL)
-	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	send := func(ctx context.Context, key string, stream bool) *http.Response {
 		t.Helper()
 		body := fmt.Sprintf(`{"prompt": "Explain the scheduler.", "max_tokens": 500, "stream": %v}`, stream)
@@ -177,7 +179,7 @@ func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
 	}
 	cancel() // the agent goes away mid-answer
 	long.Body.Close()
-	eventually(t, 10*time.Second, "team-a's slot freed", func() bool {
+	wait.Until(t, 10*time.Second, "team-a's slot freed", func() bool {
 		return metric(t, orch.RouterURL, `evolve_router_key_in_flight{key="team-a"}`) == 0
 	})
 	again := send(short, "sk-a", true)
@@ -197,9 +199,9 @@ func TestAKeyNamesConcurrencyLimitInARunningRouter(t *testing.T) {
 	status := func(key string) int { // a model list: no answer to wait for
 		return statusOf(t, http.DefaultClient, "GET", orch.RouterURL+"/v1/models", "Bearer "+key)
 	}
-	eventually(t, 10*time.Second, "the old key refused", func() bool { return status("sk-a") == 401 })
+	wait.Until(t, 10*time.Second, "the old key refused", func() bool { return status("sk-a") == 401 })
 	if s := status("sk-a2"); s != 200 {
 		t.Fatalf("team-a's new key: %d", s)
 	}
-	eventually(t, 5*time.Second, "the reload in the log", func() bool { return strings.Contains(log.String(), "API keys reloaded") })
+	wait.Until(t, 5*time.Second, "the reload in the log", func() bool { return strings.Contains(log.String(), "API keys reloaded") })
 }

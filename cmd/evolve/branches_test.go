@@ -6,6 +6,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/tui"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -35,7 +36,7 @@ func TestBranchesAndKVCommands(t *testing.T) {
 	ask("agent-1", "main", "", long)
 	// The next turn hits the cache once the engines' KV events have told
 	// the directory where the first one's blocks are.
-	eventually(t, 5e9, "the first turn's blocks are known", func() bool {
+	wait.Until(t, 5e9, "the first turn's blocks are known", func() bool {
 		out, _ := runBinOut(t, c.env, "kv", "-o", "json")
 		var st struct {
 			Blocks int `json:"blocks"`
@@ -60,7 +61,7 @@ func TestBranchesAndKVCommands(t *testing.T) {
 		t.Fatalf("agent-1/explore: %+v", bs[0])
 	}
 	// The directory learns where the blocks live from KV events.
-	eventually(t, 5e9, "main's blocks are placed", func() bool {
+	wait.Until(t, 5e9, "main's blocks are placed", func() bool {
 		out, _ := runBinOut(t, c.env, "branches", "--session", "agent-1", "-o", "json")
 		json.Unmarshal([]byte(out), &bs)
 		return len(bs) == 2 && len(bs[1].Residency) > 0 && bs[1].Residency[0].GPU > 0

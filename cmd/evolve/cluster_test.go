@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
@@ -206,7 +207,7 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 	if status != 200 || reqID == "" || !strings.HasPrefix(pre, "engine-") || !strings.HasPrefix(dec, "engine-") {
 		t.Fatalf("answer %d with headers %v", status, hdr)
 	}
-	eventually(t, 5*time.Second, "the orchestrator logs the routing at debug level", func() bool {
+	wait.Until(t, 5*time.Second, "the orchestrator logs the routing at debug level", func() bool {
 		b, _ := os.ReadFile(filepath.Join(c.state.LogDir, "orchestrator.log"))
 		for _, l := range strings.Split(string(b), "\n") {
 			var rec map[string]any
@@ -380,11 +381,11 @@ func TestEngineKilledMidStreamThroughRouter(t *testing.T) {
 	text, ids, err := readCompletions(t, oc, params, 5, func() {
 		// Once its heartbeat says so, so that the status has load to
 		// forget.
-		eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
+		wait.Until(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
 		syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // engine-1 is the decode node
 	})
 	resumedOnce(t, c, text, ref, ids, err)
-	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node("engine-1")["state"] == "down" })
+	wait.Until(t, 10*time.Second, "the killed node shows down", func() bool { return c.node("engine-1")["state"] == "down" })
 	// Its last heartbeat said it was running this stream: no longer true.
 	if n := c.node("engine-1"); n["running"] != 0.0 || n["waiting"] != 0.0 || n["gpu_kv_usage"] != 0.0 {
 		t.Fatalf("a down node shows load: %v", n)
@@ -418,7 +419,7 @@ func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
 	killed := ""
 	text, ids, err := readCompletions(t, oc, params, killAt, func() {
 		// The decode node writing it, once its heartbeat says so.
-		eventually(t, 10*time.Second, "a decode node reports the stream", func() bool {
+		wait.Until(t, 10*time.Second, "a decode node reports the stream", func() bool {
 			for _, id := range []string{"engine-1", "engine-2"} {
 				if c.node(id)["running"] == 1.0 {
 					killed = id
@@ -433,7 +434,7 @@ func TestEngineKilledFarIntoAnAnswerThroughRouter(t *testing.T) {
 	if v := metric(t, c.state.RouterURL, `evolve_router_resume_prefilled_total`); v != 1 {
 		t.Fatalf("resumed answers whose KV the prefill node computed: %v", v)
 	}
-	eventually(t, 10*time.Second, "the killed node shows down", func() bool { return c.node(killed)["state"] == "down" })
+	wait.Until(t, 10*time.Second, "the killed node shows down", func() bool { return c.node(killed)["state"] == "down" })
 }
 
 // An engine killed while it writes a whole (not streamed) answer does not
@@ -467,7 +468,7 @@ func TestEngineKilledMidAWholeAnswerThroughRouter(t *testing.T) {
 		got <- answer{r, err}
 	}()
 	killed := ""
-	eventually(t, 20*time.Second, "a decode node has written 300 tokens of the answer", func() bool {
+	wait.Until(t, 20*time.Second, "a decode node has written 300 tokens of the answer", func() bool {
 		for id, b := range before {
 			if generated(id)-b >= 300 {
 				killed = id
@@ -497,7 +498,7 @@ func TestOrchestratorRestartKeepsPins(t *testing.T) {
 	}
 	// Stop the orchestrator and start a new one on the same addresses and data.
 	syscall.Kill(c.state.Orchestrator, syscall.SIGTERM)
-	eventually(t, 15*time.Second, "orchestrator stops", func() bool { return !alive(c.state.Orchestrator) })
+	wait.Until(t, 15*time.Second, "orchestrator stops", func() bool { return !alive(c.state.Orchestrator) })
 	dir := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
 	orch := exec.Command(evolveBin, "orchestrator", "--router-addr", strings.TrimPrefix(c.state.RouterURL, "http://"),
 		"--control-addr", strings.TrimPrefix(c.state.ControlURL, "http://"), "--nats-listen", natsAddr,
@@ -508,7 +509,7 @@ func TestOrchestratorRestartKeepsPins(t *testing.T) {
 	}
 	t.Cleanup(func() { orch.Process.Signal(syscall.SIGTERM); orch.Wait() })
 	c.state.Orchestrator = orch.Process.Pid
-	eventually(t, 20*time.Second, "engines re-register with the new orchestrator", func() bool {
+	wait.Until(t, 20*time.Second, "engines re-register with the new orchestrator", func() bool {
 		out, code := runBinOut(t, c.env, "nodes", "-o", "json")
 		var nodes []map[string]any
 		if code != 0 || json.Unmarshal([]byte(out), &nodes) != nil || len(nodes) != 2 {
@@ -709,7 +710,7 @@ func TestNodesWatchFollowsASwitch(t *testing.T) {
 	c := upCluster(t, "--engines", "2", "--prefill", "1", "--profile", "tiny")
 	table, tout := startBin(t, c.env, "nodes", "--watch")
 	js, jout := startBin(t, c.env, "nodes", "-w", "-o", "json")
-	eventually(t, 10*time.Second, "the first table", func() bool {
+	wait.Until(t, 10*time.Second, "the first table", func() bool {
 		return strings.Count(tout.String(), "\n") >= 3 && strings.Count(jout.String(), "\n") >= 2
 	})
 	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill"); code != 0 {
@@ -717,14 +718,14 @@ func TestNodesWatchFollowsASwitch(t *testing.T) {
 	}
 	switched := regexp.MustCompile(`(?m)^engine-1 +D decode +auto +switching->prefill \(\w+\)`)
 	done := regexp.MustCompile(`(?m)^engine-1 +P prefill +auto +serving`)
-	eventually(t, 10*time.Second, "the switch's rows", func() bool {
+	wait.Until(t, 10*time.Second, "the switch's rows", func() bool {
 		s := tout.String()
 		return switched.MatchString(s) && done.MatchString(s)
 	})
 	if lines := strings.Split(tout.String(), "\n"); !strings.HasPrefix(lines[0], "ID ") || strings.Count(tout.String(), "ID ") != 1 {
 		t.Fatalf("one header, first:\n%s", tout.String())
 	}
-	eventually(t, 10*time.Second, "a JSON line with engine-1 as prefill", func() bool {
+	wait.Until(t, 10*time.Second, "a JSON line with engine-1 as prefill", func() bool {
 		for _, l := range strings.Split(strings.TrimSpace(jout.String()), "\n") {
 			var n struct{ ID, Role, State string }
 			if json.Unmarshal([]byte(l), &n) != nil {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/openai/openai-go/v3"
@@ -185,12 +186,12 @@ func TestEngineClientDisconnectFreesKV(t *testing.T) {
 	sc := bufio.NewScanner(resp.Body)
 	for i := 0; i < 6 && sc.Scan(); i++ { // a few tokens arrive
 	}
-	eventually(t, 5*time.Second, "request running with KV", func() bool {
+	wait.Until(t, 5*time.Second, "request running with KV", func() bool {
 		return metric(t, p.url, "vllm:num_requests_running") == 1 && metric(t, p.url, "vllm:kv_cache_usage_perc") > 0
 	})
 	cancel()
 	resp.Body.Close()
-	eventually(t, 5*time.Second, "aborted request frees its KV", func() bool {
+	wait.Until(t, 5*time.Second, "aborted request frees its KV", func() bool {
 		return metric(t, p.url, "evolve_engine_aborted_requests_total") == 1 &&
 			metric(t, p.url, "vllm:num_requests_running") == 0 && metric(t, p.url, "vllm:kv_cache_usage_perc") == 0
 	})
@@ -403,7 +404,7 @@ func TestEngineDrainsOnSIGTERM(t *testing.T) {
 				t.Fatal(err)
 			}
 			// While it drains, new work is refused with a retry hint.
-			eventually(t, 5*time.Second, "503 while draining", func() bool {
+			wait.Until(t, 5*time.Second, "503 while draining", func() bool {
 				resp, err := http.Post(p.url+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "late"}`))
 				if err != nil {
 					return false
@@ -499,7 +500,7 @@ func TestSimPrintsStableJSON(t *testing.T) {
 func TestSimInterruptedSaysHowFarItGot(t *testing.T) {
 	cmd, out := startBin(t, []string{"XDG_CONFIG_HOME=" + t.TempDir()}, "sim", "--gpus", "12", "--workload", "coding", "--agents", "16",
 		"--duration", "3h", "--warmup", "0s", "--policies", "static:1:2", "-o", "json")
-	eventually(t, 30*time.Second, "the simulation starts", func() bool { return strings.Contains(out.String(), "simulating static:1:2") })
+	wait.Until(t, 30*time.Second, "the simulation starts", func() bool { return strings.Contains(out.String(), "simulating static:1:2") })
 	time.Sleep(time.Second) // a modelled minute or more
 	interrupt(t, cmd, out)
 	s := out.String()

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // withToken is a NATS URL with the event plane's token in it.
@@ -26,7 +27,7 @@ func TestEnginesServeOnlyTheClusterWithTheEventPlanesToken(t *testing.T) {
 	nats := withToken(orch.NATSURL, "s3cret")
 	pre := startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "prefill", "--id", "pre", "--nats", nats)
 	startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "decode", "--id", "dec", "--nats", nats)
-	eventually(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	wait.Until(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 
 	prompt := strings.Repeat("Find where the scheduler drops a request and fix it. ", 20)
 	req := map[string]any{"prompt": prompt, "max_tokens": 8}
@@ -63,7 +64,7 @@ func TestAnEngineWithAnotherTokenIsRoutedAround(t *testing.T) {
 	orch, log := startOrchestratorLog(t, "--nats-token", "s3cret")
 	nats := withToken(orch.NATSURL, "s3cret")
 	startEngine(t, "--profile", "tiny", "--speedup", "20", "--id", "odd", "--nats", nats, "--token", "another")
-	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	req := map[string]any{"prompt": "Hello", "max_tokens": 2}
 	status, _, body := post(t, orch.RouterURL+"/v1/completions", req)
 	// The client's error is public (a retry and the request id); the log
@@ -71,7 +72,7 @@ func TestAnEngineWithAnotherTokenIsRoutedAround(t *testing.T) {
 	if msg, _ := obj(body["error"])["message"].(string); status != 503 || !strings.Contains(msg, "retry (request evolve-") {
 		t.Fatalf("the only engine refuses the router's token: %d %v", status, body)
 	}
-	eventually(t, 5*time.Second, "the orchestrator's log saying why", func() bool {
+	wait.Until(t, 5*time.Second, "the orchestrator's log saying why", func() bool {
 		return strings.Contains(log.String(), "engine refused the router's engine token")
 	})
 
@@ -80,9 +81,9 @@ func TestAnEngineWithAnotherTokenIsRoutedAround(t *testing.T) {
 	if status, _, body := post(t, open.url+"/v1/completions", req); status != 200 {
 		t.Fatalf("an engine with --token none: %d %v", status, body)
 	}
-	eventually(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	wait.Until(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 	// The orchestrator, which has a token, says the open one serves anyone.
-	eventually(t, 5*time.Second, "the warning of an open engine", func() bool {
+	wait.Until(t, 5*time.Second, "the warning of an open engine", func() bool {
 		return strings.Contains(log.String(), "engine serves its port to anyone") && strings.Contains(log.String(), "id=open")
 	})
 	if out, code := runBin(t, nil, "nodes", "-o", "wide", "--server", orch.ControlURL); code != 0 ||
@@ -115,7 +116,7 @@ func TestVLLMGetsTheEngineTokenAsItsAPIKey(t *testing.T) {
 	if s := statusOf(t, http.DefaultClient, "GET", "http://"+listen+"/v1/models", ""); s != 401 {
 		t.Fatalf("the started vLLM's /v1/models without the token: %d, want 401", s)
 	}
-	eventually(t, 10*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 10*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	if got := tokenRequired(t, orch.ControlURL); got["vllm-a"] != true {
 		t.Fatalf("the vLLM node's token_required: %v (vLLM refuses requests without it)", got)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/nats-io/nats.go"
 )
 
@@ -31,13 +32,13 @@ func TestStoppedEngineServesAgainWhenContinued(t *testing.T) {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
 	})
-	eventually(t, 15*time.Second, "engine-0 marked down while stopped", func() bool {
+	wait.Until(t, 15*time.Second, "engine-0 marked down while stopped", func() bool {
 		return c.node("engine-0")["state"] == "down"
 	})
 	time.Sleep(2 * time.Second)
 	syscall.Kill(pid, syscall.SIGCONT)
 	continued = true
-	eventually(t, 10*time.Second, "engine-0 serving again after SIGCONT", func() bool {
+	wait.Until(t, 10*time.Second, "engine-0 serving again after SIGCONT", func() bool {
 		return c.node("engine-0")["state"] == "serving"
 	})
 	// It takes requests again: made the only decode node (which the
@@ -47,7 +48,7 @@ func TestStoppedEngineServesAgainWhenContinued(t *testing.T) {
 			t.Fatalf("evolve role set %s %s: %d %s", id, role, code, out)
 		}
 	}
-	eventually(t, 20*time.Second, "engine-0 decoding, engine-1 prefilling", func() bool {
+	wait.Until(t, 20*time.Second, "engine-0 decoding, engine-1 prefilling", func() bool {
 		return c.node("engine-0")["role"] == "decode" && c.node("engine-0")["state"] == "serving" &&
 			c.node("engine-1")["role"] == "prefill" && c.node("engine-1")["state"] == "serving"
 	})
@@ -87,14 +88,14 @@ func TestEventPlaneOffLoopbackNeedsAToken(t *testing.T) {
 		t.Fatal("a NATS client without the token joined the event plane")
 	}
 	e := startEngine(t, "--profile", "tiny", "--id", "e-file", "--nats", orch.NATSURL, "--nats-token-file", secret)
-	eventually(t, 10*time.Second, "the engine with the token from a file serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 10*time.Second, "the engine with the token from a file serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", e.cmd.Process.Pid))
 	if strings.Contains(string(cmdline), "fil3-s3cret") || strings.Contains(e.logText(), "fil3-s3cret") {
 		t.Fatalf("the token shows: %q\n%s", cmdline, e.logText())
 	}
 	// A token on the command line still works, and is warned about.
 	e2 := startEngine(t, "--profile", "tiny", "--id", "e-flag", "--nats", withToken(orch.NATSURL, "fil3-s3cret"))
-	eventually(t, 10*time.Second, "the engine with the token in --nats serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	wait.Until(t, 10*time.Second, "the engine with the token in --nats serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 	if !strings.Contains(e2.logText(), "shows it in ps") {
 		t.Fatalf("no warning for a token on the command line:\n%s", e2.logText())
 	}
@@ -136,7 +137,7 @@ func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
 		t.Fatalf("evolve up's orchestrator no longer asks for a free NATS port: %q", args)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
-	eventually(t, 10*time.Second, "orchestrator gone", func() bool { return !alive(pid) })
+	wait.Until(t, 10*time.Second, "orchestrator gone", func() bool { return !alive(pid) })
 	// At once, as a supervisor restarts it.
 	orch := exec.Command(evolveBin, args[1:]...)
 	orch.Env = append(os.Environ(), c.env...)
@@ -155,14 +156,14 @@ func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
 	c.state.Orchestrator = orch.Process.Pid
 	ready := args[slices.Index(args, "--ready-file")+1]
 	var info readyInfo
-	eventually(t, 30*time.Second, "the restarted orchestrator ready", func() bool {
+	wait.Until(t, 30*time.Second, "the restarted orchestrator ready", func() bool {
 		b, err := os.ReadFile(ready)
 		return err == nil && json.Unmarshal(b, &info) == nil && info.PID == orch.Process.Pid
 	})
 	if info.NATSURL != c.state.NATSURL {
 		t.Fatalf("the event plane moved from %s to %s", c.state.NATSURL, info.NATSURL)
 	}
-	eventually(t, 20*time.Second, "both engines rejoin", func() bool { return servingNodes(t, info.ControlURL) == 2 })
+	wait.Until(t, 20*time.Second, "both engines rejoin", func() bool { return servingNodes(t, info.ControlURL) == 2 })
 	if code, _, body := post(t, info.RouterURL+"/v1/completions", map[string]any{"prompt": "after the restart", "max_tokens": 4}); code != 200 {
 		t.Fatalf("a request after the restart: %d %v", code, body)
 	}

@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // reasoningLoad brings up three tiny engines (one prefill) at 10x with the
@@ -25,7 +27,7 @@ func reasoningLoad(t *testing.T, d, id string) (c *localCluster, finish func() (
 	t.Helper()
 	c = upCluster(t, "--engines", "3", "--prefill", "1", "--profile", "tiny", "--speedup", "10", "--planner", "off")
 	bench, out := startBin(t, c.env, "bench", "--workload", "math", "--agents", "8", "--duration", d, "--speedup", "10", "-o", "json")
-	eventually(t, 12*time.Second, id+" decoding", func() bool {
+	wait.Until(t, 12*time.Second, id+" decoding", func() bool {
 		n, _ := c.node(id)["running"].(float64)
 		return n >= 1
 	})
@@ -139,7 +141,7 @@ func TestEngineStoppedUnderLoadHandsItsAnswersOver(t *testing.T) {
 	c, finish := reasoningLoad(t, "14s", "engine-2")
 	pid := c.state.Engines[2]
 	syscall.Kill(pid, syscall.SIGTERM)
-	eventually(t, 30*time.Second, "engine-2 stops", func() bool { return !alive(pid) })
+	wait.Until(t, 30*time.Second, "engine-2 stops", func() bool { return !alive(pid) })
 	res, b := finish()
 	// The agents count only the moved answers that finished before the
 	// run's end; the router counts every one.

@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -216,19 +215,6 @@ func servingNodes(t *testing.T, controlURL string) int {
 		}
 	}
 	return serving
-}
-
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	for !cond() {
-		select {
-		case <-ctx.Done():
-			t.Fatalf("timed out waiting: %s", what)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
 }
 
 func num(v any) float64 {

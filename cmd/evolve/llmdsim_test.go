@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // llmdSim is the path of llm-d-inference-sim, a Go server that speaks
@@ -64,7 +66,7 @@ func TestLLMDInferenceSimCluster(t *testing.T) {
 		startEngine(t, "--backend", "vllm", "--vllm-url", url, "--kv-events", events, "--kv-events-bind", "--kv-replay", replay,
 			"--id", fmt.Sprint("sim", i), "--role", role, "--nats", orch.NATSURL)
 	}
-	eventually(t, 20*time.Second, "three simulators serving", func() bool { return servingNodes(t, orch.ControlURL) == 3 })
+	wait.Until(t, 20*time.Second, "three simulators serving", func() bool { return servingNodes(t, orch.ControlURL) == 3 })
 
 	context := strings.Repeat("the repository's context, read at every turn of the agent ", 60)
 	ask := func(prompt string) http.Header {
@@ -84,7 +86,7 @@ func TestLLMDInferenceSimCluster(t *testing.T) {
 		Blocks       int   `json:"blocks"`
 		GPUHitTokens int64 `json:"gpu_hit_tokens"`
 	}
-	eventually(t, 10*time.Second, "the first turn's blocks in the directory", func() bool {
+	wait.Until(t, 10*time.Second, "the first turn's blocks in the directory", func() bool {
 		getJSON(t, orch.ControlURL+"/api/v1/kv", &kvst)
 		return kvst.Blocks > 20
 	})
@@ -106,7 +108,7 @@ func TestLLMDInferenceSimCluster(t *testing.T) {
 	if out, code := runBinOut(t, nil, "role", "set", "sim1", "prefill", "--server", orch.ControlURL); code != 0 {
 		t.Fatalf("evolve role set: %d %s", code, out)
 	}
-	eventually(t, 20*time.Second, "sim1 prefilling", func() bool {
+	wait.Until(t, 20*time.Second, "sim1 prefilling", func() bool {
 		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
 		for _, n := range nodes {
 			if n["id"] == "sim1" {

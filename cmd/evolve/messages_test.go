@@ -11,6 +11,7 @@ import (
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 func (c *localCluster) anthropic() anthropic.Client {
@@ -157,7 +158,7 @@ func TestMessagesStreamSurvivesItsEngine(t *testing.T) {
 			continue
 		}
 		if deltas++; deltas == 5 {
-			eventually(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
+			wait.Until(t, 10*time.Second, "engine-1 reports the stream", func() bool { return c.node("engine-1")["running"] == 1.0 })
 			syscall.Kill(c.state.Engines[1], syscall.SIGKILL) // the decode node
 		}
 	}

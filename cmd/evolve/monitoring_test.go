@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/monitoring"
 	"gopkg.in/yaml.v3"
 )
@@ -32,7 +33,7 @@ func TestMonitoringReadsOnlyMetricsACLusterServes(t *testing.T) {
 	orch, _ := startOrchestratorLog(t, "--tls-cert-file", certFile, "--tls-key-file", keyFile, "--api-key-file", keys, "--planner", "recommend")
 	pre := startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "prefill", "--id", "pre", "--nats", orch.NATSURL)
 	startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "decode", "--id", "dec", "--nats", orch.NATSURL)
-	eventually(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	wait.Until(t, 10*time.Second, "both engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 	anyCert := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	req, _ := http.NewRequest("POST", orch.RouterURL+"/v1/completions", strings.NewReader(`{"prompt": "Watch the cluster", "max_tokens": 4}`))
 	req.Header.Set("Authorization", "Bearer sk-a")
@@ -44,7 +45,7 @@ func TestMonitoringReadsOnlyMetricsACLusterServes(t *testing.T) {
 	// Prompts, one after another (each its own prefill pass), until the
 	// planner has learned its costs and predicts.
 	n := 0
-	eventually(t, 60*time.Second, "the planner's predictions", func() bool {
+	wait.Until(t, 60*time.Second, "the planner's predictions", func() bool {
 		for range 10 {
 			n++
 			body := fmt.Sprintf(`{"prompt": "Step %d: %s", "max_tokens": 2}`, n, strings.Repeat("read the log ", 20+n%50))
@@ -146,7 +147,7 @@ func TestMonitoringReadsOnlyMetricsACLusterServes(t *testing.T) {
 		t.Fatalf("http_sd targets: router %v, engines %v", router, engines)
 	}
 	late := startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "decode", "--id", "late", "--nats", orch.NATSURL)
-	eventually(t, 10*time.Second, "the engine that joined, among the http_sd targets", func() bool {
+	wait.Until(t, 10*time.Second, "the engine that joined, among the http_sd targets", func() bool {
 		_, engines := sdTargets()
 		return len(engines) == 3 && slices.Contains(engines, strings.TrimPrefix(late.url, "http://"))
 	})

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/tokenizer"
@@ -92,7 +93,7 @@ func TestEngineOverNATS(t *testing.T) {
 	nc.Flush()
 
 	a := startEngine(t, "--profile", "tiny", "--speedup", "20", "--id", "a", "--nats", ns.ClientURL())
-	eventually(t, 5*time.Second, "registration and heartbeat of a", func() bool {
+	wait.Until(t, 5*time.Second, "registration and heartbeat of a", func() bool {
 		return rec.find(protocol.SubjectRegister, func(d []byte) bool {
 			var r protocol.Registration
 			return json.Unmarshal(d, &r) == nil && r.ID == "a" && r.URL == a.url && r.BlockSize == 16 && r.GPUBlocks == 512 && r.HostBlocks == 2048
@@ -105,7 +106,7 @@ func TestEngineOverNATS(t *testing.T) {
 	if status != 200 {
 		t.Fatalf("completion: %d %v", status, body)
 	}
-	eventually(t, 5*time.Second, "KV events for the prompt's blocks", func() bool { return len(rec.kvEvents("a")) >= len(chain) })
+	wait.Until(t, 5*time.Second, "KV events for the prompt's blocks", func() bool { return len(rec.kvEvents("a")) >= len(chain) })
 	events := rec.kvEvents("a")
 	stored := map[kv.BlockHash]bool{}
 	for i, e := range events {
@@ -121,7 +122,7 @@ func TestEngineOverNATS(t *testing.T) {
 			t.Fatalf("block %d of the prompt was never announced as stored on GPU", i)
 		}
 	}
-	eventually(t, 5*time.Second, "a pass record with the prefill", func() bool {
+	wait.Until(t, 5*time.Second, "a pass record with the prefill", func() bool {
 		return rec.find(protocol.StatsSubject("a"), func(d []byte) bool {
 			var b protocol.StatsBatch
 			if json.Unmarshal(d, &b) != nil {
@@ -164,7 +165,7 @@ func TestEngineOverNATS(t *testing.T) {
 	if !rep.OK || rep.Blocks < len(chain) || rep.Seconds <= 0 {
 		t.Fatalf("offload: %+v", rep)
 	}
-	eventually(t, 5*time.Second, "host-tier stored events after offload", func() bool {
+	wait.Until(t, 5*time.Second, "host-tier stored events after offload", func() bool {
 		n := 0
 		for _, e := range rec.kvEvents("a") {
 			if e.Kind == kv.BlockStored && e.Tier == kv.TierHost {
@@ -184,7 +185,7 @@ func TestEngineOverNATS(t *testing.T) {
 	if !rep.OK || rep.Blocks < 2*len(chain) {
 		t.Fatalf("resync: %+v", rep)
 	}
-	eventually(t, 5*time.Second, "resync events", func() bool { return len(rec.kvEvents("a")) >= before+1+rep.Blocks })
+	wait.Until(t, 5*time.Second, "resync events", func() bool { return len(rec.kvEvents("a")) >= before+1+rep.Blocks })
 	ev := rec.kvEvents("a")
 	if ev[before].Kind != kv.AllCleared || ev[before].Seq != uint64(before+1) {
 		t.Fatalf("resync does not start with AllBlocksCleared at seq %d: %+v", before+1, ev[before])
@@ -196,7 +197,7 @@ func TestEngineOverNATS(t *testing.T) {
 	if !rep.OK || rep.Blocks != len(chain) {
 		t.Fatalf("fetch: %+v", rep)
 	}
-	eventually(t, 5*time.Second, "fetched blocks land in b's host tier", func() bool {
+	wait.Until(t, 5*time.Second, "fetched blocks land in b's host tier", func() bool {
 		n := 0
 		for _, e := range rec.kvEvents("b") {
 			if e.Kind == kv.BlockStored && e.Tier == kv.TierHost {
@@ -212,7 +213,7 @@ func TestEngineOverNATS(t *testing.T) {
 
 	// Announce asks every engine to register again; a stopping engine deregisters.
 	nc.Publish(protocol.SubjectAnnounce, nil)
-	eventually(t, 5*time.Second, "b registers again", func() bool {
+	wait.Until(t, 5*time.Second, "b registers again", func() bool {
 		n := 0
 		rec.mu.Lock()
 		for _, m := range rec.msgs {
@@ -224,7 +225,7 @@ func TestEngineOverNATS(t *testing.T) {
 		return n >= 2
 	})
 	b.stop(t)
-	eventually(t, 5*time.Second, "b deregisters", func() bool {
+	wait.Until(t, 5*time.Second, "b deregisters", func() bool {
 		return rec.find(protocol.SubjectDeregister, func(d []byte) bool { return strings.Contains(string(d), `"b"`) })
 	})
 }

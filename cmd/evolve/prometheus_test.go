@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // prometheusBin is the Prometheus server that .ci/run unpacks beside
@@ -100,12 +102,12 @@ func TestPrometheusFindsTheClusterThroughTheControlAPI(t *testing.T) {
 		return got
 	}
 	host := func(u string) string { return strings.TrimPrefix(strings.TrimPrefix(u, "https://"), "http://") }
-	eventually(t, 60*time.Second, "Prometheus scraping the router and both engines", func() bool {
+	wait.Until(t, 60*time.Second, "Prometheus scraping the router and both engines", func() bool {
 		got := up()
 		return len(got) == 3 && got["evolve-router "+host(orch.RouterURL)]
 	})
 	late := startEngine(t, "--profile", "tiny", "--speedup", "20", "--role", "decode", "--id", "late", "--nats", orch.NATSURL)
-	eventually(t, 60*time.Second, "Prometheus scraping the engine that joined", func() bool {
+	wait.Until(t, 60*time.Second, "Prometheus scraping the engine that joined", func() bool {
 		return up()["evolve-engines "+host(late.url)]
 	})
 }

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // streamAnswer starts a streamed completion of maxTokens through the
@@ -34,7 +36,7 @@ func streamAnswer(t *testing.T, router string, maxTokens int) (*bufio.Scanner, f
 func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 	orch, log := startOrchestratorLog(t, "--shutdown-grace", "1m")
 	startEngine(t, "--profile", "tiny", "--speedup", "1", "--nats", orch.NATSURL)
-	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 
 	sc, done := streamAnswer(t, orch.RouterURL, 600) // about 2 s of decoding
 	defer done()
@@ -42,7 +44,7 @@ func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 		t.Fatal(err)
 	}
 	routerAddr := strings.TrimPrefix(orch.RouterURL, "http://")
-	eventually(t, 5*time.Second, "the router refusing new connections", func() bool {
+	wait.Until(t, 5*time.Second, "the router refusing new connections", func() bool {
 		c, err := net.DialTimeout("tcp", routerAddr, time.Second)
 		if err == nil {
 			c.Close()
@@ -63,7 +65,7 @@ func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 	if !finished || chunks < 590 {
 		t.Fatalf("the answer in flight ended after %d more chunks (finished %v): want the whole answer", chunks, finished)
 	}
-	eventually(t, 10*time.Second, "the orchestrator gone once its answer ended", func() bool { return !alive(orch.PID) })
+	wait.Until(t, 10*time.Second, "the orchestrator gone once its answer ended", func() bool { return !alive(orch.PID) })
 	if !strings.Contains(log.String(), "waiting for the answers in flight") || !strings.Contains(log.String(), "in_flight=1") {
 		t.Fatalf("the log does not say what the shutdown waits for:\n%s", log.String())
 	}
@@ -73,11 +75,11 @@ func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 	// that KV for a peer that never comes: a short grace bounds its stop.)
 	orch2, _ := startOrchestratorLog(t, "--shutdown-grace", "1m")
 	startEngine(t, "--profile", "tiny", "--speedup", "0.1", "--shutdown-grace", "2s", "--nats", orch2.NATSURL)
-	eventually(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch2.ControlURL) == 1 })
+	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch2.ControlURL) == 1 })
 	_, done2 := streamAnswer(t, orch2.RouterURL, 2000) // minutes at a tenth of real time
 	defer done2()
 	syscall.Kill(orch2.PID, syscall.SIGTERM)
 	time.Sleep(300 * time.Millisecond)
 	syscall.Kill(orch2.PID, syscall.SIGTERM)
-	eventually(t, 5*time.Second, "the orchestrator gone at the second signal", func() bool { return !alive(orch2.PID) })
+	wait.Until(t, 5*time.Second, "the orchestrator gone at the second signal", func() bool { return !alive(orch2.PID) })
 }

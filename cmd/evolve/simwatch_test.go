@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // evolve sim --live serves each policy's simulated cluster through the
@@ -84,7 +86,7 @@ func TestSimLiveServesTopUntilInterrupted(t *testing.T) {
 		}
 		Nodes []struct{ ID, Role, State string }
 	}
-	eventually(t, 20*time.Second, "evolve top --once sees the simulation move", func() bool {
+	wait.Until(t, 20*time.Second, "evolve top --once sees the simulation move", func() bool {
 		out, err := exec.Command(evolveBin, "top", "--once", "-o", "json", "--server", url+"/evolve").Output()
 		return err == nil && json.Unmarshal(out, &snap) == nil && snap.Cluster.Simulation.ElapsedSec > 0 && len(snap.Nodes) == 3
 	})
@@ -108,7 +110,7 @@ func TestSimLiveServesTopUntilInterrupted(t *testing.T) {
 			Requests int `json:"requests_completed"`
 		}
 	}
-	eventually(t, 5*time.Second, "the table on stdout", func() bool {
+	wait.Until(t, 5*time.Second, "the table on stdout", func() bool {
 		outMu.Lock()
 		defer outMu.Unlock()
 		return json.Unmarshal(stdout.Bytes(), &res) == nil

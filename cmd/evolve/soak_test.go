@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // TestSoak runs a local cluster of four engines under 64 agents for
@@ -246,7 +248,7 @@ func (s *soak) sample() (soakSample, error) {
 // listens on a new port), and notes how long it took.
 func (s *soak) recovered(what string, since time.Time, gone map[string]bool) {
 	s.t.Helper()
-	eventually(s.t, 90*time.Second, "every node serving after "+what, func() bool {
+	wait.Until(s.t, 90*time.Second, "every node serving after "+what, func() bool {
 		serving, fresh := 0, 0
 		for _, n := range s.nodes() {
 			if n["state"] == "serving" {
@@ -296,7 +298,7 @@ func (s *soak) killOrchestrator() {
 	s.mu.Lock()
 	s.orch, s.started[pid] = pid, start
 	s.mu.Unlock()
-	eventually(s.t, 60*time.Second, "the router back", func() bool {
+	wait.Until(s.t, 60*time.Second, "the router back", func() bool {
 		resp, err := http.Get(s.c.state.RouterURL + "/health")
 		if err == nil {
 			resp.Body.Close()
@@ -313,7 +315,7 @@ func (s *soak) restart(pid int, name string) int {
 	args := procStrings(s.t, pid, "cmdline")
 	env := procStrings(s.t, pid, "environ")
 	syscall.Kill(pid, syscall.SIGKILL)
-	eventually(s.t, 10*time.Second, name+" gone", func() bool { return !alive(pid) })
+	wait.Until(s.t, 10*time.Second, name+" gone", func() bool { return !alive(pid) })
 	cmd := exec.Command(evolveBin, args[1:]...)
 	cmd.Env = env
 	log, err := os.OpenFile(filepath.Join(s.logDir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)

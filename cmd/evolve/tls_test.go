@@ -18,6 +18,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // writeCert writes a self-signed certificate for 127.0.0.1 and its key,
@@ -97,7 +99,7 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 	startEngine(t, "--profile", "tiny", "--speedup", "20", "--nats", info.NATSURL)
 	agent := trusting(certFile)
 	agent.Transport.(*http.Transport).ForceAttemptHTTP2 = true
-	eventually(t, 20*time.Second, "the engine serving", func() bool {
+	wait.Until(t, 20*time.Second, "the engine serving", func() bool {
 		resp, err := agent.Get(info.RouterURL + "/v1/models")
 		if err != nil {
 			t.Fatal(err)
@@ -165,7 +167,7 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 	}
 	time.Sleep(10 * time.Millisecond) // a modification time the first write did not have
 	ends = writeCert(t, certFile, keyFile, 2)
-	eventually(t, 10*time.Second, "the renewed certificate served", func() bool { return served() == 2 })
+	wait.Until(t, 10*time.Second, "the renewed certificate served", func() bool { return served() == 2 })
 	if got := expiry(); got != float64(ends.Unix()) {
 		t.Errorf("after the renewal, evolve_tls_certificate_expiry_seconds %v, want %d", got, ends.Unix())
 	}
@@ -182,14 +184,14 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 	if err := os.WriteFile(keyFile, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 10*time.Second, "a warning about the certificate that does not load", func() bool {
+	wait.Until(t, 10*time.Second, "a warning about the certificate that does not load", func() bool {
 		// (A handshake looks at the files: make one first.)
 		s := served()
 		return s == 2 && strings.Contains(log.String(), "does not load")
 	})
 	// The next good pair is taken (a failed load blocks only itself).
 	writeCert(t, certFile, keyFile, 4)
-	eventually(t, 10*time.Second, "the next renewal served", func() bool { return served() == 4 })
+	wait.Until(t, 10*time.Second, "the next renewal served", func() bool { return served() == 4 })
 }
 
 // A certificate without its key, or one that does not load, stops the

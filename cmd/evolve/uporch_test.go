@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // spec.orchestrator.host names a host of the cluster: evolve up runs the
@@ -139,7 +141,7 @@ spec:
 		t.Fatalf("re-run with other keys:\n%s", out)
 	}
 	withKey := func(key string) int { return statusOf(t, client, "GET", res.RouterURL+"/v1/models", "Bearer "+key) }
-	eventually(t, 10*time.Second, "sk-remote-3 taken and sk-remote-1 refused", func() bool {
+	wait.Until(t, 10*time.Second, "sk-remote-3 taken and sk-remote-1 refused", func() bool {
 		return withKey("sk-remote-3") == 200 && withKey("sk-remote-1") == 401
 	})
 	if withKey("sk-remote-2") != 200 {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // The local cluster's processes run in their own process groups, so only
@@ -211,7 +213,7 @@ func TestUpStopsTheEnginesADeadOrchestratorLeft(t *testing.T) {
 	c := upCluster(t, "--engines", "2", "--profile", "tiny")
 	home := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
 	syscall.Kill(c.state.Orchestrator, syscall.SIGKILL)
-	eventually(t, 10*time.Second, "the orchestrator dies", func() bool { return !alive(c.state.Orchestrator) })
+	wait.Until(t, 10*time.Second, "the orchestrator dies", func() bool { return !alive(c.state.Orchestrator) })
 	// Commands say what happened, and what to do.
 	if out, code := runBinOut(t, c.env, "nodes"); code != 1 || !strings.Contains(out, "the local cluster's orchestrator is gone") {
 		t.Fatalf("nodes with the orchestrator dead: exit %d\n%s", code, out)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/evolvellm/evolve/cluster/sshtest"
 	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // evolve up -f against real OpenSSH servers standing for hosts (each its
@@ -278,7 +279,7 @@ spec:
 	if out, code := runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh); code != 0 {
 		t.Fatalf("down: exit %d\n%s", code, out)
 	}
-	eventually(t, 15e9, "vLLM stopped with its agent", func() bool {
+	wait.Until(t, 15e9, "vLLM stopped with its agent", func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", enginePort))
 		if err == nil {
 			c.Close()

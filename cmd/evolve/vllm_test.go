@@ -16,6 +16,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 )
@@ -74,7 +75,7 @@ func startOrchestratorLog(t *testing.T, extra ...string) (readyInfo, *lockedLog)
 		}
 	})
 	var info readyInfo
-	eventually(t, 20*time.Second, "the orchestrator's ready file", func() bool {
+	wait.Until(t, 20*time.Second, "the orchestrator's ready file", func() bool {
 		b, err := os.ReadFile(ready)
 		return err == nil && json.Unmarshal(b, &info) == nil
 	})
@@ -157,7 +158,7 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 		"--id", "vllm-dec", "--role", "decode", "--gpus", "4", "--nats", orch.NATSURL)
 
-	eventually(t, 20*time.Second, "both vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	wait.Until(t, 20*time.Second, "both vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 
 	client := openai.NewClient(option.WithBaseURL(orch.RouterURL+"/v1/"), option.WithAPIKey("unused"), option.WithMaxRetries(0))
 	ctx := t.Context()
@@ -189,7 +190,7 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	}
 	// Both servers hold the first turn's prefix: the prefill server
 	// computed it, the decode server pulled it.
-	eventually(t, 10*time.Second, "the first turn's blocks on both nodes in the directory", func() bool {
+	wait.Until(t, 10*time.Second, "the first turn's blocks on both nodes in the directory", func() bool {
 		getJSON(t, orch.ControlURL+"/api/v1/kv", &kvst)
 		held := 0
 		for _, n := range kvst.Nodes {
@@ -251,7 +252,7 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	// tokenize too: asked again, it finds its KV (hashed over evolve's
 	// token ids, the router would see none).
 	listPrompt := []string{strings.Repeat("The scheduler orders the runnable tasks by deadline. ", 100)}
-	eventually(t, 10*time.Second, "a list prompt asked again found on GPU", func() bool {
+	wait.Until(t, 10*time.Second, "a list prompt asked again found on GPU", func() bool {
 		var before, after struct {
 			GPUHitTokens int64 `json:"gpu_hit_tokens"`
 		}
@@ -280,7 +281,7 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 	}
 
 	// Their throughput shows, counted from vLLM's token counters.
-	eventually(t, 10*time.Second, "tokens per second of the vLLM nodes", func() bool {
+	wait.Until(t, 10*time.Second, "tokens per second of the vLLM nodes", func() bool {
 		var nodes []map[string]any
 		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
 		busy := 0
@@ -298,7 +299,7 @@ func TestVLLMEnginesServeThroughTheRouter(t *testing.T) {
 		c.Close()
 		t.Fatal("the started vLLM still listens after its agent stopped")
 	}
-	eventually(t, 10*time.Second, "the prefill node gone", func() bool {
+	wait.Until(t, 10*time.Second, "the prefill node gone", func() bool {
 		var nodes []map[string]any
 		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
 		for _, n := range nodes {
@@ -328,7 +329,7 @@ func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
 		startEngine(t, "--backend", "vllm", "--vllm-url", base, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 			"--id", "v-"+role, "--role", role, "--nats", orch.NATSURL)
 	}
-	eventually(t, 20*time.Second, "both serving", func() bool {
+	wait.Until(t, 20*time.Second, "both serving", func() bool {
 		var nodes []map[string]any
 		getJSON(t, orch.ControlURL+"/api/v1/nodes", &nodes)
 		return len(nodes) == 2 && nodes[0]["state"] == "serving" && nodes[1]["state"] == "serving"
@@ -340,7 +341,7 @@ func TestVLLMWithoutConnectorSaysWhy(t *testing.T) {
 	}
 	// The orchestrator's log reaches the test through a pipe, maybe after
 	// the answer.
-	eventually(t, 10*time.Second, "the orchestrator's log to say what vLLM lacks", func() bool {
+	wait.Until(t, 10*time.Second, "the orchestrator's log to say what vLLM lacks", func() bool {
 		return strings.Contains(log.String(), `needs --kv-transfer-config '{\"kv_connector\":\"NixlConnector\"`)
 	})
 }
@@ -383,7 +384,7 @@ func TestVLLMKVBlocksLeftOutAreCountedAndZeroParentsKept(t *testing.T) {
 	}
 	var nodes []map[string]any
 	sent, last := 0, time.Time{}
-	eventually(t, 15*time.Second, "v0's blocks in the directory and v1's counted as left out", func() bool {
+	wait.Until(t, 15*time.Second, "v0's blocks in the directory and v1's counted as left out", func() bool {
 		if time.Since(last) > 300*time.Millisecond {
 			// Requests straight to the servers, a new prompt each time (the
 			// first may go before the agents' subscriptions are up).
@@ -412,7 +413,7 @@ func TestVLLMKVBlocksLeftOutAreCountedAndZeroParentsKept(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "LEFT-OUT") {
 		t.Fatalf("evolve nodes -o wide: %d\n%s", code, out)
 	}
-	eventually(t, 5*time.Second, "the engine's log says why", func() bool {
+	wait.Until(t, 5*time.Second, "the engine's log says why", func() bool {
 		return strings.Contains(engines[1].logText(), "KV blocks left out of the router's directory")
 	})
 	found := false

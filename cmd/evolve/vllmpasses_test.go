@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // A vLLM engine started with --pass-metrics-port runs vLLM with
@@ -31,7 +32,7 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 	if b, err := os.ReadFile(argsFile); err != nil || !strings.Contains(string(b), "--forward-pass-metrics-port\n"+fpmPort+"\n") {
 		t.Fatalf("vLLM started without --forward-pass-metrics-port %s (%v):\n%s", fpmPort, err, b)
 	}
-	eventually(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 
 	// Conversations of growing context, to an agent's 20K tokens: prompts
 	// of many lengths, each turn finding the one before it cached, so
@@ -72,7 +73,7 @@ func TestVLLMForwardPassesTeachThePlanner(t *testing.T) {
 			}
 		}
 	}
-	eventually(t, 20*time.Second, "both cost models trusted", func() bool {
+	wait.Until(t, 20*time.Second, "both cost models trusted", func() bool {
 		read()
 		return st.Prefill.Ready && st.Decode.Ready
 	})
@@ -156,11 +157,11 @@ func TestVLLMForwardPassesByDefault(t *testing.T) {
 	startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-new",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)),
 		"--nats", orch.NATSURL, "--", script, "serve", "fake/model")
-	eventually(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	if b, err := os.ReadFile(argsFile); err != nil || !strings.Contains(string(b), "--forward-pass-metrics-port\n") {
 		t.Fatalf("vLLM started without --forward-pass-metrics-port (%v):\n%s", err, b)
 	}
-	eventually(t, 20*time.Second, "passes from the node", func() bool {
+	wait.Until(t, 20*time.Second, "passes from the node", func() bool {
 		if status, _, body := post(t, orch.RouterURL+"/v1/completions", map[string]any{"model": "fake/model",
 			"prompt": "count the passes", "max_tokens": 3}); status != 200 {
 			t.Fatalf("completion: %d %v", status, body)
@@ -184,7 +185,7 @@ func TestVLLMWithoutForwardPassMetricsStartsWithoutTheFlag(t *testing.T) {
 	p := startEngine(t, "--backend", "vllm", "--listen", freePort(t), "--id", "vllm-old",
 		"--kv-events-port", portOf(t, freePort(t)), "--kv-replay-port", portOf(t, freePort(t)), "--pass-metrics-port", portOf(t, freePort(t)),
 		"--nats", orch.NATSURL, "--", script, "serve", "fake/model")
-	eventually(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
+	wait.Until(t, 20*time.Second, "the vLLM engine serving", func() bool { return servingNodes(t, orch.ControlURL) == 1 })
 	b, err := os.ReadFile(argsFile)
 	if err != nil || !strings.Contains(string(b), "serve\nfake/model\n") || strings.Contains(string(b), "forward-pass") {
 		t.Fatalf("vLLM started with (%v):\n%s", err, b)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // sseAnswer is a streamed answer as a client reads it.
@@ -103,7 +104,7 @@ func startPacedVLLMs(t *testing.T, orch readyInfo, role func(id string) string, 
 		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 			"--id", id, "--role", role(id), "--gpus", "4", "--nats", orch.NATSURL)
 	}
-	eventually(t, 30*time.Second, "the vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == len(ids) })
+	wait.Until(t, 30*time.Second, "the vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == len(ids) })
 	return servers
 }
 
@@ -307,7 +308,7 @@ func TestVLLMContinuationGoesAheadOnPriorityScheduling(t *testing.T) {
 		startEngine(t, "--backend", "vllm", "--vllm-url", srv.URL, "--kv-events", srv.Events, "--kv-replay", srv.Replay,
 			"--id", id, "--gpus", "4", "--nats", orch.NATSURL, "--vllm-priority-scheduling")
 	}
-	eventually(t, 30*time.Second, "the vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
+	wait.Until(t, 30*time.Second, "the vLLM engines serving", func() bool { return servingNodes(t, orch.ControlURL) == 2 })
 	completion := map[string]any{"model": "fake/model", "prompt": strings.Repeat("The scheduler keeps a queue. ", 40),
 		"max_tokens": 60, "stream": true}
 	want := streamThroughRouter(t, orch.RouterURL+"/v1/completions", completion, 0, nil)

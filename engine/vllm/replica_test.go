@@ -16,6 +16,7 @@ import (
 
 	"github.com/evolvellm/evolve/engine/vllm"
 	"github.com/evolvellm/evolve/engine/vllm/vllmtest"
+	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/protocol"
 )
@@ -143,18 +144,6 @@ func startReplica(t *testing.T, opts vllmtest.Options, replay bool) (*vllmtest.S
 	return srv, r, sk
 }
 
-// waitFor polls cond for up to 10 s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 func TestReplicaRegistersAndTranslatesEvents(t *testing.T) {
 	for _, mapEvents := range []bool{false, true} {
 		t.Run(fmt.Sprintf("map=%v", mapEvents), func(t *testing.T) {
@@ -170,7 +159,7 @@ func TestReplicaRegistersAndTranslatesEvents(t *testing.T) {
 			if len(chain) < 5 {
 				t.Fatalf("chain of %d blocks", len(chain))
 			}
-			waitFor(t, "the prompt's blocks", func() bool {
+			wait.Until(t, 10*time.Second, "the prompt's blocks", func() bool {
 				set := resident(t, sk.snapshot())
 				for _, h := range chain {
 					if !set[h] {
@@ -195,7 +184,7 @@ func TestReplicaReplaysLostBatches(t *testing.T) {
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": a, "max_tokens": 1}, nil)
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1}, nil)
 	want := append(chainOf(t, srv, a), chainOf(t, srv, b)...)
-	waitFor(t, "both prompts' blocks, one of them replayed", func() bool {
+	wait.Until(t, 10*time.Second, "both prompts' blocks, one of them replayed", func() bool {
 		set := resident(t, sk.snapshot())
 		for _, h := range want {
 			if !set[h] {
@@ -218,7 +207,7 @@ func TestReplicaStartsOverWithoutReplay(t *testing.T) {
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": a, "max_tokens": 1}, nil)
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": b, "max_tokens": 1}, nil)
 	wantB := chainOf(t, srv, b)
-	waitFor(t, "the next prompt's blocks after a clear", func() bool {
+	wait.Until(t, 10*time.Second, "the next prompt's blocks after a clear", func() bool {
 		evs := sk.snapshot()
 		cleared := false
 		for _, e := range evs {
@@ -252,7 +241,7 @@ func TestReplicaControl(t *testing.T) {
 	prompt := "resync me " + strings.Repeat("epsilon ", 40)
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 1}, nil)
 	chain := chainOf(t, srv, prompt)
-	waitFor(t, "blocks", func() bool { return resident(t, sk.snapshot())[chain[len(chain)-1]] })
+	wait.Until(t, 10*time.Second, "blocks", func() bool { return resident(t, sk.snapshot())[chain[len(chain)-1]] })
 	before := resident(t, sk.snapshot())
 	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpResync}); !rep.OK {
 		t.Fatalf("%+v", rep)
@@ -343,12 +332,12 @@ func TestReplicaWarnsWhenNoKVEventsArrive(t *testing.T) {
 		t.Fatalf("a warning for a prompt shorter than a block:\n%s", logs.String())
 	}
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": strings.Repeat("served without events ", 10), "max_tokens": 1}, nil)
-	waitFor(t, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
+	wait.Until(t, 10*time.Second, "the warning", func() bool { return strings.Contains(logs.String(), "no KV event has reached the agent") })
 	if !strings.Contains(logs.String(), "--kv-events-config") || !strings.Contains(logs.String(), "a publisher must bind its endpoint") {
 		t.Fatalf("the warning does not say how to fix it:\n%s", logs.String())
 	}
 	// Nor has a forward pass come, though vLLM serves: that is said too.
-	waitFor(t, "the passes' warning", func() bool {
+	wait.Until(t, 10*time.Second, "the passes' warning", func() bool {
 		return strings.Contains(logs.String(), "none of its forward passes has reached the agent")
 	})
 }
@@ -359,7 +348,7 @@ func TestReplicaWithoutPassMetricsSaysSo(t *testing.T) {
 	_, logs := runLogged(t, func(srv *vllmtest.Server) vllm.Config {
 		return vllm.Config{ID: "blind", URL: srv.URL, Events: srv.Events}
 	})
-	waitFor(t, "the note", func() bool {
+	wait.Until(t, 10*time.Second, "the note", func() bool {
 		return strings.Contains(logs.String(), "the planner cannot learn this engine's pass costs")
 	})
 	if !strings.Contains(logs.String(), "--forward-pass-metrics-port") {
@@ -400,7 +389,7 @@ func TestReplicaFollowsARestartedVLLM(t *testing.T) {
 	go func() { done <- r.Run(ctx) }()
 	// A subscriber joins a little after it dials: publish until it hears.
 	n := 0
-	waitFor(t, "the first server's blocks", func() bool {
+	wait.Until(t, 10*time.Second, "the first server's blocks", func() bool {
 		n++
 		before := fmt.Sprint(n, " before the restart ", strings.Repeat("alpha ", 40))
 		post(t, first.URL+"/v1/completions", map[string]any{"prompt": before, "max_tokens": 1}, nil)
@@ -418,7 +407,7 @@ func TestReplicaFollowsARestartedVLLM(t *testing.T) {
 	after := "after the restart " + strings.Repeat("omega ", 40)
 	post(t, second.URL+"/v1/completions", map[string]any{"prompt": after, "max_tokens": 1}, nil)
 	chain := chainOf(t, second, after)
-	waitFor(t, "the restarted server's blocks, and only those", func() bool {
+	wait.Until(t, 10*time.Second, "the restarted server's blocks, and only those", func() bool {
 		n++ // traffic goes on while the agent connects again
 		post(t, second.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprint(n, " next ", strings.Repeat("psi ", 40)), "max_tokens": 1}, nil)
 		time.Sleep(50 * time.Millisecond)
@@ -467,7 +456,7 @@ func TestReplicaPublishesVLLMsForwardPasses(t *testing.T) {
 	srv, _, sk := startReplica(t, vllmtest.Options{PassMetrics: "tcp://127.0.0.1:0"}, true)
 	// The subscriber joins a little after it dials, and the warm-up's
 	// passes may have come before: count from a request it surely hears.
-	waitFor(t, "a pass record", func() bool {
+	wait.Until(t, 10*time.Second, "a pass record", func() bool {
 		post(t, srv.URL+"/v1/completions", map[string]any{"prompt": fmt.Sprint(time.Now().UnixNano()), "max_tokens": 1}, nil)
 		time.Sleep(20 * time.Millisecond)
 		return len(sk.passRecords()) > 0
@@ -480,7 +469,7 @@ func TestReplicaPublishesVLLMsForwardPasses(t *testing.T) {
 		} `json:"usage"`
 	}
 	post(t, srv.URL+"/v1/completions", map[string]any{"prompt": prompt, "max_tokens": 5}, &out)
-	waitFor(t, "the request's five passes", func() bool { return len(sk.passRecords()) >= before+5 })
+	wait.Until(t, 10*time.Second, "the request's five passes", func() bool { return len(sk.passRecords()) >= before+5 })
 	time.Sleep(100 * time.Millisecond) // a heartbeat, were it counted, would come now
 	recs := sk.passRecords()[before:]
 	if len(recs) != 5 {
