@@ -140,7 +140,7 @@ func (o *Orchestrator) Status() ClusterStatus {
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
 		Recent: recent, APIKeys: len(keys.keys), KeyLimits: keys.status()}
 	if o.certs != nil {
-		end := o.certs.notAfter().UTC()
+		end := o.certs.NotAfter().UTC()
 		st.TLSNotAfter = &end
 	}
 	speedups := map[float64]bool{}

@@ -83,7 +83,7 @@ func (o *Orchestrator) newNATSServer(host string, port int) (*server.Server, err
 	if o.natsTLS() {
 		// Engines on other machines send the token: encrypt it with
 		// the router's certificate (tls:// URLs).
-		sopts.TLSConfig = o.certs.tlsConfig()
+		sopts.TLSConfig = o.certs.Config()
 	}
 	ns, err := server.NewServer(sopts)
 	if err != nil {

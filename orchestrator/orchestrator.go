@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/evolvellm/evolve/orchestrator/certreload"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/protocol"
@@ -100,11 +101,11 @@ type Orchestrator struct {
 	started                        time.Time
 	routerURL, controlURL, natsURL string
 	routerLn, controlLn            net.Listener
-	certs                          *certReloader // nil: plain HTTP
-	keys                           *keySet       // the agents' API keys (none: open) and limits
-	inFlight                       atomic.Int64  // answers the router is writing
-	bodies                         *largeBodies  // the budget for large request bodies
-	noTokenIDs                     sync.Map      // vLLM nodes seen streaming without token ids (warnNoTokenIDs)
+	certs                          *certreload.Reloader // nil: plain HTTP
+	keys                           *keySet              // the agents' API keys (none: open) and limits
+	inFlight                       atomic.Int64         // answers the router is writing
+	bodies                         *largeBodies         // the budget for large request bodies
+	noTokenIDs                     sync.Map             // vLLM nodes seen streaming without token ids (warnNoTokenIDs)
 }
 
 type metrics struct {
@@ -195,7 +196,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err != nil {
 		return nil, err
 	}
-	certs, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.Logger.With("component", "orchestrator"))
+	certs, err := certreload.New(cfg.TLSCertFile, cfg.TLSKeyFile, cfg.Logger.With("component", "orchestrator"))
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +232,7 @@ func New(cfg Config) (*Orchestrator, error) {
 			Help: "Times the router gave the memory of huge requests (8 MiB bodies and more) back to the system."}, func() float64 { return float64(o.bodies.freed.Load()) }))
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
-			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.expiry))
+			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.Expiry))
 	}
 	return o, nil
 }
@@ -321,7 +322,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		if !tls {
 			return srv.Serve(ln)
 		}
-		srv.TLSConfig = o.certs.tlsConfig()
+		srv.TLSConfig = o.certs.Config()
 		return srv.ServeTLS(ln, "", "")
 	}
 	errs := make(chan error, 2)

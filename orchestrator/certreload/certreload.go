@@ -1,4 +1,11 @@
-package orchestrator
+// Package certreload serves a TLS key pair from two files and reads it
+// again when either changes, so that a certificate renewed in place
+// (cert-manager, certbot, a secret mounted into a pod) is served from the
+// next connection on, without a restart; a renewal that does not load (a
+// key that does not match, a half-written file) is logged, and the last
+// good pair goes on serving. The orchestrator's router, control API and
+// event plane serve HTTPS and TLS with it.
+package certreload
 
 import (
 	"bytes"
@@ -11,13 +18,6 @@ import (
 	"time"
 )
 
-// With a certificate and key (Config.TLSCertFile, TLSKeyFile) the router and
-// the control API serve HTTPS: API keys and control tokens then cross the
-// network encrypted. The pair is read again when either file changes, so
-// that a certificate renewed in place (cert-manager, certbot, a secret
-// mounted into a pod) is served from the next connection on, without a
-// restart; a renewal that does not load (a key that does not match, a
-// half-written file) is logged, and the last good pair goes on serving.
 
 // certRecheck is how often a handshake looks at the files again.
 const certRecheck = time.Second
@@ -29,9 +29,9 @@ const (
 	certWarnEvery  = time.Hour
 )
 
-// certReloader serves the key pair in two files, reloading it when they
+// Reloader serves the key pair in two files, reloading it when they
 // change.
-type certReloader struct {
+type Reloader struct {
 	certFile, keyFile string
 	log               *slog.Logger
 
@@ -43,15 +43,16 @@ type certReloader struct {
 	warned  time.Time
 }
 
-// newCertReloader loads the pair, refusing one that does not load.
-func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader, error) {
+// New loads the pair, refusing one that does not load; with neither file
+// it returns nil (plain HTTP), and one file without the other is an error.
+func New(certFile, keyFile string, log *slog.Logger) (*Reloader, error) {
 	if (certFile == "") != (keyFile == "") {
 		return nil, errors.New("TLS needs both a certificate and its key (--tls-cert-file and --tls-key-file)")
 	}
 	if certFile == "" {
 		return nil, nil
 	}
-	r := &certReloader{certFile: certFile, keyFile: keyFile, log: log}
+	r := &Reloader{certFile: certFile, keyFile: keyFile, log: log}
 	stamp, err := r.fileStamp()
 	if err != nil {
 		return nil, fmt.Errorf("TLS: %w", err)
@@ -65,8 +66,8 @@ func newCertReloader(certFile, keyFile string, log *slog.Logger) (*certReloader,
 	return r, nil
 }
 
-// notAfter is when the served certificate ends (zero if unknown).
-func (r *certReloader) notAfter() time.Time {
+// NotAfter is when the served certificate ends (zero if unknown).
+func (r *Reloader) NotAfter() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.cert.Leaf == nil {
@@ -75,10 +76,10 @@ func (r *certReloader) notAfter() time.Time {
 	return r.cert.Leaf.NotAfter
 }
 
-// expiry is notAfter in Unix seconds, for the
+// Expiry is NotAfter in Unix seconds, for the
 // evolve_tls_certificate_expiry_seconds gauge.
-func (r *certReloader) expiry() float64 {
-	if end := r.notAfter(); !end.IsZero() {
+func (r *Reloader) Expiry() float64 {
+	if end := r.NotAfter(); !end.IsZero() {
 		return float64(end.Unix())
 	}
 	return 0
@@ -86,7 +87,7 @@ func (r *certReloader) expiry() float64 {
 
 // warnIfEnding logs, at most every certWarnEvery, that the served
 // certificate has ended or soon will; r.mu is held (or r is new).
-func (r *certReloader) warnIfEnding(now time.Time) {
+func (r *Reloader) warnIfEnding(now time.Time) {
 	leaf := r.cert.Leaf
 	if leaf == nil || leaf.NotAfter.Sub(now) > certWarnBefore || now.Sub(r.warned) < certWarnEvery {
 		return
@@ -101,7 +102,7 @@ func (r *certReloader) warnIfEnding(now time.Time) {
 }
 
 // fileStamp is what changes when either file is rewritten.
-func (r *certReloader) fileStamp() ([]byte, error) {
+func (r *Reloader) fileStamp() ([]byte, error) {
 	var b bytes.Buffer
 	for _, f := range []string{r.certFile, r.keyFile} {
 		st, err := os.Stat(f)
@@ -115,7 +116,7 @@ func (r *certReloader) fileStamp() ([]byte, error) {
 
 // certificate is tls.Config.GetCertificate: the pair, reloaded first when
 // the files changed since it was loaded.
-func (r *certReloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+func (r *Reloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if now := time.Now(); now.Sub(r.checked) >= certRecheck {
@@ -127,7 +128,7 @@ func (r *certReloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, erro
 }
 
 // reload loads the pair again if the files changed; r.mu is held.
-func (r *certReloader) reload() {
+func (r *Reloader) reload() {
 	stamp, err := r.fileStamp()
 	if err != nil || bytes.Equal(stamp, r.stamp) || bytes.Equal(stamp, r.failed) {
 		return
@@ -144,7 +145,8 @@ func (r *certReloader) reload() {
 	r.log.Info("TLS certificate reloaded", "cert_file", r.certFile)
 }
 
-// tlsConfig is the servers' TLS configuration.
-func (r *certReloader) tlsConfig() *tls.Config {
+// Config is the servers' TLS configuration: the pair, reloaded when its
+// files change.
+func (r *Reloader) Config() *tls.Config {
 	return &tls.Config{GetCertificate: r.certificate, MinVersion: tls.VersionTLS12}
 }
