@@ -15,7 +15,7 @@ import (
 	"strconv"
 	"strings"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/engine/vllm"
 	"gopkg.in/yaml.v3"
 )
@@ -451,9 +451,9 @@ func (f *File) validate() Errors {
 		switch e.Backend {
 		case "sim":
 			if e.Profile == "" {
-				bad(p+".engine.profile", "is missing: the sim backend needs one of %s", strings.Join(enginesim.ProfileNames(), ", "))
-			} else if !slicesContains(enginesim.ProfileNames(), e.Profile) {
-				bad(p+".engine.profile", "%q: want one of %s", e.Profile, strings.Join(enginesim.ProfileNames(), ", "))
+				bad(p+".engine.profile", "is missing: the sim backend needs one of %s", strings.Join(stepmodel.ProfileNames(), ", "))
+			} else if !slicesContains(stepmodel.ProfileNames(), e.Profile) {
+				bad(p+".engine.profile", "%q: want one of %s", e.Profile, strings.Join(stepmodel.ProfileNames(), ", "))
 			}
 			if len(e.Command) > 0 {
 				bad(p+".engine.command", "is for the vllm backend")

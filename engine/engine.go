@@ -3,7 +3,7 @@
 // kv_transfer_params flow for disaggregated prefill and decode, and the engine
 // protocol (package protocol) over NATS to the orchestrator.
 //
-// Engine is the "sim" backend: the step model of package engine/sim run
+// Simulated is the "sim" backend: the step model of package engine/stepmodel run
 // against the wall clock, sped up by Config.Speedup. Times that the engine
 // reports (latency histograms, usage, pass records) are the model's
 // (virtual) times, so a sped-up engine reports what the hardware would see.
@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
@@ -28,10 +28,10 @@ import (
 
 // Config configures an engine agent.
 type Config struct {
-	ID               string       // engine id (a NATS subject token)
-	Profile          *sim.Profile // hardware and model
-	Sim              sim.Config   // scheduler overrides
-	ServedModelName  string       // default: the profile's model
+	ID               string             // engine id (a NATS subject token)
+	Profile          *stepmodel.Profile // hardware and model
+	Sim              stepmodel.Config   // scheduler overrides
+	ServedModelName  string             // default: the profile's model
 	Role             roles.Role
 	Speedup          float64 // modelled seconds per wall second; default 1
 	AdvertiseURL     string  // base URL peers and routers use to reach this engine
@@ -43,15 +43,15 @@ type Config struct {
 	Logger *slog.Logger
 }
 
-// Engine is a running engine agent. Create it with New, start its loop with
-// Run, and serve Handler over HTTP.
-type Engine struct {
+// Simulated is a running simulated engine. Create it with NewSimulated,
+// start its loop with Run, and serve Handler over HTTP.
+type Simulated struct {
 	cfg   Config
 	log   *slog.Logger
 	clock *virtualClock
 
 	mu      sync.Mutex // guards model, pending and the fields below
-	model   *sim.Model
+	model   *stepmodel.Model
 	pending map[string]*pending
 	wake    chan struct{}
 	nextID  uint64
@@ -85,12 +85,13 @@ type EventSink interface {
 
 // snapshot is the state last reported, for metrics and heartbeats.
 type snapshot struct {
-	stats    sim.PassStats
-	counters sim.Counters
+	stats    stepmodel.PassStats
+	counters stepmodel.Counters
 }
 
-// New builds an engine; it serves nothing until Run is called.
-func New(cfg Config) (*Engine, error) {
+// NewSimulated builds a simulated engine; it serves nothing until Run is
+// called.
+func NewSimulated(cfg Config) (*Simulated, error) {
 	if cfg.Profile == nil {
 		return nil, errors.New("engine: no profile")
 	}
@@ -106,11 +107,11 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	e := &Engine{
+	e := &Simulated{
 		cfg:     cfg,
 		log:     cfg.Logger.With("engine", cfg.ID),
 		clock:   newVirtualClock(time.Now(), cfg.Speedup),
-		model:   sim.NewModel(cfg.Profile, cfg.Sim),
+		model:   stepmodel.NewModel(cfg.Profile, cfg.Sim),
 		pending: map[string]*pending{},
 		wake:    make(chan struct{}, 1),
 		start:   time.Now(),
@@ -125,19 +126,19 @@ func New(cfg Config) (*Engine, error) {
 
 // SetSink sets where KV events and pass records go (nil: nowhere). Call it
 // before Run.
-func (e *Engine) SetSink(s EventSink) { e.sink = s }
+func (e *Simulated) SetSink(s EventSink) { e.sink = s }
 
 // Logger returns the engine's logger.
-func (e *Engine) Logger() *slog.Logger { return e.log }
+func (e *Simulated) Logger() *slog.Logger { return e.log }
 
 // ID returns the engine id.
-func (e *Engine) ID() string { return e.cfg.ID }
+func (e *Simulated) ID() string { return e.cfg.ID }
 
 // Model returns the served model name.
-func (e *Engine) Model() string { return e.cfg.ServedModelName }
+func (e *Simulated) Model() string { return e.cfg.ServedModelName }
 
 // Registration describes this engine for the orchestrator.
-func (e *Engine) Registration(version string) protocol.Registration {
+func (e *Simulated) Registration(version string) protocol.Registration {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	p := e.model.Profile()
@@ -153,7 +154,7 @@ func (e *Engine) Registration(version string) protocol.Registration {
 }
 
 // Heartbeat reports the engine's current load.
-func (e *Engine) Heartbeat() protocol.Heartbeat {
+func (e *Simulated) Heartbeat() protocol.Heartbeat {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	st := e.snap.stats
@@ -172,7 +173,7 @@ func ratio(a, b int) float64 {
 	return float64(a) / float64(b)
 }
 
-func (e *Engine) poke() {
+func (e *Simulated) poke() {
 	select {
 	case e.wake <- struct{}{}:
 	default:
@@ -186,12 +187,12 @@ const maxLag = 200 * time.Millisecond
 // Run steps the model until ctx ends: one forward pass at a time, each taking
 // its modelled duration divided by the speedup in wall time. Tokens are
 // delivered when their pass ends.
-func (e *Engine) Run(ctx context.Context) {
+func (e *Simulated) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	var (
-		tokens   []sim.Token
-		finished []sim.Finished
+		tokens   []stepmodel.Token
+		finished []stepmodel.Finished
 		events   []kv.Event
 	)
 	for {
@@ -262,7 +263,7 @@ func (e *Engine) Run(ctx context.Context) {
 	}
 }
 
-func passRecord(start time.Time, d time.Duration, st *sim.PassStats) protocol.PassRecord {
+func passRecord(start time.Time, d time.Duration, st *stepmodel.PassStats) protocol.PassRecord {
 	return protocol.PassRecord{
 		Start: start, DurationSec: d.Seconds(), PrefillTokens: st.PrefillTokens, PrefillAttended: st.PrefillAttended,
 		DecodeSeqs: st.DecodeSeqs, DecodeContext: st.DecodeContext, HostLoadBlocks: st.HostLoadBlocks,
@@ -272,7 +273,7 @@ func passRecord(start time.Time, d time.Duration, st *sim.PassStats) protocol.Pa
 }
 
 // deliver hands a pass's tokens and finishes to the waiting handlers.
-func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.Time) {
+func (e *Simulated) deliver(tokens []stepmodel.Token, finished []stepmodel.Finished, end time.Time) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, t := range tokens {
@@ -293,7 +294,7 @@ func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.T
 		delete(e.pending, f.ReqID)
 		e.met.observeFinished(f)
 		fc := *f
-		p.push(sim.Token{}, &fc)
+		p.push(stepmodel.Token{}, &fc)
 	}
 	if e.handingOver {
 		e.handOver(end)
@@ -303,7 +304,7 @@ func (e *Engine) deliver(tokens []sim.Token, finished []sim.Finished, end time.T
 // handOver takes every movable request that has output off the model,
 // holding its KV for the peer that will continue it, and tells its
 // handler. Call with e.mu held, between passes.
-func (e *Engine) handOver(now time.Time) {
+func (e *Simulated) handOver(now time.Time) {
 	for id, p := range e.pending {
 		if !p.movable {
 			continue
@@ -318,7 +319,7 @@ func (e *Engine) handOver(now time.Time) {
 	}
 }
 
-func (e *Engine) shutdown() {
+func (e *Simulated) shutdown() {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for id, p := range e.pending {
@@ -334,8 +335,8 @@ type pending struct {
 	movable bool
 
 	mu       sync.Mutex
-	tokens   []sim.Token
-	finished *sim.Finished
+	tokens   []stepmodel.Token
+	finished *stepmodel.Finished
 	handed   *moved
 	err      error
 	notify   chan struct{}
@@ -343,7 +344,7 @@ type pending struct {
 
 // moved is a request the engine handed over: what a peer needs to go on.
 type moved struct {
-	sim.Migrated
+	stepmodel.Migrated
 	kv map[string]any // kv_transfer_params naming this engine's hold
 }
 
@@ -364,7 +365,7 @@ func (p *pending) wake() {
 
 func newPending() *pending { return &pending{notify: make(chan struct{}, 1)} }
 
-func (p *pending) push(tok sim.Token, f *sim.Finished) {
+func (p *pending) push(tok stepmodel.Token, f *stepmodel.Finished) {
 	p.mu.Lock()
 	if f != nil {
 		p.finished = f
@@ -385,7 +386,7 @@ func (p *pending) fail(err error) {
 // take returns the tokens delivered since the last call, the finish if the
 // request is done, its handover if it moved, and an error if the engine
 // gave up on it.
-func (p *pending) take(buf []sim.Token) ([]sim.Token, *sim.Finished, *moved, error) {
+func (p *pending) take(buf []stepmodel.Token) ([]stepmodel.Token, *stepmodel.Finished, *moved, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	buf = append(buf[:0], p.tokens...)
@@ -399,7 +400,7 @@ func (p *pending) take(buf []sim.Token) ([]sim.Token, *sim.Finished, *moved, err
 // one ended (Run), and a request that arrived in that slack would
 // otherwise be scheduled before it arrived (a negative queue time). Call
 // with e.mu held.
-func (e *Engine) modelNow() time.Time {
+func (e *Simulated) modelNow() time.Time {
 	now := e.clock.Now()
 	if e.busy && now.After(e.passEnd) && now.Sub(e.passEnd) < maxLag {
 		return e.passEnd
@@ -409,7 +410,7 @@ func (e *Engine) modelNow() time.Time {
 
 // submit queues a request with the model and registers its handler;
 // movable says its client takes a handover.
-func (e *Engine) submit(r sim.Request, movable bool) (*pending, error) {
+func (e *Simulated) submit(r stepmodel.Request, movable bool) (*pending, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if err := e.model.Submit(e.modelNow(), r); err != nil {
@@ -423,7 +424,7 @@ func (e *Engine) submit(r sim.Request, movable bool) (*pending, error) {
 }
 
 // abort drops a request (its client went away) and frees its KV.
-func (e *Engine) abort(id string) {
+func (e *Simulated) abort(id string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if _, ok := e.model.Abort(e.modelNow(), id); ok {
@@ -433,7 +434,7 @@ func (e *Engine) abort(id string) {
 	e.poke() // refresh the reported state
 }
 
-func (e *Engine) newRequestID(prefix string) string {
+func (e *Simulated) newRequestID(prefix string) string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.nextID++
@@ -443,7 +444,7 @@ func (e *Engine) newRequestID(prefix string) string {
 // Drain stops taking new requests (they get 503) and waits until every
 // request in flight has finished, or ctx ends. It reports how many were
 // still in flight when it returned.
-func (e *Engine) Drain(ctx context.Context) int {
+func (e *Simulated) Drain(ctx context.Context) int {
 	return e.drain(ctx, false)
 }
 
@@ -453,7 +454,7 @@ func (e *Engine) Drain(ctx context.Context) int {
 // which pulls its KV, so that the engine stops in seconds rather than when
 // its longest answer ends. An answer no peer takes comes back
 // (protocol.HandOverNever) and is finished here.
-func (e *Engine) Leave(ctx context.Context) int {
+func (e *Simulated) Leave(ctx context.Context) int {
 	return e.drain(ctx, true)
 }
 
@@ -464,7 +465,7 @@ func (e *Engine) Leave(ctx context.Context) int {
 // was handed to a router that went away: no one will pull it.
 const orphanHoldWait = 2 * pullTimeout
 
-func (e *Engine) drain(ctx context.Context, handOver bool) int {
+func (e *Simulated) drain(ctx context.Context, handOver bool) int {
 	e.mu.Lock()
 	e.model.SetDraining(true)
 	if handOver {
@@ -503,7 +504,7 @@ func (e *Engine) drain(ctx context.Context, handOver bool) int {
 }
 
 // Control runs one control operation (see protocol.ControlRequest).
-func (e *Engine) Control(ctx context.Context, req protocol.ControlRequest) protocol.ControlReply {
+func (e *Simulated) Control(ctx context.Context, req protocol.ControlRequest) protocol.ControlReply {
 	var rep protocol.ControlReply
 	err := e.control(ctx, req, &rep)
 	e.mu.Lock()
@@ -517,7 +518,7 @@ func (e *Engine) Control(ctx context.Context, req protocol.ControlRequest) proto
 	return rep
 }
 
-func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *protocol.ControlReply) error {
+func (e *Simulated) control(ctx context.Context, req protocol.ControlRequest, rep *protocol.ControlReply) error {
 	switch req.Op {
 	case protocol.OpStatus:
 		return nil
@@ -570,9 +571,9 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 		rep.Blocks, rep.Seconds = n, d.Seconds()
 		return err
 	case protocol.OpHints:
-		hints := make([]sim.Hint, len(req.Hints))
+		hints := make([]stepmodel.Hint, len(req.Hints))
 		for i, h := range req.Hints {
-			hints[i] = sim.Hint{Hash: h.Hash, Priority: h.Priority}
+			hints[i] = stepmodel.Hint{Hash: h.Hash, Priority: h.Priority}
 		}
 		e.mu.Lock()
 		e.model.SetHints(hints)
@@ -590,7 +591,7 @@ func (e *Engine) control(ctx context.Context, req protocol.ControlRequest, rep *
 
 // fetch asks peer how much of blocks it holds and pulls that part into the
 // host tier, at the profile's network bandwidth.
-func (e *Engine) fetch(ctx context.Context, peer string, blocks []kv.BlockHash, from int) (int, time.Duration, error) {
+func (e *Simulated) fetch(ctx context.Context, peer string, blocks []kv.BlockHash, from int) (int, time.Duration, error) {
 	if peer == "" || len(blocks) == 0 {
 		return 0, 0, errors.New("fetch needs a peer and blocks")
 	}
@@ -610,7 +611,7 @@ func (e *Engine) fetch(ctx context.Context, peer string, blocks []kv.BlockHash, 
 }
 
 // lookup answers a peer's question about a chain.
-func (e *Engine) lookup(blocks []kv.BlockHash) protocol.LookupReply {
+func (e *Simulated) lookup(blocks []kv.BlockHash) protocol.LookupReply {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	g, l := e.model.Lookup(blocks)
@@ -618,7 +619,7 @@ func (e *Engine) lookup(blocks []kv.BlockHash) protocol.LookupReply {
 }
 
 // release ends a prefill leg's hold and returns its blocks.
-func (e *Engine) release(id string) ([]kv.BlockHash, bool) {
+func (e *Simulated) release(id string) ([]kv.BlockHash, bool) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	b, ok := e.model.Release(id)

@@ -32,7 +32,7 @@ func (s *sink) KVEvents(ev []kv.Event) {
 }
 func (s *sink) Pass(protocol.PassRecord) { s.mu.Lock(); s.passes++; s.mu.Unlock() }
 
-func startInProcess(t *testing.T, speedup float64) (*Engine, *httptest.Server, *sink) {
+func startInProcess(t *testing.T, speedup float64) (*Simulated, *httptest.Server, *sink) {
 	t.Helper()
 	sk := &sink{}
 	e, srv := startEngine(t, "t1", roles.Both, speedup, sk)

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/openaiapi/openaiapitest"
 	"github.com/evolvellm/evolve/protocol"
@@ -23,20 +23,20 @@ import (
 
 // startEngine runs engine id with the tiny profile behind an HTTP server,
 // publishing to sk (nil: nowhere).
-func startEngine(t *testing.T, id string, role roles.Role, speedup float64, sk EventSink) (*Engine, *httptest.Server) {
+func startEngine(t *testing.T, id string, role roles.Role, speedup float64, sk EventSink) (*Simulated, *httptest.Server) {
 	t.Helper()
 	return startEngineConfig(t, Config{ID: id, Role: role, Speedup: speedup}, sk)
 }
 
 // startEngineConfig is startEngine from a Config (the tiny profile's).
-func startEngineConfig(t *testing.T, cfg Config, sk EventSink) (*Engine, *httptest.Server) {
+func startEngineConfig(t *testing.T, cfg Config, sk EventSink) (*Simulated, *httptest.Server) {
 	t.Helper()
-	p, err := sim.BuiltinProfile("tiny")
+	p, err := stepmodel.BuiltinProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg.Profile = p
-	e, err := New(cfg)
+	e, err := NewSimulated(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,7 +476,7 @@ func TestALeavingEngineHandsOverAndFinishesWhatComesBack(t *testing.T) {
 // has a client mid-read: it waits ahead of the requests that arrived
 // before it and are still queued, rather than behind them.
 func TestAResumedAnswerWaitsAheadOfQueuedRequests(t *testing.T) {
-	e, srv := startEngineConfig(t, Config{ID: "a", Role: roles.Decode, Speedup: 4, Sim: sim.Config{MaxNumSeqs: 1}}, nil)
+	e, srv := startEngineConfig(t, Config{ID: "a", Role: roles.Decode, Speedup: 4, Sim: stepmodel.Config{MaxNumSeqs: 1}}, nil)
 	chat := func(words, maxTokens int) []byte {
 		return []byte(fmt.Sprintf(`{"messages": [{"role": "user", "content": %q}], "max_tokens": %d}`,
 			strings.Repeat("context ", words), maxTokens))

@@ -16,7 +16,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/protocol"
@@ -31,7 +31,7 @@ const pullTimeout = 10 * time.Second
 
 // Handler serves the engine's HTTP API: OpenAI's /v1 endpoints, /health,
 // /metrics and the /evolve/v1/kv extensions (see package protocol).
-func (e *Engine) Handler() http.Handler {
+func (e *Simulated) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { e.serveGenerate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.serveGenerate(w, r, true) })
@@ -81,11 +81,11 @@ func badRequest(param, format string, args ...any) *apiError {
 // names the field that carried it (messages in a chat, else prompt).
 func submitError(err error, chat bool) *apiError {
 	switch {
-	case errors.Is(err, sim.ErrDraining):
+	case errors.Is(err, stepmodel.ErrDraining):
 		return &apiError{Status: 503, Type: "service_unavailable", Code: "engine_draining", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
-	case errors.Is(err, sim.ErrWrongRole):
+	case errors.Is(err, stepmodel.ErrWrongRole):
 		return &apiError{Status: 503, Type: "service_unavailable", Code: "wrong_role", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
-	case errors.Is(err, sim.ErrTooLong):
+	case errors.Is(err, stepmodel.ErrTooLong):
 		return &apiError{Status: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Param: promptParam(chat), Message: err.Error()}
 	}
 	return &apiError{Status: 400, Type: "invalid_request_error", Message: err.Error()}
@@ -98,7 +98,7 @@ func promptParam(chat bool) string {
 	return "prompt"
 }
 
-func (e *Engine) serveModels(w http.ResponseWriter, r *http.Request) {
+func (e *Simulated) serveModels(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, map[string]any{
 		"object": "list",
 		"data": []map[string]any{{
@@ -108,7 +108,7 @@ func (e *Engine) serveModels(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (e *Engine) serveHealth(w http.ResponseWriter, r *http.Request) {
+func (e *Simulated) serveHealth(w http.ResponseWriter, r *http.Request) {
 	hb := e.Heartbeat()
 	writeJSON(w, 200, map[string]any{
 		"status": "ok", "engine": e.cfg.ID, "model": e.cfg.ServedModelName, "role": hb.Role, "draining": hb.Draining,
@@ -116,7 +116,7 @@ func (e *Engine) serveHealth(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (e *Engine) servePull(w http.ResponseWriter, r *http.Request) {
+func (e *Simulated) servePull(w http.ResponseWriter, r *http.Request) {
 	var req protocol.PullRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxBodyBytes)).Decode(&req); err != nil || req.RemoteRequestID == "" {
 		writeError(w, badRequest("remote_request_id", "body must be JSON with remote_request_id"))
@@ -130,7 +130,7 @@ func (e *Engine) servePull(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, 200, protocol.PullReply{Engine: e.cfg.ID, Blocks: blocks})
 }
 
-func (e *Engine) serveLookup(w http.ResponseWriter, r *http.Request) {
+func (e *Simulated) serveLookup(w http.ResponseWriter, r *http.Request) {
 	var req protocol.LookupRequest
 	if err := json.NewDecoder(io.LimitReader(r.Body, maxBodyBytes)).Decode(&req); err != nil {
 		writeError(w, badRequest("blocks", "body must be JSON with blocks"))
@@ -140,7 +140,7 @@ func (e *Engine) serveLookup(w http.ResponseWriter, r *http.Request) {
 }
 
 // serveGenerate serves /v1/completions (chat false) and /v1/chat/completions.
-func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+func (e *Simulated) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		writeError(w, badRequest("", "read body: %v", err))
@@ -207,7 +207,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 	}
 	id := e.newRequestID(prefix)
 	routed := r.Header.Get(protocol.HeaderHandOver) // the client is a router
-	sr := sim.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, StopAt: stopAt, RemoteDecode: kvp.DoRemoteDecode,
+	sr := stepmodel.Request{ID: id, Tokens: tokens, MaxTokens: maxTokens, StopAt: stopAt, RemoteDecode: kvp.DoRemoteDecode,
 		// An answer it handed over that no peer took comes back to be
 		// finished, even while the engine drains (Leave).
 		Finishing: resume != nil && resume.Prior.Engine == e.cfg.ID && routed == protocol.HandOverNever,
@@ -240,7 +240,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 			pullErr = err.Error()
 			e.log.Warn("KV pull failed; recomputing the prompt", "err", err, "peer", kvp.RemoteEngineID)
 		} else {
-			sr.Remote = &sim.RemoteKV{Blocks: blocks}
+			sr.Remote = &stepmodel.RemoteKV{Blocks: blocks}
 			e.met.xfer.Add(float64(len(blocks) * e.cfg.Profile.BlockSize * e.cfg.Profile.KVBytesPerToken))
 		}
 	}
@@ -274,7 +274,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool
 }
 
 // pull takes the KV a prefill leg holds on its engine.
-func (e *Engine) pull(ctx context.Context, kvp openaiapi.KVTransferParams) ([]kv.BlockHash, error) {
+func (e *Simulated) pull(ctx context.Context, kvp openaiapi.KVTransferParams) ([]kv.BlockHash, error) {
 	if kvp.RemoteHost == "" || kvp.RemotePort == 0 || kvp.RemoteRequestID == "" {
 		return nil, errors.New("kv_transfer_params lacks remote_host, remote_port or remote_request_id")
 	}
@@ -290,7 +290,7 @@ func (e *Engine) pull(ctx context.Context, kvp openaiapi.KVTransferParams) ([]kv
 
 // postJSON posts in as JSON to a peer engine and decodes a 200 answer
 // into out.
-func (e *Engine) postJSON(ctx context.Context, url string, in, out any) error {
+func (e *Simulated) postJSON(ctx context.Context, url string, in, out any) error {
 	b, err := json.Marshal(in)
 	if err != nil {
 		return err
@@ -314,7 +314,7 @@ func (e *Engine) postJSON(ctx context.Context, url string, in, out any) error {
 
 // generation writes one request's answer, streamed or whole.
 type generation struct {
-	e            *Engine
+	e            *Simulated
 	w            http.ResponseWriter
 	id           string // the answer's id (a resumed answer keeps its first engine's)
 	reqID        string // the model's request id
@@ -349,7 +349,7 @@ func (g *generation) run(ctx context.Context, p *pending) {
 		g.w.WriteHeader(200)
 		g.bw = bufio.NewWriter(g.w)
 	}
-	var buf []sim.Token
+	var buf []stepmodel.Token
 	for {
 		select {
 		case <-ctx.Done():
@@ -414,7 +414,7 @@ func (g *generation) run(ctx context.Context, p *pending) {
 // to a router, and before the first the answer's AnswerComment, and sends
 // them: the router keeps them, and the answer can go on elsewhere should
 // this engine die before it ends.
-func (g *generation) nameTokens(toks []sim.Token) error {
+func (g *generation) nameTokens(toks []stepmodel.Token) error {
 	if g.bw == nil {
 		g.w.Header().Set("Content-Type", "application/json")
 		g.w.WriteHeader(200)
@@ -432,7 +432,7 @@ func (g *generation) nameTokens(toks []sim.Token) error {
 }
 
 // tokenComment writes t's protocol.TokenComment line.
-func (g *generation) tokenComment(t sim.Token) {
+func (g *generation) tokenComment(t stepmodel.Token) {
 	g.bw.WriteString(protocol.TokenComment)
 	g.bw.WriteString(strconv.FormatUint(uint64(t.ID), 10))
 	g.bw.WriteByte(' ')
@@ -488,7 +488,7 @@ func (g *generation) handOver(mv *moved) {
 
 // story is the answer's "evolve" object, given this engine's usage: with
 // the legs before this one summed in when it resumes another's answer.
-func (g *generation) story(u sim.Usage) *protocol.ResponseKV {
+func (g *generation) story(u stepmodel.Usage) *protocol.ResponseKV {
 	ext := &protocol.ResponseKV{
 		Engine: g.e.cfg.ID, GPUHitTokens: u.GPUHitTokens, HostHitTokens: u.HostHitTokens, TransferredTokens: u.TransferredTokens,
 		ComputedTokens: u.ComputedTokens, Preemptions: u.Preemptions, PullError: g.pullErr,
@@ -572,7 +572,7 @@ func (g *generation) streamError(err error) {
 	g.bw.Flush()
 }
 
-func (g *generation) finish(f *sim.Finished) {
+func (g *generation) finish(f *stepmodel.Finished) {
 	ext := g.story(f.Usage)
 	u := f.Usage
 	usage := &usageJSON{PromptTokens: g.promptLen, CompletionTokens: u.CompletionTokens}
@@ -587,7 +587,7 @@ func (g *generation) finish(f *sim.Finished) {
 	switch {
 	case g.tool != nil:
 		reason = "tool_calls"
-	case f.Reason == sim.FinishStop:
+	case f.Reason == stepmodel.FinishStop:
 		reason = "stop" // its end of turn, before max_tokens
 	}
 	var kvp map[string]any
@@ -624,7 +624,7 @@ func (g *generation) finish(f *sim.Finished) {
 // transferParams is the kv_transfer_params a prefill leg answers with, as
 // vLLM's NixlConnector does, naming this engine's HTTP address as the place
 // to pull from.
-func (e *Engine) transferParams(id string, blocks []kv.BlockHash) map[string]any {
+func (e *Simulated) transferParams(id string, blocks []kv.BlockHash) map[string]any {
 	host, port := "127.0.0.1", 0
 	if u, err := url.Parse(e.cfg.AdvertiseURL); err == nil {
 		host = u.Hostname()

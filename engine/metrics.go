@@ -3,7 +3,7 @@ package engine
 import (
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -27,7 +27,7 @@ type metrics struct {
 
 var latencyBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80, 160, 320, 640}
 
-func newMetrics(e *Engine) *metrics {
+func newMetrics(e *Simulated) *metrics {
 	labels := prometheus.Labels{"model_name": e.cfg.ServedModelName, "engine": e.cfg.ID}
 	reg := prometheus.NewRegistry()
 	m := &metrics{reg: reg}
@@ -55,7 +55,7 @@ func newMetrics(e *Engine) *metrics {
 			return f(&e.snap)
 		}))
 	}
-	counter := func(name, help string, f func(c *sim.Counters) float64) {
+	counter := func(name, help string, f func(c *stepmodel.Counters) float64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels}, func() float64 {
 			e.mu.Lock()
 			defer e.mu.Unlock()
@@ -71,14 +71,14 @@ func newMetrics(e *Engine) *metrics {
 		return ratio(s.stats.HostBlocksUsed, s.stats.HostBlocks)
 	})
 	gauge("evolve_engine_held_requests", "Prefill legs holding KV for a decode peer.", func(s *snapshot) float64 { return float64(s.stats.Held) })
-	counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func(c *sim.Counters) float64 { return float64(c.PrefixQueries) })
-	counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (GPU, host or transferred).", func(c *sim.Counters) float64 { return float64(c.PrefixHits) })
-	counter("vllm:num_preemptions_total", "Preemptions.", func(c *sim.Counters) float64 { return float64(c.Preemptions) })
-	counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", func(c *sim.Counters) float64 { return float64(c.PromptTokens) })
-	counter("vllm:generation_tokens_total", "Tokens generated.", func(c *sim.Counters) float64 { return float64(c.GenerationTokens) })
-	counter("evolve_engine_offloaded_blocks_total", "KV blocks copied GPU to host.", func(c *sim.Counters) float64 { return float64(c.OffloadedBlocks) })
-	counter("evolve_engine_fetched_blocks_total", "KV blocks fetched from peers into host.", func(c *sim.Counters) float64 { return float64(c.FetchedBlocks) })
-	counter("evolve_engine_busy_seconds_total", "Modelled time spent in forward passes.", func(c *sim.Counters) float64 { return c.BusyTime.Seconds() })
+	counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache.", func(c *stepmodel.Counters) float64 { return float64(c.PrefixQueries) })
+	counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache (GPU, host or transferred).", func(c *stepmodel.Counters) float64 { return float64(c.PrefixHits) })
+	counter("vllm:num_preemptions_total", "Preemptions.", func(c *stepmodel.Counters) float64 { return float64(c.Preemptions) })
+	counter("vllm:prompt_tokens_total", "Prompt tokens of finished requests.", func(c *stepmodel.Counters) float64 { return float64(c.PromptTokens) })
+	counter("vllm:generation_tokens_total", "Tokens generated.", func(c *stepmodel.Counters) float64 { return float64(c.GenerationTokens) })
+	counter("evolve_engine_offloaded_blocks_total", "KV blocks copied GPU to host.", func(c *stepmodel.Counters) float64 { return float64(c.OffloadedBlocks) })
+	counter("evolve_engine_fetched_blocks_total", "KV blocks fetched from peers into host.", func(c *stepmodel.Counters) float64 { return float64(c.FetchedBlocks) })
+	counter("evolve_engine_busy_seconds_total", "Modelled time spent in forward passes.", func(c *stepmodel.Counters) float64 { return c.BusyTime.Seconds() })
 	return m
 }
 
@@ -94,7 +94,7 @@ func (m *metrics) setRole(r roles.Role) {
 
 func (m *metrics) observePass(d time.Duration) { m.pass.Observe(d.Seconds()) }
 
-func (m *metrics) observeFinished(f *sim.Finished) {
+func (m *metrics) observeFinished(f *stepmodel.Finished) {
 	u := &f.Usage
 	if !u.FirstToken.IsZero() {
 		m.ttft.Observe(u.FirstToken.Sub(u.Arrival).Seconds())

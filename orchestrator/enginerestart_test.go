@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/roles"
 )
@@ -55,7 +55,7 @@ func TestRestartedEngineKVIsSeen(t *testing.T) {
 	if gpu, _ := held(); gpu != 0 {
 		t.Fatalf("e0 stopped, and the directory still lists %d GPU copies on it", gpu)
 	}
-	p, _ := sim.BuiltinProfile("tiny")
+	p, _ := stepmodel.BuiltinProfile("tiny")
 	tc.addEngine(t, "e0", p, roles.Decode)
 	wait.Until(t, 10*time.Second, "e0 serving again", func() bool {
 		st, ok := tc.o.NodeStatus("e0")

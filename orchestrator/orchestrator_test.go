@@ -16,7 +16,7 @@ import (
 
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/engine"
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
@@ -88,7 +88,7 @@ func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...
 		if name == "tiny" {
 			want++
 		}
-		p, _ := sim.BuiltinProfile(name)
+		p, _ := stepmodel.BuiltinProfile(name)
 		tc.addEngine(t, fmt.Sprint("e", i), p, r)
 	}
 	t.Cleanup(tc.stop)
@@ -104,13 +104,13 @@ func startTestClusterWith(t testing.TB, cfg Config, profiles []string, roles ...
 
 // addEngine starts an engine process of profile p and role r that joins
 // the cluster as id; tc.engines gets the function that stops it.
-func (tc *testCluster) addEngine(t testing.TB, id string, p *sim.Profile, r roles.Role) {
+func (tc *testCluster) addEngine(t testing.TB, id string, p *stepmodel.Profile, r roles.Role) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	e, err := engine.New(engine.Config{ID: id, Profile: p, Role: r, Speedup: 20, AdvertiseURL: "http://" + ln.Addr().String()})
+	e, err := engine.NewSimulated(engine.Config{ID: id, Profile: p, Role: r, Speedup: 20, AdvertiseURL: "http://" + ln.Addr().String()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 )
 
 // benchScenario is the claude-code-126x36 preset (evolve sim --preset
@@ -13,7 +13,7 @@ import (
 // coding agents, seed 1, with the warm-up and scored time given, and KV
 // in blocks of the given tokens.
 func benchScenario(b *testing.B, warmup, scored time.Duration, blockTokens int) Scenario {
-	p, err := enginesim.BuiltinProfile("gb300-glm5")
+	p, err := stepmodel.BuiltinProfile("gb300-glm5")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/kv"
 )
 
@@ -16,7 +16,7 @@ import (
 // process's events, numbered from 1 again, for the old one's already
 // applied, and Dynamo's router routed blind to what the worker cached.)
 func TestDirectoryHoldsWhatTheEnginesHold(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-glm5")
+	p, err := stepmodel.BuiltinProfile("gb300-glm5")
 	if err != nil {
 		t.Fatal(err)
 	}

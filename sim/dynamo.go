@@ -4,7 +4,7 @@ import (
 	"sort"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -97,7 +97,7 @@ func (r *run) addWorker(role roles.Role) {
 		}
 		r.noteRole(i, "down", role.String(), "planner added a worker: cold start")
 		e.role, e.state = role, engStarting // its model is the empty one remove left
-		e.stats = enginesim.PassStats{}
+		e.stats = stepmodel.PassStats{}
 		r.push(&event{at: r.now.Add(r.pol.ColdStart), kind: evReady, eng: i})
 		return
 	}
@@ -150,9 +150,9 @@ func (r *run) remove(i int) {
 	// The worker's process is gone, and its KV with it, in the directory
 	// and in the engine (a step still due finds nothing to do).
 	r.dir.DropNode(e.dir)
-	e.model = enginesim.NewModel(r.sc.Profile, r.pol.engineConfig())
+	e.model = stepmodel.NewModel(r.sc.Profile, r.pol.engineConfig())
 	e.state = engOff
-	e.stats = enginesim.PassStats{}
+	e.stats = stepmodel.PassStats{}
 	r.res.RoleSwitches++
 	if r.pol.SLAPlanner {
 		r.slaFill() // a freed slot may be what a growing pool waits for

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/roles"
 )
 
@@ -91,7 +91,7 @@ func (r *run) slaReplicas(rate, isl, osl float64) (p, d int) {
 // dynamoReplicas is Dynamo's formula: replicas = demand / per-engine
 // throughput under the SLA, rounded up, then fitted into a budget of total
 // engines configured as cfg.
-func dynamoReplicas(pr *enginesim.Profile, cfg enginesim.Config, total int, rate, isl, osl float64) (p, d int) {
+func dynamoReplicas(pr *stepmodel.Profile, cfg stepmodel.Config, total int, rate, isl, osl float64) (p, d int) {
 	// Prefill: full passes of the token budget over prompts of length isl
 	// (the profiler runs without prefix caching).
 	b := float64(cfg.MaxNumBatchedTokens)

@@ -5,7 +5,7 @@ import (
 	"sort"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/roles"
 )
@@ -21,7 +21,7 @@ import (
 // switchPoll is how often a draining node is checked.
 const switchPoll = time.Second
 
-func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
+func newPlanner(sc Scenario, m *stepmodel.Model) *planner.Planner {
 	p := sc.Profile
 	cfg := m.Config()
 	return planner.New(planner.Config{
@@ -34,7 +34,7 @@ func newPlanner(sc Scenario, m *enginesim.Model) *planner.Planner {
 }
 
 // observePass gives the planner one pass of engine e.
-func (r *run) observePass(e *engine, d time.Duration, st *enginesim.PassStats) {
+func (r *run) observePass(e *engine, d time.Duration, st *stepmodel.PassStats) {
 	if r.planner == nil || d <= 0 {
 		return
 	}
@@ -172,7 +172,7 @@ func (r *run) switchStep(i int) {
 // carried is what a request's earlier decode legs produced before it was
 // handed over to another node.
 type carried struct {
-	first  enginesim.Usage // the first leg's usage: prompt, KV sources, first token
+	first  stepmodel.Usage // the first leg's usage: prompt, KV sources, first token
 	output []uint32
 }
 
@@ -213,8 +213,8 @@ func (r *run) handOver(i int) {
 		req.decodeAt = j
 		req.migrations++
 		r.res.HandedOver++
-		sr := enginesim.Request{ID: req.id, Tokens: mg.Tokens, Chain: mg.Chain, MaxTokens: mg.Remaining,
-			Seed: req.seed + uint64(req.migrations), Remote: &enginesim.RemoteKV{Blocks: mg.Chain}, Continues: true}
+		sr := stepmodel.Request{ID: req.id, Tokens: mg.Tokens, Chain: mg.Chain, MaxTokens: mg.Remaining,
+			Seed: req.seed + uint64(req.migrations), Remote: &stepmodel.RemoteKV{Blocks: mg.Chain}, Continues: true}
 		if mg.Remaining < 1 {
 			continue
 		}

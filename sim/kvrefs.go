@@ -4,7 +4,7 @@ import (
 	"slices"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/kv"
 )
 
@@ -74,10 +74,10 @@ func (r *run) pushHints() {
 			var tiers uint8
 			for _, x := range r.holders[k:] {
 				if x.Node() == rep.Node() {
-					tiers |= enginesim.TierBit(x.Tier())
+					tiers |= stepmodel.TierBit(x.Tier())
 				}
 			}
-			r.hintBuf[i] = append(r.hintBuf[i], enginesim.Hint{Hash: h, Priority: prio, Tiers: tiers})
+			r.hintBuf[i] = append(r.hintBuf[i], stepmodel.Hint{Hash: h, Priority: prio, Tiers: tiers})
 		}
 	}
 	r.flushHints()

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/workload"
@@ -15,7 +15,7 @@ import (
 // view (kv.PlacedReuse counts the rest).
 func TestLostReuseFollowsThePlacement(t *testing.T) {
 	const bs = 16
-	p := &enginesim.Profile{BlockSize: bs}
+	p := &stepmodel.Profile{BlockSize: bs}
 	r := &run{sc: Scenario{Profile: p}, engines: []*engine{{dir: 3}}, ever: &kv.Set{}, res: Result{Timeline: []Window{{}}}}
 	tokens := make([]uint32, 10*bs+5) // 10 whole blocks and 5 tokens
 	for i := range tokens {
@@ -30,8 +30,8 @@ func TestLostReuseFollowsThePlacement(t *testing.T) {
 		dec: routing.Decision{Fetches: []routing.Fetch{{From: 4, End: 7}}}}
 	m := kv.Match{Nodes: []kv.NodeMatch{{Node: 3, GPU: 4, Local: 4}}}
 	r.notePlacement(req, &m, true)
-	prefilled := func(hitBlocks int) enginesim.Usage {
-		return enginesim.Usage{PromptTokens: len(tokens), GPUHitTokens: hitBlocks * bs, ComputedTokens: len(tokens) - hitBlocks*bs}
+	prefilled := func(hitBlocks int) stepmodel.Usage {
+		return stepmodel.Usage{PromptTokens: len(tokens), GPUHitTokens: hitBlocks * bs, ComputedTokens: len(tokens) - hitBlocks*bs}
 	}
 	if got := r.lostReuse(req, prefilled(7)); got != 2*bs {
 		t.Fatalf("computed as placed: lost %d tokens, want %d (blocks 7 and 8)", got, 2*bs)

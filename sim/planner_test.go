@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 )
 
 // The evolve policy's planner follows a shift from output-heavy math to
@@ -14,7 +14,7 @@ import (
 // dominates than during math, reached within minutes, with every decode on
 // a node that leaves decode handed over rather than waited for.
 func TestEvolvePlannerFollowsAShift(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestEvolvePlannerFollowsAShift(t *testing.T) {
 // A stationary workload with noisy arrivals: after the planner has fitted
 // the split, at most one switch per 10 minutes.
 func TestEvolvePlannerHoldsOnAStationaryWorkload(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ func mean(x []float64) float64 {
 // with DrainSwitches it finishes them first, as a node running vLLM
 // does, and hands nothing over.
 func TestDrainSwitchesHandsNothingOver(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/evolvellm/evolve/workload"
@@ -17,7 +17,7 @@ import (
 
 // Scenario is what is simulated: a cluster, a fleet of agents, a time span.
 type Scenario struct {
-	Profile  *enginesim.Profile
+	Profile  *stepmodel.Profile
 	Engines  int
 	Workload string
 	Agents   int
@@ -97,8 +97,8 @@ type SplitChange struct {
 
 // engineConfig is how the policy's engines are configured: the simulator
 // reads no per-token records, only how many tokens each pass sampled.
-func (p Policy) engineConfig() enginesim.Config {
-	return enginesim.Config{WriteThrough: p.WriteThrough, NoTokenStream: true}
+func (p Policy) engineConfig() stepmodel.Config {
+	return stepmodel.Config{WriteThrough: p.WriteThrough, NoTokenStream: true}
 }
 
 // PolicyNames are the policies Compare runs, splits written P:D.

@@ -1,5 +1,5 @@
 // Package sim is the discrete-event simulator: a virtual clock drives the
-// same code the live system runs (engine/sim step models, the routing
+// same code the live system runs (engine/stepmodel step models, the routing
 // policies, the KV directory, the agent workloads), so that hours of a
 // paper-scale cluster run in seconds and every policy sees the same agents.
 // It is pure: no wall clock, no I/O; the same seed gives the same result.
@@ -10,7 +10,7 @@ import (
 	"math/rand/v2"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
@@ -108,10 +108,10 @@ func (q *eventQueue) pop() *event {
 type engine struct {
 	id        string
 	dir       kv.NodeID
-	model     *enginesim.Model
+	model     *stepmodel.Model
 	role      roles.Role
 	scheduled bool // a step event is queued
-	stats     enginesim.PassStats
+	stats     stepmodel.PassStats
 	state     int // engActive, engStarting, engRemoving, engOff
 	// A role switch by evolve's planner: the role it goes to, and the
 	// decode legs routed to it that have not reached it yet.
@@ -146,7 +146,7 @@ type request struct {
 	decodeAt  int
 	scored    bool
 	seed      uint64
-	prefill   enginesim.Usage // the prefill leg's, when disaggregated
+	prefill   stepmodel.Usage // the prefill leg's, when disaggregated
 	// Leg progress, for aborts when a worker is removed.
 	prefillDone, decodeStarted bool
 	retry                      bool
@@ -239,7 +239,7 @@ type run struct {
 	// Agent-aware KV: the branch tracker (nil under plain LRU) and
 	// scratch for hints per engine.
 	branches *kv.Branches
-	hintBuf  [][]enginesim.Hint
+	hintBuf  [][]stepmodel.Hint
 	holders  []kv.Replica
 	// planNodes is reused by every planner step.
 	planNodes []planner.NodeInfo
@@ -333,7 +333,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		if i < pol.Prefill {
 			role = roles.Prefill
 		}
-		model := enginesim.NewModel(p, pol.engineConfig())
+		model := stepmodel.NewModel(p, pol.engineConfig())
 		r.engines = append(r.engines, &engine{id: id, dir: dir, model: model, role: role})
 		r.byID[id] = i
 		r.view.Nodes = append(r.view.Nodes, routing.Node{ID: id, Dir: dir, Role: role, Serving: true,
@@ -346,7 +346,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 	case "", "ref":
 		if pol.Router != "dynamo" {
 			r.branches = kv.NewBranches(BranchTTL)
-			r.hintBuf = make([][]enginesim.Hint, len(r.engines))
+			r.hintBuf = make([][]stepmodel.Hint, len(r.engines))
 			r.dir.SetReferencedSource(func(h kv.BlockHash) bool { return r.branches.Refs(h) > 0 })
 		}
 	case "lru":
@@ -570,7 +570,7 @@ func (r *run) route(req *request) {
 		to.model.Fetch(r.now, req.chain[:f.End], f.From, 0)
 		r.kick(r.byID[f.To])
 	}
-	sr := enginesim.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens, Seed: req.seed}
+	sr := stepmodel.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens, Seed: req.seed}
 	if dec.Disaggregated {
 		sr.MaxTokens, sr.RemoteDecode = 1, true
 	}
@@ -610,7 +610,7 @@ func (r *run) drainRouterQueue() {
 
 // submit gives a leg to engine i; if the engine refuses it, the request is
 // dropped and its agent moves on.
-func (r *run) submit(req *request, i int, sr enginesim.Request) {
+func (r *run) submit(req *request, i int, sr stepmodel.Request) {
 	if i == req.decodeAt {
 		r.unpend(req)
 	}
@@ -651,7 +651,7 @@ func (r *run) notePlacement(req *request, m *kv.Match, first bool) {
 
 // lostReuse is a request's lost KV reuse once its prefill ended (src):
 // see kv.PlacedReuse.Lost.
-func (r *run) lostReuse(req *request, src enginesim.Usage) int64 {
+func (r *run) lostReuse(req *request, src stepmodel.Usage) int64 {
 	return req.reuse.Lost(len(req.chain), len(req.call.Tokens), src.CachedTokens(), src.ComputedTokens, r.sc.Profile.BlockSize)
 }
 
@@ -662,8 +662,8 @@ func (r *run) startDecode(req *request) {
 	req.decodeStarted = true
 	p := r.engines[req.prefillAt]
 	chain, _ := p.model.Release(req.id)
-	sr := enginesim.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens,
-		Seed: req.seed, Remote: &enginesim.RemoteKV{Blocks: chain}}
+	sr := stepmodel.Request{ID: req.id, Tokens: req.call.Tokens, Chain: req.chain, MaxTokens: req.call.MaxTokens,
+		Seed: req.seed, Remote: &stepmodel.RemoteKV{Blocks: chain}}
 	r.submit(req, req.decodeAt, sr)
 }
 
@@ -711,12 +711,12 @@ func (r *run) step(i int) {
 	}
 }
 
-func (r *run) finished(e *engine, i int, f enginesim.Finished, end time.Time) {
+func (r *run) finished(e *engine, i int, f stepmodel.Finished, end time.Time) {
 	req := r.reqs[f.ReqID]
 	if req == nil {
 		return
 	}
-	if f.Reason == enginesim.FinishRemoteDecode {
+	if f.Reason == stepmodel.FinishRemoteDecode {
 		req.prefill = f.Usage
 		req.prefillDone = true
 		r.router.FirstToken(end, req.id)

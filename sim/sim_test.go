@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 )
 
 func smallScenario(t *testing.T, workload string) Scenario {
 	t.Helper()
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestPolicyNames(t *testing.T) {
 // its thresholds say it must), cold-starts any it adds, and every request
 // a removal aborts is sent again and served.
 func TestDynamoPlannerShrinksLightCluster(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +142,7 @@ func TestDynamoPlannerShrinksLightCluster(t *testing.T) {
 // Under a load past its pools' capacity on a full budget the planner
 // cannot add workers; with free slots it adds them after the cold start.
 func TestDynamoPlannerGrowsAfterColdStart(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +182,7 @@ func TestDynamoBestIsTheBestDynamo(t *testing.T) {
 // shifts from output-heavy to prompt-heavy evolve's planner stays at or
 // below it.
 func TestOracleSearchesSchedules(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +243,7 @@ func TestOracleSearchesSchedules(t *testing.T) {
 // the per-engine throughput under its targets, within the budget, by
 // adding cold workers and removing others; the run is deterministic.
 func TestDynamoSLAPlannerSizesPools(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +267,7 @@ func TestDynamoSLAPlannerSizesPools(t *testing.T) {
 	}
 	// Its sizing: a prompt-heavy demand gets more prefill than decode
 	// engines at the same rate than an output-heavy one.
-	r := &run{sc: sc, engines: []*engine{{model: enginesim.NewModel(p, enginesim.Config{})}, {}, {}, {}, {}, {}}}
+	r := &run{sc: sc, engines: []*engine{{model: stepmodel.NewModel(p, stepmodel.Config{})}, {}, {}, {}, {}, {}}}
 	pp, pd := r.slaReplicas(20, 30000, 200)
 	mp, md := r.slaReplicas(20, 1000, 8000)
 	if pp+pd > 6 || mp+md > 6 || pp <= mp || md <= pd || pp < 1 || md < 1 {
@@ -280,7 +280,7 @@ func TestDynamoSLAPlannerSizesPools(t *testing.T) {
 // fleet gets more prefill engines than an output-heavy one, the run keeps
 // that split, and the same seed gives the same split.
 func TestDynamoStaticUsesProfiledSplit(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -333,7 +333,7 @@ func TestDynamoStaticUsesProfiledSplit(t *testing.T) {
 // long prompts on one prefill engine waits at the router, then every one
 // is served; evolve's router never queues there.
 func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-glm5")
+	p, err := stepmodel.BuiltinProfile("gb300-glm5")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -365,7 +365,7 @@ func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
 // A scenario that cannot run is refused before any run starts, with what
 // is wrong; the presets' shapes pass.
 func TestScenarioValidateNamesWhatIsWrong(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("tiny")
+	p, err := stepmodel.BuiltinProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/workload"
 )
 
@@ -79,7 +79,7 @@ func TestWatchingChangesNothing(t *testing.T) {
 // Dynamo's planner removing workers shows in the watched nodes: their
 // state and their history.
 func TestWatchShowsRoleChanges(t *testing.T) {
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

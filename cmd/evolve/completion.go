@@ -3,7 +3,7 @@ package main
 import (
 	"strings"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
@@ -16,7 +16,7 @@ func flagChoices() map[string]func() []string {
 	fixed := func(vs ...string) func() []string { return func() []string { return vs } }
 	return map[string]func() []string{
 		"preset":     presetNames,
-		"profile":    enginesim.ProfileNames,
+		"profile":    stepmodel.ProfileNames,
 		"workload":   workload.Names,
 		"eviction":   fixed("ref", "lru"),
 		"backend":    fixed("sim", "vllm"),
@@ -65,7 +65,7 @@ func registerCompletions(c *cobra.Command) {
 			register(f, completeList(policyChoices()), cobra.ShellCompDirectiveNoFileComp|cobra.ShellCompDirectiveNoSpace)
 		case f.Name == "profile":
 			// A profile may also be a YAML file of one's own.
-			register(f, func(string) []string { return enginesim.ProfileNames() }, cobra.ShellCompDirectiveDefault)
+			register(f, func(string) []string { return stepmodel.ProfileNames() }, cobra.ShellCompDirectiveDefault)
 		case choices[f.Name] != nil:
 			values := choices[f.Name]
 			register(f, func(string) []string { return values() }, cobra.ShellCompDirectiveNoFileComp)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/engine"
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
@@ -52,7 +52,7 @@ engine's port; /health and /metrics stay open. --token sets another
 anyone. A vLLM server the agent starts gets the token as its API key
 (VLLM_API_KEY); one it joins must have been started with it, or none.
 
-Built-in profiles: ` + strings.Join(sim.ProfileNames(), ", ") + `; or a path to a YAML file.
+Built-in profiles: ` + strings.Join(stepmodel.ProfileNames(), ", ") + `; or a path to a YAML file.
 
 With --backend vllm the agent puts a vLLM server in the cluster. Either it
 starts one (the command after --, to which it adds --host and --port from
@@ -159,7 +159,7 @@ func runEngine(cmd *cobra.Command, args []string) error {
 
 // checkSimEngineFlags checks a simulated engine's flags and returns its
 // profile and role.
-func checkSimEngineFlags() (*sim.Profile, roles.Role, error) {
+func checkSimEngineFlags() (*stepmodel.Profile, roles.Role, error) {
 	profile, err := loadProfile(config.GetString("engine.profile"))
 	if err != nil {
 		return nil, 0, fmt.Errorf("--profile: %w", err)
@@ -181,7 +181,7 @@ func checkSimEngineFlags() (*sim.Profile, roles.Role, error) {
 
 // newSimEngine makes the simulated engine that serves on ln, with the id
 // and URL it is known by.
-func newSimEngine(ln net.Listener, profile *sim.Profile, role roles.Role) (eng *engine.Engine, id, advertise string, err error) {
+func newSimEngine(ln net.Listener, profile *stepmodel.Profile, role roles.Role) (eng *engine.Simulated, id, advertise string, err error) {
 	get := func(k string) string { return config.GetString("engine." + k) }
 	geti := func(k string) int { return config.GetInt("engine." + k) }
 	addr := ln.Addr().(*net.TCPAddr)
@@ -198,14 +198,14 @@ func newSimEngine(ln net.Listener, profile *sim.Profile, role roles.Role) (eng *
 		h, _ := os.Hostname()
 		id = strings.Trim(hostnameCleaner.ReplaceAllString(h, "-"), "-") + "-" + fmt.Sprint(addr.Port)
 	}
-	simCfg := sim.Config{MaxNumSeqs: geti("max-num-seqs"), MaxNumBatchedTokens: geti("max-num-batched-tokens")}
+	simCfg := stepmodel.Config{MaxNumSeqs: geti("max-num-seqs"), MaxNumBatchedTokens: geti("max-num-batched-tokens")}
 	if n := geti("gpu-kv-tokens"); n > 0 {
 		simCfg.GPUBlocks = max(1, n/profile.BlockSize)
 	}
 	if n := geti("host-kv-tokens"); n > 0 {
 		simCfg.HostBlocks = max(1, n/profile.BlockSize)
 	}
-	eng, err = engine.New(engine.Config{
+	eng, err = engine.NewSimulated(engine.Config{
 		ID: id, Profile: profile, Sim: simCfg, ServedModelName: get("served-model-name"), Role: role,
 		Speedup: config.GetFloat64("engine.speedup"), AdvertiseURL: advertise, DefaultMaxTokens: geti("default-max-tokens"), Logger: slog.Default(),
 		Token: engineToken(),
@@ -215,7 +215,7 @@ func newSimEngine(ln net.Listener, profile *sim.Profile, role roles.Role) (eng *
 
 // serveEngine serves a simulated engine on ln, joined to the event plane
 // when --nats is given, until a signal.
-func serveEngine(ln net.Listener, eng *engine.Engine, id, advertise, profile string, role roles.Role) error {
+func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile string, role roles.Role) error {
 	get := func(k string) string { return config.GetString("engine." + k) }
 	// The first SIGINT or SIGTERM drains: no new requests; the answers a
 	// router streams are handed over to peers (Leave), the rest finish (up

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/workload"
@@ -34,7 +34,7 @@ func TestSimAgreesWithLiveCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	prof, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	prof, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

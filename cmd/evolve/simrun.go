@@ -13,7 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/sim"
 	"github.com/evolvellm/evolve/sim/live"
@@ -29,7 +29,7 @@ type simRun struct {
 	k            func(string) string // the flag's config key
 	gpus         int
 	profile      string // as named
-	prof         *enginesim.Profile
+	prof         *stepmodel.Profile
 	profileBlock int // the profile's own KV block size (before --kv-block-tokens)
 	tr           *simTrace
 	model        workload.Model

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
-	"github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/routing"
@@ -157,7 +157,7 @@ A small one (the README has a fuller example):
 	f := cmd.Flags()
 	f.Int("engines", 4, "simulated engines to start")
 	f.Int("prefill", 0, "how many of them start as prefill (default: a third, at least 1)")
-	f.String("profile", "tiny", "engine profile: "+strings.Join(sim.ProfileNames(), ", ")+", or a YAML file")
+	f.String("profile", "tiny", "engine profile: "+strings.Join(stepmodel.ProfileNames(), ", ")+", or a YAML file")
 	f.Float64("speedup", 1, "modelled seconds per wall-clock second for every engine")
 	f.String("router-addr", "127.0.0.1:8000", "router address (port 0 picks a free port)")
 	f.String("control-addr", "127.0.0.1:8001", "control API address (port 0 picks a free port)")

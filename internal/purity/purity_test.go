@@ -18,7 +18,7 @@ const module = "github.com/evolvellm/evolve"
 
 // Pure is the decision code: these packages, and every evolve package they
 // import, must do no I/O and read no clock.
-var Pure = []string{"kv", "planner", "orchestrator/routing", "engine/sim", "sim", "workload"}
+var Pure = []string{"kv", "planner", "orchestrator/routing", "engine/stepmodel", "sim", "workload"}
 
 // forbidden reports whether importing path gives a pure package a network,
 // a file system or processes.

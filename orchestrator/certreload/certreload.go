@@ -18,7 +18,6 @@ import (
 	"time"
 )
 
-
 // certRecheck is how often a handshake looks at the files again.
 const certRecheck = time.Second
 

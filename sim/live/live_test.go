@@ -10,13 +10,13 @@ import (
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/sim"
 )
 
 func scenario(t *testing.T) sim.Scenario {
 	t.Helper()
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

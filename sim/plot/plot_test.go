@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	enginesim "github.com/evolvellm/evolve/engine/sim"
+	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/sim"
 )
 
 func results(t *testing.T) []sim.Result {
 	t.Helper()
-	p, err := enginesim.BuiltinProfile("gb300-kimi-k2")
+	p, err := stepmodel.BuiltinProfile("gb300-kimi-k2")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,4 +17,4 @@
 //
 // Output token ids come from the tokenizer's output vocabulary, so that text
 // an engine produced tokenizes back to the same ids.
-package sim
+package stepmodel

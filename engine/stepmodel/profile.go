@@ -1,4 +1,4 @@
-package sim
+package stepmodel
 
 import (
 	"embed"
@@ -49,7 +49,7 @@ type Profile struct {
 	MoE MoE `yaml:"moe"`
 
 	// Checks are the public measurements the costs above are fitted to or
-	// checked against; go test ./engine/sim runs each on the model and
+	// checked against; go test ./engine/stepmodel runs each on the model and
 	// fails when one is off by more than CheckTolerance.
 	Checks []Check `yaml:"checks"`
 }
