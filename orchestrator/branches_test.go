@@ -300,7 +300,7 @@ func TestLostReuseCountsWhatThePrefillRecomputed(t *testing.T) {
 	}
 	placed := func() *kv.PlacedReuse { r := kv.NotePlacement(chain, 30, ever); return &r } // the node held 30
 	o := &Orchestrator{}
-	a := &attempt{o: o, reuse: placed(), bs: bs, chain: chain, dec: routing.Decision{Disaggregated: true}}
+	a := &attempt{o: o, attemptRequest: attemptRequest{reuse: placed(), bs: bs, chain: chain, dec: routing.Decision{Disaggregated: true}}}
 	a.countComputed(prefillUsage(t, `{"usage": {"prompt_tokens": 1000, "completion_tokens": 1, "prompt_tokens_details": {"cached_tokens": 480}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 20*bs {
 		t.Fatalf("found the 30 blocks held, computed 20 computed before: lost %d, want %d", got, 20*bs)
@@ -312,21 +312,21 @@ func TestLostReuseCountsWhatThePrefillRecomputed(t *testing.T) {
 	// Served on one node, the whole answer's usage: a request of the same
 	// prefix computed the other 20 meanwhile, so nothing is lost.
 	o = &Orchestrator{}
-	b := &attempt{o: o, reuse: placed(), bs: bs, chain: chain}
+	b := &attempt{o: o, attemptRequest: attemptRequest{reuse: placed(), bs: bs, chain: chain}}
 	b.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 800}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 0 || b.outTokens != 9 {
 		t.Fatalf("lost %d (want 0), output %d (want 9)", got, b.outTokens)
 	}
 	// Nothing found cached: the 30 held and the 20 after them.
-	c := &attempt{o: o, reuse: placed(), bs: bs, chain: chain}
+	c := &attempt{o: o, attemptRequest: attemptRequest{reuse: placed(), bs: bs, chain: chain}}
 	c.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 50*bs {
 		t.Fatalf("nothing cached: lost %d, want %d", got, 50*bs)
 	}
 	// No cached-token report, or a request already counted: not here.
-	d := &attempt{o: o, reuse: placed(), bs: bs, chain: chain}
+	d := &attempt{o: o, attemptRequest: attemptRequest{reuse: placed(), bs: bs, chain: chain}}
 	d.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9}}`))
-	e := &attempt{o: o, reuse: &kv.PlacedReuse{}, bs: bs, chain: chain}
+	e := &attempt{o: o, attemptRequest: attemptRequest{reuse: &kv.PlacedReuse{}, bs: bs, chain: chain}}
 	e.countUsage([]byte(`{"usage": {"prompt_tokens": 1000, "completion_tokens": 9, "prompt_tokens_details": {"cached_tokens": 0}}}`))
 	if got := o.kvc.lostReuse.Load(); got != 50*bs || !d.reuse.Noted() {
 		t.Fatalf("counted without a report or twice: %d", got)

@@ -1,5 +1,41 @@
 package orchestrator
 
+// The front door: how the router serves one request.
+//
+//	read body      bounded, with a large-body budget (largebodies.go)
+//	  |            cheap checks first: parse, context length, sampling limits
+//	route          tokenize, hash the prompt into blocks, match the KV
+//	  |            directory, pick nodes (routing.Policy); start KV fetches
+//	attempt.run    one attempt per routing, at most maxAttempts before the
+//	  |            client has a byte
+//	  |-- split:   prefill leg on the prefill node (it computes the prompt's
+//	  |            KV and holds it), then the decode leg on the decode node,
+//	  |            which pulls the held KV (kv_transfer_params)
+//	  '-- whole:   one leg on one node
+//	relay          the decode leg's answer streamed to the client (legs.go);
+//	               its engine names each token it samples (token comments)
+//	goOn           the leg ended before the answer did (continuation.go):
+//	                 handover: the node was switching role: moveOn
+//	                 failure:  the engine died or stalled: resume
+//	               either way the answer goes on on another node, in the
+//	               same stream, with the same id; vLLM engines: vllmresume.go
+//
+// Glossary (one spelling each):
+//   - leg: one HTTP request the router sends an engine for a client's
+//     request: a prefill leg, a decode leg, or a whole one.
+//   - hold: the KV a prefill leg computed, kept by its engine until the
+//     decode leg pulls it (or releaseHold frees it, or it times out).
+//   - claim: a node counted as busy with this request (in-flight), taken
+//     when routed or when chosen to go on (claimPeer, claimResumer),
+//     released when the leg ends.
+//   - handover: a decode node that switches role ends its answers with a
+//     HandOver (the KV to pull and the output so far) instead of the rest.
+//   - continuation: the client's request sent again with evolve_resume,
+//     so that another node writes the rest of the answer; moveOn sends it
+//     after a handover.
+//   - resume: a continuation after a failure: the new node pulls or
+//     recomputes the KV of the prompt and the output so far.
+
 import (
 	"encoding/json"
 	"errors"
@@ -210,19 +246,42 @@ func (o *Orchestrator) view(chain []kv.BlockHash, m *kv.Match, exclude map[strin
 
 // attempt is one try at serving a request on the nodes a decision named.
 type attempt struct {
-	o        *Orchestrator
-	w        http.ResponseWriter
-	r        *http.Request
-	p        *openaiapi.Parsed
-	body     openaiapi.Body // the body evolve's engines get (legBody)
-	client   openaiapi.Body // the client's, re-sent to vLLM engines
-	path     string
-	reqID    string
-	dec      routing.Decision
-	urls     map[string]string
+	o *Orchestrator
+	attemptRequest
+	attemptProgress
+	attemptAnswer
+	attemptMoves
+}
+
+// attemptRequest is what the attempt serves: the client's request, as
+// parsed and as the legs get it, and where it was routed.
+type attemptRequest struct {
+	w       http.ResponseWriter
+	r       *http.Request
+	p       *openaiapi.Parsed
+	body    openaiapi.Body // the body evolve's engines get (legBody)
+	client  openaiapi.Body // the client's, re-sent to vLLM engines
+	path    string
+	reqID   string
+	dec     routing.Decision
+	urls    map[string]string
+	arrival time.Time
+	chain   []kv.BlockHash // the prompt's blocks
+	bs      int            // the cluster's block size
+	// reuse: what the request's first placement knew, for its lost KV
+	// reuse; shared by its attempts, emptied once counted (never twice).
+	reuse *kv.PlacedReuse
+	// legPath is the path legs are sent to when not the client's (a
+	// vLLM continuation's completions).
+	legPath string
+}
+
+// attemptProgress is how far the request has gone.
+type attemptProgress struct {
 	started  bool // bytes reached the client: no more retries
 	first    bool // the prefill is over
 	ttftSeen bool // the client got its first token
+	answered bool // the current leg sent its first byte
 	// prefillFreed: the prefill node's in-flight count no longer has
 	// this split request (freePrefill), or never had it apart from the
 	// decode's (a request served whole on one node).
@@ -230,14 +289,30 @@ type attempt struct {
 	// prefillKV: the prefill leg's "evolve" object, added to the decode
 	// leg's answer (protocol.ResponseKV.Prefill).
 	prefillKV json.RawMessage
-	arrival   time.Time
+}
+
+// attemptAnswer is the answer the client has read so far: with it the
+// answer can go on elsewhere if its engine fails.
+type attemptAnswer struct {
 	// outTokens: output tokens the client got, from the answer's usage
 	// or, in a stream without usage, one per content chunk.
 	outTokens int
-	// reuse: what the request's first placement knew, for its lost KV
-	// reuse; shared by its attempts, emptied once counted (never twice).
-	reuse *kv.PlacedReuse
-	bs    int // the cluster's block size
+	// out is the output the client has read in its stream, as its
+	// engines named it (protocol.TokenComment), and sampler the state of
+	// the output stream after it; answerID and created are the answer's.
+	out      []uint32
+	outLost  bool // a token comment could not be read: out is incomplete
+	sampler  uint64
+	answerID string
+	created  int64
+	// vllm is set while a vLLM engine streams the answer: the token ids
+	// it names, with which another can go on (vllmresume.go).
+	vllm *vllmStream
+}
+
+// attemptMoves is where the answer is decoded now and how it got there:
+// handovers, resumes and the nodes that failed it.
+type attemptMoves struct {
 	// decode is the node decoding the request now: dec.Decode until a
 	// switching node hands the request over (moveOn), then its peer.
 	decode string
@@ -246,17 +321,7 @@ type attempt struct {
 	leaving string
 	// handOver is the continuation the last leg ended with, if it moved.
 	handOver *protocol.HandOver
-	moves    int  // handovers so far
-	answered bool // the current leg sent its first byte
-	// out is the output the client has read in its stream, as its
-	// engines named it (protocol.TokenComment), and sampler the state of
-	// the output stream after it; answerID and created are the answer's.
-	// With them the answer can go on elsewhere if its engine fails.
-	out      []uint32
-	outLost  bool // a token comment could not be read: out is incomplete
-	sampler  uint64
-	answerID string
-	created  int64
+	moves    int             // handovers so far
 	resumes  int             // times the answer went on after its engine failed or no peer took it
 	resuming string          // why the current leg continues the answer (resume), until it answers
 	failed   map[string]bool // nodes that failed this answer mid-way or refused to continue it
@@ -269,13 +334,6 @@ type attempt struct {
 	// ends when that leg answers or ends.
 	resumePrefillNode string
 	resumePrefillKV   json.RawMessage
-	chain             []kv.BlockHash // the prompt's blocks
-	// vllm is set while a vLLM engine streams the answer: the token ids
-	// it names, with which another can go on (vllmresume.go).
-	vllm *vllmStream
-	// legPath is the path legs are sent to when not the client's (a
-	// vLLM continuation's completions).
-	legPath string
 }
 
 var reqCounter atomic.Uint64
@@ -383,7 +441,10 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			reuse = kv.NotePlacement(chain, held, everStored{o.c.dir, o.c.ever})
 			o.c.mu.Unlock()
 		}
-		a := &attempt{o: o, w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, decode: dec.Decode, prefillFreed: !dec.Disaggregated, failed: map[string]bool{}, chain: chain}
+		a := &attempt{o: o,
+			attemptRequest:  attemptRequest{w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, chain: chain},
+			attemptProgress: attemptProgress{prefillFreed: !dec.Disaggregated},
+			attemptMoves:    attemptMoves{decode: dec.Decode, failed: map[string]bool{}}}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
 		if a.started && reuse.Noted() {

@@ -79,8 +79,8 @@ func TestALegToAnEngineThatReadsNoIdsCarriesTheMessages(t *testing.T) {
 	}
 	legs := o.legBody(p, rb)
 	o.c.nodes["e1"] = &node{reg: protocol.Registration{ID: "e1", URL: old.URL}}
-	a := &attempt{o: o, r: httptest.NewRequest("POST", "/v1/chat/completions", nil), p: p, body: legs, client: rb,
-		path: "/v1/chat/completions"}
+	a := &attempt{o: o, attemptRequest: attemptRequest{r: httptest.NewRequest("POST", "/v1/chat/completions", nil), p: p, body: legs, client: rb,
+		path: "/v1/chat/completions"}}
 	for _, srv := range []*httptest.Server{reads, old} {
 		resp, err := a.post(srv.URL, legs.With(map[string]json.RawMessage{"stream": json.RawMessage("true")}))
 		if err != nil {

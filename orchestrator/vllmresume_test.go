@@ -18,8 +18,9 @@ func vllmAttempt(t *testing.T, body string, chat bool, out []uint32) *attempt {
 		t.Fatal(perr.Message)
 	}
 	p.Tokens = []uint32{101, 102, 103} // as vLLM's /tokenize gave them
-	return &attempt{p: p, body: rb, client: rb, out: out, answerID: "chatcmpl-1", created: 1700000000,
-		vllm: &vllmStream{backend: "vllm", base: len(out), cont: true}}
+	return &attempt{attemptRequest: attemptRequest{p: p, body: rb, client: rb},
+		attemptAnswer: attemptAnswer{out: out, answerID: "chatcmpl-1", created: 1700000000,
+			vllm: &vllmStream{backend: "vllm", base: len(out), cont: true}}}
 }
 
 // A continuation is a completions request whose prompt is the prompt's
