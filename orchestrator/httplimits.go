@@ -13,7 +13,7 @@ import (
 	"golang.org/x/net/netutil"
 )
 
-// Limits on the router's and control API's connections, so that slow or
+// HTTPLimits bound the router's and control API's connections, so that slow or
 // hostile clients cannot hold them for ever. None cuts a long answer: an
 // SSE stream that keeps moving may last as long as it needs.
 type HTTPLimits struct {

@@ -165,7 +165,7 @@ func (o *Orchestrator) referencedShareLocked() map[kv.NodeID]float64 {
 	return out
 }
 
-// noteStored records blocks an engine stored, for lost KV reuse, and
+// noteStoredLocked records blocks an engine stored, for lost KV reuse, and
 // returns the pending hints for them. Call with mu held.
 func (o *Orchestrator) noteStoredLocked(events []kv.Event) []protocol.Hint {
 	var hints []protocol.Hint

@@ -60,9 +60,8 @@ func readAnswer(resp *http.Response, limit int64, what string) ([]byte, error) {
 	return b, nil
 }
 
-// engineError is an engine's refusal; a 4xx other than 429 is the client's
-// fault and is passed on, not retried, but for a 401 or 403: the engine
-// refused the router's engine token, the cluster's fault.
+// clientError is an engine's refusal that is the client's fault: passed
+// on to the client, not retried.
 type clientError struct {
 	status int
 	body   []byte
@@ -70,6 +69,9 @@ type clientError struct {
 
 func (e *clientError) Error() string { return fmt.Sprintf("engine answered %d: %s", e.status, e.body) }
 
+// engineError is an engine's refusal; a 4xx other than 429 is the client's
+// fault and is passed on, not retried, but for a 401 or 403: the engine
+// refused the router's engine token, the cluster's fault.
 func engineError(status int, body []byte) error {
 	if status == http.StatusUnauthorized || status == http.StatusForbidden {
 		return fmt.Errorf("engine refused the router's engine token (%d): give the engine and the orchestrator the same token "+

@@ -270,10 +270,14 @@ func isLoopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// URLs of the running orchestrator.
-func (o *Orchestrator) RouterURL() string  { return o.routerURL }
+// RouterURL is where the running orchestrator's router serves agents.
+func (o *Orchestrator) RouterURL() string { return o.routerURL }
+
+// ControlURL is where its control API serves.
 func (o *Orchestrator) ControlURL() string { return o.controlURL }
-func (o *Orchestrator) NATSURL() string    { return o.natsURL }
+
+// NATSURL is its event plane's URL.
+func (o *Orchestrator) NATSURL() string { return o.natsURL }
 
 // Run starts the event plane and the HTTP servers and serves until ctx
 // ends. ready is called once everything listens.

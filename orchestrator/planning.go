@@ -75,9 +75,6 @@ func (o *Orchestrator) planLimits(reg protocol.Registration) {
 	o.plan.p.SetSpeedup(reg.Speedup)
 }
 
-// onStats feeds the engines' pass records to the planner's cost models.
-// Modelled durations of simulated engines are divided by their speedup:
-// the planner works in wall time, as its demand does.
 // statsBatch is the part of a protocol.StatsBatch that onStats uses.
 // Decoding only these fields skips the rest (the pass's start time above
 // all, which costs a time parse per pass): the stats are the most frequent
@@ -95,6 +92,9 @@ type statsBatch struct {
 	} `json:"passes"`
 }
 
+// onStats feeds the engines' pass records to the planner's cost models.
+// Modelled durations of simulated engines are divided by their speedup:
+// the planner works in wall time, as its demand does.
 func (o *Orchestrator) onStats(m *nats.Msg) {
 	var b statsBatch
 	if json.Unmarshal(m.Data, &b) != nil {

@@ -29,7 +29,7 @@ const (
 	ConnUnreachable  = "unreachable"
 )
 
-// Sort orders of the nodes table, cycled by s.
+// sortNames are the sort orders of the nodes table, cycled by s.
 var sortNames = []string{"id", "role", "queue", "gpu-kv"}
 
 // Options configure the monitor.

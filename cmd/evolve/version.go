@@ -62,7 +62,6 @@ func newVersionCmd() *cobra.Command {
 	return cmd
 }
 
-// noArgs rejects positional arguments as a usage error.
 // commandGroup makes cmd, a group of subcommands, refuse a word that
 // names none of them (exit 2) rather than print its help and succeed.
 func commandGroup(cmd *cobra.Command) *cobra.Command {
@@ -86,6 +85,7 @@ func subcommandNames(cmd *cobra.Command) string {
 	return strings.Join(names, ", ")
 }
 
+// noArgs rejects positional arguments as a usage error.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
 		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("unexpected argument %q", args[0])}
