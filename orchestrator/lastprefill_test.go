@@ -71,7 +71,12 @@ func TestSwitchingTheLastPrefillNodeFailsNoRequest(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(300 * time.Millisecond)
+	// Each switch happens under load: requests sent before it and after.
+	underLoad := func(what string) {
+		from := sent.Load()
+		wait.Until(t, 10*time.Second, fmt.Sprintf("24 requests sent %s", what), func() bool { return sent.Load() >= from+24 })
+	}
+	underLoad("before the first switch")
 	for _, role := range []string{"decode", "prefill", "decode"} {
 		if _, err := tc.o.SetRole("e0", role, false, "operator"); err != nil {
 			t.Fatal(err)
@@ -80,7 +85,7 @@ func TestSwitchingTheLastPrefillNodeFailsNoRequest(t *testing.T) {
 			st, _ := tc.o.NodeStatus("e0")
 			return st.Role == role && st.State == StateServing
 		})
-		time.Sleep(200 * time.Millisecond)
+		underLoad("after the switch to " + role)
 	}
 	close(stop)
 	wg.Wait()
