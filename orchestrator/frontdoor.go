@@ -406,6 +406,10 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	var reuse kv.PlacedReuse // the first placement's, for lost KV reuse
 	exclude := o.suspects()
 	path := r.URL.Path
+	if !o.queued(r.Context(), exclude) {
+		o.countRequest(r, "client_gone") // it left while the router's queue held it
+		return
+	}
 	var lastErr error
 	for try := 0; try < maxAttempts; try++ {
 		v := o.view(chain, &match, exclude)
@@ -456,6 +460,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.policyMu.Lock()
 		o.policy.Finished(time.Now(), reqID)
 		o.policyMu.Unlock()
+		o.queue.kick()
 		var ce *clientError
 		if a.started && !errors.As(err, &ce) {
 			// Served, whole or in part: the key's tokens count.
@@ -794,6 +799,7 @@ func (a *attempt) prefillDone() {
 	a.o.policyMu.Lock()
 	a.o.policy.FirstToken(time.Now(), a.reqID)
 	a.o.policyMu.Unlock()
+	a.o.queue.kick()
 }
 
 // firstToken records the first token the client sees.

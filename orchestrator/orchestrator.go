@@ -89,6 +89,7 @@ type Orchestrator struct {
 	c        *cluster
 	policyMu sync.Mutex
 	policy   routing.Policy
+	queue    *routerQueue // new requests wait here while a queueing policy finds the engines busy
 	http     *http.Client
 	recent   latencyWindow // the last minute of requests, for the control API
 	met      *metrics
@@ -115,10 +116,13 @@ type metrics struct {
 	// outcome and tokens served by kind.
 	keyRequests, keyTokens *prometheus.CounterVec
 	decisions              *prometheus.CounterVec
-	hitTokens              *prometheus.CounterVec
-	switches               *prometheus.CounterVec
-	handOvers              *prometheus.CounterVec
-	resumed                *prometheus.CounterVec
+	// routerQueued: requests the router's queue held before routing
+	// (a queueing policy: Dynamo's).
+	routerQueued prometheus.Counter
+	hitTokens    *prometheus.CounterVec
+	switches     *prometheus.CounterVec
+	handOvers    *prometheus.CounterVec
+	resumed      *prometheus.CounterVec
 	// resumePulled: prompt blocks resuming nodes were asked to pull
 	// from peers rather than recompute.
 	resumePulled prometheus.Counter
@@ -141,6 +145,7 @@ func newMetrics() *metrics {
 	m.keyRequests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_key_requests_total", Help: "Requests by API key (its name, or sha256: and the start of its fingerprint) and outcome, as evolve_router_requests_total counts them."}, []string{"key", "outcome"})
 	m.keyTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_key_tokens_total", Help: "Tokens served by API key and kind: prompt (of requests an engine took) and completion (the output the client got)."}, []string{"key", "kind"})
 	m.decisions = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_decisions_total", Help: "Routing decisions by policy and whether disaggregated."}, []string{"policy", "disaggregated"})
+	m.routerQueued = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_queued_total", Help: "Requests the router held in its queue, first come first served, before routing them: with --policy dynamo, while every prefilling engine holds more than 16 times its max_num_batched_tokens of prefill, as Dynamo's router queues."})
 	m.hitTokens = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_prompt_tokens_total", Help: "Prompt tokens by where their KV came from at routing: gpu, local_host, remote_host, recomputed."}, []string{"source"})
 	m.switches = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_role_switches_total", Help: "Completed role switches by new role."}, []string{"to"})
 	m.handOvers = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_handovers_total", Help: "Requests a switching decode node handed over, by outcome: continued on a peer, or failed (no peer went on)."}, []string{"outcome"})
@@ -156,7 +161,7 @@ func newMetrics() *metrics {
 	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
 	// The process's own: memory, goroutines, file descriptors, CPU.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
+	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }
@@ -211,7 +216,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.NATSURL == "" && cfg.DataDir == "" {
 		return nil, errors.New("an embedded NATS server needs a data directory")
 	}
-	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p,
+	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p, queue: newRouterQueue(),
 		// Buffers of 64 KiB (not 4): a leg carries an agent's prompt, a
 		// megabyte of token ids at 128K tokens, in 16 writes, not 256.
 		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),
