@@ -132,13 +132,13 @@ func apiError(w http.ResponseWriter, status int, format string, args ...any) {
 // Status summarises the cluster.
 func (o *Orchestrator) Status() ClusterStatus {
 	recent := o.recent.recent(time.Now(), o.started) // sorts: not under the cluster's lock
-	keys := o.keys.get(time.Now())
+	keys := o.keys.Get(time.Now())
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
-		Recent: recent, APIKeys: len(keys.keys), KeyLimits: keys.status()}
+		Recent: recent, APIKeys: keys.Len(), KeyLimits: keys.Status()}
 	if o.certs != nil {
 		end := o.certs.NotAfter().UTC()
 		st.TLSNotAfter = &end

@@ -51,6 +51,7 @@ import (
 	"github.com/evolvellm/evolve/anthropicapi"
 	"github.com/evolvellm/evolve/kv"
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/orchestrator/apikeys"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -131,7 +132,7 @@ func checkLengths(p *openaiapi.Parsed, maxLen int) *openaiapi.Error {
 // (evolve_router_in_flight; what a shutdown waits for).
 func (o *Orchestrator) countInFlight(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if limitedPath(r) {
+		if apikeys.LimitedPath(r) {
 			o.inFlight.Add(1)
 			defer o.inFlight.Add(-1)
 		}

@@ -10,36 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/orchestrator/apikeys"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
-
-func TestKeyLimitsParse(t *testing.T) {
-	ks, err := parseAPIKeys([]string{"team-a sk-1 max-concurrency=2", "team-a sk-2", "team-a sk-3 max-wait=30s max-concurrency=2",
-		"team-b sk-4 max-concurrency=5 max-wait=0s", "team-c sk-5"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(ks.limits) != 2 || ks.limits["team-a"].max() != 2 || ks.limits["team-a"].wait != defaultMaxWait ||
-		ks.limits["team-b"].max() != 5 || ks.limits["team-b"].wait != 0 {
-		t.Fatalf("limits %v", ks.limits)
-	}
-	for entries, want := range map[string]string{
-		"team-a sk-1 max-concurrency=2|team-a sk-2 max-concurrency=3": "different limits",
-		"team-a sk-1 max-wait=5s":                                     "needs max-concurrency",
-		"team-a sk-1 max-concurrency=0":                               "1 or more",
-		"team-a sk-1 max-concurrency=two":                             "whole number",
-		"team-a sk-1 max-concurrency=2 max-wait=5":                    "with its unit",
-		"team-a sk-1 max-concurrency=2 max-wait=-1s":                  "with its unit",
-		"team-a sk-1 burst=3":                                         "unknown limit",
-		"team-a sk-1 max-concurrency=2 max-concurrency=3":             "twice",
-		"team-a sk-1 spare":                                           "KEY or NAME KEY",
-	} {
-		_, err := parseAPIKeys(strings.Split(entries, "|"))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: error %v, want one saying %q", entries, err, want)
-		}
-	}
-}
 
 // held is an agents' API that keeps every answer open until let go.
 type held struct {
@@ -53,7 +26,7 @@ func (h *held) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.mu.Lock()
 	h.served++
 	h.mu.Unlock()
-	if limitedPath(r) {
+	if apikeys.LimitedPath(r) {
 		h.started <- struct{}{}
 		<-h.release
 	}

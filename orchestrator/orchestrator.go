@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/evolvellm/evolve/orchestrator/apikeys"
 	"github.com/evolvellm/evolve/orchestrator/certreload"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
@@ -56,7 +57,7 @@ type Config struct {
 	// as a bearer token or in x-api-key: each KEY, or NAME KEY to label
 	// the key's requests and tokens in the metrics (see apikeys.go).
 	APIKeys []string
-	// APIKeyFile, when set, is a file of more entries (ReadAPIKeyFile),
+	// APIKeyFile, when set, is a file of more entries (apikeys.ReadFile),
 	// read again when it changes.
 	APIKeyFile string
 	// ShutdownGrace is how long Run, once its context ends, lets the
@@ -103,7 +104,7 @@ type Orchestrator struct {
 	routerURL, controlURL, natsURL string
 	routerLn, controlLn            net.Listener
 	certs                          *certreload.Reloader // nil: plain HTTP
-	keys                           *keySet              // the agents' API keys (none: open) and limits
+	keys                           *apikeys.Set         // the agents' API keys (none: open) and limits
 	inFlight                       atomic.Int64         // answers the router is writing
 	bodies                         *largeBodies         // the budget for large request bodies
 	noTokenIDs                     sync.Map             // vLLM nodes seen streaming without token ids (warnNoTokenIDs)
@@ -193,7 +194,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err := checkAliases(cfg.ModelAliases); err != nil {
 		return nil, err
 	}
-	keys, err := newKeySet(cfg.APIKeys, cfg.APIKeyFile, cfg.Logger.With("component", "orchestrator"))
+	keys, err := apikeys.NewSet(cfg.APIKeys, cfg.APIKeyFile, cfg.Logger.With("component", "orchestrator"))
 	if err != nil {
 		return nil, err
 	}
@@ -312,7 +313,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	}
 	o.routerURL = scheme(o.certs != nil) + o.routerLn.Addr().String()
 	if !isLoopback(o.cfg.RouterAddr) {
-		if len(o.keys.get(time.Now()).keys) == 0 {
+		if o.keys.Get(time.Now()).Empty() {
 			o.log.Warn("the agents' API takes requests from anyone who reaches it; give it API keys (--api-key-file)", "router_addr", o.cfg.RouterAddr)
 		} else if o.certs == nil {
 			o.log.Warn("the agents' API keys cross the network in the clear; serve HTTPS (--tls-cert-file, --tls-key-file) or put a TLS proxy in front", "router_addr", o.cfg.RouterAddr)

@@ -5,9 +5,6 @@ import (
 	"bytes"
 	"errors"
 	"io"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -60,29 +57,4 @@ func (z *zeros) Read(p []byte) (int, error) {
 	}
 	z.left -= n
 	return n, nil
-}
-
-// FuzzAPIKeyFile reads arbitrary key files: refused or read, never a
-// panic; what is read holds no blank or comment entry, and a file that
-// reads makes a key set or a clear error.
-func FuzzAPIKeyFile(f *testing.F) {
-	f.Add([]byte("# keys\nteam-a sk-aaaa max-concurrency=4 max-wait=10s\n\nsk-bbbb\n"))
-	f.Add([]byte("\ufeffsk-with-bom\r\n"))
-	f.Add([]byte("team max-concurrency=-1\n"))
-	f.Fuzz(func(t *testing.T, content []byte) {
-		path := filepath.Join(t.TempDir(), "keys")
-		if err := os.WriteFile(path, content, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		entries, err := ReadAPIKeyFile(path)
-		if err != nil {
-			return
-		}
-		for _, e := range entries {
-			if strings.TrimSpace(e) != e || e == "" || strings.HasPrefix(e, "#") {
-				t.Fatalf("entry %q read from %q", e, content)
-			}
-		}
-		_, _ = newKeySet(nil, path, slog.New(slog.DiscardHandler))
-	})
 }

@@ -5,7 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/evolvellm/evolve/orchestrator"
+	"github.com/evolvellm/evolve/orchestrator/apikeys"
 	"github.com/spf13/pflag"
 )
 
@@ -21,13 +21,13 @@ func addAPIKeyFlags(f *pflag.FlagSet) {
 func apiKeys(cmd string) ([]string, error) {
 	keys := configList(cmd + ".api-key")
 	if path := config.GetString(cmd + ".api-key-file"); path != "" {
-		file, err := orchestrator.ReadAPIKeyFile(path)
+		file, err := apikeys.ReadFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("--api-key-file: %w", err)
 		}
 		keys = append(keys, file...)
 	}
-	if err := orchestrator.CheckAPIKeys(keys); err != nil {
+	if err := apikeys.Check(keys); err != nil {
 		return nil, fmt.Errorf("--api-key or --api-key-file: %w", err)
 	}
 	return keys, nil

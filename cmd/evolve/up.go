@@ -23,6 +23,7 @@ import (
 	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/orchestrator"
+	"github.com/evolvellm/evolve/orchestrator/apikeys"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
@@ -364,7 +365,7 @@ func (u *localUp) prepare() error {
 	}
 	u.st = &localState{LogDir: u.logDir, Started: time.Now(), Detached: u.detach}
 	if len(u.keys) > 0 {
-		u.st.APIKey = orchestrator.EntryKey(u.keys[0])
+		u.st.APIKey = apikeys.EntryKey(u.keys[0])
 	}
 	u.deadline = time.Now().Add(config.GetDuration(u.key("timeout")))
 	return nil

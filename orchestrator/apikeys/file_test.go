@@ -1,4 +1,4 @@
-package orchestrator
+package apikeys
 
 import (
 	"log/slog"
@@ -12,10 +12,10 @@ import (
 
 // labelOf is the label a key gets from the keys in force at now ("" if
 // refused).
-func labelOf(ks *keySet, now time.Time, key string) string {
+func labelOf(ks *Set, now time.Time, key string) string {
 	r := httptest.NewRequest("POST", "/v1/completions", nil)
 	r.Header.Set("Authorization", "Bearer "+key)
-	l, _ := ks.get(now).keyOf(r)
+	l, _ := ks.Get(now).Of(r)
 	return l
 }
 
@@ -37,14 +37,14 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 	write("# team a\nteam-a sk-1 max-concurrency=1\n", t0)
 	var logs strings.Builder // the key set logs from the goroutine that looks at it: this one
-	ks, err := newKeySet([]string{"ops sk-static"}, path, slog.New(slog.NewTextHandler(&logs, nil)))
+	ks, err := NewSet([]string{"ops sk-static"}, path, slog.New(slog.NewTextHandler(&logs, nil)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if labelOf(ks, t0, "sk-1") != "team-a" || labelOf(ks, t0, "sk-static") != "ops" {
 		t.Fatal("the first keys are not in force")
 	}
-	a := ks.get(t0).limits["team-a"]
+	a := ks.Get(t0).limits["team-a"]
 	a.slots <- struct{}{} // one of team-a's answers in flight
 
 	// team-a's key is rotated and team-b gets one.
@@ -58,7 +58,7 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 			t.Errorf("after the change, key %s: label %q, want %q", key, got, want)
 		}
 	}
-	if ks.get(now).limits["team-a"] != a || len(a.slots) != 1 {
+	if ks.Get(now).limits["team-a"] != a || len(a.slots) != 1 {
 		t.Fatal("team-a's limit did not change, but its count of requests in flight was lost")
 	}
 	if !strings.Contains(logs.String(), "API keys reloaded") || !strings.Contains(logs.String(), "added=2 removed=1") ||
@@ -83,10 +83,10 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 	// Another limit for team-a starts its count afresh.
 	write("team-a sk-2 max-concurrency=4\n", t0.Add(5*time.Minute))
 	now = now.Add(2 * time.Second)
-	if l := ks.get(now).limits["team-a"]; l == a || l.max() != 4 || len(l.slots) != 0 {
+	if l := ks.Get(now).limits["team-a"]; l == a || l.Max() != 4 || len(l.slots) != 0 {
 		t.Fatalf("team-a's new limit: %+v", l)
 	}
-	a.release() // the answer in flight ends on the old count
+	a.Release() // the answer in flight ends on the old count
 
 	// A file gone is an error too; the keys stay.
 	os.Remove(path)
@@ -103,7 +103,7 @@ func TestKeyFileWithAByteOrderMarkAndCRLF(t *testing.T) {
 	if err := os.WriteFile(path, []byte("\ufeffteam-a sk-1\r\n# a comment\r\n\r\nsk-2\r\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	entries, err := ReadAPIKeyFile(path)
+	entries, err := ReadFile(path)
 	if err != nil || len(entries) != 2 || entries[0] != "team-a sk-1" || entries[1] != "sk-2" {
 		t.Fatalf("entries %q, err %v", entries, err)
 	}

@@ -1,4 +1,4 @@
-package orchestrator
+package apikeys
 
 import (
 	"bufio"
@@ -12,10 +12,10 @@ import (
 	"time"
 )
 
-// ReadAPIKeyFile reads the key entries of a key file: one per line, blank
+// ReadFile reads the key entries of a key file: one per line, blank
 // lines and lines starting with # skipped. A file with none is an error:
 // it would leave the agents' API open or, on a reload, shut.
-func ReadAPIKeyFile(path string) ([]string, error) {
+func ReadFile(path string) ([]string, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -43,15 +43,15 @@ func ReadAPIKeyFile(path string) ([]string, error) {
 	return entries, nil
 }
 
-// keySet holds the agents' API keys in force, and reads the key file
+// Set holds the agents' API keys in force, and reads the key file
 // again when it changes (checked at most once a second, as requests come),
 // so that a key is added, revoked or given another limit without a
 // restart: a secret rotated in place (a Kubernetes secret volume, a
 // configuration manager) takes effect within a second. A file that does
 // not read or parse is logged, once per change, and the keys in force
 // stay. Safe for concurrent use.
-type keySet struct {
-	cur    atomic.Pointer[apiKeys]
+type Set struct {
+	cur    atomic.Pointer[Keys]
 	static []string // entries given otherwise (flags, environment)
 	path   string   // "" without a file
 	log    *slog.Logger
@@ -74,9 +74,9 @@ func stampOf(path string) (fileStamp, error) {
 	return fileStamp{fi.ModTime(), fi.Size()}, nil
 }
 
-// newKeySet reads the entries and the file (if any).
-func newKeySet(static []string, path string, log *slog.Logger) (*keySet, error) {
-	s := &keySet{static: static, path: path, log: log}
+// NewSet reads the entries and the file (if any).
+func NewSet(static []string, path string, log *slog.Logger) (*Set, error) {
+	s := &Set{static: static, path: path, log: log}
 	var st fileStamp
 	entries := static
 	if path != "" {
@@ -84,13 +84,13 @@ func newKeySet(static []string, path string, log *slog.Logger) (*keySet, error) 
 		if st, err = stampOf(path); err != nil {
 			return nil, fmt.Errorf("API key file: %w", err)
 		}
-		file, err := ReadAPIKeyFile(path)
+		file, err := ReadFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("API key file: %w", err)
 		}
 		entries = append(slices.Clip(static), file...)
 	}
-	ks, err := parseAPIKeys(entries)
+	ks, err := parse(entries)
 	if err != nil {
 		return nil, err
 	}
@@ -99,15 +99,15 @@ func newKeySet(static []string, path string, log *slog.Logger) (*keySet, error) 
 	return s, nil
 }
 
-// get is the keys in force now, read again first if the file changed.
-func (s *keySet) get(now time.Time) *apiKeys {
+// Get is the keys in force now, read again first if the file changed.
+func (s *Set) Get(now time.Time) *Keys {
 	if s.path != "" {
 		s.reloadIfChanged(now)
 	}
 	return s.cur.Load()
 }
 
-func (s *keySet) reloadIfChanged(now time.Time) {
+func (s *Set) reloadIfChanged(now time.Time) {
 	// Every request asks: between looks, without a lock.
 	if now.UnixNano()-s.checked.Load() < int64(time.Second) {
 		return
@@ -131,10 +131,10 @@ func (s *keySet) reloadIfChanged(now time.Time) {
 	}
 	s.stamp = st
 	old := s.cur.Load()
-	file, err := ReadAPIKeyFile(s.path)
-	var ks apiKeys
+	file, err := ReadFile(s.path)
+	var ks Keys
 	if err == nil {
-		ks, err = parseAPIKeys(append(slices.Clip(s.static), file...))
+		ks, err = parse(append(slices.Clip(s.static), file...))
 	}
 	if err != nil {
 		s.log.Error("API key file changed but does not load; the keys loaded before stay in force", "file", s.path, "err", err,
@@ -151,7 +151,7 @@ func (s *keySet) reloadIfChanged(now time.Time) {
 // keepCounts carries the requests in flight of a name whose limits did
 // not change over to the new keys; a name given other limits starts
 // afresh (its answers in flight end on the old count).
-func (ks *apiKeys) keepCounts(old *apiKeys) {
+func (ks *Keys) keepCounts(old *Keys) {
 	for name, l := range ks.limits {
 		if o := old.limits[name]; o != nil && o.same(l) {
 			ks.limits[name] = o
@@ -160,7 +160,7 @@ func (ks *apiKeys) keepCounts(old *apiKeys) {
 }
 
 // diff counts the keys of next that old lacks, and the reverse.
-func (old *apiKeys) diff(next *apiKeys) (added, removed int) {
+func (old *Keys) diff(next *Keys) (added, removed int) {
 	had := map[string]bool{}
 	for _, k := range old.keys {
 		had[k.key] = true
@@ -181,7 +181,7 @@ func (old *apiKeys) diff(next *apiKeys) (added, removed int) {
 }
 
 // names are the labels of the keys, each once, sorted: what a log may show.
-func (ks *apiKeys) names() []string {
+func (ks *Keys) names() []string {
 	var out []string
 	for _, k := range ks.keys {
 		out = append(out, k.label)
@@ -189,3 +189,7 @@ func (ks *apiKeys) names() []string {
 	slices.Sort(out)
 	return slices.Compact(out)
 }
+
+// Current is the keys in force, without looking at the file (for a
+// metrics scrape).
+func (s *Set) Current() *Keys { return s.cur.Load() }
