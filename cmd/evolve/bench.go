@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/loadgen"
 	"github.com/evolvellm/evolve/tokenizer"
@@ -188,7 +189,7 @@ func printBench(cmd *cobra.Command, res loadgen.Result) error {
 // localEngineSpeedup is the speedup of the local cluster's engines, from
 // its control API (0 when there is none, or it does not say).
 func localEngineSpeedup(cmd *cobra.Command) float64 {
-	if _, err := readLocalState(); err != nil {
+	if _, err := cluster.ReadLocalState(localDir()); err != nil {
 		return 0
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
@@ -207,7 +208,7 @@ func runBench(cmd *cobra.Command, _ []string) error {
 	url, apiKey := config.GetString(k("url")), config.GetString(k("api-key"))
 	if url == "" {
 		url = "http://127.0.0.1:8000"
-		if st, err := readLocalState(); err == nil {
+		if st, err := cluster.ReadLocalState(localDir()); err == nil {
 			url = st.RouterURL
 			apiKey = cmp.Or(apiKey, st.APIKey)
 		}

@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/spf13/cobra"
 	"gopkg.in/yaml.v3"
@@ -35,7 +36,7 @@ func addClientFlags(cmd *cobra.Command) {
 func newControlClient(cmd *cobra.Command) *controlClient {
 	server := flagOrConfig(cmd, "server")
 	if server == "" {
-		if st, err := readLocalState(); err == nil && st.ControlURL != "" {
+		if st, err := cluster.ReadLocalState(localDir()); err == nil && st.ControlURL != "" {
 			server = st.ControlURL
 		} else {
 			server = "http://127.0.0.1:8001"
@@ -62,7 +63,7 @@ func (c *controlClient) do(ctx context.Context, method, path string, in, out any
 		var ve *tls.CertificateVerificationError
 		if errors.As(err, &ve) {
 			hint = "its certificate is not trusted here, or does not name this address: trust a private CA's with SSL_CERT_FILE=ca.pem"
-		} else if st, serr := readLocalState(); serr == nil && st.ControlURL == c.base && !ours(st.Orchestrator) {
+		} else if st, serr := cluster.ReadLocalState(localDir()); serr == nil && st.ControlURL == c.base && !cluster.Ours(st.Orchestrator) {
 			// The local cluster's record is there, its orchestrator not.
 			hint = "the local cluster's orchestrator is gone (see " + filepath.Join(st.LogDir, "orchestrator.log") +
 				"); 'evolve down' stops what it left, 'evolve up' starts a new one"

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/openai/openai-go/v3"
@@ -30,7 +31,7 @@ import (
 type localCluster struct {
 	t     *testing.T
 	env   []string
-	state *localState
+	state *cluster.LocalState
 	up    map[string]any
 }
 
@@ -78,9 +79,9 @@ func upCluster(t *testing.T, args ...string) *localCluster {
 	return c
 }
 
-func (c *localCluster) readState() *localState {
+func (c *localCluster) readState() *cluster.LocalState {
 	c.t.Helper()
-	var st localState
+	var st cluster.LocalState
 	b, err := os.ReadFile(filepath.Join(strings.TrimPrefix(c.env[0], "XDG_STATE_HOME="), "evolve", "local", "cluster.json"))
 	if err != nil {
 		c.t.Fatal(err)
@@ -301,7 +302,7 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 		t.Fatalf("down: %d %s", code, out)
 	}
 	for _, pid := range pids {
-		if alive(pid) {
+		if cluster.Alive(pid) {
 			t.Fatalf("process %d still running after evolve down", pid)
 		}
 	}
@@ -498,7 +499,7 @@ func TestOrchestratorRestartKeepsPins(t *testing.T) {
 	}
 	// Stop the orchestrator and start a new one on the same addresses and data.
 	syscall.Kill(c.state.Orchestrator, syscall.SIGTERM)
-	wait.Until(t, 15*time.Second, "orchestrator stops", func() bool { return !alive(c.state.Orchestrator) })
+	wait.Until(t, 15*time.Second, "orchestrator stops", func() bool { return !cluster.Alive(c.state.Orchestrator) })
 	dir := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
 	orch := exec.Command(evolveBin, "orchestrator", "--router-addr", strings.TrimPrefix(c.state.RouterURL, "http://"),
 		"--control-addr", strings.TrimPrefix(c.state.ControlURL, "http://"), "--nats-listen", natsAddr,

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/nats-io/nats.go"
 )
@@ -137,7 +138,7 @@ func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
 		t.Fatalf("evolve up's orchestrator no longer asks for a free NATS port: %q", args)
 	}
 	syscall.Kill(pid, syscall.SIGKILL)
-	wait.Until(t, 10*time.Second, "orchestrator gone", func() bool { return !alive(pid) })
+	wait.Until(t, 10*time.Second, "orchestrator gone", func() bool { return !cluster.Alive(pid) })
 	// At once, as a supervisor restarts it.
 	orch := exec.Command(evolveBin, args[1:]...)
 	orch.Env = append(os.Environ(), c.env...)
@@ -175,7 +176,7 @@ func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
 	if code != 1 || !strings.Contains(out, fmt.Sprintf("pid %d:", orch.Process.Pid)) || !strings.Contains(out, "still running") {
 		t.Fatalf("evolve down with a hand-started orchestrator: exit %d\n%s", code, out)
 	}
-	if !alive(orch.Process.Pid) {
+	if !cluster.Alive(orch.Process.Pid) {
 		t.Fatal("evolve down stopped a process it did not start")
 	}
 	if _, err := os.Stat(data); err != nil {

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
 )
 
@@ -141,7 +142,7 @@ func TestEngineStoppedUnderLoadHandsItsAnswersOver(t *testing.T) {
 	c, finish := reasoningLoad(t, "14s", "engine-2")
 	pid := c.state.Engines[2]
 	syscall.Kill(pid, syscall.SIGTERM)
-	wait.Until(t, 30*time.Second, "engine-2 stops", func() bool { return !alive(pid) })
+	wait.Until(t, 30*time.Second, "engine-2 stops", func() bool { return !cluster.Alive(pid) })
 	res, b := finish()
 	// The agents count only the moved answers that finished before the
 	// run's end; the router counts every one.

@@ -99,7 +99,7 @@ func runLogs(cmd *cobra.Command, args []string) error {
 		}
 		return tailFile(ctx, filepath.Join(clusterDir(f.Metadata.Name), "logs", "orchestrator.log"), tail, follow, out)
 	}
-	st, err := readLocalState()
+	st, err := cluster.ReadLocalState(localDir())
 	if err != nil {
 		return err // logNames said so already
 	}
@@ -120,7 +120,7 @@ func logNames(cmd *cobra.Command) ([]string, error) {
 		}
 		return names, nil
 	}
-	st, err := readLocalState()
+	st, err := cluster.ReadLocalState(localDir())
 	if err != nil {
 		return nil, errors.New("no local cluster (evolve up starts one); for a cluster file's, pass it with -f")
 	}

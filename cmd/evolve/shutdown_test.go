@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
 )
 
@@ -65,7 +66,7 @@ func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 	if !finished || chunks < 590 {
 		t.Fatalf("the answer in flight ended after %d more chunks (finished %v): want the whole answer", chunks, finished)
 	}
-	wait.Until(t, 10*time.Second, "the orchestrator gone once its answer ended", func() bool { return !alive(orch.PID) })
+	wait.Until(t, 10*time.Second, "the orchestrator gone once its answer ended", func() bool { return !cluster.Alive(orch.PID) })
 	if !strings.Contains(log.String(), "waiting for the answers in flight") || !strings.Contains(log.String(), "in_flight=1") {
 		t.Fatalf("the log does not say what the shutdown waits for:\n%s", log.String())
 	}
@@ -81,5 +82,5 @@ func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 	syscall.Kill(orch2.PID, syscall.SIGTERM)
 	time.Sleep(300 * time.Millisecond)
 	syscall.Kill(orch2.PID, syscall.SIGTERM)
-	wait.Until(t, 5*time.Second, "the orchestrator gone at the second signal", func() bool { return !alive(orch2.PID) })
+	wait.Until(t, 5*time.Second, "the orchestrator gone at the second signal", func() bool { return !cluster.Alive(orch2.PID) })
 }

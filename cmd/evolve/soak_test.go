@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
 )
 
@@ -315,7 +316,7 @@ func (s *soak) restart(pid int, name string) int {
 	args := procStrings(s.t, pid, "cmdline")
 	env := procStrings(s.t, pid, "environ")
 	syscall.Kill(pid, syscall.SIGKILL)
-	wait.Until(s.t, 10*time.Second, name+" gone", func() bool { return !alive(pid) })
+	wait.Until(s.t, 10*time.Second, name+" gone", func() bool { return !cluster.Alive(pid) })
 	cmd := exec.Command(evolveBin, args[1:]...)
 	cmd.Env = env
 	log, err := os.OpenFile(filepath.Join(s.logDir, name+".log"), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)

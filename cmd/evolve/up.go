@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -19,6 +18,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/loadgen"
@@ -28,22 +28,6 @@ import (
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
-
-// localState records a local cluster started by `evolve up`, so that
-// `evolve down` and the other commands find it.
-type localState struct {
-	RouterURL    string    `json:"router_url"`
-	ControlURL   string    `json:"control_url"`
-	NATSURL      string    `json:"nats_url"`
-	Orchestrator int       `json:"orchestrator_pid"`
-	Engines      []int     `json:"engine_pids"`
-	LogDir       string    `json:"log_dir"`
-	Started      time.Time `json:"started"`
-	Detached     bool      `json:"detached"`
-	// APIKey is the first of the keys the router requires, if any: evolve
-	// bench sends it to this cluster (the file is the user's alone).
-	APIKey string `json:"api_key,omitempty"`
-}
 
 // routingFlags are the orchestrator flags evolve up passes on from its
 // own, with or without a cluster file: the routing policy, the planner's
@@ -62,62 +46,6 @@ func routingFlags() []string {
 }
 
 func localDir() string { return filepath.Join(stateDir(), "local") }
-
-func localStatePath() string { return filepath.Join(localDir(), "cluster.json") }
-
-func readLocalState() (*localState, error) {
-	b, err := os.ReadFile(localStatePath())
-	if err != nil {
-		return nil, err
-	}
-	var st localState
-	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("local cluster state %s: %w", localStatePath(), err)
-	}
-	return &st, nil
-}
-
-func writeLocalState(st *localState) error {
-	b, _ := json.MarshalIndent(st, "", "  ")
-	tmp := localStatePath() + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		return err
-	}
-	return os.Rename(tmp, localStatePath())
-}
-
-// alive reports whether pid runs (a zombie does not count).
-func alive(pid int) bool {
-	if pid <= 0 || syscall.Kill(pid, 0) != nil {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return true // no /proc: trust kill(0)
-	}
-	// The state follows the command name in parentheses.
-	s := string(b)
-	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
-		return s[i+2] != 'Z'
-	}
-	return true
-}
-
-// ours reports whether pid runs an evolve server (an orchestrator or an
-// engine). A state file outlives a reboot, and its PIDs may then name
-// someone else's processes: those are never signalled, nor taken for a
-// running cluster.
-func ours(pid int) bool {
-	if !alive(pid) {
-		return false
-	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil {
-		return true // no /proc: trust kill(0)
-	}
-	args := strings.Split(string(b), "\x00")
-	return len(args) > 1 && (args[1] == "orchestrator" || args[1] == "engine")
-}
 
 func newUpCmd() *cobra.Command {
 	cmd := &cobra.Command{
@@ -239,7 +167,7 @@ type localUp struct {
 	detach           bool
 
 	dir, logDir string
-	st          *localState
+	st          *cluster.LocalState
 	// Each child is waited for once; exited[pid] closes when it ends, for
 	// the teardown and to notice an engine that stops alone.
 	exited    map[int]chan struct{}
@@ -326,15 +254,15 @@ func parseUp(cmd *cobra.Command) (*localUp, error) {
 // prepare refuses a second local cluster, stops the engines a dead one
 // left, checks the addresses are free and makes the state directory.
 func (u *localUp) prepare() error {
-	if st, err := readLocalState(); err == nil {
-		if ours(st.Orchestrator) {
+	if st, err := cluster.ReadLocalState(localDir()); err == nil {
+		if cluster.Ours(st.Orchestrator) {
 			return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
 		}
 		// Its orchestrator died (killed, crashed): the engines it left
 		// would run on unseen once this cluster's record replaces its.
 		var left []int
 		for _, pid := range st.Engines {
-			if ours(pid) {
+			if cluster.Ours(pid) {
 				left = append(left, pid)
 			}
 		}
@@ -342,7 +270,7 @@ func (u *localUp) prepare() error {
 			fmt.Fprintf(u.errw, "the last local cluster's orchestrator is gone; stopping the %d engines it left running\n", len(left))
 			// Their router is gone with the orchestrator: nothing is
 			// in flight to drain, so they get little time.
-			stopPIDs(u.errw, left, nil, 2*time.Second)
+			cluster.StopPIDs(u.errw, left, nil, 2*time.Second)
 		}
 	}
 	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
@@ -363,7 +291,7 @@ func (u *localUp) prepare() error {
 	if err := os.MkdirAll(u.logDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
 	}
-	u.st = &localState{LogDir: u.logDir, Started: time.Now(), Detached: u.detach}
+	u.st = &cluster.LocalState{LogDir: u.logDir, Started: time.Now(), Detached: u.detach}
 	if len(u.keys) > 0 {
 		u.st.APIKey = apikeys.EntryKey(u.keys[0])
 	}
@@ -382,7 +310,7 @@ func (u *localUp) waitFor(p *exec.Cmd) chan struct{} {
 // cleanup stops every child started.
 func (u *localUp) cleanup() {
 	u.stopping.Store(true)
-	stopAll(u.errw, u.st, u.exited)
+	cluster.StopAll(u.errw, u.dir, u.st, u.exited)
 }
 
 // interrupted stops what had started after Ctrl-C while what was going on.
@@ -419,7 +347,7 @@ func (u *localUp) startOrchestrator() error {
 		orchEnv = append(orchEnv, "EVOLVE_ORCHESTRATOR_NATS_TOKEN="+u.natsToken)
 	}
 	log := filepath.Join(u.logDir, "orchestrator.log")
-	if u.orch, err = startChildEnv(u.exe, log, u.detach, orchEnv, orchArgs...); err != nil {
+	if u.orch, err = cluster.StartChild(u.exe, log, u.detach, orchEnv, orchArgs...); err != nil {
 		return err
 	}
 	u.orchDone = u.waitFor(u.orch)
@@ -429,7 +357,7 @@ func (u *localUp) startOrchestrator() error {
 		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &u.info) == nil {
 			break
 		}
-		if !alive(u.orch.Process.Pid) || time.Now().After(u.deadline) {
+		if !cluster.Alive(u.orch.Process.Pid) || time.Now().After(u.deadline) {
 			u.cleanup()
 			return fmt.Errorf("the orchestrator did not start:\n%s", tail(log, 10))
 		}
@@ -460,7 +388,7 @@ func (u *localUp) startEngines() error {
 				return err
 			}
 		}
-		p, err := startChildEnv(u.exe, log, u.detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
+		p, err := cluster.StartChild(u.exe, log, u.detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
 			"--role", role, "--profile", config.GetString(key("profile")),
 			"--speedup", strconv.FormatFloat(config.GetFloat64(key("speedup")), 'g', -1, 64),
 			"--shutdown-grace", "10s", "--log-format", "json", "--log-level", config.GetString("log-level"))
@@ -479,7 +407,7 @@ func (u *localUp) startEngines() error {
 			}
 		}()
 	}
-	if err := writeLocalState(u.st); err != nil {
+	if err := cluster.WriteLocalState(localDir(), u.st); err != nil {
 		u.cleanup()
 		return fmt.Errorf("record the local cluster: %w", err)
 	}
@@ -675,81 +603,6 @@ func split(c *controlClient) string {
 	return fmt.Sprintf(" | split %dP/%dD", p, d)
 }
 
-// startChildEnv starts `evolve args...` with its output in log and env
-// added to its environment (secrets go there, not on command lines that
-// ps shows). Children get their own process group, so that a Ctrl-C
-// reaches only `evolve up`, which stops them in order; detached ones get
-// their own session.
-func startChildEnv(exe, log string, detach bool, env []string, args ...string) (*exec.Cmd, error) {
-	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return nil, err
-	}
-	c := exec.Command(exe, args...)
-	c.Env = append(os.Environ(), env...)
-	c.Stdout, c.Stderr = f, f
-	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: !detach, Setsid: detach}
-	if err := c.Start(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("start %s: %w", args[0], err)
-	}
-	f.Close()
-	return c, nil
-}
-
-// stopAll stops the engines, then the orchestrator: SIGTERM, then SIGKILL
-// after a grace period. It removes the local state when done.
-// waits, when not nil, has a channel per child of this process that
-// closes when it ends.
-// It returns the cluster's servers it left running: those it did not
-// start (restarted by hand), whose data it keeps.
-func stopAll(errw io.Writer, st *localState, waits map[int]chan struct{}) []clusterProc {
-	stopPIDs(errw, st.Engines, waits, 15*time.Second)
-	stopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
-	os.Remove(localStatePath())
-	data := filepath.Join(localDir(), "nats")
-	left := strayProcs(st, data)
-	usesData := slices.ContainsFunc(left, func(p clusterProc) bool { return strings.Contains(p.Command, data) })
-	if !alive(st.Orchestrator) && !usesData {
-		// Its durable state (pinned roles) lives as long as the cluster:
-		// it survives an orchestrator restart, but the next 'evolve up'
-		// starts as its flags say, not with the pins of this one. Never
-		// while an orchestrator started by hand still runs on it.
-		os.RemoveAll(data)
-	}
-	return left
-}
-
-// stopPIDs stops the evolve servers among pids (SIGTERM, then SIGKILL
-// after grace), waiting for each.
-func stopPIDs(errw io.Writer, pids []int, waits map[int]chan struct{}, grace time.Duration) {
-	pids = slices.DeleteFunc(slices.Clone(pids), func(pid int) bool { return !ours(pid) })
-	for _, pid := range pids {
-		if alive(pid) {
-			syscall.Kill(pid, syscall.SIGTERM)
-		}
-	}
-	deadline := time.Now().Add(grace)
-	for _, pid := range pids {
-		for alive(pid) {
-			if ch, ok := waits[pid]; ok {
-				select {
-				case <-ch:
-					continue
-				case <-time.After(50 * time.Millisecond):
-				}
-			} else {
-				time.Sleep(50 * time.Millisecond)
-			}
-			if time.Now().After(deadline) {
-				fmt.Fprintf(errw, "process %d did not stop in %v; killing it\n", pid, grace)
-				syscall.Kill(pid, syscall.SIGKILL)
-				deadline = time.Now().Add(5 * time.Second)
-			}
-		}
-	}
-}
-
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -780,7 +633,7 @@ orchestrator it started on this machine. It asks first on a terminal;
 			if file := config.GetString("down.file"); file != "" {
 				return downFromFile(cmd, file, config.GetBool("down.yes"))
 			}
-			st, err := readLocalState()
+			st, err := cluster.ReadLocalState(localDir())
 			if errors.Is(err, os.ErrNotExist) {
 				fmt.Fprintln(cmd.ErrOrStderr(), "no local cluster is running")
 				return nil
@@ -790,7 +643,7 @@ orchestrator it started on this machine. It asks first on a terminal;
 			}
 			errw := cmd.ErrOrStderr()
 			fmt.Fprintf(errw, "stopping %d engines and the orchestrator\n", len(st.Engines))
-			left := stopAll(errw, st, nil)
+			left := cluster.StopAll(errw, localDir(), st, nil)
 			if len(left) == 0 {
 				fmt.Fprintln(errw, "stopped")
 				return nil

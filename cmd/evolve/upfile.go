@@ -393,7 +393,7 @@ func ensureHostOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.
 // ensureOrchestrator starts the cluster's orchestrator on this machine
 // unless it runs already (a re-run converges).
 func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path, dir string, debug io.Writer, keys []string) (*fileClusterState, string, error) {
-	if st, err := readClusterState(f.Metadata.Name); err == nil && ours(st.Orchestrator) {
+	if st, err := readClusterState(f.Metadata.Name); err == nil && cluster.Ours(st.Orchestrator) {
 		fmt.Fprintf(debug, "orchestrator already running, pid %d\n", st.Orchestrator)
 		return st, "unchanged", nil
 	}
@@ -413,7 +413,7 @@ func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File
 		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort), "--data-dir", filepath.Join(dir, "nats"),
 		"--ready-file", ready, "--log-format", "json"}, o.Args()...)
 	args = append(args, routingFlags()...)
-	p, err := startChildEnv(exe, logPath, true,
+	p, err := cluster.StartChild(exe, logPath, true,
 		append([]string{"EVOLVE_ORCHESTRATOR_TOKEN=" + st.ControlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN=" + st.NATSToken}, apiKeyEnv(keys)...), args...)
 	if err != nil {
 		return nil, "", err
@@ -425,13 +425,13 @@ func ensureOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File
 		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &info) == nil {
 			break
 		}
-		if !alive(p.Process.Pid) || time.Now().After(deadline) {
+		if !cluster.Alive(p.Process.Pid) || time.Now().After(deadline) {
 			return nil, "", fmt.Errorf("the orchestrator did not start:\n%s", tail(logPath, 10))
 		}
 		if !sleepCtx(ctx, 50*time.Millisecond) {
 			// Nothing knows of it yet (no state written): stop it, or
 			// it runs on where 'evolve down -f' cannot find it.
-			stopPIDs(cmd.ErrOrStderr(), []int{p.Process.Pid}, nil, 15*time.Second)
+			cluster.StopPIDs(cmd.ErrOrStderr(), []int{p.Process.Pid}, nil, 15*time.Second)
 			return nil, "", errors.New("interrupted while the orchestrator started; stopped it")
 		}
 	}
@@ -497,7 +497,7 @@ func downFromFile(cmd *cobra.Command, path string, yes bool) error {
 	}
 	if st, err := readClusterState(f.Metadata.Name); err == nil {
 		if st.Orchestrator > 0 {
-			stopPIDs(errw, []int{st.Orchestrator}, nil, 15*time.Second)
+			cluster.StopPIDs(errw, []int{st.Orchestrator}, nil, 15*time.Second)
 		}
 		if orch == "stopped" {
 			os.Remove(filepath.Join(clusterDir(f.Metadata.Name), "state.json"))
@@ -616,7 +616,7 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 	sopt := cluster.UpOptions{Dial: cluster.SSHDialer(sshOptions("status"))}
 	if st, err := readClusterState(f.Metadata.Name); err == nil {
 		out.Orchestrator, out.RouterURL, out.ControlURL = "stopped", st.RouterURL, st.ControlURL
-		if ours(st.Orchestrator) {
+		if cluster.Ours(st.Orchestrator) {
 			out.Orchestrator = "running"
 		}
 	}

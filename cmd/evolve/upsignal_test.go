@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
 )
 
@@ -39,7 +40,7 @@ func clusterProcs(t *testing.T, stateHome string) []int {
 			continue
 		}
 		env, err := os.ReadFile(filepath.Join("/proc", e.Name(), "environ"))
-		if err != nil || !bytes.Contains(env, want) || !alive(pid) {
+		if err != nil || !bytes.Contains(env, want) || !cluster.Alive(pid) {
 			continue
 		}
 		pids = append(pids, pid)
@@ -213,7 +214,7 @@ func TestUpStopsTheEnginesADeadOrchestratorLeft(t *testing.T) {
 	c := upCluster(t, "--engines", "2", "--profile", "tiny")
 	home := strings.TrimPrefix(c.env[0], "XDG_STATE_HOME=")
 	syscall.Kill(c.state.Orchestrator, syscall.SIGKILL)
-	wait.Until(t, 10*time.Second, "the orchestrator dies", func() bool { return !alive(c.state.Orchestrator) })
+	wait.Until(t, 10*time.Second, "the orchestrator dies", func() bool { return !cluster.Alive(c.state.Orchestrator) })
 	// Commands say what happened, and what to do.
 	if out, code := runBinOut(t, c.env, "nodes"); code != 1 || !strings.Contains(out, "the local cluster's orchestrator is gone") {
 		t.Fatalf("nodes with the orchestrator dead: exit %d\n%s", code, out)
@@ -223,7 +224,7 @@ func TestUpStopsTheEnginesADeadOrchestratorLeft(t *testing.T) {
 		t.Fatalf("up after the orchestrator died: exit %d\n%s", code, out)
 	}
 	for _, pid := range c.state.Engines {
-		if alive(pid) {
+		if cluster.Alive(pid) {
 			t.Fatalf("engine %d of the dead cluster still runs", pid)
 		}
 	}
@@ -253,7 +254,7 @@ func TestStateFilePIDsOfStrangersAreLeftAlone(t *testing.T) {
 	if out, code := runBinOut(t, env, "down"); code != 0 {
 		t.Fatalf("down: %d %s", code, out)
 	}
-	if !alive(pid) {
+	if !cluster.Alive(pid) {
 		t.Fatal("evolve down killed a process that was not its own")
 	}
 	out, code := runBinOut(t, env, "up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0", "--engines", "1")
@@ -261,7 +262,7 @@ func TestStateFilePIDsOfStrangersAreLeftAlone(t *testing.T) {
 	if code != 0 || strings.Contains(out, "already running") {
 		t.Fatalf("up beside a stranger's PID: exit %d\n%s", code, out)
 	}
-	if !alive(pid) {
+	if !cluster.Alive(pid) {
 		t.Fatal("evolve up killed a process that was not its own")
 	}
 }
@@ -282,9 +283,9 @@ func TestUpReportsAnEngineThatStops(t *testing.T) {
 	stoppedEverything(t, cmd, home)
 }
 
-func readStateIn(t *testing.T, home string) localState {
+func readStateIn(t *testing.T, home string) cluster.LocalState {
 	t.Helper()
-	var st localState
+	var st cluster.LocalState
 	b, err := os.ReadFile(filepath.Join(home, "evolve", "local", "cluster.json"))
 	if err != nil || json.Unmarshal(b, &st) != nil || len(st.Engines) < 2 {
 		t.Fatalf("the local cluster's record: %v %s", err, b)

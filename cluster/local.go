@@ -1,0 +1,273 @@
+package cluster
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// The local launcher: evolve up without a cluster file starts an
+// orchestrator and engines as children of itself on this machine, records
+// them in a state file in its directory (LocalState), and evolve down
+// stops them from that record.
+
+// LocalState records a local cluster started by evolve up, so that evolve
+// down and the other commands find it.
+type LocalState struct {
+	RouterURL    string    `json:"router_url"`
+	ControlURL   string    `json:"control_url"`
+	NATSURL      string    `json:"nats_url"`
+	Orchestrator int       `json:"orchestrator_pid"`
+	Engines      []int     `json:"engine_pids"`
+	LogDir       string    `json:"log_dir"`
+	Started      time.Time `json:"started"`
+	Detached     bool      `json:"detached"`
+	// APIKey is the first of the keys the router requires, if any: evolve
+	// bench sends it to this cluster (the file is the user's alone).
+	APIKey string `json:"api_key,omitempty"`
+}
+
+// LocalStatePath is where the local cluster of directory dir is recorded.
+func LocalStatePath(dir string) string { return filepath.Join(dir, "cluster.json") }
+
+// ReadLocalState reads the record of the local cluster of dir.
+func ReadLocalState(dir string) (*LocalState, error) {
+	b, err := os.ReadFile(LocalStatePath(dir))
+	if err != nil {
+		return nil, err
+	}
+	var st LocalState
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("local cluster state %s: %w", LocalStatePath(dir), err)
+	}
+	return &st, nil
+}
+
+// WriteLocalState records st as the local cluster of dir, replacing the
+// file at once (a reader never sees half of it).
+func WriteLocalState(dir string, st *LocalState) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	tmp := LocalStatePath(dir) + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, LocalStatePath(dir))
+}
+
+// Alive reports whether pid runs (a zombie does not count).
+func Alive(pid int) bool {
+	if pid <= 0 || syscall.Kill(pid, 0) != nil {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true // no /proc: trust kill(0)
+	}
+	// The state follows the command name in parentheses.
+	s := string(b)
+	if i := strings.LastIndexByte(s, ')'); i >= 0 && i+2 < len(s) {
+		return s[i+2] != 'Z'
+	}
+	return true
+}
+
+// Ours reports whether pid runs an evolve server (an orchestrator or an
+// engine). A state file outlives a reboot, and its PIDs may then name
+// someone else's processes: those are never signalled, nor taken for a
+// running cluster.
+func Ours(pid int) bool {
+	if !Alive(pid) {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil {
+		return true // no /proc: trust kill(0)
+	}
+	args := strings.Split(string(b), "\x00")
+	return len(args) > 1 && (args[1] == "orchestrator" || args[1] == "engine")
+}
+
+// StartChild starts `exe args...` with its output in log and env added to
+// its environment (secrets go there, not on command lines that ps shows).
+// Children get their own process group, so that a Ctrl-C reaches only
+// the parent, which stops them in order; detached ones get their own
+// session.
+func StartChild(exe, log string, detach bool, env []string, args ...string) (*exec.Cmd, error) {
+	f, err := os.OpenFile(log, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	c := exec.Command(exe, args...)
+	c.Env = append(os.Environ(), env...)
+	c.Stdout, c.Stderr = f, f
+	c.SysProcAttr = &syscall.SysProcAttr{Setpgid: !detach, Setsid: detach}
+	if err := c.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", args[0], err)
+	}
+	f.Close()
+	return c, nil
+}
+
+// StopAll stops the local cluster of dir recorded in st: the engines, then
+// the orchestrator (SIGTERM, then SIGKILL after a grace period), and
+// removes the record. waits, when not nil, has a channel per child of
+// this process that closes when it ends. It returns the cluster's servers
+// it left running: those it did not start (restarted by hand), whose data
+// it keeps.
+func StopAll(errw io.Writer, dir string, st *LocalState, waits map[int]chan struct{}) []Proc {
+	StopPIDs(errw, st.Engines, waits, 15*time.Second)
+	StopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
+	os.Remove(LocalStatePath(dir))
+	data := filepath.Join(dir, "nats")
+	left := StrayProcs(st, data)
+	usesData := slices.ContainsFunc(left, func(p Proc) bool { return strings.Contains(p.Command, data) })
+	if !Alive(st.Orchestrator) && !usesData {
+		// Its durable state (pinned roles) lives as long as the cluster:
+		// it survives an orchestrator restart, but the next 'evolve up'
+		// starts as its flags say, not with the pins of this one. Never
+		// while an orchestrator started by hand still runs on it.
+		os.RemoveAll(data)
+	}
+	return left
+}
+
+// StopPIDs stops the evolve servers among pids (SIGTERM, then SIGKILL
+// after grace), waiting for each; others' processes are left alone.
+func StopPIDs(errw io.Writer, pids []int, waits map[int]chan struct{}, grace time.Duration) {
+	pids = slices.DeleteFunc(slices.Clone(pids), func(pid int) bool { return !Ours(pid) })
+	for _, pid := range pids {
+		if Alive(pid) {
+			syscall.Kill(pid, syscall.SIGTERM)
+		}
+	}
+	deadline := time.Now().Add(grace)
+	for _, pid := range pids {
+		for Alive(pid) {
+			if ch, ok := waits[pid]; ok {
+				select {
+				case <-ch:
+					continue
+				case <-time.After(50 * time.Millisecond):
+				}
+			} else {
+				time.Sleep(50 * time.Millisecond)
+			}
+			if time.Now().After(deadline) {
+				fmt.Fprintf(errw, "process %d did not stop in %v; killing it\n", pid, grace)
+				syscall.Kill(pid, syscall.SIGKILL)
+				deadline = time.Now().Add(5 * time.Second)
+			}
+		}
+	}
+}
+
+// Proc is an evolve server of the local cluster that evolve up did not
+// start (or no longer records): an orchestrator restarted by hand on the
+// cluster's data, an engine joined to its event plane.
+type Proc struct {
+	PID     int    `json:"pid"`
+	Command string `json:"command"` // its command line, the event plane's token left out
+}
+
+// StrayProcs finds, in /proc, the evolve servers that belong to the local
+// cluster st but are not among its recorded processes: an orchestrator
+// whose --data-dir is dataDir, an engine whose event plane (its --nats, or
+// $EVOLVE_ENGINE_NATS) is st's.
+func StrayProcs(st *LocalState, dataDir string) []Proc {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	known := append([]int{st.Orchestrator, os.Getpid()}, st.Engines...)
+	natsHost := hostOf(st.NATSURL)
+	var out []Proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || slices.Contains(known, pid) || !Alive(pid) {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+		if len(args) < 2 || filepath.Base(args[0]) != "evolve" && !strings.HasSuffix(args[0], "/evolve") {
+			continue
+		}
+		mine := false
+		switch args[1] {
+		case "orchestrator":
+			mine = flagValue(args, "data-dir") == dataDir
+		case "engine":
+			u := flagValue(args, "nats")
+			if u == "" {
+				u = environValue(pid, "EVOLVE_ENGINE_NATS")
+			}
+			mine = natsHost != "" && hostOf(u) == natsHost
+		}
+		if mine {
+			out = append(out, Proc{PID: pid, Command: RedactURLs(strings.Join(args, " "))})
+		}
+	}
+	return out
+}
+
+// flagValue is the value of --name in args (--name V or --name=V).
+func flagValue(args []string, name string) string {
+	for i, a := range args {
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1]
+		}
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// environValue is the variable name of process pid's environment.
+func environValue(pid int, name string) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+	if err != nil {
+		return ""
+	}
+	for _, kv := range bytes.Split(b, []byte{0}) {
+		if v, ok := bytes.CutPrefix(kv, []byte(name+"=")); ok {
+			return string(v)
+		}
+	}
+	return ""
+}
+
+// hostOf is the host:port of a URL ("" if it names none).
+func hostOf(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
+
+// RedactURLs leaves the user information (an event plane's token) out of
+// every URL in a command line, for a log or a report.
+func RedactURLs(cmdline string) string {
+	f := strings.Fields(cmdline)
+	for i, w := range f {
+		if u, err := url.Parse(w); err == nil && u.User != nil && u.Host != "" {
+			u.User = url.User("REDACTED")
+			f[i] = u.String()
+		}
+	}
+	return strings.Join(f, " ")
+}
