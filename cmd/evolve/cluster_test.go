@@ -266,14 +266,19 @@ func TestLocalClusterEndToEnd(t *testing.T) {
 			}
 		}(w)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The switches happen under load: requests end before and after them.
+	underLoad := func(what string) {
+		from := done.Load()
+		wait.Until(t, 30*time.Second, "4 requests done "+what, func() bool { return done.Load() >= from+4 })
+	}
+	underLoad("before the switches")
 	if out, code := runBinOut(t, c.env, "role", "set", "engine-0", "decode", "--pin"); code != 0 {
 		t.Fatalf("role set: %d %s", code, out)
 	}
 	if out, code := runBinOut(t, c.env, "role", "set", "engine-3", "prefill"); code != 0 {
 		t.Fatalf("role set: %d %s", code, out)
 	}
-	time.Sleep(300 * time.Millisecond)
+	underLoad("after the switches")
 	close(stop)
 	wg.Wait()
 	if failed.Load() != 0 || done.Load() < 8 {
