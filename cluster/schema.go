@@ -353,204 +353,243 @@ func or(a, b string) string {
 var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$`)
 
 // validate checks every value and reports each problem with its field and
-// line.
+// line, a validator per section of the file.
 func (f *File) validate() Errors {
-	var es Errors
-	bad := func(field, format string, args ...any) {
-		line := f.lines[field]
-		if _, rest, ok := strings.Cut(field, "]."); line == 0 && ok && strings.HasPrefix(field, "spec.hosts[") {
-			line = f.lines["spec.defaults."+rest] // the value came from the defaults
-		}
-		for p := field; line == 0 && p != ""; {
-			// The field is absent: point at its parent.
-			i := strings.LastIndexAny(p, ".[")
-			if i < 0 {
-				break
-			}
-			p = p[:i]
-			line = f.lines[p]
-		}
-		es = append(es, FieldError{File: f.path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
-	}
+	v := &validator{f: f}
 	if f.APIVersion != APIVersion {
-		bad("apiVersion", "is %q; want %q", f.APIVersion, APIVersion)
+		v.bad("apiVersion", "is %q; want %q", f.APIVersion, APIVersion)
 	}
 	if f.Kind != Kind {
-		bad("kind", "is %q; want %q", f.Kind, Kind)
+		v.bad("kind", "is %q; want %q", f.Kind, Kind)
 	}
 	if !nameRE.MatchString(f.Metadata.Name) {
-		bad("metadata.name", "%q: want a lowercase name of letters, digits, dots and dashes", f.Metadata.Name)
+		v.bad("metadata.name", "%q: want a lowercase name of letters, digits, dots and dashes", f.Metadata.Name)
 	}
 	s := f.Spec
 	if s.Concurrency < 1 {
-		bad("spec.concurrency", "must be at least 1")
+		v.bad("spec.concurrency", "must be at least 1")
 	}
 	if len(s.Hosts) == 0 {
-		bad("spec.hosts", "lists no host")
+		v.bad("spec.hosts", "lists no host")
 	}
-	port := func(field string, p int) {
-		if p < 1 || p > 65535 {
-			bad(field, "%d is not a port", p)
+	v.orchestrator(s.Orchestrator)
+	names := map[string]int{}
+	for i, h := range s.Hosts {
+		p := fmt.Sprintf("spec.hosts[%d]", i)
+		if !nameRE.MatchString(h.Name) {
+			v.bad(p+".name", "%q: want a lowercase name of letters, digits, dots and dashes", h.Name)
+		} else if j, dup := names[h.Name]; dup {
+			v.bad(p+".name", "%q is also the name of hosts[%d]", h.Name, j)
+		}
+		names[h.Name] = i
+		v.host(p, h)
+		switch h.Engine.Backend {
+		case "sim":
+			v.simEngine(p, h.Engine)
+		case "vllm":
+			v.vllmEngine(p, h)
+		default:
+			v.bad(p+".engine.backend", "%q: want sim or vllm", h.Engine.Backend)
+		}
+		v.enginePorts(p, h)
+	}
+	if o := s.Orchestrator; o.Host != "local" {
+		if _, ok := names[o.Host]; !ok {
+			v.bad("spec.orchestrator.host", "%q: want local or the name of a host", o.Host)
 		}
 	}
-	o := s.Orchestrator
-	port("spec.orchestrator.routerPort", o.RouterPort)
-	port("spec.orchestrator.controlPort", o.ControlPort)
-	port("spec.orchestrator.natsPort", o.NATSPort)
+	v.engineNames(names)
+	sort.SliceStable(v.es, func(i, j int) bool { return v.es[i].Line < v.es[j].Line })
+	return v.es
+}
+
+// validator gathers a file's problems, each with its field and line.
+type validator struct {
+	f  *File
+	es Errors
+}
+
+// bad records a problem with field, at the field's line: a host's value
+// taken from spec.defaults is pointed at there, an absent field at its
+// parent.
+func (v *validator) bad(field, format string, args ...any) {
+	line := v.f.lines[field]
+	if _, rest, ok := strings.Cut(field, "]."); line == 0 && ok && strings.HasPrefix(field, "spec.hosts[") {
+		line = v.f.lines["spec.defaults."+rest] // the value came from the defaults
+	}
+	for p := field; line == 0 && p != ""; {
+		i := strings.LastIndexAny(p, ".[")
+		if i < 0 {
+			break
+		}
+		p = p[:i]
+		line = v.f.lines[p]
+	}
+	v.es = append(v.es, FieldError{File: v.f.path, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)})
+}
+
+// port checks a port number.
+func (v *validator) port(field string, p int) {
+	if p < 1 || p > 65535 {
+		v.bad(field, "%d is not a port", p)
+	}
+}
+
+// orchestrator checks spec.orchestrator (but its host, which needs the
+// hosts' names).
+func (v *validator) orchestrator(o Orchestrator) {
+	v.port("spec.orchestrator.routerPort", o.RouterPort)
+	v.port("spec.orchestrator.controlPort", o.ControlPort)
+	v.port("spec.orchestrator.natsPort", o.NATSPort)
 	for i, a := range o.ModelAliases {
 		if _, err := path.Match(a, ""); a == "" || strings.Contains(a, ",") || err != nil {
-			bad(fmt.Sprintf("spec.orchestrator.modelAliases[%d]", i), "%q: want a model name or a pattern such as claude-*", a)
+			v.bad(fmt.Sprintf("spec.orchestrator.modelAliases[%d]", i), "%q: want a model name or a pattern such as claude-*", a)
 		}
 	}
 	if t := o.TLS; t != nil {
 		for _, f := range []struct{ field, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}} {
 			if !path.IsAbs(f.path) {
-				bad("spec.orchestrator.tls."+f.field, "%q: want the absolute path of a PEM file on the orchestrator's machine", f.path)
+				v.bad("spec.orchestrator.tls."+f.field, "%q: want the absolute path of a PEM file on the orchestrator's machine", f.path)
 			}
 		}
 	}
-	names := map[string]int{}
-	for i, h := range s.Hosts {
-		p := fmt.Sprintf("spec.hosts[%d]", i)
-		if !nameRE.MatchString(h.Name) {
-			bad(p+".name", "%q: want a lowercase name of letters, digits, dots and dashes", h.Name)
-		} else if j, dup := names[h.Name]; dup {
-			bad(p+".name", "%q is also the name of hosts[%d]", h.Name, j)
+}
+
+// host checks a host's SSH, GPUs, role and engine count.
+func (v *validator) host(p string, h Host) {
+	if h.Address == "" {
+		v.bad(p+".address", "is missing: the host's SSH address")
+	}
+	v.port(p+".port", h.Port)
+	if h.Bastion != nil {
+		if h.Bastion.Address == "" {
+			v.bad(p+".bastion.address", "is missing")
 		}
-		names[h.Name] = i
-		if h.Address == "" {
-			bad(p+".address", "is missing: the host's SSH address")
+		v.port(p+".bastion.port", h.Bastion.Port)
+	}
+	if h.GPUs < 0 {
+		v.bad(p+".gpus", "must not be negative")
+	}
+	switch h.Role {
+	case "", "prefill", "decode":
+	default:
+		v.bad(p+".role", "%q: want prefill or decode (or leave it to the planner)", h.Role)
+	}
+	if h.Engines < 1 {
+		v.bad(p+".engines", "must be at least 1")
+	} else if h.Engines > 1 {
+		if devs, ok := h.Engine.Env[cudaDevices]; ok {
+			if n := len(splitDevices(devs)); n%h.Engines != 0 {
+				v.bad(p+".engine.env."+cudaDevices, "%q lists %d GPUs, which %d engines cannot share evenly", devs, n, h.Engines)
+			}
+		} else if h.GPUs%h.Engines != 0 || h.Engine.Backend == "vllm" && h.GPUs == 0 {
+			v.bad(p+".gpus", "%d GPUs cannot be shared evenly by %d engines: set gpus to a multiple of engines", h.GPUs, h.Engines)
 		}
-		port(p+".port", h.Port)
-		if h.Bastion != nil {
-			if h.Bastion.Address == "" {
-				bad(p+".bastion.address", "is missing")
-			}
-			port(p+".bastion.port", h.Bastion.Port)
+	}
+}
+
+// simEngine checks a sim backend's engine.
+func (v *validator) simEngine(p string, e Engine) {
+	if e.Profile == "" {
+		v.bad(p+".engine.profile", "is missing: the sim backend needs one of %s", strings.Join(stepmodel.ProfileNames(), ", "))
+	} else if !slicesContains(stepmodel.ProfileNames(), e.Profile) {
+		v.bad(p+".engine.profile", "%q: want one of %s", e.Profile, strings.Join(stepmodel.ProfileNames(), ", "))
+	}
+	if len(e.Command) > 0 {
+		v.bad(p+".engine.command", "is for the vllm backend")
+	}
+	if e.KVEventsPort+e.KVReplayPort+e.NIXLPort+e.PassMetricsPort != 0 {
+		v.bad(p+".engine", "kvEventsPort, kvReplayPort, nixlPort and passMetricsPort are for the vllm backend")
+	}
+}
+
+// vllmEngine checks a vllm backend's engine: its model, its pass-metrics
+// port, and its parallel sizes against the host's GPUs.
+func (v *validator) vllmEngine(p string, h Host) {
+	e := h.Engine
+	if e.Profile != "" {
+		v.bad(p+".engine.profile", "is for the sim backend; vllm takes its model in engine.args")
+	}
+	if len(e.Args) == 0 {
+		v.bad(p+".engine.args", "is missing: the vllm backend needs the model to serve, e.g. [Qwen/Qwen3-8B, --tensor-parallel-size, \"2\"]")
+	}
+	if vllm.HasFlag(e.Args, "--forward-pass-metrics-port") {
+		if max(h.Engines, 1) > 1 {
+			v.bad(p+".engine.args", "--forward-pass-metrics-port: the host's %d engines would all publish on that port; set engine.passMetricsPort instead (engine i takes it plus i)", h.Engines)
+		} else if e.PassMetricsPort != 0 {
+			v.bad(p+".engine.passMetricsPort", "engine.args set --forward-pass-metrics-port too: set one of them")
 		}
-		if h.GPUs < 0 {
-			bad(p+".gpus", "must not be negative")
+	}
+	// vLLM on fewer GPUs than its parallel sizes ask for fails on the
+	// host, after the model's download: say so here. The GPUs are the
+	// file's, else those CUDA_VISIBLE_DEVICES lists.
+	gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
+	tp, pp, dp, flag := vllm.ParallelSizes(e.Args)
+	switch need := tp * pp * dp; {
+	case flag != "":
+		v.bad(p+".engine.args", "%s: want a positive number", flag)
+	case dp > 1:
+		// Its ranks publish KV events on ports of their own, which the
+		// engine does not follow (and a host's next engine takes): the
+		// directory would miss their caches.
+		v.bad(p+".engine.args", "--data-parallel-size %d: evolve follows one vLLM server's KV events per engine; run the ranks as engines of their own (engines: %d, each with its share of the GPUs)", dp, dp*max(h.Engines, 1))
+	case gpus > 0 && h.Engines >= 1 && need > gpus/h.Engines:
+		if h.Engines > 1 {
+			v.bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs per engine; %d engines sharing %d GPUs have %d each", need, h.Engines, gpus, gpus/h.Engines)
+		} else {
+			v.bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs; the engine has %d (gpus, or CUDA_VISIBLE_DEVICES)", need, gpus)
 		}
-		switch h.Role {
-		case "", "prefill", "decode":
-		default:
-			bad(p+".role", "%q: want prefill or decode (or leave it to the planner)", h.Role)
+	}
+}
+
+// enginePorts checks a host's engine ports: engine i of the host takes
+// each port plus i, so the ranges must fit and not overlap.
+func (v *validator) enginePorts(p string, h Host) {
+	e := h.Engine
+	n := max(h.Engines, 1)
+	type namedPort struct {
+		name string
+		v    int
+	}
+	ports := []namedPort{{"port", e.Port}}
+	if e.Backend == "vllm" {
+		ports = append(ports, namedPort{"kvEventsPort", e.KVEventsPort}, namedPort{"kvReplayPort", e.KVReplayPort}, namedPort{"nixlPort", e.NIXLPort})
+		if e.PassMetricsPort != 0 {
+			ports = append(ports, namedPort{"passMetricsPort", e.PassMetricsPort})
 		}
-		if h.Engines < 1 {
-			bad(p+".engines", "must be at least 1")
-		} else if h.Engines > 1 {
-			if devs, ok := h.Engine.Env[cudaDevices]; ok {
-				if n := len(splitDevices(devs)); n%h.Engines != 0 {
-					bad(p+".engine.env."+cudaDevices, "%q lists %d GPUs, which %d engines cannot share evenly", devs, n, h.Engines)
-				}
-			} else if h.GPUs%h.Engines != 0 || h.Engine.Backend == "vllm" && h.GPUs == 0 {
-				bad(p+".gpus", "%d GPUs cannot be shared evenly by %d engines: set gpus to a multiple of engines", h.GPUs, h.Engines)
-			}
+	}
+	for k, pt := range ports {
+		v.port(p+".engine."+pt.name, pt.v)
+		if n > 1 && pt.v+n-1 > 65535 {
+			v.bad(p+".engine."+pt.name, "%d engines take ports %d to %d, past 65535", n, pt.v, pt.v+n-1)
 		}
-		e := h.Engine
-		switch e.Backend {
-		case "sim":
-			if e.Profile == "" {
-				bad(p+".engine.profile", "is missing: the sim backend needs one of %s", strings.Join(stepmodel.ProfileNames(), ", "))
-			} else if !slicesContains(stepmodel.ProfileNames(), e.Profile) {
-				bad(p+".engine.profile", "%q: want one of %s", e.Profile, strings.Join(stepmodel.ProfileNames(), ", "))
-			}
-			if len(e.Command) > 0 {
-				bad(p+".engine.command", "is for the vllm backend")
-			}
-			if e.KVEventsPort+e.KVReplayPort+e.NIXLPort+e.PassMetricsPort != 0 {
-				bad(p+".engine", "kvEventsPort, kvReplayPort, nixlPort and passMetricsPort are for the vllm backend")
-			}
-		case "vllm":
-			if e.Profile != "" {
-				bad(p+".engine.profile", "is for the sim backend; vllm takes its model in engine.args")
-			}
-			if len(e.Args) == 0 {
-				bad(p+".engine.args", "is missing: the vllm backend needs the model to serve, e.g. [Qwen/Qwen3-8B, --tensor-parallel-size, \"2\"]")
-			}
-			if vllm.HasFlag(e.Args, "--forward-pass-metrics-port") {
-				if max(h.Engines, 1) > 1 {
-					bad(p+".engine.args", "--forward-pass-metrics-port: the host's %d engines would all publish on that port; set engine.passMetricsPort instead (engine i takes it plus i)", h.Engines)
-				} else if e.PassMetricsPort != 0 {
-					bad(p+".engine.passMetricsPort", "engine.args set --forward-pass-metrics-port too: set one of them")
-				}
-			}
-			// vLLM on fewer GPUs than its parallel sizes ask for fails on
-			// the host, after the model's download: say so here. The
-			// GPUs are the file's, else those CUDA_VISIBLE_DEVICES lists.
-			gpus := cmp.Or(h.GPUs, len(splitDevices(e.Env[cudaDevices])))
-			tp, pp, dp, flag := vllm.ParallelSizes(e.Args)
-			switch need := tp * pp * dp; {
-			case flag != "":
-				bad(p+".engine.args", "%s: want a positive number", flag)
-			case dp > 1:
-				// Its ranks publish KV events on ports of their own, which
-				// the engine does not follow (and a host's next engine
-				// takes): the directory would miss their caches.
-				bad(p+".engine.args", "--data-parallel-size %d: evolve follows one vLLM server's KV events per engine; run the ranks as engines of their own (engines: %d, each with its share of the GPUs)", dp, dp*max(h.Engines, 1))
-			case gpus > 0 && h.Engines >= 1 && need > gpus/h.Engines:
-				if h.Engines > 1 {
-					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs per engine; %d engines sharing %d GPUs have %d each", need, h.Engines, gpus, gpus/h.Engines)
+		for _, o := range ports[:k] {
+			if pt.v <= o.v+n-1 && o.v <= pt.v+n-1 {
+				if n == 1 {
+					v.bad(p+".engine."+pt.name, "%d is also engine.%s", pt.v, o.name)
 				} else {
-					bad(p+".engine.args", "vLLM's parallel sizes ask for %d GPUs; the engine has %d (gpus, or CUDA_VISIBLE_DEVICES)", need, gpus)
-				}
-			}
-		default:
-			bad(p+".engine.backend", "%q: want sim or vllm", e.Backend)
-		}
-		// Engine i of the host takes each port plus i.
-		n := max(h.Engines, 1)
-		ports := []struct {
-			name string
-			v    int
-		}{{"port", e.Port}}
-		if e.Backend == "vllm" {
-			ports = append(ports, []struct {
-				name string
-				v    int
-			}{{"kvEventsPort", e.KVEventsPort}, {"kvReplayPort", e.KVReplayPort}, {"nixlPort", e.NIXLPort}}...)
-			if e.PassMetricsPort != 0 {
-				ports = append(ports, struct {
-					name string
-					v    int
-				}{"passMetricsPort", e.PassMetricsPort})
-			}
-		}
-		for k, pt := range ports {
-			port(p+".engine."+pt.name, pt.v)
-			if n > 1 && pt.v+n-1 > 65535 {
-				bad(p+".engine."+pt.name, "%d engines take ports %d to %d, past 65535", n, pt.v, pt.v+n-1)
-			}
-			for _, o := range ports[:k] {
-				if pt.v <= o.v+n-1 && o.v <= pt.v+n-1 {
-					if n == 1 {
-						bad(p+".engine."+pt.name, "%d is also engine.%s", pt.v, o.name)
-					} else {
-						bad(p+".engine."+pt.name, "its %d engines take %s, which overlaps engine.%s's %s: leave %d ports to each kind",
-							n, portRange(pt.v, n), o.name, portRange(o.v, n), n)
-					}
+					v.bad(p+".engine."+pt.name, "its %d engines take %s, which overlaps engine.%s's %s: leave %d ports to each kind",
+						n, portRange(pt.v, n), o.name, portRange(o.v, n), n)
 				}
 			}
 		}
 	}
-	if o.Host != "local" {
-		if _, ok := names[o.Host]; !ok {
-			bad("spec.orchestrator.host", "%q: want local or the name of a host", o.Host)
-		}
-	}
-	for i, h := range s.Hosts {
+}
+
+// engineNames checks that no host is named as another host's engine
+// (NAME-0 to NAME-(N-1)).
+func (v *validator) engineNames(names map[string]int) {
+	for i, h := range v.f.Spec.Hosts {
 		if h.Engines <= 1 {
 			continue
 		}
 		for k := 0; k < h.Engines; k++ {
 			e := fmt.Sprintf("%s-%d", h.Name, k)
 			if j, dup := names[e]; dup && j != i {
-				bad(fmt.Sprintf("spec.hosts[%d].name", j), "%q is also the name of an engine of hosts[%d] (%s runs %s-0 to %s-%d)", e, i, h.Name, h.Name, h.Name, h.Engines-1)
+				v.bad(fmt.Sprintf("spec.hosts[%d].name", j), "%q is also the name of an engine of hosts[%d] (%s runs %s-0 to %s-%d)", e, i, h.Name, h.Name, h.Name, h.Engines-1)
 			}
 		}
 	}
-	sort.SliceStable(es, func(i, j int) bool { return es[i].Line < es[j].Line })
-	return es
 }
 
 func portRange(from, n int) string { return fmt.Sprintf("%d-%d", from, from+n-1) }
