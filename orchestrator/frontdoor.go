@@ -407,10 +407,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	var reuse kv.PlacedReuse // the first placement's, for lost KV reuse
 	exclude := o.suspects()
 	path := r.URL.Path
-	if !o.queued(r.Context(), exclude) {
+	routed, ok := o.queued(r.Context(), exclude)
+	if !ok {
 		o.countRequest(r, "client_gone") // it left while the router's queue held it
 		return
 	}
+	defer routed()
 	var lastErr error
 	for try := 0; try < maxAttempts; try++ {
 		v := o.view(chain, &match, exclude)
@@ -418,6 +420,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.policyMu.Lock()
 		dec, err := o.policy.Route(time.Now(), rr, v)
 		o.policyMu.Unlock()
+		routed() // its load is the policy's now: the next queued request may look
 		if err != nil && lastErr != nil {
 			// Engines failed it and no other is left: the log says why.
 			o.countRequest(r, "failed")

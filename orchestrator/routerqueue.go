@@ -11,9 +11,11 @@ import (
 
 // routerQueue holds new requests at the router, first come first served,
 // while a queueing policy (Dynamo's router: routing.Queuer) finds every
-// engine that prefills busy, as Dynamo's router queue does. The request at
-// its head looks again whenever load leaves an engine (a first token, a
-// finish: kick) and at least every queuePoll; the others wait their turn.
+// engine that prefills busy, as Dynamo's router queue does. One request
+// at a time has the turn: it looks whenever load leaves an engine (a first
+// token, a finish: kick) and at least every queuePoll, and keeps the turn
+// until it is routed, so that the next one sees its load (a freed slot
+// lets one request through, not the whole queue).
 type routerQueue struct {
 	mu      sync.Mutex
 	waiting []chan struct{} // in arrival order; the head's is closed
@@ -34,40 +36,40 @@ func (q *routerQueue) kick() {
 	q.mu.Unlock()
 }
 
-// wait returns once busy is false for a request that arrived now, behind
-// those already waiting, and reports whether it waited; or returns ctx's
-// error when the client leaves first, giving up its place.
-func (q *routerQueue) wait(ctx context.Context, busy func() bool) (bool, error) {
-	q.mu.Lock()
-	if len(q.waiting) == 0 && !busy() {
-		q.mu.Unlock()
-		return false, nil
-	}
+// wait returns once a request that arrived now has the turn, behind those
+// already waiting, and busy is false; release, to be called once the
+// request is routed, passes the turn on. waited says whether it found the
+// engines busy. When the client leaves first, wait gives up its place and
+// returns ctx's error.
+func (q *routerQueue) wait(ctx context.Context, busy func() bool) (release func(), waited bool, err error) {
 	turn := make(chan struct{})
+	q.mu.Lock()
 	if len(q.waiting) == 0 {
 		close(turn)
 	}
 	q.waiting = append(q.waiting, turn)
 	q.mu.Unlock()
-	defer q.leave(turn)
+	release = sync.OnceFunc(func() { q.leave(turn) })
 	select {
 	case <-turn:
 	case <-ctx.Done():
-		return true, ctx.Err()
+		release()
+		return nil, true, ctx.Err()
 	}
 	for {
 		q.mu.Lock()
 		kicked := q.kicked
-		free := !busy()
 		q.mu.Unlock()
-		if free {
-			return true, nil
+		if !busy() {
+			return release, waited, nil
 		}
+		waited = true
 		select {
 		case <-kicked:
 		case <-time.After(queuePoll):
 		case <-ctx.Done():
-			return true, ctx.Err()
+			release()
+			return nil, true, ctx.Err()
 		}
 	}
 }
@@ -90,13 +92,15 @@ func (q *routerQueue) leave(turn chan struct{}) {
 }
 
 // queued waits, for a queueing policy, until the router would route a new
-// request (see routerQueue); false when the client left first.
-func (o *Orchestrator) queued(ctx context.Context, exclude map[string]bool) bool {
-	q, ok := o.policy.(routing.Queuer)
-	if !ok {
-		return true
+// request (see routerQueue), and returns the function to call once it is
+// routed; ok is false when the client left first. For other policies it
+// returns at once.
+func (o *Orchestrator) queued(ctx context.Context, exclude map[string]bool) (routed func(), ok bool) {
+	q, isQueuer := o.policy.(routing.Queuer)
+	if !isQueuer {
+		return func() {}, true
 	}
-	waited, err := o.queue.wait(ctx, func() bool {
+	release, waited, err := o.queue.wait(ctx, func() bool {
 		v := o.view(nil, &kv.Match{}, exclude)
 		o.policyMu.Lock()
 		defer o.policyMu.Unlock()
@@ -105,5 +109,8 @@ func (o *Orchestrator) queued(ctx context.Context, exclude map[string]bool) bool
 	if waited {
 		o.met.routerQueued.Inc()
 	}
-	return err == nil
+	if err != nil {
+		return nil, false
+	}
+	return release, true
 }

@@ -22,9 +22,11 @@ import (
 func TestRouterQueueIsFirstComeFirstServed(t *testing.T) {
 	q := newRouterQueue()
 	var busy atomic.Bool
-	if waited, err := q.wait(context.Background(), busy.Load); waited || err != nil {
+	release, waited, err := q.wait(context.Background(), busy.Load)
+	if waited || err != nil {
 		t.Fatalf("an idle queue held a request: %v %v", waited, err)
 	}
+	release()
 	busy.Store(true)
 	var mu sync.Mutex
 	var order []int
@@ -38,12 +40,14 @@ func TestRouterQueueIsFirstComeFirstServed(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := q.wait(ctx, busy.Load); err != nil {
+			release, _, err := q.wait(ctx, busy.Load)
+			if err != nil {
 				return
 			}
 			mu.Lock()
 			order = append(order, i)
 			mu.Unlock()
+			release() // routed: the next may go
 		}()
 		wait.Until(t, 5*time.Second, fmt.Sprintf("request %d queued", i), func() bool {
 			q.mu.Lock()
@@ -105,5 +109,40 @@ func TestDynamoRouterQueuesPastItsThreshold(t *testing.T) {
 			}
 			t.Logf("%s: %v of 40 requests queued at the router", policy, queued)
 		})
+	}
+}
+
+// A request keeps its turn until it is routed: the one behind it does not
+// look while the first's load is not yet the policy's, so one freed slot
+// lets one request through, not the whole queue.
+func TestRouterQueueTurnLastsUntilRouted(t *testing.T) {
+	q := newRouterQueue()
+	notBusy := func() bool { return false }
+	first, _, err := q.wait(context.Background(), notBusy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan struct{})
+	go func() {
+		release, _, _ := q.wait(context.Background(), notBusy)
+		close(got)
+		release()
+	}()
+	wait.Until(t, 5*time.Second, "the second request queued", func() bool {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return len(q.waiting) == 2
+	})
+	select {
+	case <-got:
+		t.Fatal("the second request went on before the first was routed")
+	case <-time.After(50 * time.Millisecond):
+	}
+	first()
+	first() // released twice: once counts
+	select {
+	case <-got:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second request never got its turn")
 	}
 }
