@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
@@ -15,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/protocol"
@@ -250,7 +250,7 @@ func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile 
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	slog.Info("engine ready", "id", id, "url", advertise, "model", eng.Model(), "profile", profile,
-		"role", role.String(), "speedup", config.GetFloat64("engine.speedup"), "nats", redactURL(get("nats")), "requires_token", engineToken() != "")
+		"role", role.String(), "speedup", config.GetFloat64("engine.speedup"), "nats", cluster.RedactURLs(get("nats")), "requires_token", engineToken() != "")
 
 	select {
 	case <-sigCtx.Done():
@@ -324,15 +324,4 @@ func engineToken() string {
 	default:
 		return t
 	}
-}
-
-// redactURL is a URL for a log: its user information (the event plane's
-// token) left out.
-func redactURL(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		return raw
-	}
-	u.User = url.User("REDACTED")
-	return u.String()
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/vllm"
 	"github.com/spf13/cobra"
@@ -333,7 +334,7 @@ func (v *vllmEngine) run(cmd *cobra.Command) error {
 	}
 	reg := rep.Registration(buildVersion().Version)
 	slog.Info("engine ready", "id", v.id, "backend", "vllm", "url", v.advertise, "model", reg.Model, "block_size", reg.BlockSize,
-		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", v.events, "pass_metrics", v.passes, "nats", redactURL(get("nats")), "requires_token", reg.TokenRequired)
+		"gpu_blocks", reg.GPUBlocks, "role", reg.Role, "kv_events", v.events, "pass_metrics", v.passes, "nats", cluster.RedactURLs(get("nats")), "requires_token", reg.TokenRequired)
 
 	agentDone := make(chan error, 1)
 	agentCtx, cancelAgent := context.WithCancel(context.Background())
