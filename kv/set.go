@@ -130,5 +130,6 @@ func (r *RecentSet) Add(h BlockHash) {
 // Has reports whether h is remembered.
 func (r *RecentSet) Has(h BlockHash) bool { return r.cur.Has(h) || r.old.Has(h) }
 
-// Len is how many hashes are remembered.
+// Len is how many hashes the two generations hold (a hash added again
+// while in the older one counts in both until the older is emptied).
 func (r *RecentSet) Len() int { return r.cur.Len() + r.old.Len() }
