@@ -582,6 +582,7 @@ func (e *Simulated) control(ctx context.Context, req protocol.ControlRequest, re
 	case protocol.OpResync:
 		e.mu.Lock()
 		rep.Blocks = e.model.Resync()
+		rep.Seq = e.model.LastEventSeq()
 		e.mu.Unlock()
 		e.poke()
 		return nil

@@ -116,7 +116,7 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 			o.log.Warn("engine serves its port to anyone who reaches it, past the router's API keys: give it the engine token (evolve engine --nats nats://TOKEN@..., or --token)",
 				"id", reg.ID, "url", reg.URL)
 		}
-		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpResync})
+		go o.resync(reg.ID)
 	}
 	if reg.Role != want {
 		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpSetRole, Role: want})
@@ -205,7 +205,7 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 	}
 	if ask {
 		o.log.Warn("KV events lost; resyncing the engine", "id", b.Engine, "err", err)
-		go o.control(b.Engine, protocol.ControlRequest{Op: protocol.OpResync})
+		go o.resync(b.Engine)
 	}
 }
 

@@ -107,6 +107,7 @@ type Orchestrator struct {
 	keys                           *apikeys.Set         // the agents' API keys (none: open) and limits
 	inFlight                       atomic.Int64         // answers the router is writing
 	bodies                         *largeBodies         // the budget for large request bodies
+	resyncs                        *resyncQueue         // KV resyncs, one engine at a time
 	noTokenIDs                     sync.Map             // vLLM nodes seen streaming without token ids (warnNoTokenIDs)
 }
 
@@ -130,6 +131,7 @@ type metrics struct {
 	// resumePrefilled: resumed answers whose KV a prefill node computed
 	// for their decode node (attempt.resumePrefill).
 	resumePrefilled prometheus.Counter
+	resyncs         *prometheus.CounterVec // KV resyncs by outcome
 	ttft, e2e       prometheus.Histogram
 	// The planner's view, as of its last step.
 	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
@@ -160,9 +162,10 @@ func newMetrics() *metrics {
 	m.resumed = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_router_resumed_answers_total", Help: "Answers continued on another node from the output the client had read, by cause (engine_failed: the engine died mid-stream; no_peer: a handed-over answer no peer took, finished where its KV was) and outcome (continued, or failed: no node could)."}, []string{"cause", "outcome"})
 	m.resumePulled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_fetched_blocks_total", Help: "KV blocks of resumed answers' prompts that the node continuing them, or the prefill node computing their KV, was asked to pull from live peers rather than recompute."})
 	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
+	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_resyncs_total", Help: "Engines' KV resyncs (each engine sends its whole KV again, one at a time, after it registers or loses events), by outcome: applied (the directory took it all), failed (the engine did not answer), gone (it went down or restarted first), timeout (not applied within 30 s; the next began anyway)."}, []string{"outcome"})
 	// The process's own: memory, goroutines, file descriptors, CPU.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.ttft, m.e2e,
+	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }
@@ -223,7 +226,7 @@ func New(cfg Config) (*Orchestrator, error) {
 		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),
 			Base: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, WriteBufferSize: 64 << 10, ReadBufferSize: 64 << 10}}},
 		met: newMetrics(), started: time.Now(), certs: certs, keys: keys,
-		bodies: newLargeBodies(cfg.Limits.withDefaults().LargeBodyBudget)}
+		bodies: newLargeBodies(cfg.Limits.withDefaults().LargeBodyBudget), resyncs: newResyncQueue()}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}

@@ -298,6 +298,10 @@ type ControlReply struct {
 	InFlight int     `json:"in_flight"`
 	Blocks   int     `json:"blocks,omitempty"`  // blocks moved (offload, fetch)
 	Seconds  float64 `json:"seconds,omitempty"` // modelled time the move takes
+	// Seq is, for a resync, the sequence number of the last KV event it
+	// published: the orchestrator asks the next engine once its directory
+	// has applied that far. 0: not known.
+	Seq uint64 `json:"seq,omitempty"`
 }
 
 // PullRequest takes the KV held by a prefill leg.

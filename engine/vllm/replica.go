@@ -265,9 +265,10 @@ func (r *Replica) Heartbeat() protocol.Heartbeat {
 
 // Control answers the orchestrator's control requests.
 func (r *Replica) Control(_ context.Context, req protocol.ControlRequest) protocol.ControlReply {
-	err := r.control(req)
+	var rep protocol.ControlReply
+	err := r.control(req, &rep)
 	r.mu.Lock()
-	rep := protocol.ControlReply{Role: r.role, Draining: r.draining, InFlight: r.load.Running + r.load.Waiting}
+	rep.Role, rep.Draining, rep.InFlight = r.role, r.draining, r.load.Running+r.load.Waiting
 	r.mu.Unlock()
 	if err != nil {
 		rep.Error = err.Error()
@@ -277,7 +278,7 @@ func (r *Replica) Control(_ context.Context, req protocol.ControlRequest) protoc
 	return rep
 }
 
-func (r *Replica) control(req protocol.ControlRequest) error {
+func (r *Replica) control(req protocol.ControlRequest, rep *protocol.ControlReply) error {
 	switch req.Op {
 	case protocol.OpStatus:
 		return nil
@@ -308,7 +309,10 @@ func (r *Replica) control(req protocol.ControlRequest) error {
 		if r.tr == nil {
 			return errors.New("not probed yet")
 		}
-		r.publishLocked(r.tr.Snapshot(nil))
+		events := r.tr.Snapshot(nil)
+		r.publishLocked(events)
+		rep.Blocks = len(events) - 1 // all but the AllCleared that opens it
+		rep.Seq = events[len(events)-1].Seq
 		return nil
 	}
 	return fmt.Errorf("unknown control op %q", req.Op)

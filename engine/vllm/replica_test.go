@@ -243,10 +243,17 @@ func TestReplicaControl(t *testing.T) {
 	chain := chainOf(t, srv, prompt)
 	wait.Until(t, 10*time.Second, "blocks", func() bool { return resident(t, sk.snapshot())[chain[len(chain)-1]] })
 	before := resident(t, sk.snapshot())
-	if rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpResync}); !rep.OK {
+	rep := r.Control(ctx, protocol.ControlRequest{Op: protocol.OpResync})
+	if !rep.OK {
 		t.Fatalf("%+v", rep)
 	}
-	after := resident(t, sk.snapshot())
+	all := sk.snapshot()
+	// The reply names the resync's last event, which the orchestrator
+	// waits for before it asks the next engine.
+	if last := all[len(all)-1]; rep.Seq != last.Seq || rep.Blocks != len(before) {
+		t.Fatalf("resync reply %+v; its last event %+v, %d blocks", rep, last, len(before))
+	}
+	after := resident(t, all)
 	if len(after) != len(before) || len(after) != srv.Resident() {
 		t.Fatalf("resync: %d blocks before, %d after, server holds %d", len(before), len(after), srv.Resident())
 	}
