@@ -46,6 +46,7 @@ type NATSAgent struct {
 	passes []protocol.PassRecord
 	kick   chan struct{}
 	subs   []*nats.Subscription
+	fence  fenceGuard // refuses a deposed planner leader's role commands
 }
 
 // AttachNATS makes nc the replica's event plane. Call before the replica
@@ -91,6 +92,9 @@ func (a *NATSAgent) Start(ctx context.Context) error {
 		var rep protocol.ControlReply
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			rep.Error = fmt.Sprintf("malformed control request: %v", err)
+		} else if err := a.fence.admit(req.Op, req.Fence); err != nil {
+			rep.Error = err.Error()
+			a.e.Logger().Warn("role command refused", "err", err)
 		} else {
 			// Control runs off the subscription goroutine: a fetch waits on a peer.
 			go func() {

@@ -45,6 +45,12 @@ type ClusterStatus struct {
 	// TLSNotAfter is when the certificate the router serves ends; nil
 	// without TLS.
 	TLSNotAfter *time.Time `json:"tls_not_after,omitempty"`
+	// Name is the answering orchestrator's; Orchestrators lists every
+	// orchestrator on the event plane (one, unless several share it),
+	// and Leader names the one whose planner acts ("" while none does).
+	Name          string               `json:"name"`
+	Leader        string               `json:"leader"`
+	Orchestrators []OrchestratorStatus `json:"orchestrators"`
 }
 
 // controlHandler serves the control API (see the package comment of cmd
@@ -133,12 +139,18 @@ func apiError(w http.ResponseWriter, status int, format string, args ...any) {
 func (o *Orchestrator) Status() ClusterStatus {
 	recent := o.recent.recent(time.Now(), o.started) // sorts: not under the cluster's lock
 	keys := o.keys.Get(time.Now())
+	orchs := o.Orchestrators()
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
-		Recent: recent, APIKeys: keys.Len(), KeyLimits: keys.Status()}
+		Recent: recent, APIKeys: keys.Len(), KeyLimits: keys.Status(), Name: o.cfg.Name, Orchestrators: orchs}
+	for _, x := range orchs {
+		if x.Leader {
+			st.Leader = x.Name
+		}
+	}
 	if o.certs != nil {
 		end := o.certs.NotAfter().UTC()
 		st.TLSNotAfter = &end

@@ -79,7 +79,10 @@ func (o *Orchestrator) startEmbeddedNATS(ctx context.Context, host string, port 
 // connections.
 func (o *Orchestrator) newNATSServer(host string, port int) (*server.Server, error) {
 	sopts := &server.Options{Host: host, Port: port, JetStream: true, StoreDir: o.cfg.DataDir,
-		NoSigs: true, NoLog: true, ServerName: "evolve-orchestrator", Authorization: o.cfg.NATSToken}
+		NoSigs: true, NoLog: true, ServerName: o.cfg.Name, Authorization: o.cfg.NATSToken}
+	if err := o.clusterOptions(sopts); err != nil {
+		return nil, err
+	}
 	if o.natsTLS() {
 		// Engines on other machines send the token: encrypt it with
 		// the router's certificate (tls:// URLs).

@@ -106,6 +106,13 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 		n.interrupted, n.lost, n.passes = 0, 0, 0
 	}
 	o.applyStoredRole(reg.ID, n)
+	leading := o.leading()
+	if !leading {
+		// The leader sets roles; this orchestrator takes the engine's.
+		if r, ok := parseRole(reg.Role); ok {
+			n.role = r
+		}
+	}
 	want := n.role.String()
 	o.c.changed(reg.ID)
 	o.c.mu.Unlock()
@@ -118,7 +125,7 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 		}
 		go o.resync(reg.ID)
 	}
-	if reg.Role != want {
+	if reg.Role != want && leading {
 		go o.control(reg.ID, protocol.ControlRequest{Op: protocol.OpSetRole, Role: want})
 	}
 }
@@ -153,6 +160,7 @@ func (o *Orchestrator) onHeartbeat(m *nats.Msg) {
 		n.noteTokens(time.Now(), int(hb.TokensTotal-prev))
 	}
 	n.hb, n.lastSeen = hb, now
+	o.followRole(hb.ID, n, hb.Role)
 	if n.state == StateDown {
 		// It must register again, and resync its KV, which the directory
 		// dropped. One that said goodbye is asked nothing: it is stopping.
@@ -302,6 +310,15 @@ func (o *Orchestrator) mayJudgeSilence(gap time.Duration) bool {
 // control sends a control request to an engine and waits for its reply.
 func (o *Orchestrator) control(id string, req protocol.ControlRequest) (protocol.ControlReply, error) {
 	var rep protocol.ControlReply
+	if protocol.RoleOp(req.Op) {
+		// Role commands carry the leader's term; an orchestrator that no
+		// longer leads sends none.
+		f, ok := o.leads()
+		if !ok {
+			return rep, fmt.Errorf("%s on %s: %w", req.Op, id, ErrNotLeader)
+		}
+		req.Fence = f
+	}
 	b, _ := json.Marshal(req)
 	msg, err := o.nc.Request(protocol.ControlSubject(id), b, 10*time.Second)
 	if err != nil {

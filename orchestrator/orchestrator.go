@@ -39,6 +39,17 @@ type Config struct {
 	// NATSToken, when set, is required of every client of the embedded
 	// NATS server (engines put it in their URL: nats://TOKEN@host:port).
 	NATSToken string
+	// Name tells orchestrators apart: it names this one's NATS server in
+	// a cluster, and the planner's leader in status. Default: the host
+	// name and the control port.
+	Name string
+	// ClusterListen, when set, is where the embedded NATS server takes
+	// routes from its peers (ClusterPeers, HOST:PORT each): orchestrators
+	// so joined share one event plane, one JetStream (3 replicas of roles,
+	// pins and the planner's lease), and each routes agents' requests;
+	// one planner leads at a time.
+	ClusterListen string
+	ClusterPeers  []string
 	// EngineToken is the token the router sends engines (see protocol's
 	// "The engine token"); empty: the event plane's, NATSToken or the
 	// token in NATSURL.
@@ -86,6 +97,8 @@ type Orchestrator struct {
 	hbSub *nats.Subscription // the engines' heartbeats
 	live  liveness           // when each engine was last heard from
 	store *roleStore
+	lease *lease // the planner's leadership; nil: no JetStream, this orchestrator plans alone
+	peers peers  // the other orchestrators on the event plane
 
 	c        *cluster
 	policyMu sync.Mutex
@@ -220,6 +233,9 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.NATSURL == "" && cfg.DataDir == "" {
 		return nil, errors.New("an embedded NATS server needs a data directory")
 	}
+	if err := cfg.checkCluster(); err != nil {
+		return nil, err
+	}
 	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p, queue: newRouterQueue(),
 		// Buffers of 64 KiB (not 4): a leg carries an agent's prompt, a
 		// megabyte of token ids at 128K tokens, in 16 writes, not 256.
@@ -326,6 +342,23 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	if err := o.subscribe(); err != nil {
 		return err
 	}
+	if err := o.serveRoleRequests(); err != nil {
+		return err
+	}
+	if err := o.announcePresence(ctx); err != nil {
+		return err
+	}
+	if o.lease != nil {
+		o.lease.me = leaseHolder{Name: o.cfg.Name, ControlURL: o.controlURL, RouterURL: o.routerURL}
+		o.lease.step(ctx) // alone, it leads from the start
+		leaseCtx, stopLease := context.WithCancel(ctx)
+		leaseDone := make(chan struct{})
+		go func() { o.lease.run(leaseCtx); close(leaseDone) }()
+		// Stopping, it gives the lease up while it can still reach NATS:
+		// another leads at once rather than when the lease expires.
+		defer func() { stopLease(); <-leaseDone }()
+	}
+	go o.followPins(ctx)
 	go o.watchHeartbeats(ctx)
 	go o.runPlanner(ctx)
 	limits := o.cfg.Limits.withDefaults()
@@ -405,11 +438,15 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 	o.nc, o.natsURL = nc, url
 	js, err := jetstream.New(nc)
 	if err == nil {
-		o.store, err = openRoleStore(ctx, js)
+		err = o.openStores(ctx, js)
 	}
 	if err != nil {
-		o.log.Warn("no JetStream: role overrides will not survive a restart", "err", err)
-		o.store = nil
+		if o.cfg.ClusterListen != "" {
+			o.stopNATS()
+			return fmt.Errorf("the NATS cluster's JetStream: %w", err)
+		}
+		o.log.Warn("no JetStream: role overrides will not survive a restart, and this orchestrator plans alone (no leader lease)", "err", err)
+		o.store, o.lease = nil, nil
 	}
 	return nil
 }

@@ -170,7 +170,9 @@ func (o *Orchestrator) planStep(now time.Time) {
 	o.plan.mu.Lock()
 	due := o.plan.limited && o.plan.p.Due(now)
 	o.plan.mu.Unlock()
-	if !due {
+	if !due || !o.leading() {
+		// Only the leader moves nodes; the others' planners learn from
+		// what they see, to lead well should the leader go.
 		return
 	}
 	o.c.mu.Lock()

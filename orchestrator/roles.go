@@ -24,7 +24,15 @@ func (e ErrUnknownNode) Error() string { return fmt.Sprintf("no node %q", string
 // offload its GPU KV to its host pool so the context stays reachable,
 // flip the engine's role, resume. A request is never dropped. It returns at once with the node's status. An operator's
 // choice is stored and survives restarts.
+// On an orchestrator that does not lead the planner, the change is sent
+// to the leader, which makes it.
 func (o *Orchestrator) SetRole(id, role string, pin bool, reason string) (controlapi.Node, error) {
+	if !o.leading() {
+		if _, ok := parseRole(role); !ok {
+			return controlapi.Node{}, fmt.Errorf("role %q: want prefill or decode", role)
+		}
+		return o.askLeader(roleRequest{Node: id, Role: role, Pin: pin, Reason: reason})
+	}
 	return o.setRole(id, role, pin, reason, true)
 }
 
@@ -69,8 +77,11 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 	return st, nil
 }
 
-// Unpin returns node id to automatic mode.
+// Unpin returns node id to automatic mode (on the leader, as SetRole).
 func (o *Orchestrator) Unpin(id string) (controlapi.Node, error) {
+	if !o.leading() {
+		return o.askLeader(roleRequest{Node: id, Unpin: true})
+	}
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
 	if n == nil {

@@ -23,8 +23,8 @@ type roleStore struct {
 	kv jetstream.KeyValue
 }
 
-func openRoleStore(ctx context.Context, js jetstream.JetStream) (*roleStore, error) {
-	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: roleBucket, Description: "evolve role overrides", History: 5})
+func openRoleStore(ctx context.Context, js jetstream.JetStream, replicas int) (*roleStore, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, jetstream.KeyValueConfig{Bucket: roleBucket, Description: "evolve role overrides", History: 5, Replicas: replicas})
 	if err != nil {
 		return nil, fmt.Errorf("open key-value bucket %s: %w", roleBucket, err)
 	}
@@ -87,5 +87,44 @@ func (o *Orchestrator) applyStoredRole(id string, n *node) {
 		n.mode = ModePinned
 	} else {
 		n.mode = ModeAuto
+	}
+}
+
+// followPins keeps every node's mode as the store says, until ctx ends:
+// a pin or unpin made through any orchestrator (the leader stores it)
+// shows on all, and a new leader knows every pin.
+func (o *Orchestrator) followPins(ctx context.Context) {
+	if o.store == nil {
+		return
+	}
+	w, err := o.store.kv.WatchAll(ctx, jetstream.UpdatesOnly())
+	if err != nil {
+		o.log.Warn("pins made through other orchestrators will show here only when their nodes register again", "err", err)
+		return
+	}
+	defer w.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case e, ok := <-w.Updates():
+			if !ok {
+				return
+			}
+			var r roleRecord
+			if e == nil || e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
+				continue
+			}
+			mode := ModeAuto
+			if r.Pinned {
+				mode = ModePinned
+			}
+			o.c.mu.Lock()
+			if n := o.c.nodes[e.Key()]; n != nil && n.mode != mode {
+				n.mode = mode
+				o.c.changed(e.Key())
+			}
+			o.c.mu.Unlock()
+		}
 	}
 }

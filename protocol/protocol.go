@@ -279,8 +279,34 @@ type Hint struct {
 	Priority int8         `json:"priority"`
 }
 
+// RoleOp says whether op is one of the role commands only the planner's
+// leader sends (set_role, drain, resume, offload, hand_over): an engine
+// refuses them with a Fence older than one it has seen.
+func RoleOp(op string) bool {
+	switch op {
+	case OpSetRole, OpDrain, OpResume, OpOffload, OpHandOver:
+		return true
+	}
+	return false
+}
+
+// Fence is the leadership term a role command was sent under. Lease names
+// the lease store (orchestrators sharing one event plane share it); Term
+// grows with every new leader of that store. An engine keeps the highest
+// Term it has seen of a Lease and refuses role commands of a lower one: a
+// deposed leader's late command is not applied. A command of another
+// Lease (the store was created again) starts its count afresh.
+type Fence struct {
+	Lease  string `json:"lease"`
+	Term   uint64 `json:"term"`
+	Holder string `json:"holder,omitempty"` // the leading orchestrator's name, for errors
+}
+
 // ControlRequest asks an engine to do one thing.
 type ControlRequest struct {
+	// Fence: the leadership term of a role command (RoleOp); nil from
+	// an orchestrator that does not lead through a lease.
+	Fence  *Fence         `json:"fence,omitempty"`
 	Op     string         `json:"op"`
 	Role   string         `json:"role,omitempty"`
 	Peer   string         `json:"peer,omitempty"` // base URL of the engine to fetch from

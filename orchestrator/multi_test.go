@@ -1,0 +1,214 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/engine/stepmodel"
+	"github.com/evolvellm/evolve/internal/wait"
+	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/roles"
+	"github.com/nats-io/nats.go"
+)
+
+// freeAddr is a loopback address free a moment ago: peers must know
+// each other's cluster addresses before any of them listens.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// orchestratorTrio starts three orchestrators whose embedded NATS
+// servers form a cluster; stop[i] stops the i-th.
+type orchestratorTrio struct {
+	o    [3]*Orchestrator
+	stop [3]func()
+}
+
+func startTrio(t *testing.T) *orchestratorTrio {
+	t.Helper()
+	var cl [3]string
+	for i := range cl {
+		cl[i] = freeAddr(t)
+	}
+	tr := &orchestratorTrio{}
+	ready := make(chan int, 3)
+	for i := range 3 {
+		var peers []string
+		for j := range 3 {
+			if j != i {
+				peers = append(peers, cl[j])
+			}
+		}
+		o, err := New(Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0",
+			NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), ClusterListen: cl[i], ClusterPeers: peers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := o.Run(ctx, func() { ready <- i }); err != nil {
+				t.Error(err)
+			}
+		}()
+		tr.o[i] = o
+		tr.stop[i] = func() { cancel(); <-done }
+		t.Cleanup(tr.stop[i])
+	}
+	for range 3 {
+		select {
+		case <-ready:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the three orchestrators did not all start in 30 s")
+		}
+	}
+	return tr
+}
+
+// leader is the index of the one orchestrator that leads, once all live
+// ones agree on it.
+func (tr *orchestratorTrio) leader(t *testing.T, live ...int) int {
+	t.Helper()
+	at := -1
+	wait.Until(t, 15*time.Second, "one leader that every orchestrator names", func() bool {
+		at = -1
+		for _, i := range live {
+			if tr.o[i].leading() {
+				if at >= 0 {
+					return false
+				}
+				at = i
+			}
+		}
+		if at < 0 {
+			return false
+		}
+		for _, i := range live {
+			if tr.o[i].Status().Leader != tr.o[at].cfg.Name {
+				return false
+			}
+		}
+		return true
+	})
+	return at
+}
+
+// Three orchestrators on one NATS cluster: one leads the planner, all
+// route, an operator's role change made on a follower is made by the
+// leader and seen by all, and when the leader stops another leads within
+// 10 s, with the pins an operator set, while the stopped leader's role
+// commands are refused by the engines.
+func TestThreeOrchestratorsOneLeader(t *testing.T) {
+	tr := startTrio(t)
+	lead := tr.leader(t, 0, 1, 2)
+	for _, o := range tr.o {
+		wait.Until(t, 5*time.Second, o.cfg.Name+" lists the three orchestrators", func() bool {
+			up := 0
+			for _, x := range o.Status().Orchestrators {
+				if x.State == "up" && x.NATSRoutes > 0 {
+					up++
+				}
+			}
+			return up == 3
+		})
+	}
+
+	// Engines join through one orchestrator's NATS server; every
+	// orchestrator routes to them.
+	tc := &testCluster{o: tr.o[(lead+1)%3]}
+	p, _ := stepmodel.BuiltinProfile("tiny")
+	tc.addEngine(t, "e0", p, roles.Decode)
+	tc.addEngine(t, "e1", p, roles.Decode)
+	t.Cleanup(func() {
+		for _, stop := range tc.engines {
+			stop()
+		}
+	})
+	for _, o := range tr.o {
+		wait.Until(t, 10*time.Second, o.cfg.Name+" sees both engines", func() bool { return o.servingNodes() == 2 })
+		if status, body := postJSON(t, o.RouterURL()+"/v1/completions", `{"prompt": "hello there", "max_tokens": 3}`); status != 200 {
+			t.Fatalf("%s's router: %d %v", o.cfg.Name, status, body)
+		}
+	}
+
+	// A role change asked of a follower: the leader makes it.
+	follower := tr.o[(lead+1)%3]
+	if _, err := follower.SetRole("e0", "prefill", true, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range tr.o {
+		wait.Until(t, 10*time.Second, o.cfg.Name+" sees e0 prefill", func() bool {
+			st, ok := o.NodeStatus("e0")
+			return ok && st.Role == "prefill" && st.State == StateServing
+		})
+	}
+	old, ok := tr.o[lead].leads()
+	if !ok || old == nil || old.Term == 0 {
+		t.Fatalf("the leader's fence: %+v %v", old, ok)
+	}
+
+	tr.stop[lead]()
+	var live []int
+	for i := range 3 {
+		if i != lead {
+			live = append(live, i)
+		}
+	}
+	start := time.Now()
+	next := tr.leader(t, live...)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Fatalf("a new leader after %s", took)
+	}
+	f, _ := tr.o[next].leads()
+	if f.Term <= old.Term || f.Lease != old.Lease {
+		t.Fatalf("new fence %+v after %+v", f, old)
+	}
+	// The new leader knows e0's pin.
+	st, _ := tr.o[next].NodeStatus("e0")
+	if st.Mode != ModePinned || st.Role != "prefill" {
+		t.Fatalf("e0 on the new leader: %s, %s", st.Role, st.Mode)
+	}
+	// The new leader's command, then a late one of the old leader's.
+	if _, err := tr.o[next].SetRole("e1", "prefill", false, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	wait.Until(t, 10*time.Second, "e1 prefill", func() bool {
+		st, ok := tr.o[next].NodeStatus("e1")
+		return ok && st.Role == "prefill" && st.State == StateServing
+	})
+	nc, err := nats.Connect(tr.o[next].NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	b, _ := json.Marshal(protocol.ControlRequest{Op: protocol.OpSetRole, Role: "decode", Fence: old})
+	msg, err := nc.Request(protocol.ControlSubject("e1"), b, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep protocol.ControlReply
+	json.Unmarshal(msg.Data, &rep)
+	if rep.OK || !strings.Contains(rep.Error, "fenced") {
+		t.Fatalf("the deposed leader's set_role: %+v", rep)
+	}
+	b, _ = json.Marshal(protocol.ControlRequest{Op: protocol.OpStatus})
+	if msg, err = nc.Request(protocol.ControlSubject("e1"), b, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	json.Unmarshal(msg.Data, &rep)
+	if rep.Role != "prefill" {
+		t.Fatalf("e1 after the deposed leader's set_role: %+v", rep)
+	}
+}

@@ -1,0 +1,136 @@
+package orchestrator
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// subjectPresence carries each orchestrator's presence, every second.
+const subjectPresence = "evolve.orchestrator.presence"
+
+// presenceEvery is how often an orchestrator says it is there; one not
+// heard for presenceSilent is shown silent, and forgotten after
+// presenceForget.
+const (
+	presenceEvery  = time.Second
+	presenceSilent = 3 * time.Second
+	presenceForget = 10 * time.Minute
+)
+
+// OrchestratorStatus is one orchestrator of those sharing the event
+// plane, as the control API shows it.
+type OrchestratorStatus struct {
+	Name       string    `json:"name"`
+	RouterURL  string    `json:"router_url"`
+	ControlURL string    `json:"control_url"`
+	NATSURL    string    `json:"nats_url"`
+	Leader     bool      `json:"leader"`         // leads the planner
+	Term       uint64    `json:"term,omitempty"` // its leadership term
+	StartedAt  time.Time `json:"started_at"`
+	// NATSRoutes is how many routes its embedded NATS server has to
+	// peers' (-1: not embedded).
+	NATSRoutes int `json:"nats_routes"`
+	// State: up, or silent (not heard for 3 s: stopped, or cut off).
+	State    string  `json:"state"`
+	HeardAgo float64 `json:"heard_s_ago"`
+	Self     bool    `json:"self,omitempty"` // the orchestrator answering
+}
+
+// peers is what this orchestrator knows of the others.
+type peers struct {
+	mu    sync.Mutex
+	heard map[string]heardPeer
+}
+
+type heardPeer struct {
+	st OrchestratorStatus
+	at time.Time
+}
+
+// self is this orchestrator's presence now.
+func (o *Orchestrator) self() OrchestratorStatus {
+	st := OrchestratorStatus{Name: o.cfg.Name, RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL,
+		StartedAt: o.started, NATSRoutes: -1, State: "up", Self: true}
+	if f, ok := o.leads(); ok {
+		st.Leader = true
+		if f != nil {
+			st.Term = f.Term
+		}
+	}
+	if o.ns != nil {
+		st.NATSRoutes = o.ns.NumRoutes()
+	}
+	return st
+}
+
+// announcePresence says every second that this orchestrator is there,
+// and listens for the others, until ctx ends.
+func (o *Orchestrator) announcePresence(ctx context.Context) error {
+	o.peers.heard = map[string]heardPeer{}
+	sub, err := o.nc.Subscribe(subjectPresence, func(m *nats.Msg) {
+		var st OrchestratorStatus
+		if json.Unmarshal(m.Data, &st) != nil || st.Name == "" || st.Name == o.cfg.Name {
+			return
+		}
+		st.Self = false
+		o.peers.mu.Lock()
+		o.peers.heard[st.Name] = heardPeer{st: st, at: time.Now()}
+		o.peers.mu.Unlock()
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", subjectPresence, err)
+	}
+	o.subs = append(o.subs, sub)
+	go func() {
+		t := time.NewTicker(presenceEvery)
+		defer t.Stop()
+		for {
+			b, _ := json.Marshal(o.self())
+			o.nc.Publish(subjectPresence, b)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return nil
+}
+
+// Orchestrators lists the orchestrators sharing the event plane, this
+// one included, by name.
+func (o *Orchestrator) Orchestrators() []OrchestratorStatus {
+	now := time.Now()
+	out := []OrchestratorStatus{o.self()}
+	o.peers.mu.Lock()
+	for name, h := range o.peers.heard {
+		ago := now.Sub(h.at)
+		if ago > presenceForget {
+			delete(o.peers.heard, name)
+			continue
+		}
+		st := h.st
+		st.HeardAgo = ago.Round(time.Millisecond).Seconds()
+		if ago > presenceSilent {
+			st.State, st.Leader = "silent", false
+		}
+		out = append(out, st)
+	}
+	o.peers.mu.Unlock()
+	slices.SortFunc(out, func(a, b OrchestratorStatus) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}
