@@ -124,3 +124,76 @@ func (o *Orchestrator) askLeader(req roleRequest) (controlapi.Node, error) {
 	}
 	return rep.Node, nil
 }
+
+// subjectSwitches carries the leader's role switches as they go, so that
+// every orchestrator shows them and routes around a switching node.
+const subjectSwitches = "evolve.orchestrator.switch"
+
+// switchEvent is a step of a role switch the leader runs.
+type switchEvent struct {
+	By     string `json:"by"` // the leader's name
+	Node   string `json:"node"`
+	To     string `json:"to"`
+	Phase  string `json:"phase"`
+	Reason string `json:"reason,omitempty"`
+	// Done: the switch ended, to To unless Failed says why not.
+	Done       bool   `json:"done,omitempty"`
+	Failed     string `json:"failed,omitempty"`
+	HandedOver int    `json:"handed_over,omitempty"`
+}
+
+// announceSwitch tells the other orchestrators how node id's switch goes.
+func (o *Orchestrator) announceSwitch(ev switchEvent) {
+	if o.nc == nil {
+		return
+	}
+	ev.By = o.cfg.Name
+	b, _ := json.Marshal(ev)
+	o.nc.Publish(subjectSwitches, b)
+}
+
+// followSwitches mirrors the leader's switches on this orchestrator.
+func (o *Orchestrator) followSwitches() error {
+	sub, err := o.nc.Subscribe(subjectSwitches, func(m *nats.Msg) {
+		var ev switchEvent
+		if json.Unmarshal(m.Data, &ev) != nil || ev.By == o.cfg.Name || o.leading() {
+			return
+		}
+		to, ok := parseRole(ev.To)
+		if !ok {
+			return
+		}
+		o.c.mu.Lock()
+		defer o.c.mu.Unlock()
+		n := o.c.nodes[ev.Node]
+		if n == nil || n.state == StateDown || n.state == StateRejected {
+			return
+		}
+		if !ev.Done {
+			if n.sw == nil {
+				n.sw = &controlapi.Switch{To: ev.To, Started: time.Now()}
+			}
+			n.sw.Phase, n.sw.HandedOver = ev.Phase, ev.HandedOver
+			n.state = StateSwitching
+			o.c.changed(ev.Node)
+			return
+		}
+		from := n.role
+		n.sw = nil
+		if n.state == StateSwitching {
+			n.state = StateServing
+		}
+		if ev.Failed != "" {
+			n.history = appendHistory(n.history, roles.Change{Time: time.Now(), From: from.String(), To: from.String(), Reason: "switch failed: " + ev.Failed})
+		} else {
+			n.role = to
+			n.history = appendHistory(n.history, roles.Change{Time: time.Now(), From: from.String(), To: ev.To, Reason: ev.Reason, HandedOver: ev.HandedOver})
+		}
+		o.c.changed(ev.Node)
+	})
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", subjectSwitches, err)
+	}
+	o.subs = append(o.subs, sub)
+	return nil
+}

@@ -348,6 +348,9 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	if err := o.announcePresence(ctx); err != nil {
 		return err
 	}
+	if err := o.followSwitches(); err != nil {
+		return err
+	}
 	if o.lease != nil {
 		o.lease.me = leaseHolder{Name: o.cfg.Name, ControlURL: o.controlURL, RouterURL: o.routerURL}
 		o.lease.step(ctx) // alone, it leads from the start

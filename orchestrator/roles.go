@@ -72,6 +72,7 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 		}
 	}
 	if start {
+		o.announceSwitch(switchEvent{Node: id, To: role, Phase: "draining", Reason: reason})
 		go o.runSwitch(id, to, reason)
 	}
 	return st, nil
@@ -100,10 +101,15 @@ func (o *Orchestrator) Unpin(id string) (controlapi.Node, error) {
 
 func (o *Orchestrator) phase(id, phase string) {
 	o.c.mu.Lock()
-	defer o.c.mu.Unlock()
+	var ev *switchEvent
 	if n := o.c.nodes[id]; n != nil && n.sw != nil {
 		n.sw.Phase = phase
 		o.c.changed(id)
+		ev = &switchEvent{Node: id, To: n.sw.To, Phase: phase, HandedOver: n.sw.HandedOver}
+	}
+	o.c.mu.Unlock()
+	if ev != nil {
+		o.announceSwitch(*ev)
 	}
 }
 
@@ -140,6 +146,11 @@ func (o *Orchestrator) runSwitch(id string, to roles.Role, reason string) {
 	}
 	o.phase(id, "flipping")
 	_, err := o.control(id, protocol.ControlRequest{Op: protocol.OpSetRole, Role: to.String()})
+	done := switchEvent{Node: id, To: to.String(), Done: true, Reason: reason}
+	if err != nil {
+		done.Failed = err.Error()
+	}
+	defer func() { o.announceSwitch(done) }()
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
 	n := o.c.nodes[id]
@@ -147,6 +158,7 @@ func (o *Orchestrator) runSwitch(id string, to roles.Role, reason string) {
 		return
 	}
 	from, handed := n.role, n.sw.HandedOver
+	done.HandedOver = handed
 	n.sw, n.handingOver = nil, false
 	if n.state == StateSwitching {
 		n.state = StateServing

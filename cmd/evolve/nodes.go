@@ -68,6 +68,7 @@ func newStatusCmd() *cobra.Command {
 				fmt.Fprintf(w, "nodes\t%d: %d prefill, %d decode serving; %d switching, %d down\n", s.NodeCount,
 					s.ByRole["prefill"], s.ByRole["decode"], s.ByState[orchestrator.StateSwitching], s.ByState[orchestrator.StateDown])
 				fmt.Fprintf(w, "kv directory\t%d blocks, %d copies\n", s.KVBlocks, s.KVReplicas)
+				printOrchestrators(w, s)
 			})
 		},
 	}
@@ -76,6 +77,36 @@ func newStatusCmd() *cobra.Command {
 	addSSHFlags(cmd.Flags())
 	addOutputFlag(cmd, "table, json or yaml")
 	return cmd
+}
+
+// printOrchestrators lists the orchestrators sharing the event plane,
+// when there are several.
+func printOrchestrators(w *tabwriter.Writer, s orchestrator.ClusterStatus) {
+	if len(s.Orchestrators) < 2 {
+		return
+	}
+	leader := s.Leader
+	if leader == "" {
+		leader = "none now (the lease moves within 5 s)"
+	}
+	fmt.Fprintf(w, "planner leader\t%s\n", leader)
+	fmt.Fprintf(w, "orchestrators\t%d\n", len(s.Orchestrators))
+	for _, o := range s.Orchestrators {
+		var notes []string
+		if o.Leader {
+			notes = append(notes, fmt.Sprintf("leader, term %d", o.Term))
+		}
+		if o.State != "up" {
+			notes = append(notes, fmt.Sprintf("%s for %.0f s", o.State, o.HeardAgo))
+		}
+		if o.NATSRoutes >= 0 {
+			notes = append(notes, fmt.Sprintf("%d NATS routes", o.NATSRoutes))
+		}
+		if o.Self {
+			notes = append(notes, "answering")
+		}
+		fmt.Fprintf(w, "  %s\t%s  %s\n", o.Name, o.RouterURL, strings.Join(notes, ", "))
+	}
 }
 
 func newNodesCmd() *cobra.Command {

@@ -75,6 +75,20 @@ token (nats://TOKEN@...) take requests only with it, as a bearer token the
 router sends them (--engine-token for another), so that the API keys
 cannot be bypassed on the engines' ports.
 
+Several orchestrators can share one event plane, so that agents keep
+working when one dies: give each a --name, an address its peers reach
+its NATS server's routes at (--cluster-listen) and the others' addresses
+(--cluster-peers). Their embedded NATS servers form one cluster, JetStream
+keeps roles, pins and the planner's lease in 3 copies, and an engine
+registers once (with every orchestrator's NATS URL in --nats, or any one
+of them: the others are learned). Every orchestrator routes agents'
+requests; one, the leader, plans and switches nodes, and its leadership
+term rides on every role command, so that engines refuse the late
+commands of a leader that lost its lease. When the leader dies another
+leads within about 5 s; an answer streaming through a dead router is lost
+to its client (agents send it again), new requests through the others
+succeed. 'evolve status' shows every orchestrator and the leader.
+
 The online planner (--planner auto) learns pass costs from the engines'
 live statistics and moves nodes in auto mode between prefill and decode when
 a better split has held for --planner-persistence and its predicted gain
@@ -98,7 +112,11 @@ keeps, per node, the answers it was writing when it failed
 
 Most users start it through 'evolve up'.`,
 		Example: `  evolve orchestrator --data-dir /var/lib/evolve --nats-listen 0.0.0.0:4222
-  evolve engine --nats nats://ORCHESTRATOR:4222 --profile gb300-kimi-k2`,
+  evolve engine --nats nats://ORCHESTRATOR:4222 --profile gb300-kimi-k2
+
+  # three orchestrators (on hosts a, b and c; the token from $EVOLVE_ORCHESTRATOR_NATS_TOKEN)
+  evolve orchestrator --name a --nats-listen 0.0.0.0:4222 --cluster-listen 0.0.0.0:6222 --cluster-peers b:6222,c:6222
+  evolve engine --nats nats://a:4222,nats://b:4222,nats://c:4222 --profile gb300-kimi-k2`,
 		Args: noArgs,
 		RunE: runOrchestrator,
 	}
@@ -111,6 +129,9 @@ Most users start it through 'evolve up'.`,
 	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port, the same one again on a restart with the same --data-dir); off loopback it needs --nats-token")
 	f.String("nats-token", "", "token every client of the embedded NATS server must present, required when --nats-listen is not loopback (engines: --nats-token-file, or $EVOLVE_ENGINE_NATS=nats://TOKEN@host:port); prefer $EVOLVE_ORCHESTRATOR_NATS_TOKEN or --nats-token-file to the command line, which ps shows")
 	f.String("nats-token-file", "", "file holding the embedded NATS server's token (instead of --nats-token)")
+	f.String("name", "", "this orchestrator's name among several (default: the host's name and a random suffix, kept in --data-dir)")
+	f.String("cluster-listen", "", "address the embedded NATS server takes routes from its peers' at (HOST:PORT), to share one event plane with other orchestrators; off loopback it needs --nats-token, which the servers present to each other")
+	f.StringSlice("cluster-peers", nil, "the other orchestrators' --cluster-listen addresses (HOST:PORT, comma-separated or repeated)")
 	f.String("engine-token", "", "token the router sends engines, which they require when they have one (default: the event plane's, --nats-token or the TOKEN of --nats nats://TOKEN@..., as engines take by default; or env EVOLVE_ORCHESTRATOR_ENGINE_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
@@ -174,6 +195,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
+		Name: get("name"), ClusterListen: get("cluster-listen"), ClusterPeers: configList("orchestrator.cluster-peers"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"), ShutdownGrace: config.GetDuration("orchestrator.shutdown-grace"),
 		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/internal/wait"
+	"github.com/evolvellm/evolve/orchestrator"
+)
+
+// orchProc is an `evolve orchestrator` process a test started.
+type orchProc struct {
+	cmd   *exec.Cmd
+	done  chan struct{}
+	log   *lockedLog
+	ready string // its ready file
+	info  readyInfo
+}
+
+// launchOrchestrator starts `evolve orchestrator` on free ports with the
+// planner off, extra flags after (and overriding) the usual ones; call
+// waitReady before using it. It is stopped when the test ends.
+func launchOrchestrator(t *testing.T, extra ...string) *orchProc {
+	t.Helper()
+	dir := t.TempDir()
+	p := &orchProc{ready: filepath.Join(dir, "ready.json"), log: &lockedLog{}, done: make(chan struct{})}
+	p.cmd = exec.Command(evolveBin, append([]string{"orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
+		"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data"), "--planner", "off", "--ready-file", p.ready}, extra...)...)
+	p.cmd.Env = append(os.Environ(), "XDG_CONFIG_HOME="+dir)
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		p.cmd.Process.Signal(os.Interrupt)
+		select {
+		case <-p.done:
+		case <-time.After(10 * time.Second):
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("orchestrator %s log:\n%s", p.info.ControlURL, p.log.String())
+		}
+	})
+	return p
+}
+
+func (p *orchProc) waitReady(t *testing.T, within time.Duration) readyInfo {
+	t.Helper()
+	wait.Until(t, within, "the orchestrator's ready file", func() bool {
+		b, err := os.ReadFile(p.ready)
+		return err == nil && json.Unmarshal(b, &p.info) == nil
+	})
+	return p.info
+}
+
+func (p *orchProc) status(t *testing.T) (orchestrator.ClusterStatus, error) {
+	var st orchestrator.ClusterStatus
+	out, err := exec.Command(evolveBin, "status", "--server", p.info.ControlURL, "-o", "json").Output()
+	if err == nil {
+		err = json.Unmarshal(out, &st)
+	}
+	return st, err
+}
+
+// Three orchestrators and four engines on loopback, under load through
+// every router: the leader is killed with -9. Every request through the
+// other routers succeeds (agents' calls cut by the dead router are not
+// counted: they went through it), another orchestrator leads within 10 s
+// and moves a node when asked, and the pin set before is kept.
+func TestKilledLeaderOrchestrator(t *testing.T) {
+	var cl [3]string
+	for i := range cl {
+		cl[i] = freePort(t)
+	}
+	var orchs [3]*orchProc
+	for i := range orchs {
+		var peers []string
+		for j := range cl {
+			if j != i {
+				peers = append(peers, cl[j])
+			}
+		}
+		orchs[i] = launchOrchestrator(t, "--name", fmt.Sprint("orch-", i), "--cluster-listen", cl[i], "--cluster-peers", strings.Join(peers, ","))
+	}
+	var natsURLs []string
+	for _, o := range orchs {
+		natsURLs = append(natsURLs, o.waitReady(t, 60*time.Second).NATSURL)
+	}
+	for i := range 4 {
+		startEngine(t, "--nats", strings.Join(natsURLs, ","), "--id", fmt.Sprint("e", i), "--profile", "gb300-kimi-k2", "--speedup", "20",
+			"--role", []string{"prefill", "decode", "decode", "decode"}[i])
+	}
+	lead := -1
+	wait.Until(t, 30*time.Second, "every orchestrator sees four engines and names one leader", func() bool {
+		leader := ""
+		for _, o := range orchs {
+			st, err := o.status(t)
+			if err != nil || st.ByState[orchestrator.StateServing] != 4 || st.Leader == "" || (leader != "" && st.Leader != leader) {
+				return false
+			}
+			leader = st.Leader
+		}
+		fmt.Sscanf(leader, "orch-%d", &lead)
+		return true
+	})
+	leader, leaderName := orchs[lead], fmt.Sprint("orch-", lead)
+	follower := orchs[(lead+1)%3]
+
+	// A pin made through a follower, kept by the leader.
+	if out, err := exec.Command(evolveBin, "role", "set", "e3", "prefill", "--pin", "--server", follower.info.ControlURL).CombinedOutput(); err != nil {
+		t.Fatalf("evolve role through a follower: %v\n%s", err, out)
+	}
+	wait.Until(t, 15*time.Second, "e3 pinned prefill", func() bool {
+		var n controlapi.Node
+		getJSON(t, leader.info.ControlURL+"/api/v1/nodes/e3", &n)
+		return n.Role == "prefill" && n.Mode == orchestrator.ModePinned && n.State == orchestrator.StateServing
+	})
+
+	// Load through every router.
+	benches := make([]*exec.Cmd, 3)
+	outs, errs := make([]*bytes.Buffer, 3), make([]*lockedLog, 3)
+	for i, o := range orchs {
+		outs[i], errs[i] = &bytes.Buffer{}, &lockedLog{}
+		benches[i] = exec.Command(evolveBin, "bench", "--url", o.info.RouterURL, "--agents", "6", "--duration", "25s",
+			"--speedup", "20", "--workload", "coding", "--seed", fmt.Sprint(i+1), "--unreachable-timeout", "0", "-o", "json")
+		benches[i].Stdout, benches[i].Stderr = outs[i], errs[i]
+		if err := benches[i].Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { benches[i].Process.Kill() })
+	}
+	time.Sleep(8 * time.Second) // load under way
+	leader.cmd.Process.Signal(syscall.SIGKILL)
+	<-leader.done
+	killed := time.Now()
+
+	// Another leads, and acts: it moves e1 when asked through a survivor.
+	var next *orchProc
+	wait.Until(t, 10*time.Second, "a new leader", func() bool {
+		st, err := follower.status(t)
+		i := -1
+		if err != nil || st.Leader == "" || st.Leader == leaderName {
+			return false
+		}
+		fmt.Sscanf(st.Leader, "orch-%d", &i)
+		next = orchs[i]
+		return true
+	})
+	t.Logf("a new leader %s after %s", time.Since(killed).Round(100*time.Millisecond), next.info.ControlURL)
+	if out, err := exec.Command(evolveBin, "role", "set", "e1", "prefill", "--server", follower.info.ControlURL).CombinedOutput(); err != nil {
+		t.Fatalf("evolve role after the leader died: %v\n%s", err, out)
+	}
+	wait.Until(t, 15*time.Second, "e1 prefill, moved by the new leader", func() bool {
+		var n controlapi.Node
+		getJSON(t, next.info.ControlURL+"/api/v1/nodes/e1", &n)
+		return n.Role == "prefill" && n.State == orchestrator.StateServing
+	})
+	var n controlapi.Node
+	getJSON(t, next.info.ControlURL+"/api/v1/nodes/e3", &n)
+	if n.Mode != orchestrator.ModePinned || n.Role != "prefill" {
+		t.Fatalf("e3 after the leader died: %s %s", n.Role, n.Mode)
+	}
+
+	for i, b := range benches {
+		err := b.Wait()
+		if i == lead {
+			continue // its router died under it
+		}
+		var res struct {
+			Requests int `json:"requests_completed"`
+			Errors   int `json:"errors"`
+		}
+		if jerr := json.Unmarshal(outs[i].Bytes(), &res); jerr != nil || err != nil {
+			t.Fatalf("bench through orch-%d: %v %v\n%s\n%s", i, err, jerr, outs[i].String(), errs[i].String())
+		}
+		if res.Errors != 0 || res.Requests == 0 {
+			t.Fatalf("bench through orch-%d (which lived): %d completed, %d errors\n%s", i, res.Requests, res.Errors, outs[i].String())
+		}
+		t.Logf("through orch-%d: %d calls completed, 0 errors", i, res.Requests)
+	}
+}
