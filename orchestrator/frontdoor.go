@@ -437,6 +437,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			return
 		}
 		o.met.decisions.WithLabelValues(o.policy.Name(), strconv.FormatBool(dec.Disaggregated)).Inc()
+		o.shareLoad(reqID, loadPlaced)
 		if o.log.Enabled(r.Context(), slog.LevelDebug) {
 			o.log.Debug("routed", "request", reqID, "try", try+1, "prefill", dec.Prefill, "decode", dec.Decode,
 				"disaggregated", dec.Disaggregated, "fetches", len(dec.Fetches), "prompt_tokens", len(p.Tokens),
@@ -464,6 +465,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.policyMu.Lock()
 		o.policy.Finished(time.Now(), reqID)
 		o.policyMu.Unlock()
+		o.shareLoad(reqID, loadFinished)
 		o.queue.kick()
 		var ce *clientError
 		if a.started && !errors.As(err, &ce) {
@@ -803,6 +805,7 @@ func (a *attempt) prefillDone() {
 	a.o.policyMu.Lock()
 	a.o.policy.FirstToken(time.Now(), a.reqID)
 	a.o.policyMu.Unlock()
+	a.o.shareLoad(a.reqID, loadFirst)
 	a.o.queue.kick()
 }
 

@@ -1,10 +1,13 @@
 package orchestrator
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -141,6 +144,26 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 		if status, body := postJSON(t, o.RouterURL()+"/v1/completions", `{"prompt": "hello there", "max_tokens": 3}`); status != 200 {
 			t.Fatalf("%s's router: %d %v", o.cfg.Name, status, body)
 		}
+	}
+
+	// The load one router places counts on the others' bookkeeping
+	// while it lasts.
+	via, others := tr.o[lead], []*Orchestrator{tr.o[(lead+1)%3], tr.o[(lead+2)%3]}
+	resp, err := http.Post(via.RouterURL()+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt": "a long answer please", "max_tokens": 8000, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range others {
+		wait.Until(t, 5*time.Second, o.cfg.Name+" counts the other router's request", func() bool { return o.remoteLoadCount() == 1 })
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	for _, o := range others {
+		wait.Until(t, 5*time.Second, o.cfg.Name+" forgets the finished request", func() bool { return o.remoteLoadCount() == 0 })
 	}
 
 	// A role change asked of a follower: the leader makes it.

@@ -99,6 +99,9 @@ type Orchestrator struct {
 	store *roleStore
 	lease *lease // the planner's leadership; nil: no JetStream, this orchestrator plans alone
 	peers peers  // the other orchestrators on the event plane
+	// remote: requests other routers placed that the policy counts;
+	// guarded by policyMu.
+	remote remoteLoads
 
 	c        *cluster
 	policyMu sync.Mutex
@@ -349,6 +352,9 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		return err
 	}
 	if err := o.followSwitches(); err != nil {
+		return err
+	}
+	if err := o.followLoads(); err != nil {
 		return err
 	}
 	if o.lease != nil {

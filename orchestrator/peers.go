@@ -93,6 +93,7 @@ func (o *Orchestrator) announcePresence(ctx context.Context) error {
 		for {
 			b, _ := json.Marshal(o.self())
 			o.nc.Publish(subjectPresence, b)
+			o.dropSilentRouters()
 			select {
 			case <-ctx.Done():
 				return
@@ -101,6 +102,34 @@ func (o *Orchestrator) announcePresence(ctx context.Context) error {
 		}
 	}()
 	return nil
+}
+
+// hasPeers says whether another orchestrator has been heard lately.
+func (o *Orchestrator) hasPeers() bool {
+	o.peers.mu.Lock()
+	defer o.peers.mu.Unlock()
+	for _, h := range o.peers.heard {
+		if time.Since(h.at) < presenceSilent {
+			return true
+		}
+	}
+	return false
+}
+
+// dropSilentRouters forgets the load of routers not heard for
+// presenceSilent.
+func (o *Orchestrator) dropSilentRouters() {
+	var silent []string
+	o.peers.mu.Lock()
+	for name, h := range o.peers.heard {
+		if time.Since(h.at) > presenceSilent {
+			silent = append(silent, name)
+		}
+	}
+	o.peers.mu.Unlock()
+	for _, name := range silent {
+		o.dropLoadsOf(name)
+	}
 }
 
 // Orchestrators lists the orchestrators sharing the event plane, this
