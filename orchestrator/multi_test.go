@@ -8,6 +8,8 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"runtime"
+	"sync/atomic"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +23,7 @@ import (
 
 // freeAddr is a loopback address free a moment ago: peers must know
 // each other's cluster addresses before any of them listens.
-func freeAddr(t *testing.T) string {
+func freeAddr(t testing.TB) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -38,23 +40,32 @@ type orchestratorTrio struct {
 	stop [3]func()
 }
 
-func startTrio(t *testing.T) *orchestratorTrio {
+func startTrio(t testing.TB) *orchestratorTrio {
+	return startOrchestrators(t, 3)
+}
+
+// startOrchestrators starts n orchestrators (1 to 3) on one NATS cluster.
+func startOrchestrators(t testing.TB, n int) *orchestratorTrio {
 	t.Helper()
-	var cl [3]string
+	cl := make([]string, n)
 	for i := range cl {
 		cl[i] = freeAddr(t)
 	}
 	tr := &orchestratorTrio{}
-	ready := make(chan int, 3)
-	for i := range 3 {
+	ready := make(chan int, n)
+	for i := range n {
 		var peers []string
-		for j := range 3 {
+		for j := range n {
 			if j != i {
 				peers = append(peers, cl[j])
 			}
 		}
-		o, err := New(Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0",
-			NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), ClusterListen: cl[i], ClusterPeers: peers})
+		cfg := Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0",
+			NATSListen: "127.0.0.1:0", DataDir: t.TempDir(), ClusterListen: cl[i], ClusterPeers: peers}
+		if n == 1 {
+			cfg.ClusterListen = "" // one alone, as it runs without peers
+		}
+		o, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -70,11 +81,11 @@ func startTrio(t *testing.T) *orchestratorTrio {
 		tr.stop[i] = func() { cancel(); <-done }
 		t.Cleanup(tr.stop[i])
 	}
-	for range 3 {
+	for range n {
 		select {
 		case <-ready:
 		case <-time.After(30 * time.Second):
-			t.Fatal("the three orchestrators did not all start in 30 s")
+			t.Fatalf("the %d orchestrators did not all start in 30 s", n)
 		}
 	}
 	return tr
@@ -82,7 +93,7 @@ func startTrio(t *testing.T) *orchestratorTrio {
 
 // leader is the index of the one orchestrator that leads, once all live
 // ones agree on it.
-func (tr *orchestratorTrio) leader(t *testing.T, live ...int) int {
+func (tr *orchestratorTrio) leader(t testing.TB, live ...int) int {
 	t.Helper()
 	at := -1
 	wait.Until(t, 15*time.Second, "one leader that every orchestrator names", func() bool {
@@ -233,5 +244,57 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 	json.Unmarshal(msg.Data, &rep)
 	if rep.Role != "prefill" {
 		t.Fatalf("e1 after the deposed leader's set_role: %+v", rep)
+	}
+}
+
+// BenchmarkRouters measures requests routed per second through 1 and 3
+// routers (orchestrators on one NATS cluster, sharing their load) to four
+// tiny engines, from 64 clients spread over the routers, each request a
+// 100-word prompt and one output token. All run on this machine, the
+// engines too: the figure is what this machine's cores allow, not what
+// routers on their own machines would reach.
+func BenchmarkRouters(b *testing.B) {
+	for _, n := range []int{1, 3} {
+		b.Run(fmt.Sprint("routers=", n), func(b *testing.B) {
+			tr := startOrchestrators(b, n)
+			tc := &testCluster{o: tr.o[0]}
+			p, _ := stepmodel.BuiltinProfile("tiny")
+			for i := range 4 {
+				tc.addEngine(b, fmt.Sprint("e", i), p, []roles.Role{roles.Prefill, roles.Decode, roles.Decode, roles.Decode}[i])
+			}
+			b.Cleanup(func() {
+				for _, stop := range tc.engines {
+					stop()
+				}
+			})
+			for i := range n {
+				wait.Until(b, 15*time.Second, "four engines", func() bool { return tr.o[i].servingNodes() == 4 })
+			}
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 128}}
+			var next atomic.Int64
+			b.SetParallelism(64 / max(1, runtime.GOMAXPROCS(0)))
+			b.ResetTimer()
+			start := time.Now()
+			b.RunParallel(func(pb *testing.PB) {
+				i := next.Add(1)
+				url := tr.o[int(i)%n].RouterURL() + "/v1/completions"
+				for pb.Next() {
+					i++
+					body := fmt.Sprintf(`{"prompt": "client %d asks %s", "max_tokens": 1}`, i, strings.Repeat("word ", 100))
+					resp, err := client.Post(url, "application/json", strings.NewReader(body))
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						b.Errorf("status %d", resp.StatusCode)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "requests/s")
+		})
 	}
 }

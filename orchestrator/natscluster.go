@@ -38,6 +38,9 @@ func (c *Config) checkCluster() error {
 		}
 		return nil
 	}
+	if len(c.ClusterPeers) == 0 {
+		return errors.New("a cluster address without peers: give the other orchestrators' cluster addresses (--cluster-peers); JetStream needs to know them")
+	}
 	if c.NATSURL != "" {
 		return errors.New("--cluster-listen forms a cluster of embedded NATS servers; with --nats-url, the NATS servers are clustered already")
 	}
