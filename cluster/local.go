@@ -35,6 +35,42 @@ type LocalState struct {
 	// APIKey is the first of the keys the router requires, if any: evolve
 	// bench sends it to this cluster (the file is the user's alone).
 	APIKey string `json:"api_key,omitempty"`
+	// Orchestrators lists every orchestrator of a cluster of several
+	// (evolve up --orchestrators), the first one the fields above name.
+	Orchestrators []LocalOrchestrator `json:"orchestrators,omitempty"`
+}
+
+// LocalOrchestrator is one of the orchestrators of a local cluster.
+type LocalOrchestrator struct {
+	Name       string `json:"name"`
+	PID        int    `json:"pid"`
+	RouterURL  string `json:"router_url"`
+	ControlURL string `json:"control_url"`
+	NATSURL    string `json:"nats_url"`
+	DataDir    string `json:"data_dir"`
+}
+
+// OrchestratorPIDs are the processes of the cluster's orchestrators.
+func (st *LocalState) OrchestratorPIDs() []int {
+	pids := []int{st.Orchestrator}
+	for _, o := range st.Orchestrators {
+		if o.PID != st.Orchestrator {
+			pids = append(pids, o.PID)
+		}
+	}
+	return pids
+}
+
+// DataDirs are the data directories of the cluster's orchestrators
+// under dir.
+func (st *LocalState) DataDirs(dir string) []string {
+	dirs := []string{filepath.Join(dir, "nats")}
+	for _, o := range st.Orchestrators {
+		if o.DataDir != "" && !slices.Contains(dirs, o.DataDir) {
+			dirs = append(dirs, o.DataDir)
+		}
+	}
+	return dirs
 }
 
 // LocalStatePath is where the local cluster of directory dir is recorded.
@@ -127,17 +163,28 @@ func StartChild(exe, log string, detach bool, env []string, args ...string) (*ex
 // it keeps.
 func StopAll(errw io.Writer, dir string, st *LocalState, waits map[int]chan struct{}) []Proc {
 	StopPIDs(errw, st.Engines, waits, 15*time.Second)
-	StopPIDs(errw, []int{st.Orchestrator}, waits, 15*time.Second)
+	orchs := st.OrchestratorPIDs()
+	StopPIDs(errw, orchs, waits, 15*time.Second)
 	os.Remove(LocalStatePath(dir))
-	data := filepath.Join(dir, "nats")
-	left := StrayProcs(st, data)
-	usesData := slices.ContainsFunc(left, func(p Proc) bool { return strings.Contains(p.Command, data) })
-	if !Alive(st.Orchestrator) && !usesData {
+	var left []Proc
+	for _, data := range st.DataDirs(dir) {
+		for _, p := range StrayProcs(st, data) {
+			if !slices.ContainsFunc(left, func(q Proc) bool { return q.PID == p.PID }) {
+				left = append(left, p)
+			}
+		}
+	}
+	if slices.ContainsFunc(orchs, Alive) {
+		return left
+	}
+	for _, data := range st.DataDirs(dir) {
 		// Its durable state (pinned roles) lives as long as the cluster:
 		// it survives an orchestrator restart, but the next 'evolve up'
 		// starts as its flags say, not with the pins of this one. Never
 		// while an orchestrator started by hand still runs on it.
-		os.RemoveAll(data)
+		if !slices.ContainsFunc(left, func(p Proc) bool { return strings.Contains(p.Command, data) }) {
+			os.RemoveAll(data)
+		}
 	}
 	return left
 }
@@ -189,7 +236,7 @@ func StrayProcs(st *LocalState, dataDir string) []Proc {
 	if err != nil {
 		return nil
 	}
-	known := append([]int{st.Orchestrator, os.Getpid()}, st.Engines...)
+	known := append(append(st.OrchestratorPIDs(), os.Getpid()), st.Engines...)
 	natsHost := hostOf(st.NATSURL)
 	var out []Proc
 	for _, e := range entries {

@@ -131,7 +131,7 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 		wait.Until(t, 5*time.Second, o.cfg.Name+" lists the three orchestrators", func() bool {
 			up := 0
 			for _, x := range o.Status().Orchestrators {
-				if x.State == "up" && x.NATSRoutes > 0 {
+				if x.State == "up" && x.NATSPeers == 2 {
 					up++
 				}
 			}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
 
@@ -33,9 +34,9 @@ type OrchestratorStatus struct {
 	Leader     bool      `json:"leader"`         // leads the planner
 	Term       uint64    `json:"term,omitempty"` // its leadership term
 	StartedAt  time.Time `json:"started_at"`
-	// NATSRoutes is how many routes its embedded NATS server has to
-	// peers' (-1: not embedded).
-	NATSRoutes int `json:"nats_routes"`
+	// NATSPeers is how many other NATS servers its embedded one has
+	// routes to (-1: not embedded).
+	NATSPeers int `json:"nats_peers"`
 	// State: up, or silent (not heard for 3 s: stopped, or cut off).
 	State    string  `json:"state"`
 	HeardAgo float64 `json:"heard_s_ago"`
@@ -56,7 +57,7 @@ type heardPeer struct {
 // self is this orchestrator's presence now.
 func (o *Orchestrator) self() OrchestratorStatus {
 	st := OrchestratorStatus{Name: o.cfg.Name, RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL,
-		StartedAt: o.started, NATSRoutes: -1, State: "up", Self: true}
+		StartedAt: o.started, NATSPeers: -1, State: "up", Self: true}
 	if f, ok := o.leads(); ok {
 		st.Leader = true
 		if f != nil {
@@ -64,9 +65,23 @@ func (o *Orchestrator) self() OrchestratorStatus {
 		}
 	}
 	if o.ns != nil {
-		st.NATSRoutes = o.ns.NumRoutes()
+		st.NATSPeers = natsPeers(o.ns)
 	}
 	return st
+}
+
+// natsPeers counts the servers ns has routes to (NATS pools several
+// routes per peer).
+func natsPeers(ns *server.Server) int {
+	rz, err := ns.Routez(nil)
+	if err != nil {
+		return 0
+	}
+	names := map[string]bool{}
+	for _, r := range rz.Routes {
+		names[r.RemoteID] = true
+	}
+	return len(names)
 }
 
 // announcePresence says every second that this orchestrator is there,

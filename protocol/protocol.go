@@ -65,6 +65,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strings"
 	"regexp"
 	"time"
 
@@ -463,9 +464,11 @@ type Resume struct {
 
 // EngineToken is the engine token that goes with an event plane's URL:
 // the token of nats://TOKEN@host:port (or tls://), "" when the URL carries
-// none (no user information, or a user and password).
+// none (no user information, or a user and password). Of a list of
+// servers (comma-separated, as NATS takes them), the first's.
 func EngineToken(natsURL string) string {
-	u, err := url.Parse(natsURL)
+	first, _, _ := strings.Cut(natsURL, ",")
+	u, err := url.Parse(strings.TrimSpace(first))
 	if err != nil || u.User == nil {
 		return ""
 	}

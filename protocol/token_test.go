@@ -14,6 +14,8 @@ func TestEngineTokenComesFromTheEventPlanesURL(t *testing.T) {
 		"nats://orch:4222":            "",
 		"":                            "",
 		"::not a url":                 "",
+		// Several orchestrators' servers, as NATS takes them.
+		"nats://s3cret@a:4222,nats://s3cret@b:4222": "s3cret",
 	} {
 		if got := EngineToken(url); got != want {
 			t.Errorf("EngineToken(%q) = %q, want %q", url, got, want)

@@ -96,11 +96,11 @@ func printOrchestrators(w *tabwriter.Writer, s orchestrator.ClusterStatus) {
 		if o.Leader {
 			notes = append(notes, fmt.Sprintf("leader, term %d", o.Term))
 		}
-		if o.State != "up" {
+		switch {
+		case o.State != "up":
 			notes = append(notes, fmt.Sprintf("%s for %.0f s", o.State, o.HeardAgo))
-		}
-		if o.NATSRoutes >= 0 {
-			notes = append(notes, fmt.Sprintf("%d NATS routes", o.NATSRoutes))
+		case o.NATSPeers >= 0:
+			notes = append(notes, fmt.Sprintf("NATS routes to %d other servers", o.NATSPeers))
 		}
 		if o.Self {
 			notes = append(notes, "answering")

@@ -129,9 +129,7 @@ Most users start it through 'evolve up'.`,
 	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port, the same one again on a restart with the same --data-dir); off loopback it needs --nats-token")
 	f.String("nats-token", "", "token every client of the embedded NATS server must present, required when --nats-listen is not loopback (engines: --nats-token-file, or $EVOLVE_ENGINE_NATS=nats://TOKEN@host:port); prefer $EVOLVE_ORCHESTRATOR_NATS_TOKEN or --nats-token-file to the command line, which ps shows")
 	f.String("nats-token-file", "", "file holding the embedded NATS server's token (instead of --nats-token)")
-	f.String("name", "", "this orchestrator's name among several (default: the host's name and a random suffix, kept in --data-dir)")
-	f.String("cluster-listen", "", "address the embedded NATS server takes routes from its peers' at (HOST:PORT), to share one event plane with other orchestrators; off loopback it needs --nats-token, which the servers present to each other")
-	f.StringSlice("cluster-peers", nil, "the other orchestrators' --cluster-listen addresses (HOST:PORT, comma-separated or repeated)")
+	addOrchestratorClusterFlags(f)
 	f.String("engine-token", "", "token the router sends engines, which they require when they have one (default: the event plane's, --nats-token or the TOKEN of --nats nats://TOKEN@..., as engines take by default; or env EVOLVE_ORCHESTRATOR_ENGINE_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
@@ -150,6 +148,14 @@ Most users start it through 'evolve up'.`,
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
 	return cmd
+}
+
+// addOrchestratorClusterFlags adds the flags of several orchestrators
+// sharing one event plane.
+func addOrchestratorClusterFlags(f *pflag.FlagSet) {
+	f.String("name", "", "this orchestrator's name among several (default: the host's name and a random suffix, kept in --data-dir)")
+	f.String("cluster-listen", "", "address the embedded NATS server takes routes from its peers' at (HOST:PORT), to share one event plane with other orchestrators; off loopback it needs --nats-token, which the servers present to each other")
+	f.StringSlice("cluster-peers", nil, "the other orchestrators' --cluster-listen addresses (HOST:PORT, comma-separated or repeated)")
 }
 
 func stateDir() string {

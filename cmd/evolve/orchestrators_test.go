@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/orchestrator"
@@ -189,5 +190,61 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 			t.Fatalf("bench through orch-%d (which lived): %d completed, %d errors\n%s", i, res.Requests, res.Errors, outs[i].String())
 		}
 		t.Logf("through orch-%d: %d calls completed, 0 errors", i, res.Requests)
+	}
+}
+
+// evolve up --orchestrators 3 starts three orchestrators that share the
+// event plane and name one leader; with the leader killed, the cluster
+// serves on through another's router and another leads; evolve down
+// stops every process and removes every data directory.
+func TestUpThreeOrchestrators(t *testing.T) {
+	c := upCluster(t, "--orchestrators", "3", "--engines", "2")
+	if n := len(c.state.Orchestrators); n != 3 {
+		t.Fatalf("the local state records %d orchestrators: %+v", n, c.state.Orchestrators)
+	}
+	status := func(control string) orchestrator.ClusterStatus {
+		out, code := runBinOut(t, c.env, "status", "-o", "json", "--server", control)
+		var st orchestrator.ClusterStatus
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil {
+			return orchestrator.ClusterStatus{}
+		}
+		return st
+	}
+	var leader cluster.LocalOrchestrator
+	wait.Until(t, 20*time.Second, "three orchestrators and a leader", func() bool {
+		st := status(c.state.ControlURL)
+		for _, o := range c.state.Orchestrators {
+			if o.Name == st.Leader {
+				leader = o
+			}
+		}
+		return len(st.Orchestrators) == 3 && leader.PID != 0
+	})
+	syscall.Kill(leader.PID, syscall.SIGKILL)
+	var other cluster.LocalOrchestrator
+	for _, o := range c.state.Orchestrators {
+		if o.PID != leader.PID {
+			other = o
+		}
+	}
+	wait.Until(t, 10*time.Second, "another leader", func() bool {
+		st := status(other.ControlURL)
+		return st.Leader != "" && st.Leader != leader.Name
+	})
+	if code, _, body := post(t, other.RouterURL+"/v1/completions", map[string]any{"prompt": "still there?", "max_tokens": 3}); code != 200 {
+		t.Fatalf("a request through %s after the leader died: %d %v", other.Name, code, body)
+	}
+
+	out, code := runBin(t, c.env, "down")
+	if code != 0 || !strings.Contains(out, "3 orchestrators") {
+		t.Fatalf("evolve down: %d\n%s", code, out)
+	}
+	for _, o := range c.state.Orchestrators {
+		if cluster.Alive(o.PID) {
+			t.Errorf("%s (pid %d) still runs after evolve down", o.Name, o.PID)
+		}
+		if _, err := os.Stat(o.DataDir); !os.IsNotExist(err) {
+			t.Errorf("%s's data directory %s is left: %v", o.Name, o.DataDir, err)
+		}
 	}
 }

@@ -50,8 +50,20 @@ func secretFromFile(cmd *cobra.Command, command, key, fileFlag string) error {
 }
 
 // natsURLWithToken is u with token as its user, the way NATS takes a
-// token in its URL; u must not carry one of its own.
+// token in its URL; u must not carry one of its own. Of a list of
+// servers (comma-separated), each gets it.
 func natsURLWithToken(u, token string) (string, error) {
+	if strings.Contains(u, ",") {
+		var out []string
+		for _, one := range strings.Split(u, ",") {
+			w, err := natsURLWithToken(strings.TrimSpace(one), token)
+			if err != nil {
+				return "", err
+			}
+			out = append(out, w)
+		}
+		return strings.Join(out, ","), nil
+	}
 	p, err := url.Parse(u)
 	if err != nil || p.Host == "" {
 		return "", fmt.Errorf("--nats %q: want nats://HOST:PORT or tls://HOST:PORT", u)

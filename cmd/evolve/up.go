@@ -85,6 +85,7 @@ A small one (the README has a fuller example):
 	}
 	f := cmd.Flags()
 	f.Int("engines", 4, "simulated engines to start")
+	f.Int("orchestrators", 1, "orchestrators to start, 1 to 5: several share one NATS cluster, each routes (the first on --router-addr, the others on free ports), one leads the planner, and the cluster serves on when one dies")
 	f.Int("prefill", 0, "how many of them start as prefill (default: a third, at least 1)")
 	f.String("profile", "tiny", "engine profile: "+strings.Join(stepmodel.ProfileNames(), ", ")+", or a YAML file")
 	f.Float64("speedup", 1, "modelled seconds per wall-clock second for every engine")
@@ -147,8 +148,7 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	case <-ctx.Done():
 		fmt.Fprintln(u.errw, "\nstopping the cluster")
 	case <-u.orchDone:
-		fmt.Fprintf(u.errw, "the orchestrator exited (%s). The end of its log:\n%s\n", u.orch.ProcessState,
-			tail(filepath.Join(u.logDir, "orchestrator.log"), 10))
+		fmt.Fprintf(u.errw, "%s. The end of its log:\n%s\n", u.orchExited(), u.orchLogTail())
 	}
 	u.cleanup()
 	return nil
@@ -161,6 +161,7 @@ type localUp struct {
 	errw             io.Writer
 	key              func(string) string
 	engines, prefill int
+	orchestrators    int
 	keys             []string // API keys
 	agents           int
 	model            workload.Model // the agents' workload, with agents
@@ -195,6 +196,9 @@ func parseUp(cmd *cobra.Command) (*localUp, error) {
 	}
 	if u.prefill == 0 && u.engines > 1 {
 		u.prefill = max(1, u.engines/3)
+	}
+	if u.orchestrators = config.GetInt(key("orchestrators")); u.orchestrators < 1 || u.orchestrators > 5 {
+		return nil, fmt.Errorf("--orchestrators must be 1 to 5")
 	}
 	if u.prefill < 0 || u.prefill > u.engines {
 		return nil, fmt.Errorf("--prefill must be between 0 and --engines (%d)", u.engines)
@@ -320,53 +324,172 @@ func (u *localUp) interrupted(what string) error {
 	return fmt.Errorf("interrupted %s; stopped what had started", what)
 }
 
-// startOrchestrator starts the orchestrator, first (engines need its NATS
-// address), and waits for its ready file.
+// startOrchestrator starts the orchestrators, first (engines need their
+// NATS addresses), and waits for their ready files.
 func (u *localUp) startOrchestrator() error {
 	key := u.key
-	ready := filepath.Join(u.dir, "orchestrator.ready")
-	os.Remove(ready)
-	orchArgs := append([]string{"orchestrator",
-		"--router-addr", config.GetString(key("router-addr")), "--control-addr", config.GetString(key("control-addr")),
-		"--nats-listen", config.GetString(key("nats-addr")), "--data-dir", filepath.Join(u.dir, "nats"),
-		"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level")}, routingFlags()...)
 	// The key file's path, so that the orchestrator reads it again when
 	// it changes; the flags' keys through its environment.
 	keyFile, err := apiKeyFile("up")
 	if err != nil {
 		return usageError{cmd: u.cmd.CommandPath(), err: err}
 	}
-	if keyFile != "" {
-		orchArgs = append(orchArgs, "--api-key-file", keyFile)
-	}
 	orchEnv := apiKeyEnv(configList("up.api-key"))
 	// An event plane off loopback takes only engines with its token, which
 	// goes through the environment, not the command lines ps shows.
-	if !orchestrator.IsLoopback(config.GetString(key("nats-addr"))) {
+	natsAddr := config.GetString(key("nats-addr"))
+	if !orchestrator.IsLoopback(natsAddr) {
 		u.natsToken = newSecret()
 		orchEnv = append(orchEnv, "EVOLVE_ORCHESTRATOR_NATS_TOKEN="+u.natsToken)
 	}
-	log := filepath.Join(u.logDir, "orchestrator.log")
-	if u.orch, err = cluster.StartChild(u.exe, log, u.detach, orchEnv, orchArgs...); err != nil {
+	routes, err := u.clusterAddrs(natsAddr)
+	if err != nil {
+		u.cleanup()
 		return err
 	}
-	u.orchDone = u.waitFor(u.orch)
-	u.st.Orchestrator = u.orch.Process.Pid
-	fmt.Fprintf(u.errw, "starting orchestrator (log %s)\n", log)
-	for {
-		if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &u.info) == nil {
-			break
+	var exited []chan struct{}
+	for i := range u.orchestrators {
+		o := cluster.LocalOrchestrator{Name: "orchestrator", DataDir: filepath.Join(u.dir, "nats")}
+		routerAddr, controlAddr, listen := config.GetString(key("router-addr")), config.GetString(key("control-addr")), natsAddr
+		log := filepath.Join(u.logDir, "orchestrator.log")
+		var extra []string
+		if u.orchestrators > 1 {
+			o.Name = fmt.Sprint("orchestrator-", i)
+			log = filepath.Join(u.logDir, o.Name+".log")
+			var peers []string
+			for j, r := range routes {
+				if j != i {
+					peers = append(peers, r)
+				}
+			}
+			extra = []string{"--name", o.Name, "--cluster-listen", routes[i], "--cluster-peers", strings.Join(peers, ",")}
+			if i > 0 {
+				// The first takes the addresses asked for; the others
+				// free ports beside them.
+				o.DataDir = filepath.Join(u.dir, fmt.Sprint("nats-", i))
+				routerAddr, controlAddr, listen = withPort(routerAddr, 0), withPort(controlAddr, 0), withPort(natsAddr, 0)
+			}
 		}
-		if !cluster.Alive(u.orch.Process.Pid) || time.Now().After(u.deadline) {
+		ready := filepath.Join(u.dir, o.Name+".ready")
+		os.Remove(ready)
+		args := append([]string{"orchestrator", "--router-addr", routerAddr, "--control-addr", controlAddr,
+			"--nats-listen", listen, "--data-dir", o.DataDir,
+			"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level")}, routingFlags()...)
+		if keyFile != "" {
+			args = append(args, "--api-key-file", keyFile)
+		}
+		p, err := cluster.StartChild(u.exe, log, u.detach, orchEnv, append(args, extra...)...)
+		if err != nil {
 			u.cleanup()
-			return fmt.Errorf("the orchestrator did not start:\n%s", tail(log, 10))
+			return err
 		}
-		if !sleepCtx(u.ctx, 50*time.Millisecond) {
-			return u.interrupted("while the orchestrator started")
+		exited = append(exited, u.waitFor(p))
+		o.PID = p.Process.Pid
+		u.st.Orchestrators = append(u.st.Orchestrators, o)
+		if i == 0 {
+			u.orch = p
+			u.st.Orchestrator = o.PID
 		}
+		fmt.Fprintf(u.errw, "starting %s (log %s)\n", o.Name, log)
+	}
+	u.orchDone = allClosed(exited)
+	for i := range u.st.Orchestrators {
+		o := &u.st.Orchestrators[i]
+		ready := filepath.Join(u.dir, o.Name+".ready")
+		var info readyInfo
+		for {
+			if b, err := os.ReadFile(ready); err == nil && json.Unmarshal(b, &info) == nil {
+				break
+			}
+			if !cluster.Alive(o.PID) || time.Now().After(u.deadline) {
+				u.cleanup()
+				return fmt.Errorf("%s did not start:\n%s", o.Name, tail(filepath.Join(u.logDir, o.Name+".log"), 10))
+			}
+			if !sleepCtx(u.ctx, 50*time.Millisecond) {
+				return u.interrupted("while the orchestrators started")
+			}
+		}
+		o.RouterURL, o.ControlURL, o.NATSURL = info.RouterURL, info.ControlURL, info.NATSURL
+		if i == 0 {
+			u.info = info
+		}
+	}
+	if u.orchestrators == 1 {
+		u.st.Orchestrators = nil // the fields of LocalState say it all
 	}
 	u.st.RouterURL, u.st.ControlURL, u.st.NATSURL = u.info.RouterURL, u.info.ControlURL, u.info.NATSURL
 	return nil
+}
+
+// orchExited says that the orchestrator (every one, when several) exited.
+func (u *localUp) orchExited() string {
+	if u.orchestrators > 1 {
+		return fmt.Sprintf("every orchestrator exited (the first: %s)", u.orch.ProcessState)
+	}
+	return fmt.Sprintf("the orchestrator exited (%s)", u.orch.ProcessState)
+}
+
+// orchLogTail is the end of the (first) orchestrator's log.
+func (u *localUp) orchLogTail() string {
+	name := "orchestrator"
+	if u.orchestrators > 1 {
+		name = "orchestrator-0"
+	}
+	return tail(filepath.Join(u.logDir, name+".log"), 10)
+}
+
+// clusterAddrs picks the orchestrators' cluster addresses (none for one),
+// on the host of the event plane.
+func (u *localUp) clusterAddrs(natsAddr string) ([]string, error) {
+	if u.orchestrators < 2 {
+		return nil, nil
+	}
+	host, _, _ := net.SplitHostPort(natsAddr)
+	var addrs []string
+	for range u.orchestrators {
+		ln, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+		if err != nil {
+			return nil, fmt.Errorf("a cluster port on %s: %w", host, err)
+		}
+		addrs = append(addrs, ln.Addr().String())
+		defer ln.Close()
+	}
+	return addrs, nil
+}
+
+// withPort is HOST:PORT addr with another port.
+func withPort(addr string, port int) string {
+	host, _, _ := net.SplitHostPort(addr)
+	return net.JoinHostPort(host, strconv.Itoa(port))
+}
+
+// allClosed closes once every channel of chs has closed.
+func allClosed(chs []chan struct{}) chan struct{} {
+	all := make(chan struct{})
+	go func() {
+		for _, ch := range chs {
+			<-ch
+		}
+		close(all)
+	}()
+	return all
+}
+
+// engineNATSURL is the event plane's URL for engines: every
+// orchestrator's NATS server, with the token off loopback.
+func (u *localUp) engineNATSURL() (string, error) {
+	urls := []string{u.info.NATSURL}
+	if len(u.st.Orchestrators) > 1 {
+		urls = urls[:0]
+		for _, o := range u.st.Orchestrators {
+			urls = append(urls, o.NATSURL)
+		}
+	}
+	joined := strings.Join(urls, ",")
+	if u.natsToken == "" {
+		return joined, nil
+	}
+	return natsURLWithToken(joined, u.natsToken)
 }
 
 // startEngines starts the engines, prefill ones first, and records the
@@ -380,13 +503,10 @@ func (u *localUp) startEngines() error {
 		}
 		id := fmt.Sprintf("engine-%d", i)
 		log := filepath.Join(u.logDir, id+".log")
-		engineNATS := u.info.NATSURL
-		if u.natsToken != "" {
-			var err error
-			if engineNATS, err = natsURLWithToken(u.info.NATSURL, u.natsToken); err != nil {
-				u.cleanup()
-				return err
-			}
+		engineNATS, err := u.engineNATSURL()
+		if err != nil {
+			u.cleanup()
+			return err
 		}
 		p, err := cluster.StartChild(u.exe, log, u.detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
 			"--role", role, "--profile", config.GetString(key("profile")),
@@ -451,6 +571,9 @@ func (u *localUp) print() error {
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
 		"engines": u.engines, "prefill": u.prefill, "log_dir": u.logDir, "detached": u.detach,
 		"api_keys": len(keys), "model_aliases": aliases}
+	if len(st.Orchestrators) > 1 {
+		out["orchestrators"] = st.Orchestrators
+	}
 	return output(u.cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "router\t%s\t(OpenAI and Anthropic APIs for agents)\n", st.RouterURL)
 		if len(keys) > 0 {
@@ -460,6 +583,9 @@ func (u *localUp) print() error {
 			fmt.Fprintf(w, "\t\tthe served model also answers to %s\n", strings.Join(aliases, ", "))
 		}
 		fmt.Fprintf(w, "control\t%s\n", st.ControlURL)
+		for _, o := range st.Orchestrators[min(1, len(st.Orchestrators)):] {
+			fmt.Fprintf(w, "%s\trouter %s, control %s\n", o.Name, o.RouterURL, o.ControlURL)
+		}
 		fmt.Fprintf(w, "logs\t%s\n", u.logDir)
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "try:")
@@ -506,8 +632,7 @@ func (u *localUp) runAgents() error {
 	}
 	switch {
 	case closedWithin(u.orchDone, grace):
-		fmt.Fprintf(errw, "the orchestrator exited (%s); the agents stopped. The end of its log:\n%s\n", u.orch.ProcessState,
-			tail(filepath.Join(u.logDir, "orchestrator.log"), 10))
+		fmt.Fprintf(errw, "%s; the agents stopped. The end of its log:\n%s\n", u.orchExited(), u.orchLogTail())
 		if berr == nil {
 			printBench(u.cmd, res)
 		} else {
@@ -642,7 +767,11 @@ orchestrator it started on this machine. It asks first on a terminal;
 				return err
 			}
 			errw := cmd.ErrOrStderr()
-			fmt.Fprintf(errw, "stopping %d engines and the orchestrator\n", len(st.Engines))
+			orchs := "the orchestrator"
+			if n := len(st.OrchestratorPIDs()); n > 1 {
+				orchs = fmt.Sprintf("%d orchestrators", n)
+			}
+			fmt.Fprintf(errw, "stopping %d engines and %s\n", len(st.Engines), orchs)
 			left := cluster.StopAll(errw, localDir(), st, nil)
 			if len(left) == 0 {
 				fmt.Fprintln(errw, "stopped")
