@@ -193,11 +193,3 @@ func (l *lease) fence() (*protocol.Fence, bool) {
 	}
 	return &protocol.Fence{Lease: l.store, Term: l.term, Holder: l.me.Name}, true
 }
-
-// holder is the leader as this orchestrator knows it (the zero value:
-// none known).
-func (l *lease) holder() leaseHolder {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.leader
-}

@@ -9,8 +9,8 @@ import (
 	"net"
 	"net/http"
 	"runtime"
-	"sync/atomic"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 

@@ -65,8 +65,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strings"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/evolvellm/evolve/kv"
