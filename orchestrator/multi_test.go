@@ -161,7 +161,7 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 	// while it lasts.
 	via, others := tr.o[lead], []*Orchestrator{tr.o[(lead+1)%3], tr.o[(lead+2)%3]}
 	resp, err := http.Post(via.RouterURL()+"/v1/completions", "application/json",
-		strings.NewReader(`{"prompt": "a long answer please", "max_tokens": 8000, "stream": true}`))
+		strings.NewReader(`{"prompt": "a long answer please", "max_tokens": 8000, "ignore_eos": true, "stream": true}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,6 +295,67 @@ func BenchmarkRouters(b *testing.B) {
 				}
 			})
 			b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "requests/s")
+		})
+	}
+}
+
+// A node switching waits for the requests other routers sent it, not
+// only its leader's own: the leader drains a decode node while an answer
+// streams to it through another orchestrator's router.
+func TestSwitchWaitsForOtherRoutersRequests(t *testing.T) {
+	tr := startTrio(t)
+	lead := tr.leader(t, 0, 1, 2)
+	tc := &testCluster{o: tr.o[lead]}
+	p, _ := stepmodel.BuiltinProfile("gb300-kimi-k2") // an answer of 8,000 tokens takes seconds
+	tc.addEngine(t, "e0", p, roles.Decode)
+	tc.addEngine(t, "e1", p, roles.Decode)
+	t.Cleanup(func() {
+		for _, stop := range tc.engines {
+			stop()
+		}
+	})
+	via := tr.o[(lead+1)%3]
+	wait.Until(t, 10*time.Second, "both engines seen through another router", func() bool { return via.servingNodes() == 2 })
+	resp, err := http.Post(via.RouterURL()+"/v1/completions", "application/json",
+		strings.NewReader(`{"prompt": "a long answer please", "max_tokens": 8000, "ignore_eos": true, "stream": true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	var node string
+	wait.Until(t, 5*time.Second, "the leader knows where the other router sent it", func() bool {
+		for _, id := range []string{"e0", "e1"} {
+			if tr.o[lead].remoteOn(id) > 0 {
+				node = id
+			}
+		}
+		return node != ""
+	})
+	if _, err := tr.o[lead].SetRole(node, "prefill", false, "operator"); err != nil {
+		t.Fatal(err)
+	}
+	// While the answer streams, the node drains: every orchestrator shows
+	// it switching, and it keeps its role.
+	wait.Until(t, 5*time.Second, "the switch shown by the other router", func() bool {
+		st, _ := via.NodeStatus(node)
+		return st.State == StateSwitching
+	})
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		for _, o := range []*Orchestrator{tr.o[lead], via} {
+			st, _ := o.NodeStatus(node)
+			if st.Role != "decode" || st.State != StateSwitching {
+				t.Fatalf("%s on %s with another router's answer in flight: %s, %s", node, o.cfg.Name, st.Role, st.State)
+			}
+		}
+	}
+	io.Copy(io.Discard, resp.Body)
+	for _, o := range tr.o {
+		wait.Until(t, 10*time.Second, o.cfg.Name+" sees the switch done", func() bool {
+			st, _ := o.NodeStatus(node)
+			return st.Role == "prefill" && st.State == StateServing
 		})
 	}
 }

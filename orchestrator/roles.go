@@ -126,7 +126,11 @@ func (o *Orchestrator) runSwitch(id string, to roles.Role, reason string) {
 		o.c.mu.Lock()
 		n := o.c.nodes[id]
 		busy := n != nil && n.inFlight > 0 && n.state != StateDown
+		down := n == nil || n.state == StateDown
 		o.c.mu.Unlock()
+		// The requests other routers sent it too (they stop routing to
+		// it when the switch is announced).
+		busy = busy || (!down && o.remoteOn(id) > 0)
 		if !busy {
 			break
 		}

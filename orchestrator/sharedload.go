@@ -35,8 +35,16 @@ type loadEvent struct {
 }
 
 // remoteLoads are the requests other routers placed that this one's
-// policy counts, by router, so that a router's can be dropped at once.
-type remoteLoads map[string]map[string]bool
+// policy counts, by router (so that a router's can be dropped at once),
+// with the nodes each runs on.
+type remoteLoads map[string]map[string]*remoteRequest
+
+// remoteRequest is a request another router placed: its nodes, and
+// whether its prefill is over (its prefill node is then free of it).
+type remoteRequest struct {
+	prefill, decode string
+	prefillDone     bool
+}
 
 // shareLoad tells the other routers about request id (kind: placed,
 // first or finished), when the policy keeps shared bookkeeping and other
@@ -84,17 +92,18 @@ func (o *Orchestrator) followLoads() error {
 				return
 			}
 			if reqs == nil {
-				reqs = map[string]bool{}
+				reqs = map[string]*remoteRequest{}
 				o.remote[ev.Router] = reqs
 			}
-			reqs[key] = true
+			reqs[key] = &remoteRequest{prefill: ev.Load.Prefill, decode: ev.Load.Decode}
 			sh.AddLoad(key, *ev.Load)
 		case loadFirst:
-			if reqs[key] {
+			if r := reqs[key]; r != nil {
+				r.prefillDone = true
 				o.policy.FirstToken(now, key)
 			}
 		case loadFinished:
-			if reqs[key] {
+			if _, ok := reqs[key]; ok {
 				o.policy.Finished(now, key)
 				delete(reqs, key)
 			}
@@ -131,6 +140,22 @@ func (o *Orchestrator) remoteLoadCount() int {
 	n := 0
 	for _, reqs := range o.remote {
 		n += len(reqs)
+	}
+	return n
+}
+
+// remoteOn is how many requests other routers placed on node id are in
+// flight, as far as their load events say.
+func (o *Orchestrator) remoteOn(id string) int {
+	o.policyMu.Lock()
+	defer o.policyMu.Unlock()
+	n := 0
+	for _, reqs := range o.remote {
+		for _, r := range reqs {
+			if r.decode == id || (r.prefill == id && !r.prefillDone) {
+				n++
+			}
+		}
 	}
 	return n
 }
