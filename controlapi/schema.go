@@ -86,6 +86,29 @@ type Cluster struct {
 	// KeyLimits are the API key names with a max-concurrency and how near
 	// they run to it.
 	KeyLimits []KeyLimit `json:"key_limits,omitempty"`
+	// Leader names the orchestrator whose planner acts, and
+	// Orchestrators lists every orchestrator on the event plane, when
+	// several share it.
+	Leader        string         `json:"leader,omitempty"`
+	Orchestrators []Orchestrator `json:"orchestrators,omitempty"`
+}
+
+// Orchestrator is one orchestrator of those sharing the event plane.
+type Orchestrator struct {
+	Name       string    `json:"name"`
+	RouterURL  string    `json:"router_url"`
+	ControlURL string    `json:"control_url"`
+	NATSURL    string    `json:"nats_url"`
+	Leader     bool      `json:"leader"`         // leads the planner
+	Term       uint64    `json:"term,omitempty"` // its leadership term
+	StartedAt  time.Time `json:"started_at"`
+	// NATSPeers is how many other NATS servers its embedded one has
+	// routes to (-1: not embedded).
+	NATSPeers int `json:"nats_peers"`
+	// State: up, or silent (not heard for 3 s: stopped, or cut off).
+	State    string  `json:"state"`
+	HeardAgo float64 `json:"heard_s_ago"`
+	Self     bool    `json:"self,omitempty"` // the orchestrator answering
 }
 
 // KeyLimit is an API key name's limit and its requests now.

@@ -48,9 +48,9 @@ type ClusterStatus struct {
 	// Name is the answering orchestrator's; Orchestrators lists every
 	// orchestrator on the event plane (one, unless several share it),
 	// and Leader names the one whose planner acts ("" while none does).
-	Name          string               `json:"name"`
-	Leader        string               `json:"leader"`
-	Orchestrators []OrchestratorStatus `json:"orchestrators"`
+	Name          string                    `json:"name"`
+	Leader        string                    `json:"leader"`
+	Orchestrators []controlapi.Orchestrator `json:"orchestrators"`
 }
 
 // controlHandler serves the control API (see the package comment of cmd

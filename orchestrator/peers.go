@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -24,25 +25,6 @@ const (
 	presenceForget = 10 * time.Minute
 )
 
-// OrchestratorStatus is one orchestrator of those sharing the event
-// plane, as the control API shows it.
-type OrchestratorStatus struct {
-	Name       string    `json:"name"`
-	RouterURL  string    `json:"router_url"`
-	ControlURL string    `json:"control_url"`
-	NATSURL    string    `json:"nats_url"`
-	Leader     bool      `json:"leader"`         // leads the planner
-	Term       uint64    `json:"term,omitempty"` // its leadership term
-	StartedAt  time.Time `json:"started_at"`
-	// NATSPeers is how many other NATS servers its embedded one has
-	// routes to (-1: not embedded).
-	NATSPeers int `json:"nats_peers"`
-	// State: up, or silent (not heard for 3 s: stopped, or cut off).
-	State    string  `json:"state"`
-	HeardAgo float64 `json:"heard_s_ago"`
-	Self     bool    `json:"self,omitempty"` // the orchestrator answering
-}
-
 // peers is what this orchestrator knows of the others.
 type peers struct {
 	mu    sync.Mutex
@@ -50,13 +32,13 @@ type peers struct {
 }
 
 type heardPeer struct {
-	st OrchestratorStatus
+	st controlapi.Orchestrator
 	at time.Time
 }
 
 // self is this orchestrator's presence now.
-func (o *Orchestrator) self() OrchestratorStatus {
-	st := OrchestratorStatus{Name: o.cfg.Name, RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL,
+func (o *Orchestrator) self() controlapi.Orchestrator {
+	st := controlapi.Orchestrator{Name: o.cfg.Name, RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL,
 		StartedAt: o.started, NATSPeers: -1, State: "up", Self: true}
 	if f, ok := o.leads(); ok {
 		st.Leader = true
@@ -89,7 +71,7 @@ func natsPeers(ns *server.Server) int {
 func (o *Orchestrator) announcePresence(ctx context.Context) error {
 	o.peers.heard = map[string]heardPeer{}
 	sub, err := o.nc.Subscribe(subjectPresence, func(m *nats.Msg) {
-		var st OrchestratorStatus
+		var st controlapi.Orchestrator
 		if json.Unmarshal(m.Data, &st) != nil || st.Name == "" || st.Name == o.cfg.Name {
 			return
 		}
@@ -149,9 +131,9 @@ func (o *Orchestrator) dropSilentRouters() {
 
 // Orchestrators lists the orchestrators sharing the event plane, this
 // one included, by name.
-func (o *Orchestrator) Orchestrators() []OrchestratorStatus {
+func (o *Orchestrator) Orchestrators() []controlapi.Orchestrator {
 	now := time.Now()
-	out := []OrchestratorStatus{o.self()}
+	out := []controlapi.Orchestrator{o.self()}
 	o.peers.mu.Lock()
 	for name, h := range o.peers.heard {
 		ago := now.Sub(h.at)
@@ -167,7 +149,7 @@ func (o *Orchestrator) Orchestrators() []OrchestratorStatus {
 		out = append(out, st)
 	}
 	o.peers.mu.Unlock()
-	slices.SortFunc(out, func(a, b OrchestratorStatus) int {
+	slices.SortFunc(out, func(a, b controlapi.Orchestrator) int {
 		if a.Name < b.Name {
 			return -1
 		}

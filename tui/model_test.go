@@ -10,6 +10,7 @@ import (
 
 	tea "github.com/charmbracelet/bubbletea"
 	"github.com/charmbracelet/lipgloss"
+	"github.com/evolvellm/evolve/controlapi"
 	"github.com/muesli/termenv"
 )
 
@@ -551,5 +552,25 @@ func TestSummaryNamesKeysAtTheirLimit(t *testing.T) {
 	if !strings.Contains(s, "key team-a at its limit: 64 of 64 in flight, 3 waiting") || !strings.Contains(s, "key team-c at its limit: 8 of 8 in flight") ||
 		strings.Contains(s, "team-b") {
 		t.Fatalf("summary:\n%s", s)
+	}
+}
+
+// With several orchestrators the header says how many are up and which
+// leads; one silent, or no leader, shows plainly.
+func TestHeaderShowsTheOrchestrators(t *testing.T) {
+	m := New(&fakeSource{watch: make(chan WatchEvent)}, Options{Now: func() time.Time { return t0 }, Poll: time.Hour})
+	m.Update(tea.WindowSizeMsg{Width: 160, Height: 40})
+	m.cluster = Cluster{Model: "m"}
+	if h := m.header(); strings.Contains(h, "orchestrators") {
+		t.Fatalf("one orchestrator, header:\n%s", h)
+	}
+	m.cluster = Cluster{Model: "m", Leader: "orch-b", Orchestrators: []controlapi.Orchestrator{
+		{Name: "orch-a", State: "up"}, {Name: "orch-b", State: "up", Leader: true}, {Name: "orch-c", State: "silent"}}}
+	if h := m.header(); !strings.Contains(h, "orchestrators 2/3 up") || !strings.Contains(h, "leader orch-b") {
+		t.Fatalf("header:\n%s", h)
+	}
+	m.cluster.Leader = ""
+	if h := m.header(); !strings.Contains(h, "no leader") {
+		t.Fatalf("header without a leader:\n%s", h)
 	}
 }

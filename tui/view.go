@@ -155,6 +155,9 @@ func (m *Model) header() string {
 		}
 		name = "simulated " + m.cluster.Policy + "  " + clock
 	}
+	if orch := m.orchestrators(); orch != "" {
+		name += "  " + orch
+	}
 	line := fmt.Sprintf("%s  %s  %s", stTitle.Render("evolve top"), name, conn)
 	if lipgloss.Width(line) > m.width {
 		// Narrow: the state without its age.
@@ -172,6 +175,29 @@ func (m *Model) header() string {
 		line += "  " + addr
 	}
 	return line + "\n" + strings.Join(tabs, "")
+}
+
+// orchestrators says, for a cluster of several orchestrators, how many
+// are up of those known, and which leads the planner; "" for one.
+func (m *Model) orchestrators() string {
+	os := m.cluster.Orchestrators
+	if len(os) < 2 {
+		return ""
+	}
+	up := 0
+	for _, o := range os {
+		if o.State == "up" {
+			up++
+		}
+	}
+	s := fmt.Sprintf("orchestrators %d/%d up", up, len(os))
+	if up < len(os) {
+		s = stBad.Render(s)
+	}
+	if m.cluster.Leader == "" {
+		return s + ", " + stBad.Render("no leader")
+	}
+	return s + ", leader " + m.cluster.Leader
 }
 
 // outdated reports whether what the screen shows may no longer be the
