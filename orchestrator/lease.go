@@ -27,6 +27,9 @@ const (
 	leaseTTL    = 5 * time.Second
 	leaseRenew  = time.Second
 	leaseActFor = leaseTTL - 2*leaseRenew
+	// leaseTry is how often an orchestrator that does not lead tries to
+	// take the lease: the sooner after it expires, the sooner one leads.
+	leaseTry = leaseRenew / 4
 )
 
 // leaseHolder is the lease key's value: who leads, and where.
@@ -73,7 +76,7 @@ func openLease(ctx context.Context, js jetstream.JetStream, me leaseHolder, repl
 // run keeps trying to lead, and renews the lease while it does, until ctx
 // ends; then it gives the lease up, so that another leads at once.
 func (l *lease) run(ctx context.Context) {
-	tick := time.NewTicker(leaseRenew)
+	tick := time.NewTicker(leaseTry)
 	defer tick.Stop()
 	for {
 		select {
@@ -81,7 +84,12 @@ func (l *lease) run(ctx context.Context) {
 			l.release()
 			return
 		case <-tick.C:
-			l.step(ctx)
+			l.mu.Lock()
+			due := l.term == 0 || time.Since(l.renewed) >= leaseRenew-leaseTry/2
+			l.mu.Unlock()
+			if due {
+				l.step(ctx)
+			}
 		}
 	}
 }

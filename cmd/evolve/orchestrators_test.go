@@ -129,6 +129,30 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 		return n.Role == "prefill" && n.Mode == orchestrator.ModePinned && n.State == orchestrator.StateServing
 	})
 
+	// A leader paused (SIGSTOP: a stalled VM) loses its lease; resumed,
+	// it follows the one that took it: one leader, never two.
+	leader.cmd.Process.Signal(syscall.SIGSTOP)
+	wait.Until(t, 10*time.Second, "a leader while the first is paused", func() bool {
+		st, err := follower.status(t)
+		return err == nil && st.Leader != "" && st.Leader != leaderName
+	})
+	leader.cmd.Process.Signal(syscall.SIGCONT)
+	wait.Until(t, 10*time.Second, "the resumed leader following the new one", func() bool {
+		var names []string
+		for _, o := range orchs {
+			st, err := o.status(t)
+			if err != nil || st.Leader == "" || st.Leader == leaderName {
+				return false
+			}
+			names = append(names, st.Leader)
+		}
+		return names[0] == names[1] && names[1] == names[2]
+	})
+	st, _ := follower.status(t)
+	fmt.Sscanf(st.Leader, "orch-%d", &lead)
+	leader, leaderName = orchs[lead], st.Leader
+	follower = orchs[(lead+1)%3]
+
 	// Load through every router.
 	benches := make([]*exec.Cmd, 3)
 	outs, errs := make([]*bytes.Buffer, 3), make([]*lockedLog, 3)
