@@ -60,7 +60,11 @@ type node struct {
 	// down, calls that may go anywhere go elsewhere first.
 	failedAt time.Time
 	resyncAt time.Time // when a resync was last asked for
-	reason   string
+	// clearedAt is when the node's events last began a resync (an
+	// AllCleared), whoever asked for it: another orchestrator's serves
+	// this one's directory too.
+	clearedAt time.Time
+	reason    string
 	// silent: the node is down because it went silent, not because it
 	// said goodbye; its next heartbeat asks it to register again.
 	silent bool

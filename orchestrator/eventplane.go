@@ -197,6 +197,11 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 		return
 	}
 	n.lastSeen = time.Now()
+	for _, e := range b.Events {
+		if e.Kind == kv.AllCleared {
+			n.clearedAt = n.lastSeen
+		}
+	}
 	err := o.c.dir.ApplyBatch(n.dir, b.Events)
 	o.noteReferencedEvictionsLocked(n, b.Events)
 	hints := o.noteStoredLocked(b.Events)

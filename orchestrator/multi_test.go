@@ -19,6 +19,7 @@ import (
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // freeAddr is a loopback address free a moment ago: peers must know
@@ -150,6 +151,22 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 			stop()
 		}
 	})
+	// The leader asks each engine for its KV once; the others take the
+	// events it brings rather than ask again.
+	for i, o := range tr.o {
+		outcome, want := "shared", 2.0
+		if i == lead {
+			outcome = "applied"
+		}
+		wait.Until(t, 10*time.Second, o.cfg.Name+"'s resyncs "+outcome, func() bool {
+			return testutil.ToFloat64(o.met.resyncs.WithLabelValues(outcome)) == want
+		})
+		if i != lead {
+			if n := testutil.ToFloat64(o.met.resyncs.WithLabelValues("applied")); n != 0 {
+				t.Fatalf("%s asked for %v resyncs of its own", o.cfg.Name, n)
+			}
+		}
+	}
 	for _, o := range tr.o {
 		wait.Until(t, 10*time.Second, o.cfg.Name+" sees both engines", func() bool { return o.servingNodes() == 2 })
 		if status, body := postJSON(t, o.RouterURL()+"/v1/completions", `{"prompt": "hello there", "max_tokens": 3}`); status != 200 {

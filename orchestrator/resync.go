@@ -7,6 +7,10 @@ import (
 	"github.com/evolvellm/evolve/protocol"
 )
 
+// resyncFollowerWait is how long an orchestrator that does not lead
+// waits for a resync another asked for before it asks itself.
+const resyncFollowerWait = time.Second
+
 // resyncWait is the longest one engine's resync holds the others back
 // while its events are read; past it the next one starts anyway.
 const resyncWait = 30 * time.Second
@@ -36,6 +40,17 @@ func newResyncQueue() *resyncQueue {
 // engine is gone, or resyncWait has passed). A resync already queued for
 // the engine covers this one: it returns at once.
 func (o *Orchestrator) resync(id string) {
+	asked := time.Now()
+	if !o.leading() && o.hasPeers() {
+		// Every orchestrator sees an engine join, and each would ask it
+		// for its whole KV: the leader asks, and the others take the
+		// events it brings unless they see none begin soon.
+		select {
+		case <-time.After(resyncFollowerWait):
+		case <-o.done():
+			return
+		}
+	}
 	q := o.resyncs
 	q.mu.Lock()
 	if q.queued[id] {
@@ -61,6 +76,10 @@ func (o *Orchestrator) resync(id string) {
 	if !ok {
 		return
 	}
+	if o.resyncedSince(id, asked) {
+		o.met.resyncs.WithLabelValues("shared").Inc()
+		return
+	}
 	t0 := time.Now()
 	rep, err := o.control(id, protocol.ControlRequest{Op: protocol.OpResync})
 	if err != nil {
@@ -76,6 +95,16 @@ func (o *Orchestrator) resync(id string) {
 	outcome := o.awaitKVApplied(id, started, rep.Seq, t0.Add(resyncWait))
 	o.met.resyncs.WithLabelValues(outcome).Inc()
 	o.log.Info("engine KV resynced", "id", id, "blocks", rep.Blocks, "outcome", outcome, "took", time.Since(t0).Round(time.Millisecond))
+}
+
+// resyncedSince says whether node id's events began a resync after
+// asked (another orchestrator asked for it) and its directory needs no
+// other.
+func (o *Orchestrator) resyncedSince(id string, asked time.Time) bool {
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
+	n := o.c.nodes[id]
+	return n != nil && !n.clearedAt.Before(asked) && !o.c.dir.NeedsResync(n.dir)
 }
 
 // startedAt is when the process behind node id started, as it registered.
