@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"math/rand/v2"
 	"net"
@@ -26,7 +27,11 @@ import (
 // BenchConfig configures a closed-loop load run against an OpenAI-style
 // router.
 type BenchConfig struct {
-	URL      string // base URL of the router, e.g. http://127.0.0.1:8000
+	// URL is the router's base URL, e.g. http://127.0.0.1:8000, or
+	// several routers' (comma-separated): each session is sent to one of
+	// them, and a call that gets no answer or is cut short goes to the
+	// next, as a client behind a load balancer sees it.
+	URL      string
 	Model    workload.Model
 	Agents   int
 	Duration time.Duration // 0: until ctx ends
@@ -52,6 +57,8 @@ type BenchConfig struct {
 	// long after. 0 or negative: never stop, for a run that should ride
 	// out a long router restart (DefaultUnreachable is evolve's default).
 	Unreachable time.Duration
+
+	routers []string // URL's routers
 }
 
 // DefaultUnreachable is how long a run waits, by default, for a router that
@@ -189,6 +196,12 @@ func withLimit(ctx context.Context, d time.Duration) (context.Context, context.C
 
 // defaults fills what a run needs and the caller left out.
 func (cfg *BenchConfig) defaults() {
+	cfg.routers = nil
+	for _, u := range strings.Split(cfg.URL, ",") {
+		if u = strings.TrimRight(strings.TrimSpace(u), "/"); u != "" {
+			cfg.routers = append(cfg.routers, u)
+		}
+	}
 	if cfg.Speedup <= 0 {
 		cfg.Speedup = 1
 	}
@@ -401,8 +414,40 @@ func Replay(ctx context.Context, cfg ReplayConfig) (Result, int, error) {
 	return res, skipped, nil
 }
 
-// serverModel asks the router which model it serves and its context limit.
+// router is the router a session's try-th attempt at a call goes to.
+func (cfg BenchConfig) router(session string, try int) string {
+	if len(cfg.routers) == 0 {
+		return cfg.URL
+	}
+	h := fnv.New32a()
+	h.Write([]byte(session))
+	return cfg.routers[(int(h.Sum32()%uint32(len(cfg.routers)))+try)%len(cfg.routers)]
+}
+
+// serverModel asks the routers which model they serve and its context
+// limit: the first that answers says.
 func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
+	var firstErr error
+	for _, r := range cfg.routers {
+		one := cfg
+		one.URL = r
+		model, maxLen, err := routerModel(ctx, one)
+		if err == nil {
+			return model, maxLen, nil
+		}
+		if firstErr == nil {
+			firstErr = err
+		}
+	}
+	if firstErr == nil {
+		return routerModel(ctx, cfg)
+	}
+	return "", 0, firstErr
+}
+
+// routerModel asks the router cfg.URL which model it serves and its
+// context limit.
+func routerModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", cfg.URL+"/v1/models", nil)
 	cfg.authorize(req)
 	resp, err := cfg.Client.Do(req)
@@ -528,7 +573,7 @@ func runSession(ctx context.Context, cfg BenchConfig, c *collector, model string
 func endSession(cfg BenchConfig, session string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, "DELETE", cfg.URL+"/v1/sessions/"+url.PathEscape(session), nil)
+	req, err := http.NewRequestWithContext(ctx, "DELETE", cfg.router(session, 0)+"/v1/sessions/"+url.PathEscape(session), nil)
 	if err != nil {
 		return
 	}
@@ -594,8 +639,9 @@ func noAnswerWait(try int) time.Duration { return min(500*time.Millisecond<<try,
 // times), as an agent's client would; a call still refused then is an
 // error.
 func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, call workload.Call) ([]uint32, error) {
+	hops := 0 // a call that got no answer, or was cut short, goes to the next router (with several)
 	for try := 0; ; try++ {
-		out, err := c.request(ctx, cfg, model, call)
+		out, err := c.request(ctx, cfg, cfg.router(call.Session, hops), model, call)
 		var rl *retryLater
 		var na *noAnswer
 		var cut *cutShort
@@ -605,11 +651,13 @@ func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, cal
 				return nil, c.fail(ctx, fmt.Errorf("%w (no answer %d times)", na.err, try+1))
 			}
 			rl = &retryLater{wait: noAnswerWait(try), err: na.err}
+			hops++
 		case errors.As(err, &cut):
 			if try == maxRetries {
 				return nil, c.fail(ctx, fmt.Errorf("%w (cut short %d times)", cut.err, try+1))
 			}
 			rl = &retryLater{wait: noAnswerWait(try), err: cut.err}
+			hops++
 			c.mu.Lock()
 			c.res.Cut++
 			c.mu.Unlock()
@@ -631,14 +679,14 @@ func (c *collector) send(ctx context.Context, cfg BenchConfig, model string, cal
 }
 
 // request sends one call, streamed, and records what it measured.
-func (c *collector) request(ctx context.Context, cfg BenchConfig, model string, call workload.Call) ([]uint32, error) {
+func (c *collector) request(ctx context.Context, cfg BenchConfig, router, model string, call workload.Call) ([]uint32, error) {
 	body, _ := json.Marshal(map[string]any{
 		// ignore_eos: the answer is as long as the workload drew it, on
 		// evolve's engines as on vLLM's, not where the model would stop.
 		"model": model, "prompt": FoldVocab(call.Tokens, cfg.VocabSize), "max_tokens": call.MaxTokens, "ignore_eos": true, "stream": true,
 		"stream_options": map[string]any{"include_usage": true},
 	})
-	req, err := http.NewRequestWithContext(ctx, "POST", cfg.URL+"/v1/completions", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, "POST", router+"/v1/completions", bytes.NewReader(body))
 	if err != nil {
 		return nil, err
 	}

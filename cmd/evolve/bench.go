@@ -54,7 +54,7 @@ draws them, on evolve's engines as on vLLM's.`,
 		RunE: runBench,
 	}
 	f := cmd.Flags()
-	f.String("url", "", "router base URL, with or without /v1 (default: the local cluster's, else http://127.0.0.1:8000)")
+	f.String("url", "", "router base URL, with or without /v1, or several routers' comma-separated: each session goes to one, and a call that gets no answer or is cut short goes to the next (default: the local cluster's routers, else http://127.0.0.1:8000)")
 	f.String("api-key", "", "API key the router requires, sent as a bearer token (default: the local cluster's, when evolve up gave it keys; or $EVOLVE_BENCH_API_KEY)")
 	f.Int("vocab-size", 0, fmt.Sprintf("against vLLM: the model's vocab_size (its config.json's); prompt token ids at or above it are folded below it, the same id to the same one (0: evolve's ids as they are, up to %d, which a smaller vocabulary refuses as out of vocabulary)", tokenizer.VocabSize))
 	f.String("workload", "coding", "agent workload")
@@ -201,6 +201,29 @@ func localEngineSpeedup(cmd *cobra.Command) float64 {
 	return st.Speedup
 }
 
+// localRouters is every router of the local cluster, comma-separated.
+func localRouters(st *cluster.LocalState) string {
+	if len(st.Orchestrators) < 2 {
+		return st.RouterURL
+	}
+	var urls []string
+	for _, o := range st.Orchestrators {
+		urls = append(urls, o.RouterURL)
+	}
+	return strings.Join(urls, ",")
+}
+
+// routerBases is serverBase of each of a comma-separated list of routers.
+func routerBases(urls string) string {
+	var out []string
+	for _, u := range strings.Split(urls, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, serverBase(u))
+		}
+	}
+	return strings.Join(out, ",")
+}
+
 // runBench is evolve bench: agents (or a trace) against a router, then
 // their summary.
 func runBench(cmd *cobra.Command, _ []string) error {
@@ -209,7 +232,7 @@ func runBench(cmd *cobra.Command, _ []string) error {
 	if url == "" {
 		url = "http://127.0.0.1:8000"
 		if st, err := cluster.ReadLocalState(localDir()); err == nil {
-			url = st.RouterURL
+			url = localRouters(st)
 			apiKey = cmp.Or(apiKey, st.APIKey)
 		}
 	}
@@ -230,7 +253,7 @@ func runBench(cmd *cobra.Command, _ []string) error {
 	ctx, stop := notifyInterrupt(cmd.Context())
 	defer stop()
 	errw := cmd.ErrOrStderr()
-	base := loadgen.BenchConfig{URL: serverBase(url), Duration: config.GetDuration(k("duration")),
+	base := loadgen.BenchConfig{URL: routerBases(url), Duration: config.GetDuration(k("duration")),
 		Speedup: config.GetFloat64(k("speedup")), Seed: uint64(config.GetInt64(k("seed"))), APIKey: apiKey,
 		VocabSize: config.GetInt(k("vocab-size")), Unreachable: config.GetDuration(k("unreachable-timeout"))}
 	trace := config.GetString(k("trace"))

@@ -153,12 +153,21 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 	leader, leaderName = orchs[lead], st.Leader
 	follower = orchs[(lead+1)%3]
 
-	// Load through every router.
-	benches := make([]*exec.Cmd, 3)
-	outs, errs := make([]*bytes.Buffer, 3), make([]*lockedLog, 3)
-	for i, o := range orchs {
+	// Load through every router, and through all three as a client
+	// behind a load balancer sees them (the fourth).
+	var all []string
+	for _, o := range orchs {
+		all = append(all, o.info.RouterURL)
+	}
+	benches := make([]*exec.Cmd, 4)
+	outs, errs := make([]*bytes.Buffer, 4), make([]*lockedLog, 4)
+	for i := range benches {
+		url := strings.Join(all, ",")
+		if i < 3 {
+			url = orchs[i].info.RouterURL
+		}
 		outs[i], errs[i] = &bytes.Buffer{}, &lockedLog{}
-		benches[i] = exec.Command(evolveBin, "bench", "--url", o.info.RouterURL, "--agents", "6", "--duration", "25s",
+		benches[i] = exec.Command(evolveBin, "bench", "--url", url, "--agents", "6", "--duration", "25s",
 			"--speedup", "20", "--workload", "coding", "--seed", fmt.Sprint(i+1), "--unreachable-timeout", "0", "-o", "json")
 		benches[i].Stdout, benches[i].Stderr = outs[i], errs[i]
 		if err := benches[i].Start(); err != nil {
@@ -206,6 +215,7 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 		var res struct {
 			Requests int `json:"requests_completed"`
 			Errors   int `json:"errors"`
+			Cut      int `json:"requests_cut_and_resent"`
 		}
 		if jerr := json.Unmarshal(outs[i].Bytes(), &res); jerr != nil || err != nil {
 			t.Fatalf("bench through orch-%d: %v %v\n%s\n%s", i, err, jerr, outs[i].String(), errs[i].String())
@@ -213,7 +223,7 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 		if res.Errors != 0 || res.Requests == 0 {
 			t.Fatalf("bench through orch-%d (which lived): %d completed, %d errors\n%s", i, res.Requests, res.Errors, outs[i].String())
 		}
-		t.Logf("through orch-%d: %d calls completed, 0 errors", i, res.Requests)
+		t.Logf("through %s: %d calls completed, 0 errors, %d cut and sent again", map[bool]string{true: fmt.Sprint("orch-", i), false: "all three"}[i < 3], res.Requests, res.Cut)
 	}
 }
 

@@ -620,7 +620,7 @@ func (u *localUp) runAgents() error {
 		case <-bctx.Done():
 		}
 	}()
-	res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: u.st.RouterURL, Model: u.model, Agents: u.agents, APIKey: u.st.APIKey, Unreachable: loadgen.DefaultUnreachable,
+	res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: localRouters(u.st), Model: u.model, Agents: u.agents, APIKey: u.st.APIKey, Unreachable: loadgen.DefaultUnreachable,
 		Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
 		Progress: func(s loadgen.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(u.client)) }})
 	stopAgents()
