@@ -150,7 +150,7 @@ func (o *Orchestrator) openStores(ctx context.Context, js jetstream.JetStream) e
 		store, err := openRoleStore(tctx, js, o.cfg.replicas())
 		var l *lease
 		if err == nil {
-			l, err = openLease(tctx, js, leaseHolder{Name: o.cfg.Name}, o.cfg.replicas(), o.log)
+			l, err = openLease(tctx, o.nc, js, leaseHolder{Name: o.cfg.Name}, o.cfg.replicas(), o.log)
 		}
 		cancel()
 		if err == nil {
