@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -18,6 +20,7 @@ import (
 	"github.com/evolvellm/evolve/internal/wait"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -374,5 +377,85 @@ func TestSwitchWaitsForOtherRoutersRequests(t *testing.T) {
 			st, _ := o.NodeStatus(node)
 			return st.Role == "prefill" && st.State == StateServing
 		})
+	}
+}
+
+// natsCluster starts three NATS servers with JetStream that form one
+// cluster, as an operator's existing deployment, and returns a client
+// URL listing them.
+func natsCluster(t *testing.T) string {
+	t.Helper()
+	routes := make([]string, 3)
+	for i := range routes {
+		routes[i] = freeAddr(t)
+	}
+	var servers []*server.Server
+	for i := range 3 {
+		_, port, _ := net.SplitHostPort(routes[i])
+		p, _ := strconv.Atoi(port)
+		opts := &server.Options{ServerName: fmt.Sprint("nats-", i), Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(),
+			NoSigs: true, NoLog: true, Cluster: server.ClusterOpts{Name: "ops", Host: "127.0.0.1", Port: p}}
+		for j, r := range routes {
+			if j != i {
+				opts.Routes = append(opts.Routes, &url.URL{Scheme: "nats-route", Host: r})
+			}
+		}
+		ns, err := server.NewServer(opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go ns.Start()
+		t.Cleanup(ns.Shutdown)
+		servers = append(servers, ns)
+	}
+	var urls []string
+	for _, ns := range servers {
+		if !ns.ReadyForConnections(20 * time.Second) {
+			t.Fatal("a NATS server of the cluster not ready in 20 s")
+		}
+		urls = append(urls, ns.ClientURL())
+	}
+	return strings.Join(urls, ",")
+}
+
+// Orchestrators attached to an existing NATS cluster (--nats) share it
+// as they share their own: one leads, the lease kept in three copies, and
+// another leads when it stops.
+func TestOrchestratorsOnAnExistingNATSCluster(t *testing.T) {
+	natsURL := natsCluster(t)
+	var os [2]*Orchestrator
+	var stops [2]func()
+	ready := make(chan int, 2)
+	for i := range os {
+		o, err := New(Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSURL: natsURL})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			if err := o.Run(ctx, func() { ready <- i }); err != nil {
+				t.Error(err)
+			}
+		}()
+		os[i], stops[i] = o, func() { cancel(); <-done }
+		t.Cleanup(stops[i])
+	}
+	for range os {
+		select {
+		case <-ready:
+		case <-time.After(30 * time.Second):
+			t.Fatal("the orchestrators did not start on the NATS cluster in 30 s")
+		}
+	}
+	tr := &orchestratorTrio{o: [3]*Orchestrator{os[0], os[1]}}
+	lead := tr.leader(t, 0, 1)
+	if r := os[lead].replicas(); r != 3 {
+		t.Fatalf("state kept in %d copies on a cluster of three NATS servers", r)
+	}
+	stops[lead]()
+	if next := tr.leader(t, 1-lead); next != 1-lead {
+		t.Fatalf("leader %d", next)
 	}
 }

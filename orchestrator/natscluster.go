@@ -20,6 +20,10 @@ import (
 // natsClusterName names the NATS cluster that orchestrators form.
 const natsClusterName = "evolve"
 
+// natsClusterWait is how long an orchestrator on an existing NATS
+// cluster waits for its JetStream.
+const natsClusterWait = 30 * time.Second
+
 // routeUser is the user name routes between orchestrators' NATS servers
 // present, with the event plane's token as password.
 const routeUser = "evolve"
@@ -108,12 +112,17 @@ func checkOrchestratorName(name string) error {
 }
 
 // replicas is how many copies JetStream keeps of evolve's state: 3 on a
-// cluster of three orchestrators or more, else as many as there are.
-func (c Config) replicas() int {
-	if c.ClusterListen == "" {
-		return 1
+// cluster of three orchestrators or more, else as many as there are; on
+// an existing NATS cluster (--nats), 3 where it has three servers or
+// more.
+func (o *Orchestrator) replicas() int {
+	switch {
+	case o.cfg.ClusterListen != "":
+		return min(3, len(o.cfg.ClusterPeers)+1)
+	case o.cfg.NATSURL != "" && o.nc != nil && o.nc.ConnectedClusterName() != "":
+		return max(1, min(3, len(o.nc.Servers())))
 	}
-	return min(3, len(c.ClusterPeers)+1)
+	return 1
 }
 
 // clusterOptions adds this orchestrator's routes to sopts.
@@ -145,19 +154,27 @@ func (o *Orchestrator) clusterOptions(sopts *server.Options) error {
 // servers have met: it tries until then, saying what it waits for.
 func (o *Orchestrator) openStores(ctx context.Context, js jetstream.JetStream) error {
 	start := time.Now()
+	clustered := o.cfg.ClusterListen != "" || o.nc.ConnectedClusterName() != ""
+	try := 5 * time.Second // JetStream answers at once alone
+	if clustered {
+		try = 2 * time.Second // or not until the cluster has met: try again soon
+	}
 	for attempt := 0; ; attempt++ {
-		tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		store, err := openRoleStore(tctx, js, o.cfg.replicas())
+		tctx, cancel := context.WithTimeout(ctx, try)
+		store, err := openRoleStore(tctx, js, o.replicas())
 		var l *lease
 		if err == nil {
-			l, err = openLease(tctx, o.nc, js, leaseHolder{Name: o.cfg.Name}, o.cfg.replicas(), o.log)
+			l, err = openLease(tctx, o.nc, js, leaseHolder{Name: o.cfg.Name}, o.replicas(), o.log)
 		}
 		cancel()
 		if err == nil {
 			o.store, o.lease = store, l
 			return nil
 		}
-		if o.cfg.ClusterListen == "" || ctx.Err() != nil {
+		// A NATS cluster's JetStream answers once its servers have met:
+		// its own (--cluster-listen), until they do; an existing one
+		// (--nats), for a while.
+		if !clustered || ctx.Err() != nil || (o.cfg.ClusterListen == "" && time.Since(start) > natsClusterWait) {
 			return err
 		}
 		if attempt%10 == 0 {

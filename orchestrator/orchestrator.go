@@ -450,9 +450,11 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		err = o.openStores(ctx, js)
 	}
 	if err != nil {
-		if o.cfg.ClusterListen != "" {
+		if o.cfg.ClusterListen != "" || nc.ConnectedClusterName() != "" {
+			// Several orchestrators may share it: without the lease each
+			// would plan and switch nodes on its own.
 			o.stopNATS()
-			return fmt.Errorf("the NATS cluster's JetStream: %w", err)
+			return fmt.Errorf("the NATS cluster's JetStream (which keeps the planner's lease, roles and pins): %w", err)
 		}
 		o.log.Warn("no JetStream: role overrides will not survive a restart, and this orchestrator plans alone (no leader lease)", "err", err)
 		o.store, o.lease = nil, nil
