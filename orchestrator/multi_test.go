@@ -55,8 +55,7 @@ func startOrchestrators(t testing.TB, n int) *orchestratorTrio {
 	for i := range cl {
 		cl[i] = freeAddr(t)
 	}
-	tr := &orchestratorTrio{}
-	ready := make(chan int, n)
+	var cfgs []Config
 	for i := range n {
 		var peers []string
 		for j := range n {
@@ -69,6 +68,18 @@ func startOrchestrators(t testing.TB, n int) *orchestratorTrio {
 		if n == 1 {
 			cfg.ClusterListen = "" // one alone, as it runs without peers
 		}
+		cfgs = append(cfgs, cfg)
+	}
+	return runOrchestrators(t, cfgs...)
+}
+
+// runOrchestrators runs an orchestrator of each configuration (three at
+// most) and waits until all serve; stop[i] stops the i-th.
+func runOrchestrators(t testing.TB, cfgs ...Config) *orchestratorTrio {
+	t.Helper()
+	tr := &orchestratorTrio{}
+	ready := make(chan int, len(cfgs))
+	for i, cfg := range cfgs {
 		o, err := New(cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -85,11 +96,11 @@ func startOrchestrators(t testing.TB, n int) *orchestratorTrio {
 		tr.stop[i] = func() { cancel(); <-done }
 		t.Cleanup(tr.stop[i])
 	}
-	for range n {
+	for range cfgs {
 		select {
 		case <-ready:
 		case <-time.After(30 * time.Second):
-			t.Fatalf("the %d orchestrators did not all start in 30 s", n)
+			t.Fatalf("the %d orchestrators did not all start in 30 s", len(cfgs))
 		}
 	}
 	return tr
@@ -423,38 +434,16 @@ func natsCluster(t *testing.T) string {
 // another leads when it stops.
 func TestOrchestratorsOnAnExistingNATSCluster(t *testing.T) {
 	natsURL := natsCluster(t)
-	var os [2]*Orchestrator
-	var stops [2]func()
-	ready := make(chan int, 2)
-	for i := range os {
-		o, err := New(Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSURL: natsURL})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			if err := o.Run(ctx, func() { ready <- i }); err != nil {
-				t.Error(err)
-			}
-		}()
-		os[i], stops[i] = o, func() { cancel(); <-done }
-		t.Cleanup(stops[i])
+	var cfgs []Config
+	for i := range 2 {
+		cfgs = append(cfgs, Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSURL: natsURL})
 	}
-	for range os {
-		select {
-		case <-ready:
-		case <-time.After(30 * time.Second):
-			t.Fatal("the orchestrators did not start on the NATS cluster in 30 s")
-		}
-	}
-	tr := &orchestratorTrio{o: [3]*Orchestrator{os[0], os[1]}}
+	tr := runOrchestrators(t, cfgs...)
 	lead := tr.leader(t, 0, 1)
-	if r := os[lead].replicas(); r != 3 {
+	if r := tr.o[lead].replicas(); r != 3 {
 		t.Fatalf("state kept in %d copies on a cluster of three NATS servers", r)
 	}
-	stops[lead]()
+	tr.stop[lead]()
 	if next := tr.leader(t, 1-lead); next != 1-lead {
 		t.Fatalf("leader %d", next)
 	}

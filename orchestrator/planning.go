@@ -170,9 +170,19 @@ func (o *Orchestrator) planStep(now time.Time) {
 	o.plan.mu.Lock()
 	due := o.plan.limited && o.plan.p.Due(now)
 	o.plan.mu.Unlock()
-	if !due || !o.leading() {
+	if !due {
+		return
+	}
+	if !o.leading() {
 		// Only the leader moves nodes; the others' planners learn from
-		// what they see, to lead well should the leader go.
+		// what they see (their routers price prefill by it), to lead well
+		// should the leader go.
+		o.plan.mu.Lock()
+		sec, ok := o.plan.p.PrefillSecPerToken(now)
+		o.plan.mu.Unlock()
+		if ok {
+			o.plan.prefillSec.Store(math.Float64bits(sec))
+		}
 		return
 	}
 	o.c.mu.Lock()
