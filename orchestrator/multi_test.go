@@ -219,6 +219,9 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 			return ok && st.Role == "prefill" && st.State == StateServing
 		})
 	}
+	if st, _ := follower.PlannerStatus(); st.State != "following" || !strings.Contains(st.Reason, tr.o[lead].cfg.Name+" leads") {
+		t.Fatalf("a follower's planner status: %s: %s", st.State, st.Reason)
+	}
 	old, ok := tr.o[lead].leads()
 	if !ok || old == nil || old.Term == 0 {
 		t.Fatalf("the leader's fence: %+v %v", old, ok)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -238,6 +239,16 @@ func (o *Orchestrator) PlannerStatus() (planner.Status, bool) {
 	o.plan.mu.Lock()
 	st := o.plan.p.Status()
 	o.plan.mu.Unlock()
+	if !o.leading() {
+		st.State = "following"
+		st.Reason = "another orchestrator leads the planner; this one's learns but does not act: ask the leader ('evolve status' names it)"
+		for _, x := range o.Orchestrators() {
+			if x.Leader {
+				st.Reason = fmt.Sprintf("%s leads the planner; this orchestrator's learns but does not act: evolve planner --server %s", x.Name, x.ControlURL)
+			}
+		}
+		return st, true
+	}
 	if st.State == "learning" {
 		o.c.mu.Lock()
 		serving, silent := 0, 0

@@ -600,7 +600,8 @@ func (p *Planner) Status() Status { return p.status }
 type Status struct {
 	Time    time.Time `json:"time"`
 	Enabled bool      `json:"enabled"`
-	// State: learning, idle, pinned, fitted, waiting, moving, recommending.
+	// State: learning, idle, pinned, fitted, waiting, moving, recommending;
+	// following, from an orchestrator whose planner does not lead.
 	State      string    `json:"state"`
 	Reason     string    `json:"reason"`
 	PrefillFit FitStatus `json:"prefill_cost"`
