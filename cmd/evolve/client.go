@@ -38,6 +38,13 @@ func newControlClient(cmd *cobra.Command) *controlClient {
 	if server == "" {
 		if st, err := cluster.ReadLocalState(localDir()); err == nil && st.ControlURL != "" {
 			server = st.ControlURL
+			// Of several orchestrators, the first that runs.
+			for _, o := range st.Orchestrators {
+				if cluster.Ours(o.PID) {
+					server = o.ControlURL
+					break
+				}
+			}
 		} else {
 			server = "http://127.0.0.1:8001"
 		}

@@ -255,9 +255,9 @@ func TestUpThreeOrchestrators(t *testing.T) {
 		return len(st.Orchestrators) == 3 && leader.PID != 0
 	})
 	syscall.Kill(leader.PID, syscall.SIGKILL)
-	var other cluster.LocalOrchestrator
+	var other cluster.LocalOrchestrator // not the leader, nor the first
 	for _, o := range c.state.Orchestrators {
-		if o.PID != leader.PID {
+		if o.PID != leader.PID && (other.PID == 0 || other.Name == "orchestrator-0") {
 			other = o
 		}
 	}
@@ -267,6 +267,19 @@ func TestUpThreeOrchestrators(t *testing.T) {
 	})
 	if code, _, body := post(t, other.RouterURL+"/v1/completions", map[string]any{"prompt": "still there?", "max_tokens": 3}); code != 200 {
 		t.Fatalf("a request through %s after the leader died: %d %v", other.Name, code, body)
+	}
+	// The commands find a live orchestrator by themselves, whichever
+	// died: the first one too.
+	if first := c.state.Orchestrators[0]; cluster.Alive(first.PID) {
+		syscall.Kill(first.PID, syscall.SIGKILL)
+		wait.Until(t, 5*time.Second, "the first orchestrator gone", func() bool { return !cluster.Ours(first.PID) })
+	}
+	if out, code := runBinOut(t, c.env, "nodes", "-o", "json"); code != 0 || !strings.Contains(out, "engine-1") {
+		t.Fatalf("evolve nodes after %s died: %d %s", leader.Name, code, out)
+	}
+	// A second evolve up refuses while any of them runs.
+	if out, code := runBin(t, c.env, "up", "--detach", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0"); code == 0 || !strings.Contains(out, "already running") {
+		t.Fatalf("a second evolve up: %d %s", code, out)
 	}
 
 	out, code := runBin(t, c.env, "down")

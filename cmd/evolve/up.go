@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -259,7 +260,7 @@ func parseUp(cmd *cobra.Command) (*localUp, error) {
 // left, checks the addresses are free and makes the state directory.
 func (u *localUp) prepare() error {
 	if st, err := cluster.ReadLocalState(localDir()); err == nil {
-		if cluster.Ours(st.Orchestrator) {
+		if slices.ContainsFunc(st.OrchestratorPIDs(), cluster.Ours) {
 			return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
 		}
 		// Its orchestrator died (killed, crashed): the engines it left
