@@ -623,7 +623,9 @@ func (u *localUp) runAgents() error {
 	}()
 	res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: localRouters(u.st), Model: u.model, Agents: u.agents, APIKey: u.st.APIKey, Unreachable: loadgen.DefaultUnreachable,
 		Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
-		Progress: func(s loadgen.Snapshot) { progressLine(errw, s, config.GetDuration(key("duration")), split(u.client)) }})
+		Progress: func(s loadgen.Snapshot) {
+			progressLine(errw, s, config.GetDuration(key("duration")), split(u.liveClient()))
+		}})
 	stopAgents()
 	// The agents may have failed on the dying router before up saw
 	// the orchestrator exit: give it a moment to.
@@ -710,6 +712,17 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // split describes the cluster's prefill/decode split for a progress line.
+// liveClient is a client of the control API of the first of the
+// cluster's orchestrators that runs (of several, one may have died).
+func (u *localUp) liveClient() *controlClient {
+	for _, o := range u.st.Orchestrators {
+		if cluster.Alive(o.PID) {
+			return &controlClient{base: o.ControlURL, http: shortClient}
+		}
+	}
+	return u.client
+}
+
 func split(c *controlClient) string {
 	var nodes []controlapi.Node
 	if c.do(context.Background(), "GET", "/api/v1/nodes", nil, &nodes) != nil {
