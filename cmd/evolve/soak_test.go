@@ -136,6 +136,9 @@ type soakSample struct {
 	RSSMB      float64 `json:"rss_mb"`
 	Goroutines float64 `json:"goroutines"`
 	HeapMB     float64 `json:"heap_inuse_mb"`
+	// KVCopies: the block copies the KV directory holds, which follow the
+	// engines' pools as they fill (memory that grows with them is theirs).
+	KVCopies float64 `json:"kv_directory_copies"`
 }
 
 // sampleEvery samples the orchestrator until the function it returns is
@@ -207,7 +210,8 @@ func median(xs []soakSample) soakSample {
 	}
 	return soakSample{RSSMB: pick(func(x soakSample) float64 { return x.RSSMB }),
 		Goroutines: pick(func(x soakSample) float64 { return x.Goroutines }),
-		HeapMB:     pick(func(x soakSample) float64 { return x.HeapMB })}
+		HeapMB:     pick(func(x soakSample) float64 { return x.HeapMB }),
+		KVCopies:   pick(func(x soakSample) float64 { return x.KVCopies })}
 }
 
 type soakFault struct {
@@ -239,6 +243,8 @@ func (s *soak) sample() (soakSample, error) {
 			out.Goroutines = v
 		case "go_memstats_heap_inuse_bytes":
 			out.HeapMB = v / (1 << 20)
+		case "evolve_kv_directory_copies":
+			out.KVCopies = v
 		}
 	}
 	return out, nil
