@@ -110,11 +110,14 @@ func (o *Orchestrator) askLeader(req roleRequest) (controlapi.Node, error) {
 	b, _ := json.Marshal(req)
 	msg, err := o.nc.Request(subjectRoleRequests, b, 5*time.Second)
 	if err != nil {
-		return controlapi.Node{}, fmt.Errorf("%w (%v)", ErrNotLeader, err)
+		// The operator gets what to do; the log keeps the cause.
+		o.log.Warn("role change not sent to the planner's leader", "node", req.Node, "err", err)
+		return controlapi.Node{}, ErrNotLeader
 	}
 	var rep roleReply
 	if err := json.Unmarshal(msg.Data, &rep); err != nil {
-		return controlapi.Node{}, fmt.Errorf("the leader's answer: %w", err)
+		o.log.Warn("the planner leader's answer to a role change is unreadable", "node", req.Node, "err", err)
+		return controlapi.Node{}, fmt.Errorf("the planner's leader answered the role change unreadably; see this orchestrator's log, and check that every orchestrator runs the same evolve version")
 	}
 	switch {
 	case rep.Unknown:

@@ -451,3 +451,15 @@ func TestOrchestratorsOnAnExistingNATSCluster(t *testing.T) {
 		t.Fatalf("leader %d", next)
 	}
 }
+
+// remoteLoadCount is how many requests of other routers the policy
+// counts now.
+func (o *Orchestrator) remoteLoadCount() int {
+	o.policyMu.Lock()
+	defer o.policyMu.Unlock()
+	n := 0
+	for _, reqs := range o.remote {
+		n += len(reqs)
+	}
+	return n
+}

@@ -79,7 +79,7 @@ func defaultName(dataDir string) string {
 	}
 	host, _ := os.Hostname()
 	host = strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' {
+		if nameRune(r) {
 			return r
 		}
 		return '-'
@@ -104,11 +104,16 @@ func checkOrchestratorName(name string) error {
 		return fmt.Errorf("orchestrator name %q: at most 64 characters", name)
 	}
 	for _, r := range name {
-		if !(r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z') {
+		if !nameRune(r) {
 			return fmt.Errorf("orchestrator name %q: use letters, digits, '-', '_' and '.'", name)
 		}
 	}
 	return nil
+}
+
+// nameRune says whether r may be part of an orchestrator's name.
+func nameRune(r rune) bool {
+	return r == '-' || r == '_' || r == '.' || r >= '0' && r <= '9' || r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
 }
 
 // replicas is how many copies JetStream keeps of evolve's state: 3 on a

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -149,14 +150,6 @@ func (o *Orchestrator) Orchestrators() []controlapi.Orchestrator {
 		out = append(out, st)
 	}
 	o.peers.mu.Unlock()
-	slices.SortFunc(out, func(a, b controlapi.Orchestrator) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b controlapi.Orchestrator) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }

@@ -132,18 +132,6 @@ func (o *Orchestrator) dropLoadsOf(router string) {
 	}
 }
 
-// remoteLoadCount is how many requests of other routers the policy
-// counts now.
-func (o *Orchestrator) remoteLoadCount() int {
-	o.policyMu.Lock()
-	defer o.policyMu.Unlock()
-	n := 0
-	for _, reqs := range o.remote {
-		n += len(reqs)
-	}
-	return n
-}
-
 // remoteOn is how many requests other routers placed on node id are in
 // flight, as far as their load events say.
 func (o *Orchestrator) remoteOn(id string) int {
