@@ -5,12 +5,31 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 )
 
 // OrchestratorLog names the orchestrator's log; a host's name names its
-// engine's.
+// engine's. Of several orchestrators, each log is named
+// orchestrator@HOST (see LogNames).
 const OrchestratorLog = "orchestrator"
+
+// LogNames are the logs of a cluster file: its orchestrators' (one named
+// orchestrator, of several orchestrator@HOST each) and its engines'.
+func LogNames(f *File) []string {
+	var names []string
+	if hosts := f.Spec.Orchestrator.OnHosts(); len(hosts) > 1 {
+		for _, h := range hosts {
+			names = append(names, OrchestratorLog+"@"+h)
+		}
+	} else {
+		names = append(names, OrchestratorLog)
+	}
+	for _, h := range f.Engines() {
+		names = append(names, h.Name)
+	}
+	return names
+}
 
 // ErrLocalLog says that the log asked for is on this machine: the
 // orchestrator of a file whose orchestrator host is local.
@@ -23,19 +42,20 @@ var ErrLocalLog = errors.New("the orchestrator runs on this machine")
 func Logs(ctx context.Context, f *File, name string, tail int, follow bool, opt UpOptions, w io.Writer) error {
 	var h Host
 	var path string
+	hosts := f.Spec.Orchestrator.OnHosts()
+	orchOn, several := strings.CutPrefix(name, OrchestratorLog+"@")
 	switch {
-	case name == OrchestratorLog && f.Spec.Orchestrator.Host == "local":
+	case name == OrchestratorLog && len(hosts) == 0:
 		return ErrLocalLog
-	case name == OrchestratorLog:
-		h = f.Host(f.Spec.Orchestrator.Host)
+	case name == OrchestratorLog && len(hosts) == 1, several && len(hosts) > 1 && slices.Contains(hosts, orchOn):
+		if !several {
+			orchOn = hosts[0]
+		}
+		h = f.Host(orchOn)
 		path = h.OrchestratorDir() + "/orchestrator.log"
 	default:
 		if h = f.Engine(name); h.Name == "" {
-			names := []string{OrchestratorLog}
-			for _, h := range f.Engines() {
-				names = append(names, h.Name)
-			}
-			return fmt.Errorf("%s names no host of cluster %s: logs are those of %s", name, f.Metadata.Name, strings.Join(names, ", "))
+			return fmt.Errorf("%s names no log of cluster %s: logs are those of %s", name, f.Metadata.Name, strings.Join(LogNames(f), ", "))
 		}
 		path = h.StateDir() + "/engine.log"
 	}

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -32,15 +35,54 @@ func (h Host) OrchestratorDir() string { return h.StateDir() + "/orchestrator" }
 // orchestratorReady is how long a started orchestrator has to say it serves.
 const orchestratorReady = 30 * time.Second
 
-// UpOrchestrator runs the orchestrator on the file's orchestrator host as
-// a supervised service, with the control token and the event plane's
-// token (opt.NATSToken) in its environment, listening on the file's
-// ports; re-runs leave it alone unless its config or binary changed. The
-// URLs it returns use the host's address as the other machines reach it
-// (spec.orchestrator.advertise when set).
-func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken string) OrchestratorResult {
+// UpOrchestrators runs the orchestrators on the file's orchestrator hosts
+// (spec.orchestrator.host or hosts), all at once: of several, each waits
+// for a majority of the others before it serves. It returns their results
+// in the file's order.
+func UpOrchestrators(ctx context.Context, f *File, opt UpOptions, controlToken string) []OrchestratorResult {
+	hosts := f.Spec.Orchestrator.OnHosts()
+	res := make([]OrchestratorResult, len(hosts))
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = UpOrchestrator(ctx, f, h, opt, controlToken)
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
+// clusterArgs are the flags that make the orchestrator on host one of
+// the file's several: its name, where it takes routes, and its peers'
+// route addresses, as the hosts reach each other (their addresses in the
+// file, resolved through ~/.ssh/config).
+func clusterArgs(f *File, host string, opt UpOptions) []string {
+	hosts := f.Spec.Orchestrator.OnHosts()
+	if len(hosts) < 2 {
+		return nil
+	}
+	var peers []string
+	for _, p := range hosts {
+		if p != host {
+			peers = append(peers, net.JoinHostPort(opt.resolve(f.Host(p)).Address, strconv.Itoa(f.OrchestratorPorts(p).ClusterPort)))
+		}
+	}
+	return []string{"--name", host, "--cluster-listen", fmt.Sprintf("0.0.0.0:%d", f.OrchestratorPorts(host).ClusterPort),
+		"--cluster-peers", strings.Join(peers, ",")}
+}
+
+// UpOrchestrator runs the orchestrator on one of the file's orchestrator
+// hosts as a supervised service, with the control token and the event
+// plane's token (opt.NATSToken) in its environment, listening on the
+// host's orchestrator ports; re-runs leave it alone unless its config or
+// binary changed. The URLs it returns use the host's address as the other
+// machines reach it (spec.orchestrator.advertise when set).
+func UpOrchestrator(ctx context.Context, f *File, host string, opt UpOptions, controlToken string) OrchestratorResult {
 	o := f.Spec.Orchestrator
-	h := f.Host(o.Host)
+	h := f.Host(host)
+	ports := f.OrchestratorPorts(host)
 	r := OrchestratorResult{Host: h.Name}
 	fail := func(phase string, err error) OrchestratorResult {
 		r.Phase, r.Action, r.err, r.Error = phase, "failed", err, err.Error()
@@ -76,11 +118,11 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 	}
 	dir = strings.TrimSpace(home)
 	args := []string{"orchestrator",
-		"--router-addr", fmt.Sprintf("0.0.0.0:%d", o.RouterPort),
-		"--control-addr", fmt.Sprintf("0.0.0.0:%d", o.ControlPort),
-		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", o.NATSPort),
+		"--router-addr", fmt.Sprintf("0.0.0.0:%d", ports.RouterPort),
+		"--control-addr", fmt.Sprintf("0.0.0.0:%d", ports.ControlPort),
+		"--nats-listen", fmt.Sprintf("0.0.0.0:%d", ports.NATSPort),
 		"--data-dir", dir + "/nats", "--ready-file", dir + "/ready.json", "--log-format", "json"}
-	args = append(append(args, o.Args()...), opt.OrchestratorArgs...)
+	args = append(append(append(args, clusterArgs(f, host, opt)...), o.Args()...), opt.OrchestratorArgs...)
 	env := map[string]string{"EVOLVE_ORCHESTRATOR_TOKEN": controlToken, "EVOLVE_ORCHESTRATOR_NATS_TOKEN": opt.NATSToken}
 	// The keys go in a private file the orchestrator reads again when it
 	// changes: a re-run with other keys rewrites it (in one rename) and
@@ -112,6 +154,11 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 
 	// Wait for it to serve, as its ready file says.
 	deadline := time.Now().Add(orchestratorReady)
+	if len(o.OnHosts()) > 1 {
+		// It serves once a majority of the orchestrators have met, some
+		// of which may still be installing.
+		deadline = deadline.Add(orchestratorReady)
+	}
 	var ready struct {
 		RouterURL  string `json:"router_url"`
 		ControlURL string `json:"control_url"`
@@ -124,7 +171,7 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 		}
 		if time.Now().After(deadline) {
 			log, _ := c.Run(ctx, fmt.Sprintf("tail -n 5 %s/orchestrator.log 2>/dev/null", dir))
-			return fail(PhaseStart, fmt.Errorf("the orchestrator did not start within %v; the end of %s/orchestrator.log:\n%s", orchestratorReady, dir, strings.TrimSpace(log)))
+			return fail(PhaseStart, fmt.Errorf("the orchestrator did not start within %v; the end of %s/orchestrator.log:\n%s", time.Since(deadline.Add(-orchestratorReady)).Round(time.Second), dir, strings.TrimSpace(log)))
 		}
 		select {
 		case <-ctx.Done():
@@ -142,10 +189,27 @@ func UpOrchestrator(ctx context.Context, f *File, opt UpOptions, controlToken st
 	return r
 }
 
+// DownOrchestrators stops the orchestrators evolve up runs on the file's
+// hosts, all at once, and removes their files.
+func DownOrchestrators(ctx context.Context, f *File, opt UpOptions) []OrchestratorResult {
+	hosts := f.Spec.Orchestrator.OnHosts()
+	res := make([]OrchestratorResult, len(hosts))
+	var wg sync.WaitGroup
+	for i, h := range hosts {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res[i] = DownOrchestrator(ctx, f, h, opt)
+		}()
+	}
+	wg.Wait()
+	return res
+}
+
 // DownOrchestrator stops the orchestrator evolve up runs on a host and
 // removes its files (its NATS data too).
-func DownOrchestrator(ctx context.Context, f *File, opt UpOptions) OrchestratorResult {
-	h := f.Host(f.Spec.Orchestrator.Host)
+func DownOrchestrator(ctx context.Context, f *File, host string, opt UpOptions) OrchestratorResult {
+	h := f.Host(host)
 	r := OrchestratorResult{Host: h.Name}
 	c, err := opt.Dial(ctx, h)
 	if err != nil {
@@ -166,8 +230,8 @@ func DownOrchestrator(ctx context.Context, f *File, opt UpOptions) OrchestratorR
 
 // OrchestratorRunning reports whether the orchestrator evolve up started
 // on a host runs.
-func OrchestratorRunning(ctx context.Context, f *File, opt UpOptions) (bool, error) {
-	h := f.Host(f.Spec.Orchestrator.Host)
+func OrchestratorRunning(ctx context.Context, f *File, host string, opt UpOptions) (bool, error) {
+	h := f.Host(host)
 	c, err := opt.Dial(ctx, h)
 	if err != nil {
 		return false, err

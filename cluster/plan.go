@@ -70,12 +70,18 @@ func (f *File) Plan() []HostPlan {
 			fmt.Sprintf("write the engine's config (%s; role %s) and its service: a systemd unit where systemd runs and evolve may write units (root or sudo -n), else a supervised process", engine, role),
 			fmt.Sprintf("start the engine on port %d, or restart it if its config changed", h.Engine.Port),
 		}
-		if o.Host == h.HostName() && h.index == 0 {
-			steps = append(steps, fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d)", o.RouterPort, o.ControlPort, o.NATSPort))
+		if slices.Contains(o.OnHosts(), h.HostName()) && h.index == 0 {
+			p := f.OrchestratorPorts(h.HostName())
+			step := fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d)", p.RouterPort, p.ControlPort, p.NATSPort)
+			if n := len(o.OnHosts()); n > 1 {
+				step = fmt.Sprintf("start orchestrator %s, one of %d (router :%d, control :%d, NATS :%d, NATS routes to the others :%d); it serves once a majority of them have met",
+					h.HostName(), n, p.RouterPort, p.ControlPort, p.NATSPort, p.ClusterPort)
+			}
+			steps = append(steps, step)
 		}
 		out = append(out, HostPlan{Host: h.Name, SSH: ssh, Steps: steps})
 	}
-	if o.Host == "local" {
+	if o.Local() {
 		out = append(out, HostPlan{Host: "local", SSH: "this machine", Steps: []string{
 			fmt.Sprintf("start the orchestrator (router :%d, control :%d, NATS :%d reachable by the hosts)", o.RouterPort, o.ControlPort, o.NATSPort),
 		}})

@@ -52,12 +52,23 @@ type Spec struct {
 
 // Orchestrator says where the orchestrator runs and on which ports.
 type Orchestrator struct {
-	Host        string `yaml:"host"` // "local" (the operator's machine) or a host's name
-	RouterPort  int    `yaml:"routerPort"`
-	ControlPort int    `yaml:"controlPort"`
-	NATSPort    int    `yaml:"natsPort"`
+	Host string `yaml:"host"` // "local" (the operator's machine) or a host's name
+	// Hosts, instead of host, runs one orchestrator on each of these
+	// hosts: their NATS servers form one cluster (routes on clusterPort),
+	// each routes requests, one leads the planner, and the cluster serves
+	// on when one of them dies. Three is the usual number: JetStream keeps
+	// evolve's state while a majority of them runs.
+	Hosts       []string `yaml:"hosts"`
+	RouterPort  int      `yaml:"routerPort"`
+	ControlPort int      `yaml:"controlPort"`
+	NATSPort    int      `yaml:"natsPort"`
+	// ClusterPort is where the orchestrators of hosts take their peers'
+	// NATS routes (default 6222); unused by one orchestrator.
+	ClusterPort int `yaml:"clusterPort"`
 	// Advertise is the address engines reach the orchestrator's NATS at;
-	// default: the address the hosts see the operator's machine at.
+	// default: the address the hosts see the operator's machine at (of an
+	// orchestrator on a host: the host's address). Not with several hosts:
+	// each is reached at its host's address.
 	Advertise string `yaml:"advertise"`
 	// ModelAliases are other names clients may give the served model, or
 	// patterns (claude-*), as evolve orchestrator --model-alias takes.
@@ -65,6 +76,45 @@ type Orchestrator struct {
 	// TLS makes the router and the control API serve HTTPS with a
 	// certificate and key on the orchestrator's machine.
 	TLS *TLS `yaml:"tls"`
+}
+
+// Local says whether the orchestrator runs on the operator's machine.
+func (o Orchestrator) Local() bool { return len(o.OnHosts()) == 0 }
+
+// OnHosts are the hosts orchestrators run on, in the file's order: none
+// when the orchestrator runs on the operator's machine.
+func (o Orchestrator) OnHosts() []string {
+	if len(o.Hosts) > 0 {
+		return o.Hosts
+	}
+	if o.Host == "" || o.Host == "local" {
+		return nil
+	}
+	return []string{o.Host}
+}
+
+// OrchestratorPorts are the ports of the orchestrator on one host: those
+// of spec.orchestrator, or the host's own (spec.hosts[i].orchestrator)
+// where another program holds those.
+type OrchestratorPorts struct {
+	RouterPort  int `yaml:"routerPort"`
+	ControlPort int `yaml:"controlPort"`
+	NATSPort    int `yaml:"natsPort"`
+	ClusterPort int `yaml:"clusterPort"`
+}
+
+// OrchestratorPorts are the ports the orchestrator on the host named
+// host listens on.
+func (f *File) OrchestratorPorts(host string) OrchestratorPorts {
+	o := f.Spec.Orchestrator
+	p := OrchestratorPorts{RouterPort: o.RouterPort, ControlPort: o.ControlPort, NATSPort: o.NATSPort, ClusterPort: o.ClusterPort}
+	if h := f.Host(host).Orchestrator; h != nil {
+		p.RouterPort = cmp.Or(h.RouterPort, p.RouterPort)
+		p.ControlPort = cmp.Or(h.ControlPort, p.ControlPort)
+		p.NATSPort = cmp.Or(h.NATSPort, p.NATSPort)
+		p.ClusterPort = cmp.Or(h.ClusterPort, p.ClusterPort)
+	}
+	return p
 }
 
 // TLS names a PEM certificate (chain) and its key, as paths on the machine
@@ -105,6 +155,10 @@ type Host struct {
 	// Dir is where evolve keeps its files on the host (default
 	// $HOME/.local/state/evolve/engine).
 	Dir string `yaml:"dir"`
+	// Orchestrator gives the ports of the orchestrator this host runs
+	// (spec.orchestrator.host or hosts) where they differ from
+	// spec.orchestrator's: a host whose ports another program holds.
+	Orchestrator *OrchestratorPorts `yaml:"orchestrator"`
 
 	// Of an engine that shares its host with others (File.Engines): the
 	// host's name and GPUs in the file, and the engine's index there.
@@ -270,7 +324,7 @@ func (f *File) applyDefaults() {
 		s.Concurrency = 8
 	}
 	o := &s.Orchestrator
-	if o.Host == "" {
+	if o.Host == "" && len(o.Hosts) == 0 {
 		o.Host = "local"
 	}
 	if o.RouterPort == 0 {
@@ -281,6 +335,9 @@ func (f *File) applyDefaults() {
 	}
 	if o.NATSPort == 0 {
 		o.NATSPort = 4222
+	}
+	if o.ClusterPort == 0 {
+		o.ClusterPort = 6222
 	}
 	d := s.Defaults
 	for i := range s.Hosts {
@@ -393,11 +450,7 @@ func (f *File) validate() Errors {
 		}
 		v.enginePorts(p, h)
 	}
-	if o := s.Orchestrator; o.Host != "local" {
-		if _, ok := names[o.Host]; !ok {
-			v.bad("spec.orchestrator.host", "%q: want local or the name of a host", o.Host)
-		}
-	}
+	v.orchestratorHosts(s.Orchestrator, names)
 	v.engineNames(names)
 	sort.SliceStable(v.es, func(i, j int) bool { return v.es[i].Line < v.es[j].Line })
 	return v.es
@@ -441,6 +494,7 @@ func (v *validator) orchestrator(o Orchestrator) {
 	v.port("spec.orchestrator.routerPort", o.RouterPort)
 	v.port("spec.orchestrator.controlPort", o.ControlPort)
 	v.port("spec.orchestrator.natsPort", o.NATSPort)
+	v.port("spec.orchestrator.clusterPort", o.ClusterPort)
 	for i, a := range o.ModelAliases {
 		if _, err := path.Match(a, ""); a == "" || strings.Contains(a, ",") || err != nil {
 			v.bad(fmt.Sprintf("spec.orchestrator.modelAliases[%d]", i), "%q: want a model name or a pattern such as claude-*", a)
@@ -450,6 +504,59 @@ func (v *validator) orchestrator(o Orchestrator) {
 		for _, f := range []struct{ field, path string }{{"certFile", t.CertFile}, {"keyFile", t.KeyFile}} {
 			if !path.IsAbs(f.path) {
 				v.bad("spec.orchestrator.tls."+f.field, "%q: want the absolute path of a PEM file on the orchestrator's machine", f.path)
+			}
+		}
+	}
+}
+
+// orchestratorHosts checks spec.orchestrator.host or hosts against the
+// hosts' names, and the hosts' own orchestrator ports.
+func (v *validator) orchestratorHosts(o Orchestrator, names map[string]int) {
+	switch {
+	case len(o.Hosts) > 0 && o.Host != "":
+		v.bad("spec.orchestrator.hosts", "set host (one orchestrator) or hosts (several), not both")
+	case len(o.Hosts) == 0 && o.Host != "local":
+		if _, ok := names[o.Host]; !ok {
+			v.bad("spec.orchestrator.host", "%q: want local or the name of a host", o.Host)
+		}
+	}
+	seen := map[string]int{}
+	for i, h := range o.Hosts {
+		p := fmt.Sprintf("spec.orchestrator.hosts[%d]", i)
+		if _, ok := names[h]; !ok {
+			v.bad(p, "%q: want the name of a host (orchestrators run on the file's hosts; for one on this machine, set host: local)", h)
+		} else if j, dup := seen[h]; dup {
+			v.bad(p, "%q is also hosts[%d]: a host runs one orchestrator", h, j)
+		}
+		seen[h] = i
+	}
+	if len(o.Hosts) > 1 && o.Advertise != "" {
+		v.bad("spec.orchestrator.advertise", "is for one orchestrator: of several, engines reach each at its host's address")
+	}
+	if v.f.Spec.Defaults.Orchestrator != nil {
+		v.bad("spec.defaults.orchestrator", "is per host: set it on the hosts that run an orchestrator, or set spec.orchestrator's ports")
+	}
+	on := o.OnHosts()
+	for i, h := range v.f.Spec.Hosts {
+		if h.Orchestrator == nil {
+			continue
+		}
+		p := fmt.Sprintf("spec.hosts[%d].orchestrator", i)
+		if !slicesContains(on, h.Name) {
+			v.bad(p, "host %s runs no orchestrator (spec.orchestrator.host or hosts names those that do)", h.Name)
+			continue
+		}
+		ports := v.f.OrchestratorPorts(h.Name)
+		named := []struct {
+			name string
+			port int
+		}{{"routerPort", ports.RouterPort}, {"controlPort", ports.ControlPort}, {"natsPort", ports.NATSPort}, {"clusterPort", ports.ClusterPort}}
+		for k, a := range named {
+			v.port(p+"."+a.name, a.port)
+			for _, b := range named[:k] {
+				if a.port == b.port {
+					v.bad(p+"."+a.name, "%d is also the orchestrator's %s on this host", a.port, b.name)
+				}
 			}
 		}
 	}

@@ -311,3 +311,65 @@ func TestClusterFileErrorsNameThePath(t *testing.T) {
 		}
 	}
 }
+
+// spec.orchestrator.hosts runs one orchestrator on each host it names,
+// with the ports a host gives of its own; each is started with its name
+// and its peers' route addresses.
+func TestOrchestratorsOnSeveralHosts(t *testing.T) {
+	three := strings.Replace(good, "spec:\n", "spec:\n  orchestrator: {hosts: [gpu-01, gpu-02, gpu-03], clusterPort: 7222}\n", 1) +
+		"    - {name: gpu-03, address: 10.0.0.13, orchestrator: {routerPort: 9000, clusterPort: 7300}}\n"
+	f, err := Parse("cluster.yaml", []byte(three))
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := f.Spec.Orchestrator
+	if o.Local() || len(o.OnHosts()) != 3 {
+		t.Fatalf("orchestrators on %v", o.OnHosts())
+	}
+	if p := f.OrchestratorPorts("gpu-03"); p != (OrchestratorPorts{RouterPort: 9000, ControlPort: 8001, NATSPort: 4222, ClusterPort: 7300}) {
+		t.Fatalf("gpu-03's ports %+v", p)
+	}
+	args := strings.Join(clusterArgs(f, "gpu-01", UpOptions{}), " ")
+	if args != "--name gpu-01 --cluster-listen 0.0.0.0:7222 --cluster-peers 10.0.0.12:7222,10.0.0.13:7300" {
+		t.Fatalf("gpu-01's cluster flags: %s", args)
+	}
+	if len(clusterArgs(f, "gpu-01", UpOptions{})) == 0 || LogNames(f)[2] != "orchestrator@gpu-03" {
+		t.Fatalf("log names %v", LogNames(f))
+	}
+	// One orchestrator on a host takes no cluster flags.
+	one := strings.Replace(good, "spec:\n", "spec:\n  orchestrator: {host: gpu-02}\n", 1)
+	if f, err := Parse("cluster.yaml", []byte(one)); err != nil || clusterArgs(f, "gpu-02", UpOptions{}) != nil || LogNames(f)[0] != "orchestrator" {
+		t.Fatalf("one orchestrator on a host: %v", err)
+	}
+
+	for _, c := range []struct{ name, orch, extra, field, msg string }{
+		{"host and hosts", "{host: gpu-01, hosts: [gpu-02]}", "", "spec.orchestrator.hosts", "not both"},
+		{"an unknown host", "{hosts: [gpu-01, gpu-09]}", "", "spec.orchestrator.hosts[1]", `"gpu-09": want the name of a host`},
+		{"a host twice", "{hosts: [gpu-01, gpu-02, gpu-01]}", "", "spec.orchestrator.hosts[2]", "a host runs one orchestrator"},
+		{"advertise of several", "{hosts: [gpu-01, gpu-02], advertise: 10.0.0.5}", "", "spec.orchestrator.advertise", "is for one orchestrator"},
+		{"ports of a host without one", "{hosts: [gpu-01, gpu-02]}", "    - {name: gpu-03, address: 10.0.0.13, orchestrator: {natsPort: 5222}}\n", "spec.hosts[2].orchestrator", "runs no orchestrator"},
+		{"a port twice", "{hosts: [gpu-01, gpu-02, gpu-03]}", "    - {name: gpu-03, address: 10.0.0.13, orchestrator: {natsPort: 8000}}\n", "spec.hosts[2].orchestrator.natsPort", "also the orchestrator's routerPort"},
+		{"a bad cluster port", "{hosts: [gpu-01, gpu-02], clusterPort: 70000}", "", "spec.orchestrator.clusterPort", "is not a port"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			y := strings.Replace(good, "spec:\n", "spec:\n  orchestrator: "+c.orch+"\n", 1) + c.extra
+			_, err := Parse("cluster.yaml", []byte(y))
+			var es Errors
+			if !errors.As(err, &es) {
+				t.Fatalf("%v is not a list of field errors", err)
+			}
+			for _, e := range es {
+				if e.Field == c.field && strings.Contains(e.Msg, c.msg) && e.Line > 0 {
+					return
+				}
+			}
+			t.Fatalf("want %s: %s; got %v", c.field, c.msg, err)
+		})
+	}
+	t.Run("defaults", func(t *testing.T) {
+		y := strings.Replace(good, "    user: ubuntu\n", "    user: ubuntu\n    orchestrator: {routerPort: 9000}\n", 1)
+		if _, err := Parse("cluster.yaml", []byte(y)); err == nil || !strings.Contains(err.Error(), "spec.defaults.orchestrator: is per host") {
+			t.Fatalf("orchestrator ports in the defaults: %v", err)
+		}
+	})
+}

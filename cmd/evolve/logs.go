@@ -114,11 +114,7 @@ func logNames(cmd *cobra.Command) ([]string, error) {
 		if err != nil {
 			return nil, err
 		}
-		names := []string{cluster.OrchestratorLog}
-		for _, h := range f.Engines() {
-			names = append(names, h.Name)
-		}
-		return names, nil
+		return cluster.LogNames(f), nil
 	}
 	st, err := cluster.ReadLocalState(localDir())
 	if err != nil {

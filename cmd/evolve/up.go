@@ -65,7 +65,8 @@ running; 'evolve down' stops it. Logs go to files under the state directory
 With -f cluster.yaml it works on GPU hosts over SSH instead (apiVersion
 evolve/v1, kind Cluster: hosts with their SSH address, user, port, key and
 optional bastion, GPUs, engine backend and arguments, initial role; the
-orchestrator's host and ports). --dry-run validates the file, naming the
+orchestrator's host and ports, or hosts: [a, b, c] for one on each, which
+form one NATS cluster and serve on when one dies). --dry-run validates the file, naming the
 field and line of every problem, and prints what would be done per host.
 A small one (the README has a fuller example):
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -39,6 +40,19 @@ type fileClusterState struct {
 	ControlToken string    `json:"control_token"`
 	NATSToken    string    `json:"nats_token"` // engines present it to the event plane
 	Started      time.Time `json:"started"`
+	// Orchestrators are those of spec.orchestrator.hosts, when several;
+	// the URLs above are the first serving one's, NATSURL every one's.
+	Orchestrators []fileOrchestrator `json:"orchestrators,omitempty"`
+}
+
+// fileOrchestrator is one of the orchestrators up ran on a cluster
+// file's hosts, and what up did to it.
+type fileOrchestrator struct {
+	Host       string `json:"host"`
+	Action     string `json:"action"` // started, restarted, unchanged, failed
+	RouterURL  string `json:"router_url,omitempty"`
+	ControlURL string `json:"control_url,omitempty"`
+	Error      string `json:"error,omitempty"`
 }
 
 func clusterDir(name string) string { return filepath.Join(stateDir(), "clusters", name) }
@@ -73,10 +87,13 @@ type upOutput struct {
 		Host   string `json:"host"`
 		Action string `json:"action"`
 	} `json:"orchestrator"`
-	Hosts       []cluster.HostResult `json:"hosts"`
-	Failed      int                  `json:"failed"`
-	Interrupted int                  `json:"interrupted,omitempty"` // hosts cut short by Ctrl-C
-	DebugLog    string               `json:"debug_log"`
+	// Orchestrators: of spec.orchestrator.hosts, each one (the first
+	// serving one is also Orchestrator above).
+	Orchestrators []fileOrchestrator   `json:"orchestrators,omitempty"`
+	Hosts         []cluster.HostResult `json:"hosts"`
+	Failed        int                  `json:"failed"`
+	Interrupted   int                  `json:"interrupted,omitempty"` // hosts cut short by Ctrl-C
+	DebugLog      string               `json:"debug_log"`
 }
 
 func loadClusterFile(cmd *cobra.Command, path string) (*cluster.File, error) {
@@ -132,7 +149,8 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 	}
 	var st *fileClusterState
 	var orchAction string
-	if f.Spec.Orchestrator.Host == "local" {
+	var orchFailed []cluster.HostResult
+	if f.Spec.Orchestrator.Local() {
 		if st, orchAction, err = ensureOrchestrator(ctx, cmd, f, path, dir, debug, keys); err != nil {
 			return err
 		}
@@ -147,17 +165,17 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 		if a := f.Spec.Orchestrator.Advertise; a != "" {
 			opt.NATS = fmt.Sprintf("%s://%s:%d", scheme, a, opt.NATSPort)
 		}
-	} else if st, orchAction, err = ensureHostOrchestrator(ctx, cmd, f, path, opt); err != nil {
+	} else if st, orchAction, orchFailed, err = ensureHostOrchestrators(ctx, cmd, f, path, opt); err != nil {
 		return err
 	} else {
 		opt.NATS = st.NATSURL
 	}
 	opt.NATSToken = st.NATSToken
 	res := cluster.Up(ctx, f, opt)
-	res = waitRegistered(ctx, f, st, res, prog)
+	res = append(waitRegistered(ctx, f, st, res, prog), orchFailed...)
 	out := upOutput{Cluster: f.Metadata.Name, RouterURL: st.RouterURL, ControlURL: st.ControlURL,
-		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath}
-	out.Orchestrator.Host, out.Orchestrator.Action = f.Spec.Orchestrator.Host, orchAction
+		TokenFile: filepath.Join(dir, "state.json"), Hosts: res, DebugLog: debugPath, Orchestrators: st.Orchestrators}
+	out.Orchestrator.Host, out.Orchestrator.Action = cmp.Or(st.OrchHost, "local"), orchAction
 	return reportUpFile(cmd, path, out, debug)
 }
 
@@ -313,7 +331,19 @@ func reportUpFile(cmd *cobra.Command, path string, out upOutput, debug io.Writer
 	}
 	out.Failed, out.Interrupted = len(failed), len(cut)
 	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
-		fmt.Fprintf(w, "cluster %s: router %s, control %s (token in %s)\n\n", out.Cluster, out.RouterURL, out.ControlURL, out.TokenFile)
+		if len(out.Orchestrators) > 1 {
+			fmt.Fprintf(w, "cluster %s: %d orchestrators (token in %s)\n", out.Cluster, len(out.Orchestrators), out.TokenFile)
+			for _, o := range out.Orchestrators {
+				if o.Error != "" {
+					fmt.Fprintf(w, "  on %s: failed\n", o.Host)
+				} else {
+					fmt.Fprintf(w, "  on %s: %s, router %s, control %s\n", o.Host, o.Action, o.RouterURL, o.ControlURL)
+				}
+			}
+			fmt.Fprintln(w)
+		} else {
+			fmt.Fprintf(w, "cluster %s: router %s, control %s (token in %s)\n\n", out.Cluster, out.RouterURL, out.ControlURL, out.TokenFile)
+		}
 		fmt.Fprintln(w, "HOST\tRESULT\tBINARY\tARCH\tGPUS")
 		for _, r := range res {
 			fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%d\n", r.Host, r.Action, r.Upload, r.Facts.Arch, r.Facts.GPUs)
@@ -365,29 +395,51 @@ func newSecret() string {
 	return hex.EncodeToString(b)
 }
 
-// ensureHostOrchestrator runs the cluster's orchestrator on the host the
-// file names, with the tokens this machine keeps for the cluster (made on
-// the first run), so that a re-run finds it unchanged.
-func ensureHostOrchestrator(ctx context.Context, cmd *cobra.Command, f *cluster.File, path string, opt cluster.UpOptions) (*fileClusterState, string, error) {
+// ensureHostOrchestrators runs the cluster's orchestrators on the hosts
+// the file names, with the tokens this machine keeps for the cluster (made
+// on the first run), so that a re-run finds them unchanged. Of several,
+// those that failed come back as failed results while one serves; none
+// serving is an error.
+func ensureHostOrchestrators(ctx context.Context, cmd *cobra.Command, f *cluster.File, path string, opt cluster.UpOptions) (*fileClusterState, string, []cluster.HostResult, error) {
 	st, err := readClusterState(f.Metadata.Name)
 	if err != nil || st.ControlToken == "" || st.NATSToken == "" {
 		st = &fileClusterState{Name: f.Metadata.Name, ControlToken: newSecret(), NATSToken: newSecret(), Started: time.Now()}
 	}
-	st.File, st.Orchestrator, st.OrchHost = path, 0, f.Spec.Orchestrator.Host
+	st.File, st.Orchestrator, st.OrchHost, st.Orchestrators = path, 0, "", nil
+	st.RouterURL, st.ControlURL, st.NATSURL = "", "", ""
 	if abs, err := filepath.Abs(path); err == nil {
 		st.File = abs
 	}
 	opt.NATSToken = st.NATSToken
-	res := cluster.UpOrchestrator(ctx, f, opt, st.ControlToken)
-	if ctx.Err() != nil {
-		return nil, "", fmt.Errorf("interrupted while the orchestrator started on host %s (at %s); run 'evolve up -f %s' again to finish, or 'evolve down -f %s'", res.Host, res.Phase, path, path)
+	results := cluster.UpOrchestrators(ctx, f, opt, st.ControlToken)
+	var failed []cluster.HostResult
+	var problems, natsURLs []string
+	action := ""
+	for _, r := range results {
+		if ctx.Err() != nil {
+			return nil, "", nil, fmt.Errorf("interrupted while the orchestrator started on host %s (at %s); run 'evolve up -f %s' again to finish, or 'evolve down -f %s'", r.Host, r.Phase, path, path)
+		}
+		o := fileOrchestrator{Host: r.Host, Action: r.Action, RouterURL: r.RouterURL, ControlURL: r.ControlURL, Error: r.Error}
+		st.Orchestrators = append(st.Orchestrators, o)
+		if err := r.Err(); err != nil {
+			problems = append(problems, fmt.Sprintf("the orchestrator on host %s failed at %s: %v", r.Host, r.Phase, err))
+			failed = append(failed, cluster.Failed(cluster.HostResult{Host: r.Host + " (orchestrator)"}, r.Phase, err))
+			continue
+		}
+		fmt.Fprintf(cmd.ErrOrStderr(), "orchestrator %s on host %s: router %s\n", r.Action, r.Host, r.RouterURL)
+		natsURLs = append(natsURLs, r.NATSURL)
+		if st.RouterURL == "" {
+			st.OrchHost, st.RouterURL, st.ControlURL, action = r.Host, r.RouterURL, r.ControlURL, r.Action
+		}
 	}
-	if err := res.Err(); err != nil {
-		return nil, "", fmt.Errorf("the orchestrator on host %s failed at %s: %w", res.Host, res.Phase, err)
+	if len(natsURLs) == 0 {
+		return nil, "", nil, errors.New(strings.Join(problems, "\n"))
 	}
-	st.RouterURL, st.ControlURL, st.NATSURL = res.RouterURL, res.ControlURL, res.NATSURL
-	fmt.Fprintf(cmd.ErrOrStderr(), "orchestrator %s on host %s: router %s\n", res.Action, res.Host, st.RouterURL)
-	return st, res.Action, writeClusterState(st)
+	st.NATSURL = strings.Join(natsURLs, ",")
+	if len(results) == 1 {
+		st.Orchestrators = nil // the fields above say it all
+	}
+	return st, action, failed, writeClusterState(st)
 }
 
 // ensureOrchestrator starts the cluster's orchestrator on this machine
@@ -488,9 +540,9 @@ func downFromFile(cmd *cobra.Command, path string, yes bool) error {
 		return fmt.Errorf("interrupted: %d of %d hosts not stopped:\n%s\nthe orchestrator still runs; run 'evolve down -f %s' again to finish", len(left), len(res), strings.Join(left, "\n"), path)
 	}
 	orch := "stopped"
-	if f.Spec.Orchestrator.Host != "local" {
-		// Last: engines deregister from it as they stop.
-		if r := cluster.DownOrchestrator(ctx, f, dopt); r.Err() != nil {
+	// Last: engines deregister from them as they stop.
+	for _, r := range cluster.DownOrchestrators(ctx, f, dopt) {
+		if r.Err() != nil {
 			orch = "failed"
 			res = append(res, cluster.Failed(cluster.HostResult{Host: r.Host + " (orchestrator)"}, r.Phase, r.Err()))
 		}
@@ -598,11 +650,20 @@ func (p *hostProgress) update(host, phase, detail string) {
 
 // statusOfFile is what `evolve status -f -o json` prints. Names are stable.
 type statusOfFile struct {
-	Cluster      string               `json:"cluster"`
-	Orchestrator string               `json:"orchestrator"` // running, stopped, or unknown here
-	RouterURL    string               `json:"router_url,omitempty"`
-	ControlURL   string               `json:"control_url,omitempty"`
-	Hosts        []cluster.HostStatus `json:"hosts"`
+	Cluster      string `json:"cluster"`
+	Orchestrator string `json:"orchestrator"` // running, stopped, or unknown here
+	RouterURL    string `json:"router_url,omitempty"`
+	ControlURL   string `json:"control_url,omitempty"`
+	// Orchestrators: of those on hosts, each one's state (running,
+	// stopped, or unreachable: why).
+	Orchestrators []fileOrchestratorState `json:"orchestrators,omitempty"`
+	Hosts         []cluster.HostStatus    `json:"hosts"`
+}
+
+// fileOrchestratorState is whether the orchestrator on a host runs.
+type fileOrchestratorState struct {
+	Host  string `json:"host"`
+	State string `json:"state"`
 }
 
 // statusFromFile reports a cluster of a file: its orchestrator (when it
@@ -620,21 +681,41 @@ func statusFromFile(cmd *cobra.Command, path string) error {
 			out.Orchestrator = "running"
 		}
 	}
-	if o := f.Spec.Orchestrator.Host; o != "local" {
-		// It says itself, over SSH, from any machine with the file.
-		switch running, err := cluster.OrchestratorRunning(cmd.Context(), f, sopt); {
+	// Those on hosts say themselves, over SSH, from any machine with the
+	// file.
+	hosts := f.Spec.Orchestrator.OnHosts()
+	for _, o := range hosts {
+		state, detail := "stopped", ""
+		switch running, err := cluster.OrchestratorRunning(cmd.Context(), f, o, sopt); {
 		case err != nil:
-			out.Orchestrator = "unreachable on host " + o + ": " + err.Error()
+			state, detail = "unreachable", ": "+err.Error()
 		case running:
-			out.Orchestrator = "running on host " + o
-		default:
-			out.Orchestrator = "stopped on host " + o
+			state = "running"
 		}
+		out.Orchestrators = append(out.Orchestrators, fileOrchestratorState{Host: o, State: state + detail})
+		if len(hosts) == 1 {
+			out.Orchestrator = state + " on host " + o + detail
+		}
+	}
+	if len(hosts) > 1 {
+		running := 0
+		for _, o := range out.Orchestrators {
+			if o.State == "running" {
+				running++
+			}
+		}
+		out.Orchestrator = fmt.Sprintf("%d of %d running", running, len(hosts))
 	}
 	out.Hosts = cluster.Status(cmd.Context(), f, sopt)
 	failed := 0
 	if err := output(cmd, out, func(w *tabwriter.Writer, _ bool) {
-		fmt.Fprintf(w, "cluster %s: orchestrator %s %s\n\n", out.Cluster, out.Orchestrator, out.RouterURL)
+		fmt.Fprintf(w, "cluster %s: orchestrator %s %s\n", out.Cluster, out.Orchestrator, out.RouterURL)
+		if len(out.Orchestrators) > 1 {
+			for _, o := range out.Orchestrators {
+				fmt.Fprintf(w, "  orchestrator on %s: %s\n", o.Host, o.State)
+			}
+		}
+		fmt.Fprintln(w)
 		fmt.Fprintln(w, "HOST\tENGINE\tSERVICE\tVERSION\tCONFIG")
 		for _, h := range out.Hosts {
 			state := "not installed"

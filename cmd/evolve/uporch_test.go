@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -191,5 +192,146 @@ spec:
 	}
 	if _, err := os.Stat(filepath.Join(dir, "h1", "bin", "evolve")); err == nil {
 		t.Fatal("an engine was installed though the orchestrator could not start")
+	}
+}
+
+// spec.orchestrator.hosts runs an orchestrator on each of three hosts
+// (each with ports of its own: they share this machine): up starts them
+// together as one NATS cluster, every router serves, one leads; killed
+// with -9, the leader's supervisor restarts it while another leads; the
+// engines follow whichever serves; status, logs and down cover each.
+func TestUpRunsOrchestratorsOnThreeHosts(t *testing.T) {
+	dir := t.TempDir()
+	key, kh, hs := sshHosts(t, dir, 3)
+	var hosts strings.Builder
+	for i, h := range hs {
+		fmt.Fprintf(&hosts, "    - {name: gpu-0%d, address: 127.0.0.1, port: %d, dir: %s/h%d, engine: {port: %d}, orchestrator: {routerPort: %d, controlPort: %d, natsPort: %d, clusterPort: %d}}\n",
+			i+1, h.Port, dir, i+1, port(t), port(t), port(t), port(t), port(t))
+	}
+	file := filepath.Join(dir, "cluster.yaml")
+	os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: evolve/v1
+kind: Cluster
+metadata: {name: trio}
+spec:
+  orchestrator: {hosts: [gpu-01, gpu-02, gpu-03]}
+  defaults: {user: root, keyPath: %s, engine: {profile: tiny}}
+  hosts:
+%s`, key, hosts.String())), 0o600)
+	env := []string{"XDG_STATE_HOME=" + filepath.Join(dir, "state"), "SSH_AUTH_SOCK=", "EVOLVE_UP_SERVICE=process"} // never units on the machine running the tests
+	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
+
+	if out, code := runBinOut(t, env, "up", "-f", file, "--known-hosts", kh, "--dry-run"); code != 0 || !strings.Contains(out, "start orchestrator gpu-02, one of 3") {
+		t.Fatalf("dry run: exit %d\n%s", code, out)
+	}
+	res, out := upJSON(t, env, file, kh, "up -f")
+	if len(res.Hosts) != 3 || len(res.Orchestrators) != 3 {
+		t.Fatalf("up -f: want 3 hosts and 3 orchestrators\n%s", out)
+	}
+	for _, o := range res.Orchestrators {
+		if o.Action != "started" || o.RouterURL == "" {
+			t.Fatalf("orchestrator %+v\n%s", o, out)
+		}
+		if code, _, body := post(t, o.RouterURL+"/v1/completions", `{"prompt": "hello trio", "max_tokens": 4}`); code != 200 {
+			t.Fatalf("a request through the router on %s: %d %v", o.Host, code, body)
+		}
+	}
+	var st fileClusterState
+	b, _ := os.ReadFile(res.TokenFile)
+	json.Unmarshal(b, &st)
+	if n := strings.Count(st.NATSURL, "nats://127.0.0.1:"); n != 3 {
+		t.Fatalf("the engines are given %q: want the three orchestrators' event plane", st.NATSURL)
+	}
+	status := func(o fileOrchestrator) (s struct {
+		Leader        string `json:"leader"`
+		Orchestrators []struct {
+			Name      string `json:"name"`
+			NATSPeers int    `json:"nats_peers"`
+			Leader    bool   `json:"leader"`
+			Term      uint64 `json:"term"`
+		} `json:"orchestrators"`
+	}) {
+		out, code := runBinOut(t, env, "status", "--server", o.ControlURL, "--token", st.ControlToken, "-o", "json")
+		if code == 0 {
+			json.Unmarshal([]byte(out), &s)
+		}
+		return s
+	}
+	byHost := map[string]fileOrchestrator{}
+	for _, o := range res.Orchestrators {
+		byHost[o.Host] = o
+	}
+	var leader string
+	var term uint64
+	wait.Until(t, 20*time.Second, "three orchestrators named after their hosts, each with two NATS peers, and a leader", func() bool {
+		s := status(res.Orchestrators[0])
+		peers := 0
+		for _, o := range s.Orchestrators {
+			if _, ok := byHost[o.Name]; ok && o.NATSPeers == 2 {
+				peers++
+			}
+			if o.Leader {
+				term = o.Term
+			}
+		}
+		leader = s.Leader
+		return peers == 3 && leader != "" && term > 0
+	})
+
+	// The leader killed -9: a new term begins within 10 s (another
+	// orchestrator's, or the killed one's, restarted by its supervisor a
+	// second later, which takes its own lease back), and the others'
+	// routers serve throughout.
+	pid, _ := os.ReadFile(filepath.Join(dir, "h"+strings.TrimPrefix(leader, "gpu-0"), "orchestrator", "child.pid"))
+	var p int
+	if _, err := fmt.Sscan(string(pid), &p); err != nil || syscall.Kill(p, syscall.SIGKILL) != nil {
+		t.Fatalf("the leader %s's pid %q: %v", leader, pid, err)
+	}
+	var other fileOrchestrator
+	for _, o := range res.Orchestrators {
+		if o.Host != leader {
+			other = o
+		}
+	}
+	killed := time.Now()
+	wait.Until(t, 10*time.Second, "a new leadership term", func() bool {
+		for _, o := range status(other).Orchestrators {
+			if o.Leader && o.Term > term {
+				t.Logf("%s leads in term %d (was %s in %d), %v after the kill", o.Name, o.Term, leader, term, time.Since(killed).Round(100*time.Millisecond))
+				return true
+			}
+		}
+		return false
+	})
+	if code, _, body := post(t, other.RouterURL+"/v1/completions", `{"prompt": "still there?", "max_tokens": 4}`); code != 200 {
+		t.Fatalf("a request through %s after the leader died: %d %v", other.Host, code, body)
+	}
+	wait.Until(t, 30*time.Second, "the killed orchestrator restarted by its supervisor, serving again", func() bool {
+		code, _, _ := post(t, byHost[leader].RouterURL+"/v1/completions", `{"prompt": "back?", "max_tokens": 2}`)
+		return code == 200 && len(status(byHost[leader]).Orchestrators) == 3
+	})
+
+	// status -f says each runs; logs reads one's; a re-run changes nothing.
+	out, code := runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
+	if code != 0 || !strings.Contains(out, `"orchestrator": "3 of 3 running"`) || strings.Count(out, `"state": "running"`) != 3 {
+		t.Fatalf("status -f: exit %d\n%s", code, out)
+	}
+	if out, code := runBinOut(t, env, "logs", "orchestrator@gpu-02", "-f", file, "--known-hosts", kh, "--tail", "-1", "-o", "json"); code != 0 || !strings.Contains(out, `"msg":"orchestrator ready"`) {
+		t.Fatalf("logs orchestrator@gpu-02: exit %d\n%s", code, out)
+	}
+	if out, code := runBinOut(t, env, "logs", "orchestrator", "-f", file, "--known-hosts", kh); code != 2 || !strings.Contains(out, "orchestrator@gpu-01, orchestrator@gpu-02, orchestrator@gpu-03, gpu-01") {
+		t.Fatalf("logs orchestrator of three: exit %d\n%s", code, out)
+	}
+	if res, out = upJSON(t, env, file, kh, "re-run"); res.Orchestrators[1].Action != "unchanged" || res.Hosts[2].Action != "unchanged" {
+		t.Fatalf("re-run:\n%s", out)
+	}
+
+	if out, code := runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh); code != 0 {
+		t.Fatalf("down: exit %d\n%s", code, out)
+	}
+	for _, o := range res.Orchestrators {
+		if resp, err := http.Get(o.RouterURL + "/health"); err == nil {
+			resp.Body.Close()
+			t.Errorf("the router on %s still answers after down", o.Host)
+		}
 	}
 }

@@ -147,8 +147,9 @@ type upResult struct {
 		Host   string `json:"host"`
 		Action string `json:"action"`
 	} `json:"orchestrator"`
-	TokenFile string `json:"control_token_file"`
-	Hosts     []struct {
+	Orchestrators []fileOrchestrator `json:"orchestrators"`
+	TokenFile     string             `json:"control_token_file"`
+	Hosts         []struct {
 		Host   string `json:"host"`
 		Action string `json:"action"`
 		Upload string `json:"upload"`
