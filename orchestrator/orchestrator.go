@@ -39,6 +39,9 @@ type Config struct {
 	// NATSToken, when set, is required of every client of the embedded
 	// NATS server (engines put it in their URL: nats://TOKEN@host:port).
 	NATSToken string
+	// NATSCreds is a NATS user credentials file (a user JWT and its
+	// nkey seed, as nsc writes them) presented to NATSURL's servers.
+	NATSCreds string
 	// Name tells orchestrators apart: it names this one's NATS server in
 	// a cluster, and the planner's leader in status. Default: the host
 	// name and the control port.
@@ -430,6 +433,9 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 	if o.cfg.NATSToken != "" && o.cfg.NATSURL == "" {
 		opts = append(opts, nats.Token(o.cfg.NATSToken))
 	}
+	if o.cfg.NATSCreds != "" && o.cfg.NATSURL != "" {
+		opts = append(opts, nats.UserCredentials(o.cfg.NATSCreds))
+	}
 	connectURL := url
 	if o.ns != nil && o.natsTLS() {
 		// Its own connection stays in the process, where the server asks
@@ -442,6 +448,9 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		nats.ReconnectHandler(func(*nats.Conn) { o.log.Info("NATS reconnected") }))...)
 	if err != nil {
 		o.stopNATS()
+		if errors.Is(err, nats.ErrAuthorization) && o.cfg.NATSURL != "" {
+			return fmt.Errorf("connect to NATS at %s: %w: it wants other credentials (--nats-creds FILE, or a token in $EVOLVE_ORCHESTRATOR_NATS)", url, err)
+		}
 		return fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}
 	o.nc, o.natsURL = nc, url

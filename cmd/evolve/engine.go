@@ -96,6 +96,7 @@ stream (--pass-metrics for a joined server's).`,
 	f.Float64("speedup", 1, "modelled seconds per wall-clock second")
 	f.String("nats", "", "NATS URL of the event plane: nats://[TOKEN@]HOST:PORT, or tls://... where it takes TLS only (a private CA is trusted with SSL_CERT_FILE); empty: HTTP only. ps shows a command line to every user: give a URL with a token as $EVOLVE_ENGINE_NATS, or the token in --nats-token-file")
 	f.String("nats-token-file", "", "file holding the event plane's token (the orchestrator's --nats-token), presented with --nats and kept off the command line")
+	f.String("nats-creds", "", "NATS user credentials file (a user JWT and its nkey seed, as 'nsc generate creds' writes) to present to --nats, where the orchestrators share a NATS deployment secured with accounts")
 	f.String("token", "", "engine token that /v1/ and /evolve/v1/ require as Authorization: Bearer (default: the TOKEN of --nats nats://TOKEN@...; \"none\": serve anyone); prefer $EVOLVE_ENGINE_TOKEN to the command line, which ps shows")
 	f.Int("max-num-seqs", 0, "most sequences in a batch (default: profile, else 256)")
 	f.Int("max-num-batched-tokens", 0, "token budget of one forward pass (default: profile, else 8192)")
@@ -123,6 +124,9 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	usage := func(err error) error { return usageError{cmd: cmd.CommandPath(), err: err} }
 
 	if err := engineNATSSecret(cmd); err != nil {
+		return usage(err)
+	}
+	if err := checkNATSCreds("engine"); err != nil {
 		return usage(err)
 	}
 	switch b := get("backend"); b {
@@ -285,10 +289,15 @@ func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile 
 // for ever: an engine that starts before its orchestrator registers when
 // it can.
 func connectEngineNATS(url, id string) (*nats.Conn, error) {
-	nc, err := nats.Connect(url, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+	var creds []nats.Option
+	if f := config.GetString("engine.nats-creds"); f != "" {
+		creds = append(creds, nats.UserCredentials(f))
+	}
+	nc, err := nats.Connect(url, append(creds, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
 		nats.RetryOnFailedConnect(true),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { slog.Warn("NATS", "err", err) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))
+		nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
 	}

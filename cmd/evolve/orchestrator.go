@@ -129,6 +129,7 @@ Most users start it through 'evolve up'.`,
 	f.String("nats-listen", "127.0.0.1:4222", "address of the embedded NATS server (port 0 picks a free port, the same one again on a restart with the same --data-dir); off loopback it needs --nats-token")
 	f.String("nats-token", "", "token every client of the embedded NATS server must present, required when --nats-listen is not loopback (engines: --nats-token-file, or $EVOLVE_ENGINE_NATS=nats://TOKEN@host:port); prefer $EVOLVE_ORCHESTRATOR_NATS_TOKEN or --nats-token-file to the command line, which ps shows")
 	f.String("nats-token-file", "", "file holding the embedded NATS server's token (instead of --nats-token)")
+	f.String("nats-creds", "", "NATS user credentials file (a user JWT and its nkey seed, as 'nsc generate creds' writes) to present to --nats's servers, for a NATS deployment secured with accounts")
 	addOrchestratorClusterFlags(f)
 	f.String("engine-token", "", "token the router sends engines, which they require when they have one (default: the event plane's, --nats-token or the TOKEN of --nats nats://TOKEN@..., as engines take by default; or env EVOLVE_ORCHESTRATOR_ENGINE_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
@@ -174,6 +175,9 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 			return usageError{cmd: cmd.CommandPath(), err: err}
 		}
 	}
+	if err := checkNATSCreds("orchestrator"); err != nil {
+		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
 	if cmd.Flags().Changed("nats") && protocol.EngineToken(get("nats")) != "" {
 		slog.Warn("--nats with a token on the command line shows it in ps to every user of this machine; use $EVOLVE_ORCHESTRATOR_NATS")
 	}
@@ -200,7 +204,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	}
 	o, err := orchestrator.New(orchestrator.Config{
 		RouterAddr: get("router-addr"), ControlAddr: get("control-addr"), ControlToken: get("token"),
-		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
+		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), NATSCreds: get("nats-creds"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
 		Name: get("name"), ClusterListen: get("cluster-listen"), ClusterPeers: configList("orchestrator.cluster-peers"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"), ShutdownGrace: config.GetDuration("orchestrator.shutdown-grace"),
 		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),

@@ -102,3 +102,27 @@ func engineNATSSecret(cmd *cobra.Command) error {
 	}
 	return nil
 }
+
+// checkNATSCreds checks command's --nats-creds: given with --nats, a
+// readable NATS credentials file (a user JWT and its nkey seed), and
+// warns when others may read the seed in it.
+func checkNATSCreds(command string) error {
+	path := config.GetString(command + ".nats-creds")
+	if path == "" {
+		return nil
+	}
+	if config.GetString(command+".nats") == "" {
+		return errors.New("--nats-creds without --nats: no NATS server to present them to")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return fmt.Errorf("--nats-creds: %w", err)
+	}
+	if !strings.Contains(string(b), "-----BEGIN NATS USER JWT-----") || !strings.Contains(string(b), "-----BEGIN USER NKEY SEED-----") {
+		return fmt.Errorf("--nats-creds: %s is not a NATS credentials file (a user JWT and its nkey seed, as 'nsc generate creds' writes)", path)
+	}
+	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		slog.Warn("--nats-creds: other users of this machine may read the key in the credentials file; chmod 600 it", "file", path, "mode", fi.Mode().Perm().String())
+	}
+	return nil
+}
