@@ -12,7 +12,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 )
 
 // Client talks to one orchestrator's control API.
@@ -30,6 +32,9 @@ type Client struct {
 type Error struct {
 	Status  int
 	Message string // the API's message, or a description of the answer
+	// RetryAfter is the wait the API asked for (Retry-After), when it
+	// asked: what it refused may succeed then (no planner leader yet).
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -75,7 +80,11 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		if json.Unmarshal(b, &e) == nil && e.Error.Message != "" {
 			msg = e.Error.Message
 		}
-		return &Error{Status: resp.StatusCode, Message: msg}
+		e2 := &Error{Status: resp.StatusCode, Message: msg}
+		if secs, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && secs > 0 {
+			e2.RetryAfter = time.Duration(secs) * time.Second
+		}
+		return e2
 	}
 	if out != nil {
 		if err := json.Unmarshal(b, out); err != nil {

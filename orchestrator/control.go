@@ -77,23 +77,11 @@ func (o *Orchestrator) controlHandler() http.Handler {
 			return
 		}
 		st, err := o.SetRole(r.PathValue("id"), req.Role, req.Pin, "operator")
-		var unknown ErrUnknownNode
-		switch {
-		case errors.As(err, &unknown):
-			o.noSuchNode(w, string(unknown))
-		case err != nil:
-			apiError(w, 400, "%v", err)
-		default:
-			openaiapi.WriteJSON(w, 202, st)
-		}
+		o.roleAnswer(w, st, err, 202)
 	})
 	mux.HandleFunc("DELETE /api/v1/nodes/{id}/pin", func(w http.ResponseWriter, r *http.Request) {
 		st, err := o.Unpin(r.PathValue("id"))
-		if err != nil {
-			o.noSuchNode(w, r.PathValue("id"))
-			return
-		}
-		openaiapi.WriteJSON(w, 200, st)
+		o.roleAnswer(w, st, err, 200)
 	})
 	mux.HandleFunc("GET /api/v1/watch", o.serveWatch)
 	mux.HandleFunc("GET /api/v1/branches", func(w http.ResponseWriter, r *http.Request) {
@@ -129,6 +117,25 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		}
 		mux.ServeHTTP(w, r)
 	})
+}
+
+// roleAnswer answers a role change or an unpin: the node's status with
+// status ok; a 404 for a node there is not; a 503 asking to try again
+// soon while no orchestrator leads the planner (its lease is moving); a
+// 400 for the rest (a role that is not one, a switch refused).
+func (o *Orchestrator) roleAnswer(w http.ResponseWriter, st controlapi.Node, err error, ok int) {
+	var unknown ErrUnknownNode
+	switch {
+	case errors.As(err, &unknown):
+		o.noSuchNode(w, string(unknown))
+	case errors.Is(err, ErrNotLeader):
+		w.Header().Set("Retry-After", "2")
+		apiError(w, 503, "%v", err)
+	case err != nil:
+		apiError(w, 400, "%v", err)
+	default:
+		openaiapi.WriteJSON(w, ok, st)
+	}
 }
 
 func apiError(w http.ResponseWriter, status int, format string, args ...any) {

@@ -68,8 +68,9 @@ type roleRequest struct {
 // roleReply is the leader's answer: the node's status, or why not.
 type roleReply struct {
 	Node    controlapi.Node `json:"node"`
-	Error   string          `json:"error,omitempty"`
-	Unknown bool            `json:"unknown,omitempty"` // no such node
+	Error     string          `json:"error,omitempty"`
+	Unknown   bool            `json:"unknown,omitempty"`    // no such node
+	NotLeader bool            `json:"not_leader,omitempty"` // it lost the lease meanwhile
 }
 
 // serveRoleRequests answers operators' role changes while leading.
@@ -91,6 +92,7 @@ func (o *Orchestrator) serveRoleRequests() error {
 			}
 			var unknown ErrUnknownNode
 			rep.Unknown = errors.As(err, &unknown)
+			rep.NotLeader = errors.Is(err, ErrNotLeader)
 			if err != nil {
 				rep.Error = err.Error()
 			}
@@ -122,6 +124,9 @@ func (o *Orchestrator) askLeader(req roleRequest) (controlapi.Node, error) {
 	switch {
 	case rep.Unknown:
 		return controlapi.Node{}, ErrUnknownNode(req.Node)
+	case rep.NotLeader:
+		o.log.Warn("the planner's leader lost its lease while changing a role", "node", req.Node, "err", rep.Error)
+		return controlapi.Node{}, ErrNotLeader
 	case rep.Error != "":
 		return controlapi.Node{}, errors.New(rep.Error)
 	}

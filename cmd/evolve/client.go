@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -24,6 +25,7 @@ type controlClient struct {
 	base  string
 	token string
 	http  *http.Client
+	note  io.Writer // where a retry is said (stderr); nil: silently
 }
 
 // addClientFlags adds --server and --token to a command that uses the
@@ -53,7 +55,7 @@ func newControlClient(cmd *cobra.Command) *controlClient {
 	if token == "" {
 		token = os.Getenv("EVOLVE_TOKEN")
 	}
-	return &controlClient{base: strings.TrimRight(server, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}}
+	return &controlClient{base: strings.TrimRight(server, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}, note: cmd.ErrOrStderr()}
 }
 
 // flagOrConfig reads a flag of cmd through the config (flag > env > file >
@@ -62,8 +64,28 @@ func flagOrConfig(cmd *cobra.Command, name string) string {
 	return config.GetString(cfgKey(cmd) + "." + name)
 }
 
+// retryBudget is how long a command goes on asking an orchestrator that
+// asks it to try again later (503 with Retry-After: no planner leader
+// while the lease moves, which takes up to 5 s).
+const retryBudget = 20 * time.Second
+
 func (c *controlClient) do(ctx context.Context, method, path string, in, out any) error {
-	err := (&controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http}).Do(ctx, method, path, in, out)
+	api := &controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http}
+	start := time.Now()
+	err := api.Do(ctx, method, path, in, out)
+	for {
+		var ae *controlapi.Error
+		if !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable || ae.RetryAfter <= 0 || time.Since(start)+ae.RetryAfter > retryBudget {
+			break
+		}
+		if c.note != nil {
+			fmt.Fprintf(c.note, "%s; trying again in %v\n", ae.Message, ae.RetryAfter)
+		}
+		if !sleepCtx(ctx, ae.RetryAfter) {
+			return ctx.Err()
+		}
+		err = api.Do(ctx, method, path, in, out)
+	}
 	var te *controlapi.TransportError
 	if errors.As(err, &te) {
 		hint := "is a cluster up? try 'evolve up'"

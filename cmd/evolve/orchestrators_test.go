@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -180,7 +181,28 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 	<-leader.done
 	killed := time.Now()
 
-	// Another leads, and acts: it moves e1 when asked through a survivor.
+	// Right after the kill nobody leads: a role change through a survivor
+	// is answered 503 with Retry-After, and evolve role waits and asks
+	// again until the next leader carries it out.
+	raw := make(chan *http.Response, 1)
+	go func() {
+		resp, err := http.Post(follower.info.ControlURL+"/api/v1/nodes/e2/role", "application/json", strings.NewReader(`{"role": "decode"}`))
+		if err == nil {
+			resp.Body.Close()
+		}
+		raw <- resp
+	}()
+	type result struct {
+		out []byte
+		err error
+	}
+	roleSet := make(chan result, 1)
+	go func() {
+		out, err := exec.Command(evolveBin, "role", "set", "e1", "prefill", "--server", follower.info.ControlURL).CombinedOutput()
+		roleSet <- result{out, err}
+	}()
+
+	// Another leads, and acts: it moves e1 as asked through a survivor.
 	var next *orchProc
 	wait.Until(t, 10*time.Second, "a new leader", func() bool {
 		st, err := follower.status(t)
@@ -193,8 +215,11 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 		return true
 	})
 	t.Logf("a new leader %s after %s", time.Since(killed).Round(100*time.Millisecond), next.info.ControlURL)
-	if out, err := exec.Command(evolveBin, "role", "set", "e1", "prefill", "--server", follower.info.ControlURL).CombinedOutput(); err != nil {
-		t.Fatalf("evolve role after the leader died: %v\n%s", err, out)
+	if resp := <-raw; resp == nil || resp.StatusCode != 503 || resp.Header.Get("Retry-After") != "2" {
+		t.Fatalf("a role change while nobody leads: %v, want 503 with Retry-After: 2", resp)
+	}
+	if r := <-roleSet; r.err != nil || !strings.Contains(string(r.out), "no orchestrator leads the planner now") || !strings.Contains(string(r.out), "trying again in 2s") {
+		t.Fatalf("evolve role right after the leader died: %v\n%s", r.err, r.out)
 	}
 	wait.Until(t, 15*time.Second, "e1 prefill, moved by the new leader", func() bool {
 		var n controlapi.Node
