@@ -67,7 +67,7 @@ type roleRequest struct {
 
 // roleReply is the leader's answer: the node's status, or why not.
 type roleReply struct {
-	Node    controlapi.Node `json:"node"`
+	Node      controlapi.Node `json:"node"`
 	Error     string          `json:"error,omitempty"`
 	Unknown   bool            `json:"unknown,omitempty"`    // no such node
 	NotLeader bool            `json:"not_leader,omitempty"` // it lost the lease meanwhile
