@@ -109,3 +109,46 @@ func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 		}
 	}
 }
+
+// The orchestrators' alerts fire on the series an orchestrator exports:
+// no leader for a minute, and one silent for two (promtool test rules).
+func TestPromtoolFiresTheOrchestratorAlerts(t *testing.T) {
+	tool := promtool(t)
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "rules.yaml"), Rules(), 0o644)
+	tests := `rule_files: [rules.yaml]
+evaluation_interval: 15s
+tests:
+  - interval: 15s
+    input_series:
+      - series: 'evolve_planner_leaders{instance="a"}'
+        values: '1 1 0x8'
+      - series: 'evolve_planner_leaders{instance="b"}'
+        values: '1 1 0x8'
+      - series: 'evolve_orchestrators{instance="a",state="silent"}'
+        values: '0 0 1x12'
+    alert_rule_test:
+      - {eval_time: 30s, alertname: EvolveNoPlannerLeader, exp_alerts: []}
+      - eval_time: 2m
+        alertname: EvolveNoPlannerLeader
+        exp_alerts:
+          - exp_labels: {severity: critical}
+            exp_annotations:
+              summary: "No evolve orchestrator leads the planner"
+              description: "Nodes keep their roles and routers serve, but nothing moves nodes between roles and operators' role changes are refused (503). A leader's loss moves the lease within 5 s; longer means a majority of the orchestrators (JetStream) is gone: see evolve status and the orchestrators' logs."
+      - {eval_time: 1m, alertname: EvolveOrchestratorSilent, exp_alerts: []}
+      - eval_time: 3m
+        alertname: EvolveOrchestratorSilent
+        exp_alerts:
+          - exp_labels: {severity: warning}
+            exp_annotations:
+              summary: "1 evolve orchestrator(s) silent on the event plane"
+              description: "Another orchestrator has not been heard for 3 s: stopped, or cut off from NATS. Agents through its router fail; the others serve on. evolve status lists them."
+`
+	os.WriteFile(filepath.Join(dir, "tests.yaml"), []byte(tests), 0o644)
+	cmd := exec.Command(tool, "test", "rules", "tests.yaml")
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("promtool test rules: %v\n%s", err, out)
+	}
+}

@@ -30,6 +30,10 @@ var (
 		"Prompt tokens recomputed that some engine had computed before (the research system's lost KV reuse).", nil, nil)
 	bytesMovedDesc = prometheus.NewDesc("evolve_kv_moved_bytes_total",
 		"KV bytes moved between nodes: fetched blocks and prefill-to-decode transfers.", nil, nil)
+	orchestratorsDesc = prometheus.NewDesc("evolve_orchestrators",
+		"Orchestrators sharing the event plane as this one sees them, itself included, by state (up; silent: not heard for 3 s).", []string{"state"}, nil)
+	leadersDesc = prometheus.NewDesc("evolve_planner_leaders",
+		"Orchestrators that lead the planner now, as this one sees them: 1; 0 while the lease moves after a leader's loss, or while none can hold it.", nil, nil)
 	leftOutDesc = prometheus.NewDesc("evolve_node_kv_blocks_left_out_total",
 		"KV blocks a node's engine could not report to the router's directory (vLLM's blocks of adapters, with extra keys, or whose parent was never stored): the router cannot route to them. The engine's log says why.", []string{"node"}, nil)
 )
@@ -40,7 +44,7 @@ var nodeStates = []string{StateServing, StateSwitching, StateDraining, StateDown
 
 func (c clusterCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{nodesDesc, kvBlocksDesc, kvReplicasDesc, kvReferencedDesc, kvCapacityDesc, kvCachedDesc,
-		branchesDesc, lostReuseDesc, bytesMovedDesc, leftOutDesc} {
+		branchesDesc, lostReuseDesc, bytesMovedDesc, leftOutDesc, orchestratorsDesc, leadersDesc} {
 		ch <- d
 	}
 }
@@ -72,6 +76,17 @@ func (c clusterCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(kvCachedDesc, kv.Pool.HostCached, "host")
 	ch <- prometheus.MustNewConstMetric(lostReuseDesc, prometheus.CounterValue, float64(kv.LostKVReuse))
 	ch <- prometheus.MustNewConstMetric(bytesMovedDesc, prometheus.CounterValue, float64(kv.BytesMoved))
+	states, leaders := map[string]int{"up": 0, "silent": 0}, 0
+	for _, o := range c.o.Orchestrators() {
+		states[o.State]++
+		if o.Leader {
+			leaders++
+		}
+	}
+	for st, n := range states {
+		gauge(orchestratorsDesc, n, st)
+	}
+	gauge(leadersDesc, leaders)
 	for _, n := range c.o.Nodes() {
 		ch <- prometheus.MustNewConstMetric(leftOutDesc, prometheus.CounterValue, float64(n.KVBlocksLeftOut), n.ID)
 	}

@@ -152,6 +152,13 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 			}
 			return up == 3
 		})
+		// Its /metrics say so, for the alerts on a missing leader.
+		m := routerMetrics(t, o)
+		for _, want := range []string{"evolve_planner_leaders 1\n", `evolve_orchestrators{state="up"} 3` + "\n", `evolve_orchestrators{state="silent"} 0` + "\n"} {
+			if !strings.Contains(m, want) {
+				t.Fatalf("%s's /metrics lack %q", o.cfg.Name, want)
+			}
+		}
 	}
 
 	// Engines join through one orchestrator's NATS server; every
