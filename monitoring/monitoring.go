@@ -59,9 +59,9 @@ var rows = []row{
 			targets: []target{{"sum by (source) (rate(evolve_router_prompt_tokens_total" + rate + "))", "{{source}}"}}},
 	}},
 	{"Cluster and planner", []panel{
-		{title: "Serving nodes by role", unit: "short", targets: []target{{`sum by (role) (evolve_nodes{state="serving"})`, "{{role}}"}}},
+		{title: "Serving nodes by role", unit: "short", targets: []target{{`max by (role) (sum by (role, instance) (evolve_nodes{state="serving"}))`, "{{role}}"}}},
 		{title: "Nodes not serving", unit: "short", desc: "Switching roles, draining, down or rejected.",
-			targets: []target{{`sum by (state) (evolve_nodes{state!="serving"})`, "{{state}}"}}},
+			targets: []target{{`max by (state) (sum by (state, instance) (evolve_nodes{state!="serving"}))`, "{{state}}"}}},
 		{title: "Split: current and recommended", unit: "short", desc: "The online planner's view (prefill nodes).", targets: []target{
 			{`evolve_planner_nodes{role="prefill"}`, "prefill, {{kind}}"}}},
 		{title: "Role switches", unit: "short", targets: []target{{"sum by (to) (increase(evolve_role_switches_total" + rate + "))", "to {{to}}"}}},
@@ -70,7 +70,7 @@ var rows = []row{
 	}},
 	{"KV", []panel{
 		{title: "KV pool", unit: "short", desc: "Block copies cached against capacity, per tier, over the serving nodes.", targets: []target{
-			{"sum by (tier) (evolve_kv_pool_cached_blocks)", "cached, {{tier}}"}, {"sum by (tier) (evolve_kv_pool_capacity_blocks)", "capacity, {{tier}}"}}},
+			{"max by (tier) (evolve_kv_pool_cached_blocks)", "cached, {{tier}}"}, {"max by (tier) (evolve_kv_pool_capacity_blocks)", "capacity, {{tier}}"}}},
 		{title: "Referenced KV and live branches", unit: "short", targets: []target{
 			{"evolve_kv_referenced_blocks", "blocks live branches reference"}, {"evolve_kv_directory_blocks", "blocks in the directory"},
 			{"evolve_branches_live", "live branches"}}},

@@ -132,7 +132,7 @@ func TestMetricsNamesWhatTheQueriesRead(t *testing.T) {
 // The scrape configuration lists the router and the engines, by scheme,
 // and file_sd carries the same targets with their job and scheme.
 func TestScrapeConfigListsTheClustersTargets(t *testing.T) {
-	tg := Targets{Cluster: "lab", Router: "https://10.0.0.1:8000", Engines: []string{"http://10.0.0.5:8000", "http://10.0.0.6:8000"}}
+	tg := Targets{Cluster: "lab", Routers: []string{"https://10.0.0.1:8000"}, Engines: []string{"http://10.0.0.5:8000", "http://10.0.0.6:8000"}}
 	b, err := ScrapeConfig(tg)
 	if err != nil {
 		t.Fatal(err)
@@ -184,7 +184,7 @@ func TestScrapeConfigListsTheClustersTargets(t *testing.T) {
 		withCA.ScrapeConfigs[1].TLSConfig != nil || strings.Contains(string(b), "--ca-file") {
 		t.Fatalf("scrape config with a CA file: %v\n%s", err, b)
 	}
-	if _, err := ScrapeConfig(Targets{Router: "10.0.0.1:8000"}); err == nil {
+	if _, err := ScrapeConfig(Targets{Routers: []string{"10.0.0.1:8000"}}); err == nil {
 		t.Fatal("a router without a scheme was taken")
 	}
 }

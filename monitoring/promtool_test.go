@@ -90,7 +90,7 @@ func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	static, err := ScrapeConfig(Targets{Cluster: "lab", Router: "https://10.0.0.1:8000",
+	static, err := ScrapeConfig(Targets{Cluster: "lab", Routers: []string{"https://10.0.0.1:8000"},
 		Engines: []string{"http://10.0.0.5:8000", "https://10.0.0.6:8000"}, CAFile: ca})
 	if err != nil {
 		t.Fatal(err)
@@ -111,7 +111,8 @@ func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 }
 
 // The orchestrators' alerts fire on the series an orchestrator exports:
-// no leader for a minute, and one silent for two (promtool test rules).
+// no leader for a minute, and one silent for two; a node down that two
+// routers both report is one node (promtool test rules).
 func TestPromtoolFiresTheOrchestratorAlerts(t *testing.T) {
 	tool := promtool(t)
 	dir := t.TempDir()
@@ -127,7 +128,18 @@ tests:
         values: '1 1 0x8'
       - series: 'evolve_orchestrators{instance="a",state="silent"}'
         values: '0 0 1x12'
+      - series: 'evolve_nodes{instance="a",role="decode",state="down"}'
+        values: '1x12'
+      - series: 'evolve_nodes{instance="b",role="decode",state="down"}'
+        values: '1x12'
     alert_rule_test:
+      - eval_time: 2m
+        alertname: EvolveNodeDown
+        exp_alerts:
+          - exp_labels: {severity: warning}
+            exp_annotations:
+              summary: "1 evolve node(s) down"
+              description: "The router routes around them. 'evolve nodes' says which and why; 'evolve logs NAME' (-f cluster.yaml for a host) shows the engine's log."
       - {eval_time: 30s, alertname: EvolveNoPlannerLeader, exp_alerts: []}
       - eval_time: 2m
         alertname: EvolveNoPlannerLeader

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 
 	"gopkg.in/yaml.v3"
@@ -13,8 +14,10 @@ import (
 // Targets are what Prometheus scrapes of one cluster: its router (where
 // the orchestrator's metrics are served) and its engines, by base URL.
 type Targets struct {
-	Cluster string   // the cluster label every series gets
-	Router  string   // e.g. https://10.0.0.1:8000
+	Cluster string // the cluster label every series gets
+	// Routers: e.g. https://10.0.0.1:8000; of several orchestrators,
+	// each one's router (each counts the requests it routes).
+	Routers []string
 	Engines []string // e.g. http://10.0.0.5:8000
 	// CAFile is the CA that HTTPS targets' certificates are checked
 	// against, as a path on Prometheus's host ("": the system's).
@@ -36,7 +39,7 @@ func (t Targets) groups() ([]group, error) {
 	for _, part := range []struct {
 		job  string
 		urls []string
-	}{{"evolve-router", []string{t.Router}}, {"evolve-engines", t.Engines}} {
+	}{{"evolve-router", t.Routers}, {"evolve-engines", t.Engines}} {
 		first := len(out)
 		for _, raw := range part.urls {
 			u, err := parseBase("target", raw)
@@ -105,7 +108,7 @@ func ScrapeConfig(t Targets) ([]byte, error) {
 	head := "# Prometheus scrape configuration for evolve cluster " + t.Cluster + " (evolve monitoring scrape):\n" +
 		"# a prometheus.yml of its own, or merge its scrape_configs into yours; -o json gives file_sd_configs targets.\n" +
 		"# Engines that join later are not listed: run it again, or use --http-sd, which asks the cluster as it changes.\n"
-	if strings.HasPrefix(t.Router, "https://") && t.CAFile == "" {
+	if slices.ContainsFunc(t.Routers, func(r string) bool { return strings.HasPrefix(r, "https://") }) && t.CAFile == "" {
 		head += "# The router serves HTTPS: trust a private CA with --ca-file, or tls_config: {ca_file: ca.pem} under its job.\n"
 	}
 	return scrapeConfigs(head, jobs)

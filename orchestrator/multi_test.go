@@ -152,6 +152,9 @@ func TestThreeOrchestratorsOneLeader(t *testing.T) {
 			}
 			return up == 3
 		})
+		if rt := o.RouterTargets(""); len(rt) != 3 || rt[0] != o.RouterURL() {
+			t.Fatalf("%s's Prometheus router targets %v: want the three, its own first", o.cfg.Name, rt)
+		}
 		// Its /metrics say so, for the alerts on a missing leader.
 		m := routerMetrics(t, o)
 		for _, want := range []string{"evolve_planner_leaders 1\n", `evolve_orchestrators{state="up"} 3` + "\n", `evolve_orchestrators{state="silent"} 0` + "\n"} {

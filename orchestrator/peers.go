@@ -4,12 +4,15 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
+	"github.com/evolvellm/evolve/monitoring"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 )
@@ -65,6 +68,35 @@ func natsPeers(ns *server.Server) int {
 		names[r.RemoteID] = true
 	}
 	return len(names)
+}
+
+// RouterTargets are the routers of the orchestrators on the event plane,
+// this one's first, as Prometheus should scrape them: a router on every
+// interface is named by the host the asker reached this control API at
+// (requestHost), or for another orchestrator by the address its NATS
+// server's route comes from; one whose address is not known is left out.
+func (o *Orchestrator) RouterTargets(requestHost string) []string {
+	out := []string{monitoring.ReachableRouter(o.routerURL, requestHost)}
+	var routeIPs map[string]string
+	if o.ns != nil {
+		if rz, err := o.ns.Routez(nil); err == nil {
+			routeIPs = map[string]string{}
+			for _, r := range rz.Routes {
+				routeIPs[r.RemoteName] = r.IP
+			}
+		}
+	}
+	for _, p := range o.Orchestrators() {
+		if p.Self || p.State != "up" || p.RouterURL == "" {
+			continue
+		}
+		u := monitoring.ReachableRouter(p.RouterURL, routeIPs[p.Name])
+		if r, err := url.Parse(u); err != nil || net.ParseIP(r.Hostname()).IsUnspecified() {
+			continue
+		}
+		out = append(out, u)
+	}
+	return out
 }
 
 // announcePresence says every second that this orchestrator is there,

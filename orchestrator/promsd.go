@@ -6,7 +6,8 @@ import (
 	"github.com/evolvellm/evolve/monitoring"
 )
 
-// servePrometheusTargets lists the router and the engines as they are now,
+// servePrometheusTargets lists the routers (of several orchestrators,
+// each one's) and the engines as they are now,
 // in the format of Prometheus's http_sd_configs (see monitoring.FileSD):
 // a Prometheus that asks here scrapes engines that join, leave or move
 // without its configuration changing. ?cluster=NAME sets the cluster label
@@ -17,7 +18,7 @@ func (o *Orchestrator) servePrometheusTargets(w http.ResponseWriter, r *http.Req
 	if cluster == "" {
 		cluster = "evolve"
 	}
-	t := monitoring.Targets{Cluster: cluster, Router: monitoring.ReachableRouter(o.routerURL, r.Host)}
+	t := monitoring.Targets{Cluster: cluster, Routers: o.RouterTargets(r.Host)}
 	for _, n := range o.Nodes() {
 		if n.Address != "" {
 			t.Engines = append(t.Engines, n.Address)

@@ -2,11 +2,8 @@ package main
 
 import (
 	"fmt"
-	"net/url"
 
-	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/monitoring"
-	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/spf13/cobra"
 )
 
@@ -77,15 +74,6 @@ able to read.`,
 	return commandGroup(cmd)
 }
 
-// hostOf is the host:port of a URL ("" if it names none).
-func hostOf(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return ""
-	}
-	return u.Host
-}
-
 // runScrape is evolve monitoring scrape: the scrape configuration of a
 // running cluster, as targets now or as HTTP service discovery.
 func runScrape(cmd *cobra.Command, _ []string) error {
@@ -121,19 +109,25 @@ func runScrape(cmd *cobra.Command, _ []string) error {
 		_, err = cmd.OutOrStdout().Write(out)
 		return err
 	}
-	var st orchestrator.ClusterStatus
-	if err := c.do(cmd.Context(), "GET", "/api/v1/cluster", nil, &st); err != nil {
-		return err
+	// The control API lists them as Prometheus would find them: every
+	// orchestrator's router, named as this machine reached it, and the
+	// engines.
+	var sd []struct {
+		Targets []string          `json:"targets"`
+		Labels  map[string]string `json:"labels"`
 	}
-	var nodes []controlapi.Node
-	if err := c.do(cmd.Context(), "GET", "/api/v1/nodes", nil, &nodes); err != nil {
-		return err
+	if err := c.do(cmd.Context(), "GET", monitoring.TargetsPath, nil, &sd); err != nil {
+		return fmt.Errorf("the control API's Prometheus targets: %w", err)
 	}
-	t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), Router: monitoring.ReachableRouter(st.RouterURL, hostOf(c.base)),
-		CAFile: flagOrConfig(cmd, "ca-file")}
-	for _, n := range nodes {
-		if n.Address != "" {
-			t.Engines = append(t.Engines, n.Address)
+	t := monitoring.Targets{Cluster: flagOrConfig(cmd, "cluster"), CAFile: flagOrConfig(cmd, "ca-file")}
+	for _, g := range sd {
+		for _, host := range g.Targets {
+			u := g.Labels["__scheme__"] + "://" + host
+			if g.Labels["job"] == "evolve-router" {
+				t.Routers = append(t.Routers, u)
+			} else {
+				t.Engines = append(t.Engines, u)
+			}
 		}
 	}
 	out, err := monitoring.ScrapeConfig(t)

@@ -277,6 +277,15 @@ spec:
 		return peers == 3 && leader != "" && term > 0
 	})
 
+	// Prometheus is told of every router, each at its host's address
+	// (they listen on every interface: the NATS routes say where).
+	out, code := runBinOut(t, env, "monitoring", "scrape", "-o", "json", "--server", res.Orchestrators[0].ControlURL, "--token", st.ControlToken)
+	for _, o := range res.Orchestrators {
+		if code != 0 || !strings.Contains(out, `"`+strings.TrimPrefix(o.RouterURL, "http://")+`"`) {
+			t.Fatalf("monitoring scrape lacks the router on %s (%s): exit %d\n%s", o.Host, o.RouterURL, code, out)
+		}
+	}
+
 	// The leader killed -9: a new term begins within 10 s (another
 	// orchestrator's, or the killed one's, restarted by its supervisor a
 	// second later, which takes its own lease back), and the others'
@@ -311,7 +320,7 @@ spec:
 	})
 
 	// status -f says each runs; logs reads one's; a re-run changes nothing.
-	out, code := runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
+	out, code = runBinOut(t, env, "status", "-f", file, "--known-hosts", kh, "-o", "json")
 	if code != 0 || !strings.Contains(out, `"orchestrator": "3 of 3 running"`) || strings.Count(out, `"state": "running"`) != 3 {
 		t.Fatalf("status -f: exit %d\n%s", code, out)
 	}
