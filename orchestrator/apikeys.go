@@ -37,7 +37,7 @@ func (o *Orchestrator) requireKey(h http.Handler) http.Handler {
 		if label, ok := ks.Of(r); ok {
 			r = r.WithContext(context.WithValue(r.Context(), keyLabelKey{}, label))
 			if l := ks.Limit(label); l != nil && apikeys.LimitedPath(r) {
-				if !o.admitUnder(l, w, r) {
+				if !o.admitUnder(l, label, w, r) {
 					return
 				}
 				defer l.Release()
@@ -94,8 +94,8 @@ func (o *Orchestrator) countTokens(r *http.Request, prompt, completion int) {
 // admitUnder takes a slot of l for r, waiting up to its max-wait; when
 // none comes it answers r (429, or nothing to a client gone) and returns
 // false.
-func (o *Orchestrator) admitUnder(l *apikeys.Limit, w http.ResponseWriter, r *http.Request) bool {
-	err := l.Admit(r.Context())
+func (o *Orchestrator) admitUnder(l *apikeys.Limit, name string, w http.ResponseWriter, r *http.Request) bool {
+	err := l.Admit(r.Context(), o.othersCounter(name))
 	switch {
 	case err == nil:
 		return true
@@ -131,7 +131,7 @@ func (c keyLimitCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c keyLimitCollector) Collect(ch chan<- prometheus.Metric) {
-	for _, l := range c.keys.Current().Status() {
+	for _, l := range c.keys.Current().Status(nil) { // this router's: Prometheus adds the routers up
 		ch <- prometheus.MustNewConstMetric(keyInFlightDesc, prometheus.GaugeValue, float64(l.InFlight), l.Name)
 		ch <- prometheus.MustNewConstMetric(keyWaitingDesc, prometheus.GaugeValue, float64(l.Waiting), l.Name)
 		ch <- prometheus.MustNewConstMetric(keyMaxDesc, prometheus.GaugeValue, float64(l.MaxConcurrency), l.Name)

@@ -152,7 +152,7 @@ func (o *Orchestrator) Status() ClusterStatus {
 	st := ClusterStatus{RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL, Policy: o.policy.Name(),
 		Model: o.model, NodeCount: len(o.c.nodes), ByRole: map[string]int{}, ByState: map[string]int{},
 		KVBlocks: o.c.dir.Blocks(), KVReplicas: o.c.dir.Replicas(), Generation: o.c.gen, StartedAt: o.started,
-		Recent: recent, APIKeys: keys.Len(), KeyLimits: keys.Status(), Name: o.cfg.Name, Orchestrators: orchs}
+		Recent: recent, APIKeys: keys.Len(), KeyLimits: keys.Status(o.othersInFlight), Name: o.cfg.Name, Orchestrators: orchs}
 	for _, x := range orchs {
 		if x.Leader {
 			st.Leader = x.Name

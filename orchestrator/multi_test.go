@@ -473,3 +473,76 @@ func (o *Orchestrator) remoteLoadCount() int {
 	}
 	return n
 }
+
+// An API key name's max-concurrency holds across routers: with one of
+// its requests in flight at each of two routers and a limit of 2, a third
+// is refused wherever it comes; a request waiting at one router is
+// admitted when the other's end; a router that dies stops counting.
+func TestKeyLimitHoldsAcrossRouters(t *testing.T) {
+	cl := []string{freeAddr(t), freeAddr(t)}
+	keys := []string{"team sk-t max-concurrency=2 max-wait=0s", "slow sk-s max-concurrency=1 max-wait=10s"}
+	var cfgs []Config
+	for i := range 2 {
+		cfgs = append(cfgs, Config{Name: fmt.Sprint("orch-", i), RouterAddr: "127.0.0.1:0", ControlAddr: "127.0.0.1:0", NATSListen: "127.0.0.1:0",
+			DataDir: t.TempDir(), ClusterListen: cl[i], ClusterPeers: []string{cl[1-i]}, APIKeys: keys, PlannerMode: PlannerOff})
+	}
+	tr := runOrchestrators(t, cfgs...)
+	a, b := tr.o[0], tr.o[1]
+	wait.Until(t, 10*time.Second, "each router hears the other", func() bool { return a.hasPeers() && b.hasPeers() })
+	heldA := &held{release: make(chan struct{}), started: make(chan struct{}, 16)}
+	heldB := &held{release: make(chan struct{}), started: make(chan struct{}, 16)}
+	ha, hb := a.requireKey(heldA), b.requireKey(heldB)
+	ctx := context.Background()
+
+	ask(ha, ctx, "POST", "/v1/chat/completions", "sk-t")
+	<-heldA.started
+	ask(hb, ctx, "POST", "/v1/chat/completions", "sk-t")
+	<-heldB.started
+	wait.Until(t, 5*time.Second, "each router counts the other's request", func() bool {
+		return a.othersInFlight("team") == 1 && b.othersInFlight("team") == 1
+	})
+	for name, h := range map[string]http.Handler{"orch-0": ha, "orch-1": hb} {
+		w, done := ask(h, ctx, "POST", "/v1/completions", "sk-t")
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a third request of a name limited to 2, through %s, was admitted", name)
+		}
+		if w.Code != 429 {
+			t.Fatalf("a third request of a name limited to 2, through %s: %d, want 429", name, w.Code)
+		}
+	}
+	for _, o := range []*Orchestrator{a, b} {
+		for _, kl := range o.Status().KeyLimits {
+			if kl.Name == "team" && kl.InFlight != 2 {
+				t.Fatalf("%s's status: team has %d in flight, want the cluster's 2", o.cfg.Name, kl.InFlight)
+			}
+		}
+	}
+
+	// One waits at orch-0 while orch-1 holds the name's one slot, and goes
+	// once orch-1's request ends.
+	ask(hb, ctx, "POST", "/v1/chat/completions", "sk-s")
+	<-heldB.started
+	wait.Until(t, 5*time.Second, "orch-0 counts orch-1's slow request", func() bool { return a.othersInFlight("slow") == 1 })
+	w, done := ask(ha, ctx, "POST", "/v1/chat/completions", "sk-s")
+	select {
+	case <-heldA.started:
+		t.Fatal("a request over the name's limit across routers was admitted at once")
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(heldB.release)
+	select {
+	case <-heldA.started:
+	case <-done:
+		t.Fatalf("the waiting request ended with %d before orch-1's slot came free", w.Code)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the waiting request was not admitted within 5 s of the other router's request ending")
+	}
+
+	// orch-1 dies holding nothing now; its counts would not outlive it
+	// anyway: orch-0 admits up to the limit on its own again.
+	tr.stop[1]()
+	wait.Until(t, 10*time.Second, "orch-0 forgets the dead router's requests", func() bool { return a.othersInFlight("team") == 0 })
+	close(heldA.release)
+}

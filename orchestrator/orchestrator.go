@@ -124,6 +124,7 @@ type Orchestrator struct {
 	routerLn, controlLn            net.Listener
 	certs                          *certreload.Reloader // nil: plain HTTP
 	keys                           *apikeys.Set         // the agents' API keys (none: open) and limits
+	keyPeers                       remoteKeys           // other routers' requests in flight per limited name
 	inFlight                       atomic.Int64         // answers the router is writing
 	bodies                         *largeBodies         // the budget for large request bodies
 	resyncs                        *resyncQueue         // KV resyncs, one engine at a time
@@ -358,6 +359,9 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		return err
 	}
 	if err := o.followLoads(); err != nil {
+		return err
+	}
+	if err := o.shareKeyLoads(ctx); err != nil {
 		return err
 	}
 	if o.lease != nil {

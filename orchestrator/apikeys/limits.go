@@ -94,27 +94,54 @@ var ErrOverLimit = errors.New("API key name over its max-concurrency")
 
 // Admit takes a slot for a request, waiting up to the name's max-wait:
 // nil once it has one (Release gives it back), ErrOverLimit when none came
-// in time, ctx's error when the client left first.
-func (l *Limit) Admit(ctx context.Context) error {
-	select {
-	case l.slots <- struct{}{}:
-		return nil
-	default:
-	}
-	if l.wait > 0 {
-		l.waiting.Add(1)
-		t := time.NewTimer(l.wait)
-		defer func() { t.Stop(); l.waiting.Add(-1) }()
+// in time, ctx's error when the client left first. others, when not nil,
+// counts the name's requests in flight at other routers, which take their
+// share of max-concurrency: a slot is taken only while this router's and
+// theirs are fewer (looked at again every othersPoll while waiting).
+func (l *Limit) Admit(ctx context.Context, others func() int) error {
+	free := func() bool { return others == nil || len(l.slots)+others() < cap(l.slots) }
+	if free() {
 		select {
 		case l.slots <- struct{}{}:
+			return nil
+		default:
+		}
+	}
+	if l.wait <= 0 {
+		return ErrOverLimit
+	}
+	l.waiting.Add(1)
+	t := time.NewTimer(l.wait)
+	defer func() { t.Stop(); l.waiting.Add(-1) }()
+	var poll <-chan time.Time
+	if others != nil {
+		tick := time.NewTicker(othersPoll)
+		defer tick.Stop()
+		poll = tick.C
+	}
+	for {
+		var slots chan struct{} // nil: not now (others hold the rest)
+		if free() {
+			slots = l.slots
+		}
+		select {
+		case slots <- struct{}{}:
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C:
+			return ErrOverLimit
+		case <-poll:
 		}
 	}
-	return ErrOverLimit
 }
+
+// othersPoll is how often a waiting request looks again at the other
+// routers' requests in flight.
+const othersPoll = 25 * time.Millisecond
+
+// InFlight is the name's requests in flight at this router.
+func (l *Limit) InFlight() int { return len(l.slots) }
 
 // Wait is the name's max-wait.
 func (l *Limit) Wait() time.Duration { return l.wait }
@@ -131,13 +158,28 @@ func LimitedPath(r *http.Request) bool {
 	return false
 }
 
-// Status is the names with limits, by name, with their requests now.
-func (ks *Keys) Status() []controlapi.KeyLimit {
+// Status is the names with limits, by name, with their requests now:
+// in flight at this router, plus at others where others counts them.
+func (ks *Keys) Status(others func(name string) int) []controlapi.KeyLimit {
 	var out []controlapi.KeyLimit
 	for name, l := range ks.limits {
+		n := len(l.slots)
+		if others != nil {
+			n += others(name)
+		}
 		out = append(out, controlapi.KeyLimit{Name: name, MaxConcurrency: l.Max(), MaxWaitSec: l.wait.Seconds(),
-			InFlight: len(l.slots), Waiting: int(l.waiting.Load())})
+			InFlight: n, Waiting: int(l.waiting.Load())})
 	}
 	slices.SortFunc(out, func(a, b controlapi.KeyLimit) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// Limited are the names with limits.
+func (ks *Keys) Limited() []string {
+	names := make([]string, 0, len(ks.limits))
+	for name := range ks.limits {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
