@@ -40,6 +40,12 @@ const orchestratorReady = 30 * time.Second
 // for a majority of the others before it serves. It returns their results
 // in the file's order.
 func UpOrchestrators(ctx context.Context, f *File, opt UpOptions, controlToken string) []OrchestratorResult {
+	return onOrchestratorHosts(f, func(host string) OrchestratorResult { return UpOrchestrator(ctx, f, host, opt, controlToken) })
+}
+
+// onOrchestratorHosts runs do for each orchestrator host at once and
+// returns the results in the file's order.
+func onOrchestratorHosts(f *File, do func(host string) OrchestratorResult) []OrchestratorResult {
 	hosts := f.Spec.Orchestrator.OnHosts()
 	res := make([]OrchestratorResult, len(hosts))
 	var wg sync.WaitGroup
@@ -47,7 +53,7 @@ func UpOrchestrators(ctx context.Context, f *File, opt UpOptions, controlToken s
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i] = UpOrchestrator(ctx, f, h, opt, controlToken)
+			res[i] = do(h)
 		}()
 	}
 	wg.Wait()
@@ -192,18 +198,7 @@ func UpOrchestrator(ctx context.Context, f *File, host string, opt UpOptions, co
 // DownOrchestrators stops the orchestrators evolve up runs on the file's
 // hosts, all at once, and removes their files.
 func DownOrchestrators(ctx context.Context, f *File, opt UpOptions) []OrchestratorResult {
-	hosts := f.Spec.Orchestrator.OnHosts()
-	res := make([]OrchestratorResult, len(hosts))
-	var wg sync.WaitGroup
-	for i, h := range hosts {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			res[i] = DownOrchestrator(ctx, f, h, opt)
-		}()
-	}
-	wg.Wait()
-	return res
+	return onOrchestratorHosts(f, func(host string) OrchestratorResult { return DownOrchestrator(ctx, f, host, opt) })
 }
 
 // DownOrchestrator stops the orchestrator evolve up runs on a host and
