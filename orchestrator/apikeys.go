@@ -104,9 +104,13 @@ func (o *Orchestrator) admitUnder(l *apikeys.Limit, name string, w http.Response
 		return false
 	}
 	o.countRequest(r, "rate_limited")
+	where := ""
+	if o.othersCounter(name) != nil {
+		where = " across the cluster's routers"
+	}
 	writeShaped(w, r, &openaiapi.Error{Status: 429, Type: "requests", Code: "rate_limit_exceeded", RetryAfter: 1,
-		Message: fmt.Sprintf("API key %s has %d requests in flight, its limit (max-concurrency), and none ended within %s: retry later",
-			keyLabel(r), l.Max(), l.Wait())})
+		Message: fmt.Sprintf("API key %s has %d requests in flight%s, its limit (max-concurrency), and none ended within %s: retry later",
+			keyLabel(r), l.Max(), where, l.Wait())})
 	return false
 }
 

@@ -508,8 +508,8 @@ func TestKeyLimitHoldsAcrossRouters(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Fatalf("a third request of a name limited to 2, through %s, was admitted", name)
 		}
-		if w.Code != 429 {
-			t.Fatalf("a third request of a name limited to 2, through %s: %d, want 429", name, w.Code)
+		if w.Code != 429 || !strings.Contains(w.Body.String(), "team has 2 requests in flight across the cluster's routers") {
+			t.Fatalf("a third request of a name limited to 2, through %s: %d %s, want 429 naming the cluster's count", name, w.Code, w.Body)
 		}
 	}
 	for _, o := range []*Orchestrator{a, b} {
