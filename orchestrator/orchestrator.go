@@ -437,6 +437,20 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 	if o.cfg.NATSToken != "" && o.cfg.NATSURL == "" {
 		opts = append(opts, nats.Token(o.cfg.NATSToken))
 	}
+	if o.cfg.NATSURL != "" {
+		// Credentials in the URLs go as options, so that the servers the
+		// client learns of from the cluster get them too; an authorization
+		// error while reconnecting is tried again, not the end.
+		servers, user, password, token := protocol.NATSCredentials(url)
+		url = strings.Join(servers, ",")
+		switch {
+		case token != "":
+			opts = append(opts, nats.Token(token))
+		case user != "":
+			opts = append(opts, nats.UserInfo(user, password))
+		}
+		opts = append(opts, nats.IgnoreAuthErrorAbort())
+	}
 	if o.cfg.NATSCreds != "" && o.cfg.NATSURL != "" {
 		opts = append(opts, nats.UserCredentials(o.cfg.NATSCreds))
 	}

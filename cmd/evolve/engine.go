@@ -289,17 +289,33 @@ func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile 
 // for ever: an engine that starts before its orchestrator registers when
 // it can.
 func connectEngineNATS(url, id string) (*nats.Conn, error) {
-	var creds []nats.Option
-	if f := config.GetString("engine.nats-creds"); f != "" {
-		creds = append(creds, nats.UserCredentials(f))
+	servers, user, password, token := protocol.NATSCredentials(url)
+	// The credentials go as options, so that the servers the client
+	// learns of from the cluster get them too; and an authorization
+	// error (a server restarting) is tried again, not the end of the
+	// connection, which would leave the engine down for good.
+	opts := []nats.Option{nats.IgnoreAuthErrorAbort()}
+	switch {
+	case token != "":
+		opts = append(opts, nats.Token(token))
+	case user != "":
+		opts = append(opts, nats.UserInfo(user, password))
 	}
-	nc, err := nats.Connect(url, append(creds, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+	if f := config.GetString("engine.nats-creds"); f != "" {
+		opts = append(opts, nats.UserCredentials(f))
+	}
+	nc, err := nats.Connect(strings.Join(servers, ","), append(opts, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { slog.Warn("NATS", "err", err) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
-		nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrl()) }))...)
+		nats.ReconnectHandler(func(c *nats.Conn) { slog.Info("NATS reconnected", "url", c.ConnectedUrlRedacted()) }),
+		nats.ClosedHandler(func(c *nats.Conn) {
+			if err := c.LastError(); err != nil {
+				slog.Error("NATS connection closed: the engine no longer reaches the event plane; restart it", "err", err)
+			}
+		}))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", url, err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", strings.Join(servers, ","), err)
 	}
 	return nc, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -319,4 +320,53 @@ func TestUpThreeOrchestrators(t *testing.T) {
 			t.Errorf("%s's data directory %s is left: %v", o.Name, o.DataDir, err)
 		}
 	}
+}
+
+// An engine given one orchestrator's NATS URL, with the event plane's
+// token in it, goes on through another when that orchestrator is killed:
+// it reconnects to a server it learned of from the cluster, whose URL has
+// no token of its own, and is heard again.
+func TestEngineReconnectsThroughALearnedServerWithItsToken(t *testing.T) {
+	if !hasNonLoopbackAddress() {
+		t.Skip("this machine has no address but loopback: a NATS server on 0.0.0.0 advertises none to learn")
+	}
+	const token = "s3cret-token"
+	cl := []string{freePort(t), freePort(t)}
+	var orchs [2]*orchProc
+	for i := range orchs {
+		orchs[i] = launchOrchestrator(t, "--name", fmt.Sprint("orch-", i), "--nats-listen", "0.0.0.0:0", "--nats-token", token,
+			"--cluster-listen", cl[i], "--cluster-peers", cl[1-i])
+	}
+	for _, o := range orchs {
+		o.waitReady(t, 60*time.Second)
+	}
+	_, portA, _ := net.SplitHostPort(strings.TrimPrefix(orchs[0].info.NATSURL, "nats://"))
+	eng := startEngine(t, "--nats", fmt.Sprintf("nats://%s@127.0.0.1:%s", token, portA), "--id", "e0", "--profile", "tiny")
+	serving := func(o *orchProc, after time.Time) bool {
+		var n controlapi.Node
+		getJSON(t, o.info.ControlURL+"/api/v1/nodes/e0", &n)
+		return n.State == orchestrator.StateServing && n.LastSeen.After(after)
+	}
+	wait.Until(t, 20*time.Second, "orch-1 sees e0 serving", func() bool { return serving(orchs[1], time.Time{}) })
+	orchs[0].cmd.Process.Signal(syscall.SIGKILL)
+	<-orchs[0].done
+	killed := time.Now()
+	wait.Until(t, 15*time.Second, "e0 heard by orch-1 again, 5 s after orch-0 died", func() bool {
+		return serving(orchs[1], killed.Add(5*time.Second))
+	})
+	if log := eng.logText(); strings.Contains(log, "connection closed") || strings.Contains(log, "authorization violation") {
+		t.Fatalf("the engine's NATS connection failed on the way:\n%s", log)
+	}
+}
+
+// hasNonLoopbackAddress says whether this machine has an IP address off
+// loopback (a NATS server on 0.0.0.0 advertises those to its clients).
+func hasNonLoopbackAddress() bool {
+	addrs, _ := net.InterfaceAddrs()
+	for _, a := range addrs {
+		if ip, ok := a.(*net.IPNet); ok && !ip.IP.IsLoopback() && ip.IP.To4() != nil {
+			return true
+		}
+	}
+	return false
 }

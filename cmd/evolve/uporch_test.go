@@ -315,8 +315,13 @@ spec:
 		t.Fatalf("a request through %s after the leader died: %d %v", other.Host, code, body)
 	}
 	wait.Until(t, 30*time.Second, "the killed orchestrator restarted by its supervisor, serving again", func() bool {
-		code, _, _ := post(t, byHost[leader].RouterURL+"/v1/completions", `{"prompt": "back?", "max_tokens": 2}`)
-		return code == 200 && len(status(byHost[leader]).Orchestrators) == 3
+		// Refused until it listens again: asked without failing the test.
+		resp, err := http.Post(byHost[leader].RouterURL+"/v1/completions", "application/json", strings.NewReader(`{"prompt": "back?", "max_tokens": 2}`))
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == 200 && len(status(byHost[leader]).Orchestrators) == 3
 	})
 
 	// status -f says each runs; logs reads one's; a re-run changes nothing.
@@ -334,6 +339,14 @@ spec:
 		t.Fatalf("re-run:\n%s", out)
 	}
 
+	// No engine lost the event plane for good on the way (an engine whose
+	// NATS client gave up after authorization errors while the killed
+	// orchestrator's server was gone stayed down).
+	for i := range hs {
+		if b, _ := os.ReadFile(filepath.Join(dir, fmt.Sprintf("h%d", i+1), "engine.log")); strings.Contains(string(b), "connection closed") {
+			t.Fatalf("gpu-0%d's engine lost its NATS connection:\n%s", i+1, b)
+		}
+	}
 	if out, code := runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh); code != 0 {
 		t.Fatalf("down: exit %d\n%s", code, out)
 	}
