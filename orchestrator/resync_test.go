@@ -72,14 +72,20 @@ func (e *slowResyncEngine) start(t *testing.T, natsURL string) {
 			time.Sleep(300 * time.Millisecond)
 			for len(events) > 0 {
 				n := min(len(events), 100)
+				if n == len(events) {
+					// Done sending once the last batch leaves: counted
+					// before it is published, as the orchestrator may
+					// apply it and ask the next engine before Publish
+					// or Flush returns here.
+					e.mu.Lock()
+					*e.sending--
+					e.mu.Unlock()
+				}
 				b, _ := json.Marshal(protocol.KVEventBatch{Engine: e.id, Events: events[:n]})
 				nc.Publish(protocol.KVSubject(e.id), b)
 				events = events[n:]
 			}
 			nc.Flush()
-			e.mu.Lock()
-			*e.sending--
-			e.mu.Unlock()
 		}()
 	})
 	if err != nil {
