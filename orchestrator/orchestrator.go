@@ -18,6 +18,7 @@ import (
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/planner"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/protocol/natsconn"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -438,21 +439,9 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		opts = append(opts, nats.Token(o.cfg.NATSToken))
 	}
 	if o.cfg.NATSURL != "" {
-		// Credentials in the URLs go as options, so that the servers the
-		// client learns of from the cluster get them too; an authorization
-		// error while reconnecting is tried again, not the end.
-		servers, user, password, token := protocol.NATSCredentials(url)
-		url = strings.Join(servers, ",")
-		switch {
-		case token != "":
-			opts = append(opts, nats.Token(token))
-		case user != "":
-			opts = append(opts, nats.UserInfo(user, password))
-		}
-		opts = append(opts, nats.IgnoreAuthErrorAbort())
-	}
-	if o.cfg.NATSCreds != "" && o.cfg.NATSURL != "" {
-		opts = append(opts, nats.UserCredentials(o.cfg.NATSCreds))
+		var auth []nats.Option
+		url, auth = natsconn.Options(url, o.cfg.NATSCreds)
+		opts = append(opts, auth...)
 	}
 	connectURL := url
 	if o.ns != nil && o.natsTLS() {

@@ -478,35 +478,6 @@ func EngineToken(natsURL string) string {
 	return u.User.Username()
 }
 
-// NATSCredentials splits the credentials off a comma-separated list of
-// NATS URLs: the URLs without user info, and the token (nats://TOKEN@...)
-// or user and password (nats://USER:PASS@...) of the first URL that has
-// them. Given to the client as options rather than in the URLs, they also
-// reach the servers it learns of from the cluster, whose URLs have none:
-// reconnecting to one of those without them fails authorization.
-func NATSCredentials(urls string) (clean []string, user, password, token string) {
-	found := false
-	for _, raw := range strings.Split(urls, ",") {
-		raw = strings.TrimSpace(raw)
-		u, err := url.Parse(raw)
-		if err != nil || u.User == nil {
-			clean = append(clean, raw)
-			continue
-		}
-		if !found {
-			found = true
-			if p, ok := u.User.Password(); ok {
-				user, password = u.User.Username(), p
-			} else {
-				token = u.User.Username()
-			}
-		}
-		u.User = nil
-		clean = append(clean, u.String())
-	}
-	return clean, user, password, token
-}
-
 // BearerTransport sends the engine token with every request that carries
 // no Authorization of its own. A nil Base is http.DefaultTransport; an
 // empty Token sends nothing.

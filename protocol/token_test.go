@@ -3,7 +3,6 @@ package protocol
 import (
 	"net/http"
 	"net/http/httptest"
-	"strings"
 	"testing"
 )
 
@@ -54,22 +53,5 @@ func TestBearerTransportSendsTheTokenUnlessTheRequestHasOne(t *testing.T) {
 	}
 	if plain.Header.Get("Authorization") != "" {
 		t.Fatal("the transport wrote the token into the caller's request")
-	}
-}
-
-// NATSCredentials takes a token, or a user and password, off the URLs, so
-// that the client can present them to servers it learns of too.
-func TestNATSCredentials(t *testing.T) {
-	for _, c := range []struct{ in, clean, user, password, token string }{
-		{"nats://tok@a:4222,nats://tok@b:4222", "nats://a:4222,nats://b:4222", "", "", "tok"},
-		{"tls://u:p@a:4222, nats://b:4222", "tls://a:4222,nats://b:4222", "u", "p", ""},
-		{"nats://a:4222", "nats://a:4222", "", "", ""},
-	} {
-		t.Run(c.in, func(t *testing.T) {
-			clean, user, password, token := NATSCredentials(c.in)
-			if strings.Join(clean, ",") != c.clean || user != c.user || password != c.password || token != c.token {
-				t.Fatalf("got %v %q %q %q", clean, user, password, token)
-			}
-		})
 	}
 }

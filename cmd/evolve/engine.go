@@ -18,6 +18,7 @@ import (
 	"github.com/evolvellm/evolve/engine"
 	"github.com/evolvellm/evolve/engine/stepmodel"
 	"github.com/evolvellm/evolve/protocol"
+	"github.com/evolvellm/evolve/protocol/natsconn"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
@@ -289,22 +290,8 @@ func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile 
 // for ever: an engine that starts before its orchestrator registers when
 // it can.
 func connectEngineNATS(url, id string) (*nats.Conn, error) {
-	servers, user, password, token := protocol.NATSCredentials(url)
-	// The credentials go as options, so that the servers the client
-	// learns of from the cluster get them too; and an authorization
-	// error (a server restarting) is tried again, not the end of the
-	// connection, which would leave the engine down for good.
-	opts := []nats.Option{nats.IgnoreAuthErrorAbort()}
-	switch {
-	case token != "":
-		opts = append(opts, nats.Token(token))
-	case user != "":
-		opts = append(opts, nats.UserInfo(user, password))
-	}
-	if f := config.GetString("engine.nats-creds"); f != "" {
-		opts = append(opts, nats.UserCredentials(f))
-	}
-	nc, err := nats.Connect(strings.Join(servers, ","), append(opts, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+	servers, opts := natsconn.Options(url, config.GetString("engine.nats-creds"))
+	nc, err := nats.Connect(servers, append(opts, nats.Name("evolve-engine-"+id), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
 		nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { slog.Warn("NATS", "err", err) }),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { slog.Warn("NATS disconnected", "err", err) }),
@@ -315,7 +302,7 @@ func connectEngineNATS(url, id string) (*nats.Conn, error) {
 			}
 		}))...)
 	if err != nil {
-		return nil, fmt.Errorf("connect to NATS at %s: %w", strings.Join(servers, ","), err)
+		return nil, fmt.Errorf("connect to NATS at %s: %w", servers, err)
 	}
 	return nc, nil
 }
