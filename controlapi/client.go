@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -22,6 +23,13 @@ type Client struct {
 	Base  string // e.g. http://127.0.0.1:8001
 	Token string
 	HTTP  *http.Client
+	// RetryFor is how long Do goes on asking again when the API answers
+	// 503 with a Retry-After (no orchestrator leads the planner while its
+	// lease moves to another): 0 asks once. A wait that would end past
+	// RetryFor, or past the context's end, is not begun.
+	RetryFor time.Duration
+	// OnRetry, if set, is told of each such answer before Do waits.
+	OnRetry func(e *Error)
 }
 
 // Error is an error answer of the control API. Its text is the API's own
@@ -46,8 +54,33 @@ func (e *TransportError) Error() string { return e.Err.Error() }
 func (e *TransportError) Unwrap() error { return e.Err }
 
 // Do sends in (if not nil) as JSON and decodes the answer into out (if not
-// nil). An error answer is an *Error (see there for its text).
+// nil). An error answer is an *Error (see there for its text). A 503 with
+// a Retry-After is asked again for up to RetryFor.
 func (c *Client) Do(ctx context.Context, method, path string, in, out any) error {
+	start := time.Now()
+	for {
+		err := c.do(ctx, method, path, in, out)
+		var e *Error
+		if !errors.As(err, &e) || e.Status != http.StatusServiceUnavailable || e.RetryAfter <= 0 || time.Since(start)+e.RetryAfter > c.RetryFor {
+			return err
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < e.RetryAfter {
+			return err
+		}
+		if c.OnRetry != nil {
+			c.OnRetry(e)
+		}
+		t := time.NewTimer(e.RetryAfter)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)

@@ -673,7 +673,9 @@ func (m *Model) askFor(n *Node, k string) tea.Cmd {
 func (m *Model) act(c *pendingAction) tea.Cmd {
 	src := m.src
 	return func() tea.Msg {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Long enough for the planner's lease to move to another
+		// orchestrator (the source asks again meanwhile).
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
 		if c.unpin {
 			return actionDone{what: "unpin " + c.node, err: src.Unpin(ctx, c.node)}

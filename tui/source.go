@@ -137,7 +137,10 @@ type HTTPSource struct {
 
 // NewHTTPSource returns a source for the control API at base.
 func NewHTTPSource(base, token string) *HTTPSource {
-	return &HTTPSource{controlapi.Client{Base: base, Token: token, HTTP: &http.Client{Timeout: 5 * time.Second}}}
+	// A role switch asked while the planner's lease moves to another
+	// orchestrator is asked again (a 503 with Retry-After) within the
+	// action's time, not shown as a failure.
+	return &HTTPSource{controlapi.Client{Base: base, Token: token, HTTP: &http.Client{Timeout: 5 * time.Second}, RetryFor: 15 * time.Second}}
 }
 
 // Addr is the control API's address.

@@ -70,22 +70,11 @@ func flagOrConfig(cmd *cobra.Command, name string) string {
 const retryBudget = 20 * time.Second
 
 func (c *controlClient) do(ctx context.Context, method, path string, in, out any) error {
-	api := &controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http}
-	start := time.Now()
-	err := api.Do(ctx, method, path, in, out)
-	for {
-		var ae *controlapi.Error
-		if !errors.As(err, &ae) || ae.Status != http.StatusServiceUnavailable || ae.RetryAfter <= 0 || time.Since(start)+ae.RetryAfter > retryBudget {
-			break
-		}
-		if c.note != nil {
-			fmt.Fprintf(c.note, "%s; trying again in %v\n", ae.Message, ae.RetryAfter)
-		}
-		if !sleepCtx(ctx, ae.RetryAfter) {
-			return ctx.Err()
-		}
-		err = api.Do(ctx, method, path, in, out)
+	api := &controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http, RetryFor: retryBudget}
+	if c.note != nil {
+		api.OnRetry = func(e *controlapi.Error) { fmt.Fprintf(c.note, "%s; trying again in %v\n", e.Message, e.RetryAfter) }
 	}
+	err := api.Do(ctx, method, path, in, out)
 	var te *controlapi.TransportError
 	if errors.As(err, &te) {
 		hint := "is a cluster up? try 'evolve up'"
