@@ -112,7 +112,9 @@ func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 
 // The orchestrators' alerts fire on the series an orchestrator exports:
 // no leader for a minute, and one silent for two; a node down that two
-// routers both report is one node (promtool test rules).
+// routers both report is one node; and each alert is its cluster's, so
+// that a cluster with no prefill node alerts beside one that has some
+// (promtool test rules).
 func TestPromtoolFiresTheOrchestratorAlerts(t *testing.T) {
 	tool := promtool(t)
 	dir := t.TempDir()
@@ -122,39 +124,58 @@ evaluation_interval: 15s
 tests:
   - interval: 15s
     input_series:
-      - series: 'evolve_planner_leaders{instance="a"}'
+      - series: 'evolve_planner_leaders{cluster="lab",instance="a"}'
         values: '1 1 0x8'
-      - series: 'evolve_planner_leaders{instance="b"}'
+      - series: 'evolve_planner_leaders{cluster="lab",instance="b"}'
         values: '1 1 0x8'
-      - series: 'evolve_orchestrators{instance="a",state="silent"}'
+      - series: 'evolve_planner_leaders{cluster="prod",instance="c"}'
+        values: '1x10'
+      - series: 'evolve_orchestrators{cluster="lab",instance="a",state="silent"}'
         values: '0 0 1x12'
-      - series: 'evolve_nodes{instance="a",role="decode",state="down"}'
+      - series: 'evolve_nodes{cluster="lab",instance="a",role="decode",state="down"}'
         values: '1x12'
-      - series: 'evolve_nodes{instance="b",role="decode",state="down"}'
+      - series: 'evolve_nodes{cluster="lab",instance="b",role="decode",state="down"}'
         values: '1x12'
+      - series: 'evolve_nodes{cluster="prod",instance="c",role="decode",state="down"}'
+        values: '0x12'
+      - series: 'evolve_nodes{cluster="lab",instance="a",role="prefill",state="serving"}'
+        values: '0x12'
+      - series: 'evolve_nodes{cluster="lab",instance="a",role="decode",state="serving"}'
+        values: '2x12'
+      - series: 'evolve_nodes{cluster="prod",instance="c",role="prefill",state="serving"}'
+        values: '3x12'
+      - series: 'evolve_nodes{cluster="prod",instance="c",role="decode",state="serving"}'
+        values: '5x12'
     alert_rule_test:
       - eval_time: 2m
         alertname: EvolveNodeDown
         exp_alerts:
-          - exp_labels: {severity: warning}
+          - exp_labels: {severity: warning, cluster: lab}
             exp_annotations:
-              summary: "1 evolve node(s) down"
+              summary: "1 evolve node(s) down in cluster lab"
               description: "The router routes around them. 'evolve nodes' says which and why; 'evolve logs NAME' (-f cluster.yaml for a host) shows the engine's log."
+      - eval_time: 2m
+        alertname: EvolveNoServingRole
+        exp_alerts:
+          - exp_labels: {severity: critical, cluster: lab}
+            exp_annotations:
+              summary: "No evolve node serves prefill, or none serves decode, in cluster lab"
+              description: "Requests fail with no_engine. 'evolve nodes' shows the roles; 'evolve role set NAME prefill|decode' moves one by hand."
       - {eval_time: 30s, alertname: EvolveNoPlannerLeader, exp_alerts: []}
       - eval_time: 2m
         alertname: EvolveNoPlannerLeader
         exp_alerts:
-          - exp_labels: {severity: critical}
+          - exp_labels: {severity: critical, cluster: lab}
             exp_annotations:
-              summary: "No evolve orchestrator leads the planner"
+              summary: "No evolve orchestrator leads the planner of cluster lab"
               description: "Nodes keep their roles and routers serve, but nothing moves nodes between roles and operators' role changes are refused (503). A leader's loss moves the lease within 5 s; longer means a majority of the orchestrators (JetStream) is gone: see evolve status and the orchestrators' logs."
       - {eval_time: 1m, alertname: EvolveOrchestratorSilent, exp_alerts: []}
       - eval_time: 3m
         alertname: EvolveOrchestratorSilent
         exp_alerts:
-          - exp_labels: {severity: warning}
+          - exp_labels: {severity: warning, cluster: lab}
             exp_annotations:
-              summary: "1 evolve orchestrator(s) silent on the event plane"
+              summary: "1 evolve orchestrator(s) of cluster lab silent on the event plane"
               description: "Another orchestrator has not been heard for 3 s: stopped, or cut off from NATS. Agents through its router fail; the others serve on. evolve status lists them."
 `
 	os.WriteFile(filepath.Join(dir, "tests.yaml"), []byte(tests), 0o644)
