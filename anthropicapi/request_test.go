@@ -2,6 +2,7 @@ package anthropicapi
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -170,10 +171,12 @@ func TestToChatRefusesWhatItCannotServe(t *testing.T) {
 		{`{"model":"m","max_tokens":8,"tool_choice":{"type":"any"},"messages":[{"role":"user","content":"x"}]}`, "requires tools"},
 		{`{"model":"m","max_tokens":8,"tool_choice":{"type":"maybe"},"messages":[{"role":"user","content":"x"}]}`, "tool_choice.type"},
 	} {
-		_, _, err := ToChat([]byte(c.body))
-		if err == nil || err.Status != 400 || err.Type != "invalid_request_error" || !strings.Contains(err.Message, c.want) {
-			t.Errorf("%s: got %+v, want a 400 saying %q", c.body, err, c.want)
-		}
+		t.Run(c.body, func(t *testing.T) {
+			_, _, err := ToChat([]byte(c.body))
+			if err == nil || err.Status != 400 || err.Type != "invalid_request_error" || !strings.Contains(err.Message, c.want) {
+				t.Errorf("%s: got %+v, want a 400 saying %q", c.body, err, c.want)
+			}
+		})
 	}
 }
 
@@ -203,9 +206,11 @@ func TestToChatKeepsMidConversationSystemMessages(t *testing.T) {
 		t.Fatalf("messages %+v", chat.Messages)
 	}
 	for i := range want {
-		if chat.Messages[i] != want[i] {
-			t.Fatalf("message %d: %+v, want %+v", i, chat.Messages[i], want[i])
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if chat.Messages[i] != want[i] {
+				t.Fatalf("message %d: %+v, want %+v", i, chat.Messages[i], want[i])
+			}
+		})
 	}
 }
 
@@ -252,8 +257,10 @@ func TestSessionOf(t *testing.T) {
 		"user_abc":                         "",
 		"":                                 "",
 	} {
-		if got := SessionOf(in); got != want {
-			t.Errorf("SessionOf(%q) = %q, want %q", in, got, want)
-		}
+		t.Run(in, func(t *testing.T) {
+			if got := SessionOf(in); got != want {
+				t.Errorf("SessionOf(%q) = %q, want %q", in, got, want)
+			}
+		})
 	}
 }

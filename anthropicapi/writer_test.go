@@ -104,19 +104,21 @@ func TestStopReasons(t *testing.T) {
 		{"stop", `"other"`, anthropic.StopReasonEndTurn, ""}, // not one the client asked for
 		{"stop", "7", anthropic.StopReasonEndTurn, ""},       // a stop token id
 	} {
-		cl := chatServer(t, func(w http.ResponseWriter, chat map[string]any) {
-			w.Header().Set("Content-Type", "application/json")
-			fmt.Fprintf(w, `{"id":"c","choices":[{"message":{"content":"x"},"finish_reason":%q,"stop_reason":%s}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`, c.finish, c.matched)
+		t.Run(c.finish, func(t *testing.T) {
+			cl := chatServer(t, func(w http.ResponseWriter, chat map[string]any) {
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"id":"c","choices":[{"message":{"content":"x"},"finish_reason":%q,"stop_reason":%s}],"usage":{"prompt_tokens":3,"completion_tokens":1}}`, c.finish, c.matched)
+			})
+			p := userParams("go")
+			p.StopSequences = []string{"</done>"}
+			m, err := cl.Messages.New(context.Background(), p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.StopReason != c.want || m.StopSequence != c.seq {
+				t.Errorf("%s/%s: stop %q %q, want %q %q", c.finish, c.matched, m.StopReason, m.StopSequence, c.want, c.seq)
+			}
 		})
-		p := userParams("go")
-		p.StopSequences = []string{"</done>"}
-		m, err := cl.Messages.New(context.Background(), p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if m.StopReason != c.want || m.StopSequence != c.seq {
-			t.Errorf("%s/%s: stop %q %q, want %q %q", c.finish, c.matched, m.StopReason, m.StopSequence, c.want, c.seq)
-		}
 	}
 }
 

@@ -105,16 +105,18 @@ spec:
 		{"engine --id a-0 --listen 0.0.0.0:8100 --advertise http://127.0.0.1:8100", "export CUDA_VISIBLE_DEVICES=0,1"},
 		{"engine --id a-1 --listen 0.0.0.0:8101 --advertise http://127.0.0.1:8101", "export CUDA_VISIBLE_DEVICES=2,3"},
 	} {
-		sub := filepath.Join(state, "a-"+strconv.Itoa(i))
-		if args := waitFile(t, filepath.Join(sub, "args")); !strings.Contains(args, want.args) || !strings.Contains(args, "--role decode") {
-			t.Errorf("engine %d runs %q, want %q", i, args, want.args)
-		}
-		if run, _ := os.ReadFile(filepath.Join(sub, "run.sh")); !strings.Contains(string(run), want.gpus) {
-			t.Errorf("engine %d's run.sh lacks %q:\n%s", i, want.gpus, run)
-		}
-		if _, ok := pidAlive(t, filepath.Join(sub, "supervisor.pid")); !ok {
-			t.Errorf("engine %d's supervisor does not run", i)
-		}
+		t.Run(want.args, func(t *testing.T) {
+			sub := filepath.Join(state, "a-"+strconv.Itoa(i))
+			if args := waitFile(t, filepath.Join(sub, "args")); !strings.Contains(args, want.args) || !strings.Contains(args, "--role decode") {
+				t.Errorf("engine %d runs %q, want %q", i, args, want.args)
+			}
+			if run, _ := os.ReadFile(filepath.Join(sub, "run.sh")); !strings.Contains(string(run), want.gpus) {
+				t.Errorf("engine %d's run.sh lacks %q:\n%s", i, want.gpus, run)
+			}
+			if _, ok := pidAlive(t, filepath.Join(sub, "supervisor.pid")); !ok {
+				t.Errorf("engine %d's supervisor does not run", i)
+			}
+		})
 	}
 	st := Status(ctx, f, opt)
 	if len(st) != 2 || !st[0].Running || !st[1].Running || st[1].Host != "a-1" {

@@ -202,15 +202,17 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		{"odd-0", "/var/lib/evolve/odd-0", "4,5", 9000, 5557, 5559, 5600, 0},
 		{"odd-1", "/var/lib/evolve/odd-1", "6,7", 9001, 5558, 5560, 5601, 0},
 	} {
-		e := es[i]
-		got := [...]int{e.Engine.Port, e.Engine.KVEventsPort, e.Engine.KVReplayPort, e.Engine.NIXLPort, e.Engine.PassMetricsPort}
-		if e.Name != want.name || e.StateDir() != want.dir || e.Engine.Env["CUDA_VISIBLE_DEVICES"] != want.devs ||
-			got != [...]int{want.port, want.ev, want.rep, want.nixl, want.fpm} {
-			t.Errorf("engine %d: %s in %s, GPUs %q, ports %v; want %+v", i, e.Name, e.StateDir(), e.Engine.Env["CUDA_VISIBLE_DEVICES"], got, want)
-		}
-		if e.GPUs != 2 || e.Role != f.Spec.Hosts[i/4].Role || e.HostName() != f.Spec.Hosts[min(i/4, 1)].Name {
-			t.Errorf("engine %d: %d GPUs, role %q, host %q", i, e.GPUs, e.Role, e.HostName())
-		}
+		t.Run(want.name, func(t *testing.T) {
+			e := es[i]
+			got := [...]int{e.Engine.Port, e.Engine.KVEventsPort, e.Engine.KVReplayPort, e.Engine.NIXLPort, e.Engine.PassMetricsPort}
+			if e.Name != want.name || e.StateDir() != want.dir || e.Engine.Env["CUDA_VISIBLE_DEVICES"] != want.devs ||
+				got != [...]int{want.port, want.ev, want.rep, want.nixl, want.fpm} {
+				t.Errorf("engine %d: %s in %s, GPUs %q, ports %v; want %+v", i, e.Name, e.StateDir(), e.Engine.Env["CUDA_VISIBLE_DEVICES"], got, want)
+			}
+			if e.GPUs != 2 || e.Role != f.Spec.Hosts[i/4].Role || e.HostName() != f.Spec.Hosts[min(i/4, 1)].Name {
+				t.Errorf("engine %d: %d GPUs, role %q, host %q", i, e.GPUs, e.Role, e.HostName())
+			}
+		})
 	}
 	if es[0].Engine.Env["HF_HOME"] != "/data" || f.Spec.Hosts[0].Engine.Env["CUDA_VISIBLE_DEVICES"] != "" {
 		t.Fatalf("engine env %v, host env %v: the engines share the host's, each with its own GPUs", es[0].Engine.Env, f.Spec.Hosts[0].Engine.Env)
@@ -252,9 +254,11 @@ func TestHostOfSeveralEngines(t *testing.T) {
 		{"    - {name: a, address: h, engine: {backend: vllm, args: [m, --tensor-parallel-size, two]}}\n",
 			"spec.hosts[0].engine.args: --tensor-parallel-size two: want a positive number"},
 	} {
-		if _, err := Parse("c.yaml", doc(c.hosts)); err == nil || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: want %q, got %v", c.hosts, c.want, err)
-		}
+		t.Run(c.hosts, func(t *testing.T) {
+			if _, err := Parse("c.yaml", doc(c.hosts)); err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Errorf("%s: want %q, got %v", c.hosts, c.want, err)
+			}
+		})
 	}
 	// Sim engines need no GPUs to share.
 	f, err = Parse("c.yaml", doc("    - {name: a, address: h, engines: 3}\n"))
@@ -302,13 +306,15 @@ func TestClusterFileErrorsNameThePath(t *testing.T) {
 		// A merge key merges a mapping of the same shape, checked as such.
 		{doc("  defaults: &d {gpus: 4}\n  hosts:\n    - <<: *d\n      name: a\n      adress: x\n"), "spec.hosts[0].adress: unknown field (did you mean address?)"},
 	} {
-		_, err := Parse("c.yaml", tc.src)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%q:\n got %v\nwant %s", tc.src, err, tc.want)
-		}
-		if err != nil && strings.Contains(err.Error(), "cluster.") {
-			t.Errorf("%q: a Go type in the message: %v", tc.src, err)
-		}
+		t.Run(tc.want, func(t *testing.T) {
+			_, err := Parse("c.yaml", tc.src)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%q:\n got %v\nwant %s", tc.src, err, tc.want)
+			}
+			if err != nil && strings.Contains(err.Error(), "cluster.") {
+				t.Errorf("%q: a Go type in the message: %v", tc.src, err)
+			}
+		})
 	}
 }
 

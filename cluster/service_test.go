@@ -155,9 +155,11 @@ func TestUnitQuoting(t *testing.T) {
 		"$HOME":                 "$$HOME",
 		`back\slash`:            `"back\\slash"`,
 	} {
-		if got := unitQuote(in); got != want {
-			t.Errorf("unitQuote(%q) = %s, want %s", in, got, want)
-		}
+		t.Run(in, func(t *testing.T) {
+			if got := unitQuote(in); got != want {
+				t.Errorf("unitQuote(%q) = %s, want %s", in, got, want)
+			}
+		})
 	}
 	if got := envQuote(`a "b" $c`); got != `"a \"b\" \$c"` {
 		t.Errorf("envQuote: %s", got)

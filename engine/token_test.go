@@ -69,9 +69,11 @@ func TestEngineTokenGuardsTheAPIAndTravelsToPeers(t *testing.T) {
 		{"/evolve/v1/kv/lookup", "", `{"blocks": [1, 2]}`},
 		{"/evolve/v1/kv/pull", "", `{"remote_request_id": "x"}`},
 	} {
-		if status, b := call(t, pre.URL+c.path, c.auth, c.body); status != 401 || !strings.Contains(string(b), `"invalid_engine_token"`) {
-			t.Fatalf("%s with Authorization %q: %d %s, want 401 invalid_engine_token", c.path, c.auth, status, b)
-		}
+		t.Run(c.path, func(t *testing.T) {
+			if status, b := call(t, pre.URL+c.path, c.auth, c.body); status != 401 || !strings.Contains(string(b), `"invalid_engine_token"`) {
+				t.Fatalf("%s with Authorization %q: %d %s, want 401 invalid_engine_token", c.path, c.auth, status, b)
+			}
+		})
 	}
 
 	// The prefill leg, with the token, holds its KV for a decode engine.

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -129,9 +130,11 @@ func TestBranchesRewriteNewBranchChanges(t *testing.T) {
 		t.Fatalf("changes %v, want the 4 dead and 3 new blocks once each", ch)
 	}
 	for h := range want {
-		if !got[h] {
-			t.Fatalf("changes %v lack %x", ch, h)
-		}
+		t.Run(fmt.Sprint(h), func(t *testing.T) {
+			if !got[h] {
+				t.Fatalf("changes %v lack %x", ch, h)
+			}
+		})
 	}
 	if got := refsOf(b, kept); got[0] != 1 || got[5] != 1 || b.Refs(old[7]) != 0 {
 		t.Fatalf("kept prefix refs %v, dead tail %d", got, b.Refs(old[7]))

@@ -14,14 +14,16 @@ func seqTokens(n int, start uint32) []uint32 {
 }
 
 func TestChainHashesFullBlocksOnly(t *testing.T) {
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		tokens, bs, want int
 	}{
 		{0, 16, 0}, {15, 16, 0}, {16, 16, 1}, {31, 16, 1}, {32, 16, 2}, {1000, 16, 62}, {1000, 512, 1},
 	} {
-		if got := len(ChainHashes(seqTokens(tc.tokens, 1), tc.bs)); got != tc.want {
-			t.Errorf("%d tokens, block %d: %d hashes, want %d", tc.tokens, tc.bs, got, tc.want)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if got := len(ChainHashes(seqTokens(tc.tokens, 1), tc.bs)); got != tc.want {
+				t.Errorf("%d tokens, block %d: %d hashes, want %d", tc.tokens, tc.bs, got, tc.want)
+			}
+		})
 	}
 }
 

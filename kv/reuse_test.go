@@ -34,10 +34,12 @@ func TestLostReuseCountsWhatTheEngineRecomputed(t *testing.T) {
 		{"nothing cached: the 9 blocks computed before", 0, 0, 9 * bs},
 		{"a preemption recomputed 40 tokens", 7, 40, 2*bs + 40},
 	} {
-		hit := c.hit * bs
-		if got := p.Lost(len(chain), len(tokens), hit, len(tokens)-hit+c.extra, bs); got != int64(c.want) {
-			t.Errorf("%s: lost %d tokens, want %d", c.what, got, c.want)
-		}
+		t.Run(c.what, func(t *testing.T) {
+			hit := c.hit * bs
+			if got := p.Lost(len(chain), len(tokens), hit, len(tokens)-hit+c.extra, bs); got != int64(c.want) {
+				t.Errorf("%s: lost %d tokens, want %d", c.what, got, c.want)
+			}
+		})
 	}
 	// A prompt of whole blocks computes its last block, cached or not.
 	ever.Add(chain[9])

@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 )
@@ -22,9 +23,11 @@ func TestSetMatchesAMap(t *testing.T) {
 		ref[h] = true
 		if i%9973 == 0 {
 			for k := range ref {
-				if !s.Has(k) {
-					t.Fatalf("lost %x", k)
-				}
+				t.Run(fmt.Sprint(k), func(t *testing.T) {
+					if !s.Has(k) {
+						t.Fatalf("lost %x", k)
+					}
+				})
 			}
 			if s.Len() != len(ref) || s.Has(BlockHash(1<<63+uint64(i))) != ref[BlockHash(1<<63+uint64(i))] {
 				t.Fatalf("len %d, map %d", s.Len(), len(ref))

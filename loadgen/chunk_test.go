@@ -47,13 +47,15 @@ func TestTokenTextReadsPlainTokenEvents(t *testing.T) {
 		{`{"choices":[{"logprobs":null,"text":"late"}]}`, "late", false},
 		{`{"meta":{"text":"no"},"choices":[{"text":"yes"}]}`, "yes", false},
 	} {
-		text, ok := tokenText([]byte(tc.event))
-		if ok != tc.fast || (ok && string(text) != tc.want) {
-			t.Errorf("%s: tokenText %q, %v; want %q, %v", tc.event, text, ok, tc.want, tc.fast)
-		}
-		if got, _, valid := chunkTextAsJSON([]byte(tc.event)); !valid || got != tc.want {
-			t.Errorf("%s: encoding/json reads %q (valid %v), the case says %q", tc.event, got, valid, tc.want)
-		}
+		t.Run(tc.event, func(t *testing.T) {
+			text, ok := tokenText([]byte(tc.event))
+			if ok != tc.fast || (ok && string(text) != tc.want) {
+				t.Errorf("%s: tokenText %q, %v; want %q, %v", tc.event, text, ok, tc.want, tc.fast)
+			}
+			if got, _, valid := chunkTextAsJSON([]byte(tc.event)); !valid || got != tc.want {
+				t.Errorf("%s: encoding/json reads %q (valid %v), the case says %q", tc.event, got, valid, tc.want)
+			}
+		})
 	}
 }
 

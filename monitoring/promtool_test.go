@@ -100,13 +100,15 @@ func TestPromtoolTakesTheScrapeConfigs(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, b := range map[string][]byte{"static": static, "http_sd": httpSD} {
-		f := filepath.Join(dir, name+".yml")
-		if err := os.WriteFile(f, b, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
-			t.Errorf("promtool check config, %s: %v\n%s\n%s", name, err, out, b)
-		}
+		t.Run(name, func(t *testing.T) {
+			f := filepath.Join(dir, name+".yml")
+			if err := os.WriteFile(f, b, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := exec.Command(tool, "check", "config", f).CombinedOutput(); err != nil {
+				t.Errorf("promtool check config, %s: %v\n%s\n%s", name, err, out, b)
+			}
+		})
 	}
 }
 

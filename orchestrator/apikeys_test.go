@@ -40,32 +40,34 @@ func TestAPIKeysGuardTheAgentsAPI(t *testing.T) {
 		{"GET", "/health", [2]string{}, 200, ""},
 		{"GET", "/metrics", [2]string{}, 200, ""},
 	} {
-		r := httptest.NewRequest(c.method, c.path, nil)
-		if c.header[0] != "" {
-			r.Header.Set(c.header[0], c.header[1])
-		}
-		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
-		if w.Code != c.status {
-			t.Errorf("%s %s with %v: %d, want %d: %s", c.method, c.path, c.header, w.Code, c.status, w.Body)
-			continue
-		}
-		if c.status != 401 {
-			continue
-		}
-		var e struct {
-			Type  string `json:"type"`
-			Error struct {
-				Type string `json:"type"`
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		json.Unmarshal(w.Body.Bytes(), &e)
-		if e.Error.Type != c.errType || w.Header().Get("WWW-Authenticate") == "" ||
-			(c.errType == "invalid_request_error" && e.Error.Code != "invalid_api_key") ||
-			(c.errType == "authentication_error" && e.Type != "error") {
-			t.Errorf("%s %s: 401 body %s, headers %v", c.method, c.path, w.Body, w.Header())
-		}
+		t.Run(c.method, func(t *testing.T) {
+			r := httptest.NewRequest(c.method, c.path, nil)
+			if c.header[0] != "" {
+				r.Header.Set(c.header[0], c.header[1])
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != c.status {
+				t.Errorf("%s %s with %v: %d, want %d: %s", c.method, c.path, c.header, w.Code, c.status, w.Body)
+				return
+			}
+			if c.status != 401 {
+				return
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type string `json:"type"`
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			json.Unmarshal(w.Body.Bytes(), &e)
+			if e.Error.Type != c.errType || w.Header().Get("WWW-Authenticate") == "" ||
+				(c.errType == "invalid_request_error" && e.Error.Code != "invalid_api_key") ||
+				(c.errType == "authentication_error" && e.Type != "error") {
+				t.Errorf("%s %s: 401 body %s, headers %v", c.method, c.path, w.Body, w.Header())
+			}
+		})
 	}
 	if got := testutil.ToFloat64(o.met.requests.WithLabelValues("evolve", "unauthorized")); got != 6 {
 		t.Errorf("%v unauthorized requests counted, want 6", got)

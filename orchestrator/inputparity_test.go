@@ -24,9 +24,11 @@ func TestRouterRefusesWhatVLLMRefuses(t *testing.T) {
 	bad := []string{`, "temperature": -3`, `, "top_p": 7`, `, "top_p": 0`, `, "top_k": -5`, `, "presence_penalty": 9`, `, "min_p": 2`}
 	for _, extra := range bad {
 		for path, body := range map[string]string{"/v1/completions": completion(extra), "/v1/chat/completions": chat(extra)} {
-			if status, b := postJSON(t, base+path, body); status != 400 {
-				t.Errorf("%s with %s: %d %v", path, extra, status, b)
-			}
+			t.Run(path, func(t *testing.T) {
+				if status, b := postJSON(t, base+path, body); status != 400 {
+					t.Errorf("%s with %s: %d %v", path, extra, status, b)
+				}
+			})
 		}
 	}
 	for _, extra := range []string{`, "temperature": -3`, `, "top_p": 7`, `, "top_k": -5`} {
@@ -44,17 +46,21 @@ func TestRouterRefusesWhatVLLMRefuses(t *testing.T) {
 		{"/v1/chat/completions", `{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 9223372036854775807}`},
 		{"/v1/messages", `{"model": "evolve-tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 9223372036854775807}`},
 	} {
-		if status, b := postJSON(t, base+c.path, c.body); status != 400 {
-			t.Errorf("%s %s: %d %v", c.path, c.body, status, b)
-		}
+		t.Run(c.path, func(t *testing.T) {
+			if status, b := postJSON(t, base+c.path, c.body); status != 400 {
+				t.Errorf("%s %s: %d %v", c.path, c.body, status, b)
+			}
+		})
 	}
 	// Within range: served.
 	for path, body := range map[string]string{"/v1/completions": completion(`, "temperature": 0.7, "top_p": 1, "logprobs": 5, "stop": ["\n"]`),
 		"/v1/chat/completions": chat(`, "temperature": 0, "top_k": -1, "logprobs": true, "top_logprobs": 20`),
 		"/v1/messages":         messages(`, "temperature": 1, "top_k": 40`)} {
-		if status, b := postJSON(t, base+path, body); status != 200 {
-			t.Errorf("%s in range: %d %v", path, status, b)
-		}
+		t.Run(path, func(t *testing.T) {
+			if status, b := postJSON(t, base+path, body); status != 200 {
+				t.Errorf("%s in range: %d %v", path, status, b)
+			}
+		})
 	}
 
 	huge := `{"prompt": "` + strings.Repeat("a", 33<<20) + `", "max_tokens": 1}`
@@ -72,15 +78,17 @@ func TestRouterRefusesWhatVLLMRefuses(t *testing.T) {
 		{"GET", "/v1/completions", "POST"}, {"PUT", "/v1/chat/completions", "POST"}, {"GET", "/v1/messages", "POST"}, {"POST", "/v1/models", "GET"},
 		{"POST", "/", "GET"},
 	} {
-		req, _ := http.NewRequest(c.method, base+c.path, nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow {
-			t.Errorf("%s %s: %d Allow %q, want 405 Allow %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), c.allow)
-		}
+		t.Run(c.method, func(t *testing.T) {
+			req, _ := http.NewRequest(c.method, base+c.path, nil)
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != 405 || resp.Header.Get("Allow") != c.allow {
+				t.Errorf("%s %s: %d Allow %q, want 405 Allow %s", c.method, c.path, resp.StatusCode, resp.Header.Get("Allow"), c.allow)
+			}
+		})
 	}
 	if status, _ := postJSON(t, base+"/v1/nothing", `{}`); status != 404 {
 		t.Errorf("an unknown path: %d", status)

@@ -70,16 +70,18 @@ func TestKeyLimitRefusesRequestsOverItsConcurrency(t *testing.T) {
 		{"/v1/completions", "requests", "rate_limit_exceeded"},
 		{"/v1/messages", "rate_limit_error", ""},
 	} {
-		w, d := ask(h, ctx, "POST", c.path, "sk-a1")
-		<-d
-		var e struct {
-			Error struct{ Type, Code, Message string } `json:"error"`
-		}
-		json.Unmarshal(w.Body.Bytes(), &e)
-		if w.Code != 429 || w.Header().Get("Retry-After") == "" || e.Error.Type != c.errType || e.Error.Code != c.code ||
-			!strings.Contains(e.Error.Message, "team-a has 2 requests in flight") {
-			t.Fatalf("%s over the limit: %d %v %s", c.path, w.Code, w.Header(), w.Body)
-		}
+		t.Run(c.path, func(t *testing.T) {
+			w, d := ask(h, ctx, "POST", c.path, "sk-a1")
+			<-d
+			var e struct {
+				Error struct{ Type, Code, Message string } `json:"error"`
+			}
+			json.Unmarshal(w.Body.Bytes(), &e)
+			if w.Code != 429 || w.Header().Get("Retry-After") == "" || e.Error.Type != c.errType || e.Error.Code != c.code ||
+				!strings.Contains(e.Error.Message, "team-a has 2 requests in flight") {
+				t.Fatalf("%s over the limit: %d %v %s", c.path, w.Code, w.Header(), w.Body)
+			}
+		})
 	}
 	if w, d := ask(h, ctx, "GET", "/v1/models", "sk-a1"); func() bool { <-d; return w.Code != 200 }() {
 		t.Fatalf("a model list while the name is at its limit: %d", w.Code)

@@ -502,15 +502,17 @@ func TestKeyLimitHoldsAcrossRouters(t *testing.T) {
 		return a.othersInFlight("team") == 1 && b.othersInFlight("team") == 1
 	})
 	for name, h := range map[string]http.Handler{"orch-0": ha, "orch-1": hb} {
-		w, done := ask(h, ctx, "POST", "/v1/completions", "sk-t")
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			t.Fatalf("a third request of a name limited to 2, through %s, was admitted", name)
-		}
-		if w.Code != 429 || !strings.Contains(w.Body.String(), "team has 2 requests in flight across the cluster's routers") {
-			t.Fatalf("a third request of a name limited to 2, through %s: %d %s, want 429 naming the cluster's count", name, w.Code, w.Body)
-		}
+		t.Run(name, func(t *testing.T) {
+			w, done := ask(h, ctx, "POST", "/v1/completions", "sk-t")
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				t.Fatalf("a third request of a name limited to 2, through %s, was admitted", name)
+			}
+			if w.Code != 429 || !strings.Contains(w.Body.String(), "team has 2 requests in flight across the cluster's routers") {
+				t.Fatalf("a third request of a name limited to 2, through %s: %d %s, want 429 naming the cluster's count", name, w.Code, w.Body)
+			}
+		})
 	}
 	for _, o := range []*Orchestrator{a, b} {
 		for _, kl := range o.Status().KeyLimits {

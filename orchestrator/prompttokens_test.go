@@ -89,12 +89,14 @@ func TestALegToAnEngineThatReadsNoIdsCarriesTheMessages(t *testing.T) {
 		resp.Body.Close()
 	}
 	for name, ids := range map[string]bool{"reads": true, "old": false} {
-		leg, err := openaiapi.ParseObject(got[name])
-		if err != nil || leg.Has(openaiapi.PromptTokensMember) != ids || leg.Has("messages") == ids || string(leg.Members["stream"]) != "true" {
-			t.Fatalf("%s engine got %s (%v)", name, got[name], err)
-		}
-		if e, perr := openaiapi.Parse(got[name], true, 0); perr != nil || !slices.Equal(e.Tokens, p.Tokens) {
-			t.Fatalf("%s engine reads %v, %v; the router read %v", name, e, perr, p.Tokens)
-		}
+		t.Run(name, func(t *testing.T) {
+			leg, err := openaiapi.ParseObject(got[name])
+			if err != nil || leg.Has(openaiapi.PromptTokensMember) != ids || leg.Has("messages") == ids || string(leg.Members["stream"]) != "true" {
+				t.Fatalf("%s engine got %s (%v)", name, got[name], err)
+			}
+			if e, perr := openaiapi.Parse(got[name], true, 0); perr != nil || !slices.Equal(e.Tokens, p.Tokens) {
+				t.Fatalf("%s engine reads %v, %v; the router read %v", name, e, perr, p.Tokens)
+			}
+		})
 	}
 }

@@ -29,17 +29,19 @@ func TestPrometheusTargetsAreServedBehindTheControlToken(t *testing.T) {
 		t.Fatalf("without the token: %d %s", w.Code, w.Body)
 	}
 	for _, c := range []struct{ query, cluster string }{{"", "evolve"}, {"?cluster=lab", "lab"}} {
-		w := get("/api/v1/prometheus/targets"+c.query, "ct")
-		var sd []struct {
-			Targets []string          `json:"targets"`
-			Labels  map[string]string `json:"labels"`
-		}
-		if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" || json.Unmarshal(w.Body.Bytes(), &sd) != nil {
-			t.Fatalf("targets%s: %d %q %s", c.query, w.Code, w.Header().Get("Content-Type"), w.Body)
-		}
-		if len(sd) != 1 || len(sd[0].Targets) != 1 || sd[0].Targets[0] != "10.0.0.1:8000" || sd[0].Labels["job"] != "evolve-router" ||
-			sd[0].Labels["cluster"] != c.cluster || sd[0].Labels["__scheme__"] != "http" {
-			t.Fatalf("targets%s: %s", c.query, w.Body)
-		}
+		t.Run(c.query, func(t *testing.T) {
+			w := get("/api/v1/prometheus/targets"+c.query, "ct")
+			var sd []struct {
+				Targets []string          `json:"targets"`
+				Labels  map[string]string `json:"labels"`
+			}
+			if w.Code != 200 || w.Header().Get("Content-Type") != "application/json" || json.Unmarshal(w.Body.Bytes(), &sd) != nil {
+				t.Fatalf("targets%s: %d %q %s", c.query, w.Code, w.Header().Get("Content-Type"), w.Body)
+			}
+			if len(sd) != 1 || len(sd[0].Targets) != 1 || sd[0].Targets[0] != "10.0.0.1:8000" || sd[0].Labels["job"] != "evolve-router" ||
+				sd[0].Labels["cluster"] != c.cluster || sd[0].Labels["__scheme__"] != "http" {
+				t.Fatalf("targets%s: %s", c.query, w.Body)
+			}
+		})
 	}
 }

@@ -44,9 +44,11 @@ func TestVLLMContinuationBody(t *testing.T) {
 		t.Fatalf("continuation %s, want the members of %v", b, want)
 	}
 	for k, v := range want {
-		if got, _ := json.Marshal(m[k]); string(got) != mustJSON(v) {
-			t.Errorf("%s = %s, want %s", k, got, mustJSON(v))
-		}
+		t.Run(k, func(t *testing.T) {
+			if got, _ := json.Marshal(m[k]); string(got) != mustJSON(v) {
+				t.Errorf("%s = %s, want %s", k, got, mustJSON(v))
+			}
+		})
 	}
 
 	// A chat answer without a limit runs on to the context's end.
@@ -220,20 +222,22 @@ func TestVLLMContinuationPriority(t *testing.T) {
 		{`{"prompt":"hi","max_tokens":9,"stream":true}`, `-1`},
 		{`{"prompt":"hi","max_tokens":9,"stream":true,"priority":3}`, `2`},
 	} {
-		a := vllmAttempt(t, tc.body, false, []uint32{7})
-		a.o = &Orchestrator{c: newCluster()}
-		a.o.c.nodes["by-priority"] = &node{reg: protocol.Registration{ID: "by-priority", PriorityScheduling: true}}
-		a.o.c.nodes["fcfs"] = &node{reg: protocol.Registration{ID: "fcfs"}}
-		body, err := a.vllmContinuation()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := a.prioritised("fcfs", body); string(got) != string(body) {
-			t.Errorf("%s: to an FCFS node %s, want %s", tc.body, got, body)
-		}
-		got, err := openaiapi.ParseObject(a.prioritised("by-priority", body))
-		if err != nil || string(got.Members["priority"]) != tc.want || string(got.Members["prompt"]) != "[101,102,103,7]" {
-			t.Errorf("%s: to a node scheduling by priority %v (%v), want priority %s", tc.body, got.Members, err, tc.want)
-		}
+		t.Run(tc.body, func(t *testing.T) {
+			a := vllmAttempt(t, tc.body, false, []uint32{7})
+			a.o = &Orchestrator{c: newCluster()}
+			a.o.c.nodes["by-priority"] = &node{reg: protocol.Registration{ID: "by-priority", PriorityScheduling: true}}
+			a.o.c.nodes["fcfs"] = &node{reg: protocol.Registration{ID: "fcfs"}}
+			body, err := a.vllmContinuation()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := a.prioritised("fcfs", body); string(got) != string(body) {
+				t.Errorf("%s: to an FCFS node %s, want %s", tc.body, got, body)
+			}
+			got, err := openaiapi.ParseObject(a.prioritised("by-priority", body))
+			if err != nil || string(got.Members["priority"]) != tc.want || string(got.Members["prompt"]) != "[101,102,103,7]" {
+				t.Errorf("%s: to a node scheduling by priority %v (%v), want priority %s", tc.body, got.Members, err, tc.want)
+			}
+		})
 	}
 }

@@ -503,9 +503,11 @@ func TestOverloadedSplitIsAvoided(t *testing.T) {
 	p.noteOverload(t0, 6, 0, Prediction{Saturated: true, PrefillLoad: 0.2, DecodeLoad: 1.1}, Demand{OutputTokPerSec: 9000})
 	same := Demand{PrefillTokPerSec: 27000, OutputTokPerSec: 8000}
 	for np, want := range map[int]bool{1: true, 2: true, 3: false, 5: false, 6: true, 7: true} {
-		if _, got := p.avoid(t0.Add(time.Minute), np, same); got != want {
-			t.Errorf("split %d prefill, a minute later at the same demand: avoided %v, want %v", np, got, want)
-		}
+		t.Run(fmt.Sprint(np), func(t *testing.T) {
+			if _, got := p.avoid(t0.Add(time.Minute), np, same); got != want {
+				t.Errorf("split %d prefill, a minute later at the same demand: avoided %v, want %v", np, got, want)
+			}
+		})
 	}
 	if _, ok := p.avoid(t0.Add(time.Minute), 2, Demand{PrefillTokPerSec: 20000, OutputTokPerSec: 8000}); ok {
 		t.Error("still avoided after the prefill demand fell by a third")

@@ -1,6 +1,7 @@
 package protocol
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -17,9 +18,11 @@ func TestEngineTokenComesFromTheEventPlanesURL(t *testing.T) {
 		// Several orchestrators' servers, as NATS takes them.
 		"nats://s3cret@a:4222,nats://s3cret@b:4222": "s3cret",
 	} {
-		if got := EngineToken(url); got != want {
-			t.Errorf("EngineToken(%q) = %q, want %q", url, got, want)
-		}
+		t.Run(url, func(t *testing.T) {
+			if got := EngineToken(url); got != want {
+				t.Errorf("EngineToken(%q) = %q, want %q", url, got, want)
+			}
+		})
 	}
 }
 
@@ -35,15 +38,17 @@ func TestBearerTransportSendsTheTokenUnlessTheRequestHasOne(t *testing.T) {
 	plain, _ := http.NewRequest("GET", srv.URL, nil)
 	own, _ := http.NewRequest("GET", srv.URL, nil)
 	own.Header.Set("Authorization", "Bearer mine")
-	for _, c := range []struct {
+	for i, c := range []struct {
 		client *http.Client
 		req    *http.Request
 	}{{with, plain}, {with, own}, {without, plain}} {
-		resp, err := c.client.Do(c.req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			resp, err := c.client.Do(c.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+		})
 	}
 	want := []string{"Bearer tok", "Bearer mine", ""}
 	for i := range want {

@@ -63,8 +63,10 @@ func TestScoredSplit(t *testing.T) {
 		{[]Window{w(0, 3, 6), w(1, 8, 1), w(2, 7, 1), w(3, 8, 1)}, "8:1, varied"},
 		{[]Window{w(0, 3, 6)}, "1:8"}, // nothing scored
 	} {
-		if got := scoredSplit(c.tl, time.Minute, "1:8"); got != c.want {
-			t.Errorf("%v: %q, want %q", c.tl, got, c.want)
-		}
+		t.Run(c.want, func(t *testing.T) {
+			if got := scoredSplit(c.tl, time.Minute, "1:8"); got != c.want {
+				t.Errorf("%v: %q, want %q", c.tl, got, c.want)
+			}
+		})
 	}
 }

@@ -388,13 +388,15 @@ func TestScenarioValidateNamesWhatIsWrong(t *testing.T) {
 		"persistence": func(s *Scenario) { s.Planner.Persistence = -time.Second },
 		"time scale":  func(s *Scenario) { s.TimeScale = -1 },
 	} {
-		sc := good
-		change(&sc)
-		if err := sc.Validate(); err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%s: %v", want, err)
-		}
-		if _, err := Compare(sc, []string{"evolve"}, nil); err == nil {
-			t.Errorf("%s: Compare ran it", want)
-		}
+		t.Run(want, func(t *testing.T) {
+			sc := good
+			change(&sc)
+			if err := sc.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s: %v", want, err)
+			}
+			if _, err := Compare(sc, []string{"evolve"}, nil); err == nil {
+				t.Errorf("%s: Compare ran it", want)
+			}
+		})
 	}
 }

@@ -452,11 +452,13 @@ func TestCommandMode(t *testing.T) {
 		t.Fatalf("actions %v", f.actions)
 	}
 	for cmd, want := range map[string]string{":role e9 decode": `no node "e9"`, ":rolee": "unknown command", ":role e1 sideways": "unknown command"} {
-		typed(m, cmd)
-		press(m, "enter")
-		if m.confirm != nil || !strings.Contains(m.message, want) {
-			t.Fatalf("%s: message %q", cmd, m.message)
-		}
+		t.Run(cmd, func(t *testing.T) {
+			typed(m, cmd)
+			press(m, "enter")
+			if m.confirm != nil || !strings.Contains(m.message, want) {
+				t.Fatalf("%s: message %q", cmd, m.message)
+			}
+		})
 	}
 	// esc drops a half-typed command; in the filter, it clears the filter.
 	typed(m, ":qu")

@@ -17,8 +17,10 @@ func TestCoefText(t *testing.T) {
 		{Coef{"per_block_us", -0.161, 0.53}, "per_block_us -0.161 ±0.53"},
 		{Coef{"per_block_us", 0.5, 0.49}, "per_block_us 0.5 ±98%"},
 	} {
-		if got := coefText(tc.c); got != tc.want {
-			t.Errorf("coefText(%+v) = %q, want %q", tc.c, got, tc.want)
-		}
+		t.Run(tc.want, func(t *testing.T) {
+			if got := coefText(tc.c); got != tc.want {
+				t.Errorf("coefText(%+v) = %q, want %q", tc.c, got, tc.want)
+			}
+		})
 	}
 }

@@ -52,10 +52,12 @@ func TestReadTraceRejectsBadLines(t *testing.T) {
 		// time, and evolve sim panicked on it.
 		{`{"timestamp": 1e300, "input_length": 10, "output_length": 5, "hash_ids": [1]}`, "line 1: timestamp 1e+300 ms is past"},
 	} {
-		_, err := ReadTrace(strings.NewReader(tc.in))
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%q: error %v, want %q", tc.in, err, tc.want)
-		}
+		t.Run(tc.in, func(t *testing.T) {
+			_, err := ReadTrace(strings.NewReader(tc.in))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%q: error %v, want %q", tc.in, err, tc.want)
+			}
+		})
 	}
 	// Slowed past time.Duration's range, a record arrives at its end.
 	rec := TraceRecord{Timestamp: MaxTraceTimestamp}

@@ -202,13 +202,15 @@ func TestMixAndShift(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := sh.(*Shift)
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		at   time.Duration
 		want float64
 	}{{0, 0}, {time.Hour, 0}, {90 * time.Minute, 0.5}, {2 * time.Hour, 1}, {3 * time.Hour, 1}} {
-		if got := s.Fraction(tc.at); got != tc.want {
-			t.Fatalf("fraction at %v = %v, want %v", tc.at, got, tc.want)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if got := s.Fraction(tc.at); got != tc.want {
+				t.Fatalf("fraction at %v = %v, want %v", tc.at, got, tc.want)
+			}
+		})
 	}
 	for _, bad := range []string{"poetry", "mix:coding=-1", "shift:math>x:1h:1h:1h", "shift:math:1h"} {
 		if _, err := New(bad, 8); err == nil {
@@ -281,30 +283,32 @@ func TestClaudeCodeSessionsAreLongAndSlow(t *testing.T) {
 		{NewClaudeCode(8), "claude-code", 117, 20, 12, 2.5},
 		{NewCoding(8), "coding", 56, 4.2, 8, 1},
 	} {
-		m, _ := New(tc.name, 8)
-		if m.Name() != tc.name || tc.m.Name() != tc.name {
-			t.Fatalf("New(%q) is %q", tc.name, m.Name())
-		}
-		r := rand.New(rand.NewPCG(5, 6))
-		calls, thinks, think := 0, 0, 0.0
-		const sessions = 200
-		for seq := range sessions {
-			s := m.NewSession(r, seq%8, seq, 0)
-			if s.Model != tc.name {
-				t.Fatalf("session of %s says %q", tc.name, s.Model)
+		t.Run(tc.name, func(t *testing.T) {
+			m, _ := New(tc.name, 8)
+			if m.Name() != tc.name || tc.m.Name() != tc.name {
+				t.Fatalf("New(%q) is %q", tc.name, m.Name())
 			}
-			for _, c := range run(s, fakeAnswer)[0] {
-				calls++
-				if c.Think > 0 {
-					thinks++
-					think += c.Think.Seconds()
+			r := rand.New(rand.NewPCG(5, 6))
+			calls, thinks, think := 0, 0, 0.0
+			const sessions = 200
+			for seq := range sessions {
+				s := m.NewSession(r, seq%8, seq, 0)
+				if s.Model != tc.name {
+					t.Fatalf("session of %s says %q", tc.name, s.Model)
+				}
+				for _, c := range run(s, fakeAnswer)[0] {
+					calls++
+					if c.Think > 0 {
+						thinks++
+						think += c.Think.Seconds()
+					}
 				}
 			}
-		}
-		gotCalls, gotThink := float64(calls)/sessions, think/float64(thinks)
-		t.Logf("%s: %.1f calls a session, %.1f s of tool time a call", tc.name, gotCalls, gotThink)
-		if gotCalls < tc.calls-tc.callsTol || gotCalls > tc.calls+tc.callsTol || gotThink < tc.think-tc.thinkTol || gotThink > tc.think+tc.thinkTol {
-			t.Errorf("%s: %.1f calls a session and %.1f s of tool time, want about %.0f and %.1f", tc.name, gotCalls, gotThink, tc.calls, tc.think)
-		}
+			gotCalls, gotThink := float64(calls)/sessions, think/float64(thinks)
+			t.Logf("%s: %.1f calls a session, %.1f s of tool time a call", tc.name, gotCalls, gotThink)
+			if gotCalls < tc.calls-tc.callsTol || gotCalls > tc.calls+tc.callsTol || gotThink < tc.think-tc.thinkTol || gotThink > tc.think+tc.thinkTol {
+				t.Errorf("%s: %.1f calls a session and %.1f s of tool time, want about %.0f and %.1f", tc.name, gotCalls, gotThink, tc.calls, tc.think)
+			}
+		})
 	}
 }

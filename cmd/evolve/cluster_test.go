@@ -743,13 +743,15 @@ func TestNodesWatchFollowsASwitch(t *testing.T) {
 		}
 		return false
 	})
-	for _, p := range []struct {
+	for i, p := range []struct {
 		cmd *exec.Cmd
 		out *lockedLog
 	}{{table, tout}, {js, jout}} {
-		if interrupt(t, p.cmd, p.out); p.cmd.ProcessState.ExitCode() != 0 {
-			t.Fatalf("nodes --watch after Ctrl-C: exit %d", p.cmd.ProcessState.ExitCode())
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if interrupt(t, p.cmd, p.out); p.cmd.ProcessState.ExitCode() != 0 {
+				t.Fatalf("nodes --watch after Ctrl-C: exit %d", p.cmd.ProcessState.ExitCode())
+			}
+		})
 	}
 	if out, code := runBinOut(t, c.env, "nodes", "-w", "-o", "yaml"); code != 2 {
 		t.Fatalf("nodes -w -o yaml: exit %d %s", code, out)

@@ -154,18 +154,20 @@ func TestEngineRejectsBadInputAndKeepsServing(t *testing.T) {
 		{"both remote flags", "/v1/completions", `{"prompt": "a", "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": true}}`, 400, "", ""},
 		{"pull of unknown request", "/evolve/v1/kv/pull", `{"remote_request_id": "nope"}`, 404, "kv_not_held", ""},
 	} {
-		status, _, body := post(t, p.url+tc.path, tc.body)
-		e := obj(body["error"])
-		if status != tc.status || e == nil || e["message"] == "" {
-			t.Errorf("%s: status %d body %v, want %d with an OpenAI error", tc.name, status, body, tc.status)
-			continue
-		}
-		if tc.code != "" && e["code"] != tc.code {
-			t.Errorf("%s: code %v, want %s", tc.name, e["code"], tc.code)
-		}
-		if tc.param != "" && e["param"] != tc.param {
-			t.Errorf("%s: param %v, want %s", tc.name, e["param"], tc.param)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			status, _, body := post(t, p.url+tc.path, tc.body)
+			e := obj(body["error"])
+			if status != tc.status || e == nil || e["message"] == "" {
+				t.Errorf("%s: status %d body %v, want %d with an OpenAI error", tc.name, status, body, tc.status)
+				return
+			}
+			if tc.code != "" && e["code"] != tc.code {
+				t.Errorf("%s: code %v, want %s", tc.name, e["code"], tc.code)
+			}
+			if tc.param != "" && e["param"] != tc.param {
+				t.Errorf("%s: param %v, want %s", tc.name, e["param"], tc.param)
+			}
+		})
 	}
 	status, _, body := post(t, p.url+"/v1/completions", `{"prompt": "still alive?", "max_tokens": 2}`)
 	if status != 200 || num(obj(body["usage"])["completion_tokens"]) != 2 {
@@ -246,10 +248,12 @@ func TestEngineCommandUsageErrors(t *testing.T) {
 		{[]string{"frobnicate"}, 2, "unknown command"},
 		{[]string{"engine", "--listen", "256.0.0.1:1"}, 1, "listen on"},
 	} {
-		out, code := runBin(t, nil, tc.args...)
-		if code != tc.code || !strings.Contains(out, tc.msg) {
-			t.Errorf("evolve %v: exit %d, output %q; want exit %d mentioning %q", tc.args, code, out, tc.code, tc.msg)
-		}
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, code := runBin(t, nil, tc.args...)
+			if code != tc.code || !strings.Contains(out, tc.msg) {
+				t.Errorf("evolve %v: exit %d, output %q; want exit %d mentioning %q", tc.args, code, out, tc.code, tc.msg)
+			}
+		})
 	}
 }
 
@@ -321,12 +325,14 @@ func TestConfigValuesAreCheckedAndReachEveryFlag(t *testing.T) {
 		{nil, []string{"engine", "--backend", "vllm", "--", "vllm", "serve", "m", "--forward-pass-metrics-port", "x"},
 			[]string{`--forward-pass-metrics-port "x": want a port number`}},
 	} {
-		out, code := runBin(t, tc.env, tc.args...)
-		for _, w := range tc.want {
-			if code != 2 || !strings.Contains(out, w) {
-				t.Errorf("%v evolve %v: exit %d, output %q; want exit 2 mentioning %q", tc.env, tc.args, code, out, w)
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, code := runBin(t, tc.env, tc.args...)
+			for _, w := range tc.want {
+				if code != 2 || !strings.Contains(out, w) {
+					t.Errorf("%v evolve %v: exit %d, output %q; want exit 2 mentioning %q", tc.env, tc.args, code, out, w)
+				}
 			}
-		}
+		})
 	}
 	// A list in the file sets a comma-separated flag; a misspelt key is
 	// named, with the key it was likely meant to be, and the run goes on.
@@ -365,10 +371,12 @@ func TestFlagValuesComplete(t *testing.T) {
 		{[]string{"engine", "--backend", ""}, "sim\nvllm\n:4\n"},
 		{[]string{"up", "--log-level", ""}, "debug\ninfo\nwarn\nerror\n:4\n"},
 	} {
-		out, code := runBinOut(t, nil, append([]string{"__complete"}, tc.args...)...)
-		if code != 0 || !strings.Contains(out, tc.want) {
-			t.Errorf("evolve __complete %q: exit %d, %q; want %q", tc.args, code, out, tc.want)
-		}
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			out, code := runBinOut(t, nil, append([]string{"__complete"}, tc.args...)...)
+			if code != 0 || !strings.Contains(out, tc.want) {
+				t.Errorf("evolve __complete %q: exit %d, %q; want %q", tc.args, code, out, tc.want)
+			}
+		})
 	}
 }
 
@@ -543,13 +551,15 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 		"coding-126x36":      {"coding", 126, 36, "gb300-glm5"},
 		"shift-math-cu-3h":   {"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2"},
 	} {
-		out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", "static:4:5", "-o", "json")
-		var res struct {
-			Scenario scenario `json:"scenario"`
-		}
-		if code != 0 || json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res) != nil || res.Scenario != want {
-			t.Fatalf("--preset %s: exit %d, want %+v\n%s", name, code, want, out)
-		}
+		t.Run(name, func(t *testing.T) {
+			out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", "static:4:5", "-o", "json")
+			var res struct {
+				Scenario scenario `json:"scenario"`
+			}
+			if code != 0 || json.Unmarshal([]byte(out[strings.Index(out, "{"):]), &res) != nil || res.Scenario != want {
+				t.Fatalf("--preset %s: exit %d, want %+v\n%s", name, code, want, out)
+			}
+		})
 	}
 	// --help lists every preset with what it runs, aliases beside their level.
 	help, _ := runBinOut(t, nil, "sim", "--help")
@@ -718,9 +728,11 @@ func TestSimProgressEstimatesAtTheRecentPace(t *testing.T) {
 	// At 10%: 90 minutes at 1 s. At 90%: 10 minutes at 3 s (the pace
 	// since the start would say 17 s).
 	for i, want := range map[int]string{0: "10% (10m of 1h40m modelled) after 10s, about 1m30s left", 8: "90% (1h30m of 1h40m modelled) after 2m50s, about 30s left"} {
-		if !strings.Contains(lines[i], want) {
-			t.Fatalf("line %d: %q, want %q", i, lines[i], want)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if !strings.Contains(lines[i], want) {
+				t.Fatalf("line %d: %q, want %q", i, lines[i], want)
+			}
+		})
 	}
 }
 
@@ -769,18 +781,20 @@ func TestSimProgressSaysAShiftAheadMayChangeThePace(t *testing.T) {
 	// From 70% (2h13m) the last tenth ran computer use, as what is left
 	// will: the estimate is within a tenth of the truth, with no caveat.
 	for i, m := range map[int]int{6: 133, 7: 152, 8: 171} {
-		l := lines[i]
-		at := strings.Index(l, "about ")
-		if at < 0 || !strings.HasSuffix(l, " left") {
-			t.Fatalf("line %d: %q", i, l)
-		}
-		got, err := time.ParseDuration(strings.Fields(l[at+len("about "):])[0])
-		if err != nil {
-			t.Fatalf("line %d: %q: %v", i, l, err)
-		}
-		if want := truth[m]; got < want*9/10 || got > want*11/10 {
-			t.Errorf("at minute %d: %q, want about %s", m, l, want.Round(time.Second))
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			l := lines[i]
+			at := strings.Index(l, "about ")
+			if at < 0 || !strings.HasSuffix(l, " left") {
+				t.Fatalf("line %d: %q", i, l)
+			}
+			got, err := time.ParseDuration(strings.Fields(l[at+len("about "):])[0])
+			if err != nil {
+				t.Fatalf("line %d: %q: %v", i, l, err)
+			}
+			if want := truth[m]; got < want*9/10 || got > want*11/10 {
+				t.Errorf("at minute %d: %q, want about %s", m, l, want.Round(time.Second))
+			}
+		})
 	}
 }
 
@@ -788,9 +802,11 @@ func TestSimProgressSaysAShiftAheadMayChangeThePace(t *testing.T) {
 // runs until Ctrl-C shows its time alone.
 func TestBenchProgressBar(t *testing.T) {
 	for frac, want := range map[float64]string{0: "[          ]", 0.05: "[▌         ]", 0.42: "[████▎     ]", 1: "[██████████]", 1.3: "[██████████]"} {
-		if got := bar(min(frac, 1), 10); got != want {
-			t.Errorf("bar(%v) = %q, want %q", frac, got, want)
-		}
+		t.Run(fmt.Sprint(frac), func(t *testing.T) {
+			if got := bar(min(frac, 1), 10); got != want {
+				t.Errorf("bar(%v) = %q, want %q", frac, got, want)
+			}
+		})
 	}
 	var b strings.Builder
 	s := loadgen.Snapshot{Elapsed: 150 * time.Second, Requests: 7}

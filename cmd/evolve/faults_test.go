@@ -45,9 +45,11 @@ func TestStoppedEngineServesAgainWhenContinued(t *testing.T) {
 	// It takes requests again: made the only decode node (which the
 	// control requests it answers show too), it decodes them all.
 	for id, role := range map[string]string{"engine-0": "decode", "engine-1": "prefill"} {
-		if out, code := runBinOut(t, c.env, "role", "set", id, role); code != 0 {
-			t.Fatalf("evolve role set %s %s: %d %s", id, role, code, out)
-		}
+		t.Run(id, func(t *testing.T) {
+			if out, code := runBinOut(t, c.env, "role", "set", id, role); code != 0 {
+				t.Fatalf("evolve role set %s %s: %d %s", id, role, code, out)
+			}
+		})
 	}
 	wait.Until(t, 20*time.Second, "engine-0 decoding, engine-1 prefilling", func() bool {
 		return c.node("engine-0")["role"] == "decode" && c.node("engine-0")["state"] == "serving" &&

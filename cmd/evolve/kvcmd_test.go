@@ -59,9 +59,11 @@ func TestCountAndBytes(t *testing.T) {
 		v    int64
 		want string
 	}{{0, "0"}, {9999, "9999"}, {10_000, "10.0K"}, {999_949, "999.9K"}, {999_950, "1.0M"}, {-25_000, "-25.0K"}, {2_500_000_000, "2.5G"}} {
-		if got := count(c.v, false); got != c.want {
-			t.Errorf("count(%d) = %q, want %q", c.v, got, c.want)
-		}
+		t.Run(c.want, func(t *testing.T) {
+			if got := count(c.v, false); got != c.want {
+				t.Errorf("count(%d) = %q, want %q", c.v, got, c.want)
+			}
+		})
 	}
 	if got := count(2_500_000_000, true); got != "2500000000" {
 		t.Errorf("wide count = %q", got)
@@ -70,9 +72,11 @@ func TestCountAndBytes(t *testing.T) {
 		v    int64
 		want string
 	}{{0, "0 B"}, {1023, "1023 B"}, {1536, "1.5 KiB"}, {169_844 << 20, "165.9 GiB"}} {
-		if got := bytesIEC(c.v); got != c.want {
-			t.Errorf("bytesIEC(%d) = %q, want %q", c.v, got, c.want)
-		}
+		t.Run(c.want, func(t *testing.T) {
+			if got := bytesIEC(c.v); got != c.want {
+				t.Errorf("bytesIEC(%d) = %q, want %q", c.v, got, c.want)
+			}
+		})
 	}
 }
 
@@ -81,16 +85,20 @@ func TestShare(t *testing.T) {
 		f    float64
 		want string
 	}{{0, "0%"}, {0.0004, "<0.1%"}, {0.003, "0.3%"}, {0.0994, "9.9%"}, {0.0996, "10%"}, {0.864, "86%"}, {1, "100%"}} {
-		if got := share(c.f); got != c.want {
-			t.Errorf("share(%v) = %q, want %q", c.f, got, c.want)
-		}
+		t.Run(c.want, func(t *testing.T) {
+			if got := share(c.f); got != c.want {
+				t.Errorf("share(%v) = %q, want %q", c.f, got, c.want)
+			}
+		})
 	}
 }
 
 func TestCounted(t *testing.T) {
 	for n, want := range map[int]string{0: "0 math agents", 1: "1 math agent", 24: "24 math agents"} {
-		if got := counted(n, "math agent"); got != want {
-			t.Errorf("counted(%d) = %q, want %q", n, got, want)
-		}
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			if got := counted(n, "math agent"); got != want {
+				t.Errorf("counted(%d) = %q, want %q", n, got, want)
+			}
+		})
 	}
 }

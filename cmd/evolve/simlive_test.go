@@ -72,10 +72,12 @@ func TestSimAgreesWithLiveCluster(t *testing.T) {
 		sim, live int64
 	}{{"GPU hit", simRes.GPUHitTokens, live.GPUHitTokens}, {"host hit", simRes.HostHitTokens, live.HostHitTokens},
 		{"computed", simRes.ComputedTokens, live.ComputedTokens}, {"handed over", simRes.TransferredTokens, live.TransferredTokens}} {
-		t.Logf("prompt KV %s: sim %d, live %d tokens", c.what, c.sim, c.live)
-		if d := math.Abs(float64(c.sim - c.live)); d > 0.05*float64(simRes.PromptTokens) {
-			t.Errorf("%s tokens: sim %d, live %d, of %d prompt tokens", c.what, c.sim, c.live, simRes.PromptTokens)
-		}
+		t.Run(c.what, func(t *testing.T) {
+			t.Logf("prompt KV %s: sim %d, live %d tokens", c.what, c.sim, c.live)
+			if d := math.Abs(float64(c.sim - c.live)); d > 0.05*float64(simRes.PromptTokens) {
+				t.Errorf("%s tokens: sim %d, live %d, of %d prompt tokens", c.what, c.sim, c.live, simRes.PromptTokens)
+			}
+		})
 	}
 	if math.Abs(ratio-1) > 0.2 {
 		t.Fatalf("live and simulated mean end-to-end latency differ by more than 20%%: sim %.3f s, live %.3f s", simRes.MeanE2E, liveMean)

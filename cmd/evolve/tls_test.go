@@ -211,10 +211,12 @@ func TestOrchestratorRefusesABadCertificate(t *testing.T) {
 		{[]string{"--tls-cert-file", certFile, "--tls-key-file", keyFile}, "tls.key"},
 		{[]string{"--tls-cert-file", filepath.Join(dir, "absent.crt"), "--tls-key-file", keyFile}, "absent.crt"},
 	} {
-		out, code := runBin(t, nil, append([]string{"orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
-			"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data")}, tc.args...)...)
-		if code != 2 || !strings.Contains(out, tc.want) {
-			t.Errorf("orchestrator %q: exit %d, want 2 and %q in\n%s", tc.args, code, tc.want, out)
-		}
+		t.Run(tc.want, func(t *testing.T) {
+			out, code := runBin(t, nil, append([]string{"orchestrator", "--router-addr", "127.0.0.1:0", "--control-addr", "127.0.0.1:0",
+				"--nats-listen", "127.0.0.1:0", "--data-dir", filepath.Join(dir, "data")}, tc.args...)...)
+			if code != 2 || !strings.Contains(out, tc.want) {
+				t.Errorf("orchestrator %q: exit %d, want 2 and %q in\n%s", tc.args, code, tc.want, out)
+			}
+		})
 	}
 }

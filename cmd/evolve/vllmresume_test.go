@@ -321,9 +321,11 @@ func TestVLLMContinuationGoesAheadOnPriorityScheduling(t *testing.T) {
 		t.Fatalf("interrupted completion: errors %v, done %v, text\n%q\nwant\n%q", got.errors, got.done, got.text, want.text)
 	}
 	for id, srv := range servers {
-		if st := srv.Stats(); id != died && (st.Prioritised != 1 || st.IDPrompts != 1) {
-			t.Fatalf("%s, which went on with the answer: %d requests ahead of the default priority, %d continuations; want 1 and 1",
-				id, st.Prioritised, st.IDPrompts)
-		}
+		t.Run(id, func(t *testing.T) {
+			if st := srv.Stats(); id != died && (st.Prioritised != 1 || st.IDPrompts != 1) {
+				t.Fatalf("%s, which went on with the answer: %d requests ahead of the default priority, %d continuations; want 1 and 1",
+					id, st.Prioritised, st.IDPrompts)
+			}
+		})
 	}
 }

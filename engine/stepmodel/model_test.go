@@ -165,16 +165,18 @@ func TestDecodePassGrowsWithBatchAndContext(t *testing.T) {
 		t.Fatalf("no pure decode pass for batch %d ctx %d", batch, ctx)
 		return 0
 	}
-	for _, tc := range []struct{ b1, c1, b2, c2 int }{
+	for i, tc := range []struct{ b1, c1, b2, c2 int }{
 		{1, 64, 8, 64},    // batch grows
 		{8, 64, 8, 512},   // context grows
 		{4, 256, 16, 256}, // batch grows at longer context
 		{16, 64, 16, 400}, // context grows at larger batch
 	} {
-		a, b := decodePass(tc.b1, tc.c1), decodePass(tc.b2, tc.c2)
-		if !(b > a) {
-			t.Errorf("decode pass batch %d ctx %d = %v, batch %d ctx %d = %v: want growth", tc.b1, tc.c1, a, tc.b2, tc.c2, b)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			a, b := decodePass(tc.b1, tc.c1), decodePass(tc.b2, tc.c2)
+			if !(b > a) {
+				t.Errorf("decode pass batch %d ctx %d = %v, batch %d ctx %d = %v: want growth", tc.b1, tc.c1, a, tc.b2, tc.c2, b)
+			}
+		})
 	}
 }
 
@@ -425,7 +427,7 @@ func TestLRUEvictsDeepestSuffixFirst(t *testing.T) {
 func TestSubmitRejectsBadInput(t *testing.T) {
 	p := tinyProfile(t)
 	m := NewModel(p, Config{})
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		r    Request
 		want error
 	}{
@@ -434,9 +436,11 @@ func TestSubmitRejectsBadInput(t *testing.T) {
 		{Request{ID: "a", Tokens: prompt(4, 1), MaxTokens: 0}, ErrInvalid},
 		{Request{ID: "a", Tokens: prompt(8000, 1), MaxTokens: 500}, ErrTooLong},
 	} {
-		if err := m.Submit(t0, tc.r); !errors.Is(err, tc.want) {
-			t.Errorf("%+v: got %v, want %v", tc.r.ID, err, tc.want)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if err := m.Submit(t0, tc.r); !errors.Is(err, tc.want) {
+				t.Errorf("%+v: got %v, want %v", tc.r.ID, err, tc.want)
+			}
+		})
 	}
 	submit(t, m, t0, Request{ID: "dup", Tokens: prompt(4, 1), MaxTokens: 1})
 	if err := m.Submit(t0, Request{ID: "dup", Tokens: prompt(4, 1), MaxTokens: 1}); !errors.Is(err, ErrDuplicate) {
@@ -516,7 +520,7 @@ func TestBuiltinProfilesLoad(t *testing.T) {
 func TestPrefillPairs(t *testing.T) {
 	dense := &Profile{}
 	sparse := &Profile{Sparse: SparseAttention{TopK: 1000}}
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		c, n          int
 		all, topK     float64
 		denseTopKSame bool
@@ -525,13 +529,15 @@ func TestPrefillPairs(t *testing.T) {
 		{2000, 500, 500 * 2250, 500 * 1000, true},                      // past it: top_k each
 		{600, 800, 800 * 1000, (1000*1000-600*600)/2 + 400*1000, true}, // across it
 	} {
-		all, topK := sparse.PrefillPairs(tc.c, tc.n)
-		if all != tc.all || topK != tc.topK {
-			t.Errorf("sparse PrefillPairs(%d, %d) = %v, %v; want %v, %v", tc.c, tc.n, all, topK, tc.all, tc.topK)
-		}
-		if a, k := dense.PrefillPairs(tc.c, tc.n); a != tc.all || k != a {
-			t.Errorf("dense PrefillPairs(%d, %d) = %v, %v; want %v twice", tc.c, tc.n, a, k, tc.all)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			all, topK := sparse.PrefillPairs(tc.c, tc.n)
+			if all != tc.all || topK != tc.topK {
+				t.Errorf("sparse PrefillPairs(%d, %d) = %v, %v; want %v, %v", tc.c, tc.n, all, topK, tc.all, tc.topK)
+			}
+			if a, k := dense.PrefillPairs(tc.c, tc.n); a != tc.all || k != a {
+				t.Errorf("dense PrefillPairs(%d, %d) = %v, %v; want %v twice", tc.c, tc.n, a, k, tc.all)
+			}
+		})
 	}
 	// Chunked or whole, the same pairs.
 	var sumAll, sumTopK float64
@@ -596,13 +602,15 @@ func TestGLM5SparseAttention(t *testing.T) {
 // top-8, the shares calibration.md cites.
 func TestExpertShareGrowsWithTheBatch(t *testing.T) {
 	p := &Profile{MoE: MoE{Experts: 256, ExpertsPerToken: 8}}
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		tokens int
 		want   float64
 	}{{8, 0.22}, {16, 0.40}, {32, 0.64}, {64, 0.87}} {
-		if got := p.ExpertShare(tc.tokens); got < tc.want-0.01 || got > tc.want+0.01 {
-			t.Errorf("ExpertShare(%d) = %.3f, want %.2f", tc.tokens, got, tc.want)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if got := p.ExpertShare(tc.tokens); got < tc.want-0.01 || got > tc.want+0.01 {
+				t.Errorf("ExpertShare(%d) = %.3f, want %.2f", tc.tokens, got, tc.want)
+			}
+		})
 	}
 	if (&Profile{}).ExpertShare(1) != 1 || p.ExpertShare(0) != 0 {
 		t.Error("a dense model reads all its weights; no token reads no expert")
@@ -871,18 +879,20 @@ func TestCoarserBlocksKeepCapacityAndRoundHitsDown(t *testing.T) {
 	// 760 shared tokens: 47 whole 16-token blocks, 11 whole 64-token ones.
 	shared := prompt(760, 1)
 	second := append(append([]uint32(nil), shared...), prompt(40, 2)...)
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		p   *Profile
 		hit int
 	}{{p, 752}, {c, 704}} {
-		m := NewModel(tc.p, Config{})
-		submit(t, m, t0, Request{ID: "a", Tokens: shared, MaxTokens: 4})
-		r := run(t, m, t0, 1000)
-		submit(t, m, r.end, Request{ID: "b", Tokens: second, MaxTokens: 4})
-		u := run(t, m, r.end, 1000).finished["b"].Usage
-		if u.GPUHitTokens != tc.hit || u.ComputedTokens != len(second)-tc.hit {
-			t.Errorf("%d-token blocks: hit %d tokens and computed %d, want %d and %d", tc.p.BlockSize, u.GPUHitTokens, u.ComputedTokens, tc.hit, len(second)-tc.hit)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			m := NewModel(tc.p, Config{})
+			submit(t, m, t0, Request{ID: "a", Tokens: shared, MaxTokens: 4})
+			r := run(t, m, t0, 1000)
+			submit(t, m, r.end, Request{ID: "b", Tokens: second, MaxTokens: 4})
+			u := run(t, m, r.end, 1000).finished["b"].Usage
+			if u.GPUHitTokens != tc.hit || u.ComputedTokens != len(second)-tc.hit {
+				t.Errorf("%d-token blocks: hit %d tokens and computed %d, want %d and %d", tc.p.BlockSize, u.GPUHitTokens, u.ComputedTokens, tc.hit, len(second)-tc.hit)
+			}
+		})
 	}
 }
 
@@ -926,10 +936,12 @@ func TestStopAtEndsTheTurn(t *testing.T) {
 		reason string
 		n      int
 	}{"stops": {FinishStop, 30}, "long": {FinishLength, 20}, "plain": {FinishLength, 25}} {
-		f := r.finished[id]
-		if f.Reason != want.reason || len(f.Output) != want.n || f.Usage.CompletionTokens != want.n {
-			t.Errorf("%s: %s after %d tokens (usage %d), want %s after %d", id, f.Reason, len(f.Output), f.Usage.CompletionTokens, want.reason, want.n)
-		}
+		t.Run(id, func(t *testing.T) {
+			f := r.finished[id]
+			if f.Reason != want.reason || len(f.Output) != want.n || f.Usage.CompletionTokens != want.n {
+				t.Errorf("%s: %s after %d tokens (usage %d), want %s after %d", id, f.Reason, len(f.Output), f.Usage.CompletionTokens, want.reason, want.n)
+			}
+		})
 	}
 	if err := m.Submit(t0, Request{ID: "over", Tokens: prompt(100, 4), MaxTokens: p.MaxModelLen, StopAt: 10}); !errors.Is(err, ErrTooLong) {
 		t.Fatalf("max_tokens past the context with an early stop: %v", err)

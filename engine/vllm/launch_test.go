@@ -1,6 +1,7 @@
 package vllm
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -8,7 +9,7 @@ import (
 // A vLLM command line schedules by priority only when it says so, in
 // either form of the flag.
 func TestPriorityScheduling(t *testing.T) {
-	for _, tc := range []struct {
+	for i, tc := range []struct {
 		command []string
 		want    bool
 	}{
@@ -18,9 +19,11 @@ func TestPriorityScheduling(t *testing.T) {
 		{[]string{"vllm", "serve", "m"}, false},
 		{[]string{"vllm", "serve", "m", "--scheduling-policy"}, false},
 	} {
-		if got := PriorityScheduling(tc.command); got != tc.want {
-			t.Errorf("%q: %v, want %v", tc.command, got, tc.want)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if got := PriorityScheduling(tc.command); got != tc.want {
+				t.Errorf("%q: %v, want %v", tc.command, got, tc.want)
+			}
+		})
 	}
 }
 
@@ -37,9 +40,11 @@ func TestParallelSizes(t *testing.T) {
 		{[]string{"serve", "m", "-tp", "0"}, 0, "-tp 0"},
 		{[]string{"serve", "m", "--pipeline-parallel-size", "x"}, 0, "--pipeline-parallel-size x"},
 	} {
-		if tp, pp, dp, bad := ParallelSizes(c.args); tp*pp*dp != c.want || bad != c.bad {
-			t.Errorf("%v: %d GPUs %q, want %d %q", c.args, tp*pp*dp, bad, c.want, c.bad)
-		}
+		t.Run(c.bad, func(t *testing.T) {
+			if tp, pp, dp, bad := ParallelSizes(c.args); tp*pp*dp != c.want || bad != c.bad {
+				t.Errorf("%v: %d GPUs %q, want %d %q", c.args, tp*pp*dp, bad, c.want, c.bad)
+			}
+		})
 	}
 }
 
@@ -59,26 +64,28 @@ func TestPassMetricsEndpoint(t *testing.T) {
 		{[]string{"vllm", "serve", "m", "--forward-pass-metrics-port=0"}, 20380, "", false},
 		{[]string{"vllm", "serve", "m", "--forward-pass-metrics-port", "many"}, 0, "", true},
 	} {
-		l := Launch{Command: c.command, PassMetricsPort: c.port}
-		got, err := l.PassMetricsEndpoint()
-		if got != c.want || (err != nil) != c.bad {
-			t.Errorf("%q with port %d: %q, %v; want %q", c.command, c.port, got, err, c.want)
-		}
-		n := 0
-		for _, a := range l.Args() {
-			if strings.HasPrefix(a, "--forward-pass-metrics-port") {
-				n++
+		t.Run(c.want, func(t *testing.T) {
+			l := Launch{Command: c.command, PassMetricsPort: c.port}
+			got, err := l.PassMetricsEndpoint()
+			if got != c.want || (err != nil) != c.bad {
+				t.Errorf("%q with port %d: %q, %v; want %q", c.command, c.port, got, err, c.want)
 			}
-		}
-		if n > 1 {
-			t.Errorf("%q with port %d: the flag given %d times: %q", c.command, c.port, n, l.Args())
-		}
+			n := 0
+			for _, a := range l.Args() {
+				if strings.HasPrefix(a, "--forward-pass-metrics-port") {
+					n++
+				}
+			}
+			if n > 1 {
+				t.Errorf("%q with port %d: the flag given %d times: %q", c.command, c.port, n, l.Args())
+			}
+		})
 	}
 }
 
 // The scheduler's limits come from the command when it gives them.
 func TestSchedulerLimits(t *testing.T) {
-	for _, c := range []struct {
+	for i, c := range []struct {
 		command      []string
 		seqs, tokens int
 	}{
@@ -86,8 +93,10 @@ func TestSchedulerLimits(t *testing.T) {
 		{[]string{"vllm", "serve", "m", "--max-num-seqs", "64", "--max-num-batched-tokens=16384"}, 64, 16384},
 		{[]string{"vllm", "serve", "m", "--max-num-seqs", "lots"}, 0, 0},
 	} {
-		if s, tk := SchedulerLimits(c.command); s != c.seqs || tk != c.tokens {
-			t.Errorf("%q: %d seqs, %d tokens; want %d, %d", c.command, s, tk, c.seqs, c.tokens)
-		}
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			if s, tk := SchedulerLimits(c.command); s != c.seqs || tk != c.tokens {
+				t.Errorf("%q: %d seqs, %d tokens; want %d, %d", c.command, s, tk, c.seqs, c.tokens)
+			}
+		})
 	}
 }

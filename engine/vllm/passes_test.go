@@ -26,13 +26,15 @@ func TestForwardPassEncodings(t *testing.T) {
 		"vllm positional":   []any{1, "w-1", 0, 17, "execute_model_cuda", 0.042, scheduledList, queuedList},
 		"dynamo positional": []any{1, "w-1", 0, 17, 0.042, scheduledList, queuedList},
 	} {
-		got, err := DecodeForwardPass(mustPack(t, v))
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if got != want {
-			t.Fatalf("%s: got %+v\nwant %+v", name, got, want)
-		}
+		t.Run(name, func(t *testing.T) {
+			got, err := DecodeForwardPass(mustPack(t, v))
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if got != want {
+				t.Fatalf("%s: got %+v\nwant %+v", name, got, want)
+			}
+		})
 	}
 }
 
@@ -52,10 +54,12 @@ func TestForwardPassRefusals(t *testing.T) {
 		"truncated":       {mustPack(t, map[string]any{"version": 1, "wall_time": 0.01})[:5], "decode forward-pass metrics"},
 		"lying length":    {[]byte{0xdd, 0xff, 0xff, 0xff, 0xff}, "malformed"},
 	} {
-		_, err := DecodeForwardPass(tc.payload)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%s: error %v, want one saying %q", name, err, tc.want)
-		}
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeForwardPass(tc.payload)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s: error %v, want one saying %q", name, err, tc.want)
+			}
+		})
 	}
 	idle, err := DecodeForwardPass(mustPack(t, map[string]any{"version": 1, "worker_id": "w", "wall_time": 0.0,
 		"scheduled_requests": map[string]any{}, "queued_requests": map[string]any{}}))

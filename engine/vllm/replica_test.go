@@ -435,24 +435,26 @@ func TestReplicaWarnsOfAVLLMTooOldToContinueFrom(t *testing.T) {
 		version string
 		warns   bool
 	}{{"0.9.2", true}, {"0.10.2", false}} {
-		ctx, cancel := context.WithCancel(context.Background())
-		srv, err := vllmtest.Start(ctx, vllmtest.Options{Version: c.version}, "", "", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var logs syncBuffer
-		r, err := vllm.New(vllm.Config{ID: "v", URL: srv.URL, Events: srv.Events, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := r.Probe(ctx, nil); err != nil {
-			t.Fatal(err)
-		}
-		if warned := strings.Contains(logs.String(), "return_token_ids needs 0.10.2 or later"); warned != c.warns {
-			t.Errorf("vLLM %s: warned %v, want %v:\n%s", c.version, warned, c.warns, logs.String())
-		}
-		srv.Close()
-		cancel()
+		t.Run(c.version, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			srv, err := vllmtest.Start(ctx, vllmtest.Options{Version: c.version}, "", "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			var logs syncBuffer
+			r, err := vllm.New(vllm.Config{ID: "v", URL: srv.URL, Events: srv.Events, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := r.Probe(ctx, nil); err != nil {
+				t.Fatal(err)
+			}
+			if warned := strings.Contains(logs.String(), "return_token_ids needs 0.10.2 or later"); warned != c.warns {
+				t.Errorf("vLLM %s: warned %v, want %v:\n%s", c.version, warned, c.warns, logs.String())
+			}
+			srv.Close()
+			cancel()
+		})
 	}
 }
 

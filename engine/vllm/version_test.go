@@ -8,8 +8,10 @@ func TestVersionBefore(t *testing.T) {
 		"0.10.2": false, "0.10.2.dev45+g1a2b3c": false, "0.11.0": false, "1.0.0": false,
 		"": false, "dev": false, "0.10": false,
 	} {
-		if got := versionBefore(v, TokenIDsSince); got != before {
-			t.Errorf("versionBefore(%q) = %v, want %v", v, got, before)
-		}
+		t.Run(v, func(t *testing.T) {
+			if got := versionBefore(v, TokenIDsSince); got != before {
+				t.Errorf("versionBefore(%q) = %v, want %v", v, got, before)
+			}
+		})
 	}
 }

@@ -54,9 +54,11 @@ func TestKeyFileIsReadAgainWhenItChanges(t *testing.T) {
 	}
 	now := t0.Add(2 * time.Second)
 	for key, want := range map[string]string{"sk-1": "", "sk-2": "team-a", "sk-3": "team-b", "sk-static": "ops"} {
-		if got := labelOf(ks, now, key); got != want {
-			t.Errorf("after the change, key %s: label %q, want %q", key, got, want)
-		}
+		t.Run(key, func(t *testing.T) {
+			if got := labelOf(ks, now, key); got != want {
+				t.Errorf("after the change, key %s: label %q, want %q", key, got, want)
+			}
+		})
 	}
 	if ks.Get(now).limits["team-a"] != a || len(a.slots) != 1 {
 		t.Fatal("team-a's limit did not change, but its count of requests in flight was lost")

@@ -25,11 +25,13 @@ func TestAPIKeyLabels(t *testing.T) {
 		t.Fatalf("parsed %v, want %v", keys, want)
 	}
 	for key, label := range map[string]string{"sk-new": "team-a", "sk-old": "team-a", "sk-unnamed": want[2].label, "sk-other": ""} {
-		r := httptest.NewRequest("POST", "/v1/completions", nil)
-		r.Header.Set("Authorization", "Bearer "+key)
-		if got, ok := keys.Of(r); got != label || ok != (label != "") {
-			t.Errorf("key %s: label %q (%v), want %q", key, got, ok, label)
-		}
+		t.Run(key, func(t *testing.T) {
+			r := httptest.NewRequest("POST", "/v1/completions", nil)
+			r.Header.Set("Authorization", "Bearer "+key)
+			if got, ok := keys.Of(r); got != label || ok != (label != "") {
+				t.Errorf("key %s: label %q (%v), want %q", key, got, ok, label)
+			}
+		})
 	}
 }
 
@@ -54,10 +56,12 @@ func TestKeyLimitsParse(t *testing.T) {
 		"team-a sk-1 max-concurrency=2 max-concurrency=3":             "twice",
 		"team-a sk-1 spare":                                           "KEY or NAME KEY",
 	} {
-		_, err := parse(strings.Split(entries, "|"))
-		if err == nil || !strings.Contains(err.Error(), want) {
-			t.Errorf("%q: error %v, want one saying %q", entries, err, want)
-		}
+		t.Run(entries, func(t *testing.T) {
+			_, err := parse(strings.Split(entries, "|"))
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%q: error %v, want one saying %q", entries, err, want)
+			}
+		})
 	}
 }
 

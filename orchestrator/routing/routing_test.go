@@ -85,11 +85,13 @@ func TestDynamoWorkedExample(t *testing.T) {
 	for id, st := range map[string]struct{ prefillTokens, activeBlocks int }{
 		"w1": {8*bs - 32, 10 - 2}, "w2": {5*bs - 32, 5 - 2}, "w3": {2*bs - 32, 9 - 2},
 	} {
-		w := d.worker(id)
-		w.activePrefillTokens = float64(st.prefillTokens)
-		for i := 0; i < st.activeBlocks; i++ {
-			w.activeBlocks[kv.BlockHash(1000+i)] = 1
-		}
+		t.Run(id, func(t *testing.T) {
+			w := d.worker(id)
+			w.activePrefillTokens = float64(st.prefillTokens)
+			for i := 0; i < st.activeBlocks; i++ {
+				w.activeBlocks[kv.BlockHash(1000+i)] = 1
+			}
+		})
 	}
 	for i, n := range c.v.Nodes {
 		p, dec, _ := d.costs(&c.v.Nodes[i], r, bs)
@@ -125,21 +127,23 @@ func TestDynamoWeighsHostHitsAtThreeQuarters(t *testing.T) {
 		hostBlocks int
 		want       string
 	}{{50, "gpu"}, {60, "host"}} {
-		c := newCluster(t)
-		c.node("gpu", roles.Decode)
-		c.node("host", roles.Decode)
-		r := c.request("r", 1024, 2)
-		c.holds("gpu", r.Chain, 0, 40, kv.TierGPU)
-		c.holds("host", r.Chain, 0, tc.hostBlocks, kv.TierHost)
-		c.rematch(r)
-		d := NewDynamo()
-		p, _, overlap := d.costs(c.get("host"), r, bs)
-		if want := (1024 - 0.75*float64(tc.hostBlocks)*bs) / bs; p != want || overlap != tc.hostBlocks {
-			t.Fatalf("host worker: prefill blocks %v overlap %d, want %v and %d", p, overlap, want, tc.hostBlocks)
-		}
-		if dec, _ := d.Route(t0, r, &c.v); dec.Prefill != tc.want {
-			t.Errorf("%d host blocks against 40 on GPU: picked %s, want %s", tc.hostBlocks, dec.Prefill, tc.want)
-		}
+		t.Run(tc.want, func(t *testing.T) {
+			c := newCluster(t)
+			c.node("gpu", roles.Decode)
+			c.node("host", roles.Decode)
+			r := c.request("r", 1024, 2)
+			c.holds("gpu", r.Chain, 0, 40, kv.TierGPU)
+			c.holds("host", r.Chain, 0, tc.hostBlocks, kv.TierHost)
+			c.rematch(r)
+			d := NewDynamo()
+			p, _, overlap := d.costs(c.get("host"), r, bs)
+			if want := (1024 - 0.75*float64(tc.hostBlocks)*bs) / bs; p != want || overlap != tc.hostBlocks {
+				t.Fatalf("host worker: prefill blocks %v overlap %d, want %v and %d", p, overlap, want, tc.hostBlocks)
+			}
+			if dec, _ := d.Route(t0, r, &c.v); dec.Prefill != tc.want {
+				t.Errorf("%d host blocks against 40 on GPU: picked %s, want %s", tc.hostBlocks, dec.Prefill, tc.want)
+			}
+		})
 	}
 }
 
@@ -309,19 +313,21 @@ func TestEvolveNoFetchWhenRecomputeIsCheaper(t *testing.T) {
 
 // vLLM engines keep their own KV: no fetch is planned to one, nor from one.
 func TestEvolveFetchesNeitherToNorFromSelfManagedKV(t *testing.T) {
-	for _, tc := range []struct{ to, from bool }{{true, false}, {false, true}} {
-		c := newCluster(t)
-		c.node("a", roles.Prefill).SelfManagedKV = tc.to
-		c.node("d", roles.Decode)
-		c.node("busy", roles.Decode).Running = 250
-		c.get("busy").SelfManagedKV = tc.from
-		r := c.request("r", 16*300, 9)
-		c.holds("busy", r.Chain, 0, 280, kv.TierHost)
-		c.rematch(r)
-		dec, err := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
-		if err != nil || dec.Prefill != "a" || len(dec.Fetches) != 0 || dec.ComputeTokens != 16*300 {
-			t.Fatalf("self-managed to=%v from=%v: %+v %v", tc.to, tc.from, dec, err)
-		}
+	for i, tc := range []struct{ to, from bool }{{true, false}, {false, true}} {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			c := newCluster(t)
+			c.node("a", roles.Prefill).SelfManagedKV = tc.to
+			c.node("d", roles.Decode)
+			c.node("busy", roles.Decode).Running = 250
+			c.get("busy").SelfManagedKV = tc.from
+			r := c.request("r", 16*300, 9)
+			c.holds("busy", r.Chain, 0, 280, kv.TierHost)
+			c.rematch(r)
+			dec, err := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v)
+			if err != nil || dec.Prefill != "a" || len(dec.Fetches) != 0 || dec.ComputeTokens != 16*300 {
+				t.Fatalf("self-managed to=%v from=%v: %+v %v", tc.to, tc.from, dec, err)
+			}
+		})
 	}
 }
 

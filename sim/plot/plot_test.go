@@ -86,9 +86,11 @@ func TestWriteRefusesWhatItCannotDraw(t *testing.T) {
 
 func TestFormatOf(t *testing.T) {
 	for path, want := range map[string]string{"a.svg": "svg", "out/run.PNG": "png", "x.pdf": "pdf", "x.jpg": "", "plot": ""} {
-		got, err := FormatOf(path)
-		if got != want || (want == "") != (err != nil) {
-			t.Errorf("FormatOf(%q) = %q, %v; want %q", path, got, err, want)
-		}
+		t.Run(path, func(t *testing.T) {
+			got, err := FormatOf(path)
+			if got != want || (want == "") != (err != nil) {
+				t.Errorf("FormatOf(%q) = %q, %v; want %q", path, got, err, want)
+			}
+		})
 	}
 }
