@@ -63,9 +63,8 @@ func (o *Orchestrator) branchBegin(id kv.Identity, chain []kv.BlockHash) string 
 	}
 	o.c.mu.Lock()
 	turn := o.c.branches.Begin(time.Now(), id, chain)
-	hints := o.hintsLocked()
+	o.sendHints(o.hintsLocked())
 	o.c.mu.Unlock()
-	o.sendHints(hints)
 	return turn.Branch
 }
 
@@ -119,13 +118,21 @@ func (o *Orchestrator) hintsLocked() map[string][]protocol.Hint {
 	return out
 }
 
-// sendHints sends each node its hints in the background.
+// sendHints sends each node its hints in the background; hintsPending
+// counts them until the engine answers (it has applied them then). The
+// caller holds c.mu, so that the count has the hints before anyone sees
+// the state they follow from.
 func (o *Orchestrator) sendHints(hints map[string][]protocol.Hint) {
 	for id, hs := range hints {
+		o.hintsPending.Add(1)
 		go func() {
+			defer o.hintsPending.Add(-1)
 			if _, err := o.control(id, protocol.ControlRequest{Op: protocol.OpHints, Hints: hs}); err != nil {
+				o.met.hints.WithLabelValues("failed").Inc()
 				o.log.Debug("eviction hints not delivered", "id", id, "err", err)
+				return
 			}
+			o.met.hints.WithLabelValues("delivered").Inc()
 		}()
 	}
 }
@@ -133,12 +140,10 @@ func (o *Orchestrator) sendHints(hints map[string][]protocol.Hint) {
 // expireBranches ends branches idle past the TTL.
 func (o *Orchestrator) expireBranches(now time.Time) {
 	o.c.mu.Lock()
-	var hints map[string][]protocol.Hint
 	if o.c.branches.Expire(now) > 0 {
-		hints = o.hintsLocked()
+		o.sendHints(o.hintsLocked())
 	}
 	o.c.mu.Unlock()
-	o.sendHints(hints)
 }
 
 // serveEndSession ends a session (DELETE /v1/sessions/{s}) or one of its
@@ -148,9 +153,8 @@ func (o *Orchestrator) serveEndSession(w http.ResponseWriter, r *http.Request) {
 	s, b := r.PathValue("session"), r.PathValue("branch")
 	o.c.mu.Lock()
 	n := o.c.branches.End(s, b)
-	hints := o.hintsLocked()
+	o.sendHints(o.hintsLocked())
 	o.c.mu.Unlock()
-	o.sendHints(hints)
 	if n == 0 {
 		what := "session " + s
 		if b != "" {

@@ -18,6 +18,7 @@ import (
 	"github.com/evolvellm/evolve/openaiapi"
 	"github.com/evolvellm/evolve/orchestrator/routing"
 	"github.com/evolvellm/evolve/roles"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // words makes a prompt of n distinct words of a family.
@@ -95,16 +96,21 @@ func TestCompactedTailIsEvictedFirst(t *testing.T) {
 	if len(list) != 2 || list[0].Branch != "main" || list[0].State != "ended" || list[1].State != "waiting" {
 		t.Fatalf("branches of s1 after compaction: %+v", list)
 	}
-	time.Sleep(300 * time.Millisecond) // the eviction hints travel over NATS
+	tc.eventsAndHintsApplied(t, "e0")
+	if testutil.ToFloat64(tc.o.met.hints.WithLabelValues("delivered")) == 0 {
+		t.Fatal("no eviction hints delivered")
+	}
 	// Pressure: two more agents' contexts need room.
 	turn(t, router, "s3", "main", "", false, words("charlie", 1200))
 	turn(t, router, "s4", "main", "", false, words("delta", 1200))
 	ca, cb := chainOfPrompt(t, a), chainOfPrompt(t, b)
-	wait.Until(t, 10*time.Second, "the directory sees evictions", func() bool {
-		return tc.gpuPrefix("e0", ca) < len(ca) || tc.gpuPrefix("e0", cb) < len(cb)
+	// The engine's events arrive in order: once the directory sees the
+	// dead tail evicted, it has seen any eviction of the live branch's
+	// (older, so first by LRU) blocks too.
+	wait.Until(t, 10*time.Second, "the directory sees the dead tail evicted", func() bool {
+		return tc.gpuPrefix("e0", ca) < len(ca)
 	})
-	time.Sleep(100 * time.Millisecond) // the rest of the events
-	if got := tc.gpuPrefix("e0", cb); got != len(cb) || tc.gpuPrefix("e0", ca) == len(ca) {
+	if got := tc.gpuPrefix("e0", cb); got != len(cb) {
 		t.Fatalf("the live branch lost GPU blocks: %d of %d left (the dead tail had %d of %d)", got, len(cb), tc.gpuPrefix("e0", ca), len(ca))
 	}
 	// The live branch is reported with all its blocks on the GPU.
@@ -186,9 +192,11 @@ func TestBranchContextSurvivesARoleSwitch(t *testing.T) {
 	// (its GPU KV goes to its host pool); the node that never saw the
 	// context becomes the prefill node.
 	for _, sw := range []struct{ id, role string }{{"e0", "decode"}, {other, "prefill"}} {
-		if _, err := tc.o.SetRole(sw.id, sw.role, true, "test"); err != nil {
-			t.Fatal(err)
-		}
+		t.Run(sw.id, func(t *testing.T) {
+			if _, err := tc.o.SetRole(sw.id, sw.role, true, "test"); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 	wait.Until(t, 10*time.Second, "both switches end", func() bool {
 		a, _ := tc.o.NodeStatus("e0")
@@ -231,6 +239,23 @@ func prefillUsage(t *testing.T, answer string) *usage {
 		t.Fatalf("bad answer %s: %v", answer, err)
 	}
 	return out.Usage
+}
+
+// eventsAndHintsApplied waits until the directory has applied every KV
+// event engine id had sent when the call began (as a heartbeat sent after
+// it says), and the engine has answered every eviction hint sent since:
+// hints go when a turn begins and when its blocks' events arrive, and an
+// engine answers once it has applied them.
+func (tc *testCluster) eventsAndHintsApplied(t *testing.T, id string) {
+	t.Helper()
+	since := time.Now()
+	wait.Until(t, 10*time.Second, id+"'s KV events and eviction hints applied", func() bool {
+		tc.o.c.mu.Lock()
+		n := tc.o.c.nodes[id]
+		applied := n != nil && n.hb.Time.After(since) && tc.o.c.dir.LastSeq(n.dir) >= n.hb.LastKVSeq
+		tc.o.c.mu.Unlock()
+		return applied && tc.o.hintsPending.Load() == 0
+	})
 }
 
 // engineCounter reads a counter from node id's /metrics.

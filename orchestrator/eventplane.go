@@ -205,17 +205,16 @@ func (o *Orchestrator) onKV(m *nats.Msg) {
 	err := o.c.dir.ApplyBatch(n.dir, b.Events)
 	o.noteReferencedEvictionsLocked(n, b.Events)
 	hints := o.noteStoredLocked(b.Events)
-	selfManaged := n.reg.SelfManagedKV // its engine takes no hints
+	if len(hints) > 0 && !n.reg.SelfManagedKV { // a self-managed engine takes no hints
+		slices.Reverse(hints) // deepest first, as hintsLocked sends them
+		o.sendHints(map[string][]protocol.Hint{b.Engine: hints})
+	}
 	ask := false
 	if errors.Is(err, kv.ErrGap) || (o.c.dir.NeedsResync(n.dir) && time.Since(n.resyncAt) > 5*time.Second) {
 		ask = true
 		n.resyncAt = time.Now()
 	}
 	o.c.mu.Unlock()
-	if len(hints) > 0 && !selfManaged {
-		slices.Reverse(hints) // deepest first, as hintsLocked sends them
-		o.sendHints(map[string][]protocol.Hint{b.Engine: hints})
-	}
 	if ask {
 		o.log.Warn("KV events lost; resyncing the engine", "id", b.Engine, "err", err)
 		go o.resync(b.Engine)

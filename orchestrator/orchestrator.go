@@ -129,6 +129,7 @@ type Orchestrator struct {
 	inFlight                       atomic.Int64         // answers the router is writing
 	bodies                         *largeBodies         // the budget for large request bodies
 	resyncs                        *resyncQueue         // KV resyncs, one engine at a time
+	hintsPending                   atomic.Int64         // eviction hint messages sent, not yet answered
 	noTokenIDs                     sync.Map             // vLLM nodes seen streaming without token ids (warnNoTokenIDs)
 }
 
@@ -153,6 +154,7 @@ type metrics struct {
 	// for their decode node (attempt.resumePrefill).
 	resumePrefilled prometheus.Counter
 	resyncs         *prometheus.CounterVec // KV resyncs by outcome
+	hints           *prometheus.CounterVec // eviction hint messages by outcome
 	ttft, e2e       prometheus.Histogram
 	// The planner's view, as of its last step.
 	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
@@ -185,8 +187,9 @@ func newMetrics() *metrics {
 	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
 	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_resyncs_total", Help: "Engines' KV resyncs (each engine sends its whole KV again, one at a time, after it registers or loses events), by outcome: applied (the directory took it all), shared (another orchestrator's resync of it had begun: its events serve this directory too), failed (the engine did not answer), gone (it went down or restarted first), timeout (not applied within 30 s; the next began anyway)."}, []string{"outcome"})
 	// The process's own: memory, goroutines, file descriptors, CPU.
+	m.hints = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_eviction_hints_total", Help: "Eviction hint messages sent to engines (which blocks live agent branches reference, and which an ended branch left: those go first), by outcome: delivered (the engine applied them), failed (it did not answer; its blocks keep their last priorities)."}, []string{"outcome"})
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.ttft, m.e2e,
+	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.hints, m.ttft, m.e2e,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }

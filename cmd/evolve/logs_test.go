@@ -3,20 +3,24 @@ package main
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/evolvellm/evolve/internal/wait"
 )
 
 // followLog runs evolve logs with --follow and returns a channel of the
-// lines it prints and a stop that interrupts it, as Ctrl-C does, and
-// reports how it exited.
-func followLog(t *testing.T, env []string, args ...string) (<-chan string, func() error) {
+// lines it prints, a stop that interrupts it, as Ctrl-C does, and
+// reports how it exited, and its process id.
+func followLog(t *testing.T, env []string, args ...string) (<-chan string, func() error, int) {
 	t.Helper()
 	cmd := exec.Command(evolveBin, append([]string{"logs", "--follow"}, args...)...)
 	cmd.Env = append(os.Environ(), env...)
@@ -55,7 +59,31 @@ func followLog(t *testing.T, env []string, args ...string) (<-chan string, func(
 			stop()
 		}
 	})
-	return lines, stop
+	return lines, stop, cmd.Process.Pid
+}
+
+// atEndOfAFile says whether process pid holds a regular file open past
+// its start (Linux's /proc): evolve logs has read a log to where it
+// follows it from, so a line written now is one it prints.
+func atEndOfAFile(pid int) bool {
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, fd := range fds {
+		target, err := os.Readlink(fmt.Sprintf("/proc/%d/fd/%s", pid, fd.Name()))
+		if err != nil || !strings.HasSuffix(target, ".log") {
+			continue
+		}
+		info, _ := os.ReadFile(fmt.Sprintf("/proc/%d/fdinfo/%s", pid, fd.Name()))
+		var pos int64
+		for _, line := range strings.Split(string(info), "\n") {
+			if v, ok := strings.CutPrefix(line, "pos:"); ok {
+				pos, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			}
+		}
+		if st, err := os.Stat(target); err == nil && st.Mode().IsRegular() && pos > 0 && pos >= st.Size() {
+			return true
+		}
+	}
+	return false
 }
 
 // waitLine reads lines until one contains want.
@@ -101,8 +129,8 @@ func TestLogsOfALocalCluster(t *testing.T) {
 		t.Fatalf("evolve logs --tail -2: exit %d\n%s", code, out)
 	}
 
-	lines, stop := followLog(t, c.env, "orchestrator", "--tail", "0")
-	time.Sleep(300 * time.Millisecond) // it has read to the end
+	lines, stop, pid := followLog(t, c.env, "orchestrator", "--tail", "0")
+	wait.Until(t, 10*time.Second, "evolve logs at the end of the log", func() bool { return atEndOfAFile(pid) })
 	if out, code := runBinOut(t, c.env, "role", "set", "engine-1", "prefill"); code != 0 {
 		t.Fatalf("role set: exit %d\n%s", code, out)
 	}
@@ -130,16 +158,18 @@ func TestLastLines(t *testing.T) {
 		{strings.Repeat("x", 70000) + "\n" + "last\n", 1, "last\n"},
 		{"a\n" + strings.Repeat("y", 140000) + "\n", 1, strings.Repeat("y", 140000) + "\n"},
 	} {
-		path := filepath.Join(dir, "log")
-		os.WriteFile(path, []byte(tc.text), 0o600)
-		f, _ := os.Open(path)
-		off, err := lastLines(f, tc.n)
-		f.Seek(off, io.SeekStart)
-		got, _ := io.ReadAll(f)
-		f.Close()
-		if err != nil || string(got) != tc.want {
-			t.Errorf("last %d lines of %.20q: %.20q (%v), want %.20q", tc.n, tc.text, got, err, tc.want)
-		}
+		t.Run(tc.text, func(t *testing.T) {
+			path := filepath.Join(dir, "log")
+			os.WriteFile(path, []byte(tc.text), 0o600)
+			f, _ := os.Open(path)
+			off, err := lastLines(f, tc.n)
+			f.Seek(off, io.SeekStart)
+			got, _ := io.ReadAll(f)
+			f.Close()
+			if err != nil || string(got) != tc.want {
+				t.Errorf("last %d lines of %.20q: %.20q (%v), want %.20q", tc.n, tc.text, got, err, tc.want)
+			}
+		})
 	}
 }
 

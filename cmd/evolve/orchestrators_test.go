@@ -177,7 +177,14 @@ func TestKilledLeaderOrchestrator(t *testing.T) {
 		}
 		t.Cleanup(func() { benches[i].Process.Kill() })
 	}
-	time.Sleep(8 * time.Second) // load under way
+	wait.Until(t, 30*time.Second, "load under way through every router", func() bool {
+		for _, o := range orchs {
+			if routedRequests(t, o.info.RouterURL) < 10 {
+				return false
+			}
+		}
+		return true
+	})
 	leader.cmd.Process.Signal(syscall.SIGKILL)
 	<-leader.done
 	killed := time.Now()
@@ -369,4 +376,17 @@ func hasNonLoopbackAddress() bool {
 		}
 	}
 	return false
+}
+
+// routedRequests is how many requests the router at base has answered,
+// whatever their outcome (0 before its first).
+func routedRequests(t *testing.T, base string) float64 {
+	t.Helper()
+	n := 0.0
+	for _, line := range scrape(t, http.DefaultClient, base) {
+		if strings.HasPrefix(line, "evolve_router_requests_total{") {
+			n += sampleValue(line)
+		}
+	}
+	return n
 }

@@ -74,13 +74,13 @@ func TestOrchestratorLetsItsAnswersFinishBeforeItStops(t *testing.T) {
 	// A second signal does not wait. (Its engine, stopped when the test
 	// ends, may have handed the stream over to the dying router and hold
 	// that KV for a peer that never comes: a short grace bounds its stop.)
-	orch2, _ := startOrchestratorLog(t, "--shutdown-grace", "1m")
+	orch2, log2 := startOrchestratorLog(t, "--shutdown-grace", "1m")
 	startEngine(t, "--profile", "tiny", "--speedup", "0.1", "--shutdown-grace", "2s", "--nats", orch2.NATSURL)
 	wait.Until(t, 10*time.Second, "the engine serving", func() bool { return servingNodes(t, orch2.ControlURL) == 1 })
 	_, done2 := streamAnswer(t, orch2.RouterURL, 2000) // minutes at a tenth of real time
 	defer done2()
 	syscall.Kill(orch2.PID, syscall.SIGTERM)
-	time.Sleep(300 * time.Millisecond)
+	wait.Until(t, 5*time.Second, "the first signal taken", func() bool { return strings.Contains(log2.String(), "waiting for the answers in flight") })
 	syscall.Kill(orch2.PID, syscall.SIGTERM)
 	wait.Until(t, 5*time.Second, "the orchestrator gone at the second signal", func() bool { return !cluster.Alive(orch2.PID) })
 }

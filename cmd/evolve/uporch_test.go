@@ -103,7 +103,7 @@ spec:
 	if out, code = runBinOut(t, env, "logs", "gpu-03", "-f", file, "--known-hosts", kh); code != 2 || !strings.Contains(out, "orchestrator, gpu-01, gpu-02") {
 		t.Fatalf("logs of no host: exit %d\n%s", code, out)
 	}
-	lines, stop := followLog(t, env, "orchestrator", "-f", file, "--known-hosts", kh, "--tail", "-1")
+	lines, stop, _ := followLog(t, env, "orchestrator", "-f", file, "--known-hosts", kh, "--tail", "-1")
 	waitLine(t, lines, " INFO  orchestrator ready  router_url=https://")
 	if out, code := runBinOut(t, env, "role", "set", "gpu-02", "prefill", "--server", st.ControlURL, "--token", st.ControlToken); code != 0 {
 		t.Fatalf("role set: exit %d\n%s", code, out)
