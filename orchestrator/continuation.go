@@ -113,7 +113,7 @@ func (a *attempt) moveOn() error {
 		a.decode, a.leaving = to, from
 		a.o.log.Debug("handed over", "request", a.reqID, "from", from, "to", to, "output_tokens", len(h.Resume.Output))
 		err = a.forward(url, body)
-		if err == nil || errors.Is(err, errHandedOver) || a.answered {
+		if err == nil || errors.Is(err, errHandedOver) || a.legAnswered {
 			return err
 		}
 		if a.r.Context().Err() != nil {
@@ -183,11 +183,11 @@ func (a *attempt) resume(r protocol.Resume, home, why string, cause error) error
 	a.o.met.resumed.WithLabelValues(why, "failed").Inc()
 	// A whole answer the client has not begun to read is routed again
 	// from the start (serveGenerate): it is not lost yet.
-	if why == resumeEngineFailed && a.started {
+	if why == resumeEngineFailed && a.clientHasBytes {
 		a.o.interrupted(a.interruptedOn, true)
 	}
 	err = fmt.Errorf("no node could continue the answer (%v)", err)
-	if a.started {
+	if a.clientHasBytes {
 		a.streamError(err)
 	}
 	return err
@@ -204,7 +204,7 @@ func (a *attempt) continueOn(to, url string, body []byte, why string, after func
 	if after != nil {
 		after()
 	}
-	if ferr == nil || errors.Is(ferr, errHandedOver) || a.answered {
+	if ferr == nil || errors.Is(ferr, errHandedOver) || a.legAnswered {
 		return true, ferr
 	}
 	a.resuming = ""
@@ -298,7 +298,7 @@ func (a *attempt) dropResumePrefill() {
 	if a.resumePrefillNode == "" {
 		return
 	}
-	if !a.answered {
+	if !a.legAnswered {
 		a.releaseHold(a.urls[a.resumePrefillNode], a.resumePrefillKV)
 	}
 	a.o.release(a.resumePrefillNode)

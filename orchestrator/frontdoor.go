@@ -20,6 +20,10 @@ package orchestrator
 //	               either way the answer goes on on another node, in the
 //	               same stream, with the same id; vLLM engines: vllmresume.go
 //
+// An attempt's phase says how far the answer has come (routed, prefilled,
+// first token out: it only advances); clientHasBytes, set once the client
+// has any byte of an answer or of an error, ends retries in any phase.
+//
 // Glossary (one spelling each):
 //   - leg: one HTTP request the router sends an engine for a client's
 //     request: a prefill leg, a decode leg, or a whole one.
@@ -279,10 +283,11 @@ type attemptRequest struct {
 
 // attemptProgress is how far the request has gone.
 type attemptProgress struct {
-	started  bool // bytes reached the client: no more retries
-	first    bool // the prefill is over
-	ttftSeen bool // the client got its first token
-	answered bool // the current leg sent its first byte
+	phase phase
+	// clientHasBytes: the client has bytes of the answer (or of an
+	// error answer, which may come in any phase): no more retries.
+	clientHasBytes bool
+	legAnswered    bool // the current leg sent its first byte
 	// prefillFreed: the prefill node's in-flight count no longer has
 	// this split request (freePrefill), or never had it apart from the
 	// decode's (a request served whole on one node).
@@ -310,6 +315,21 @@ type attemptAnswer struct {
 	// it names, with which another can go on (vllmresume.go).
 	vllm *vllmStream
 }
+
+// phase is how far a request's answer has come, in order; it only
+// advances.
+type phase uint8
+
+const (
+	// phaseRouted: placed on its nodes; its prompt is being prefilled.
+	phaseRouted phase = iota
+	// phasePrefilled: its prefill is over, and the routing policy was
+	// told (its queued prefill work leaves the node's bookkeeping).
+	phasePrefilled
+	// phaseFirstToken: the first token is on its way to the client (its
+	// time to first token is observed); the rest streams.
+	phaseFirstToken
+)
 
 // attemptMoves is where the answer is decoded now and how it got there:
 // handovers, resumes and the nodes that failed it.
@@ -456,7 +476,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			attemptMoves:    attemptMoves{decode: dec.Decode, failed: map[string]bool{}}}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
-		if a.started && reuse.Noted() {
+		if a.clientHasBytes && reuse.Noted() {
 			// Its engine did not say what it found cached: count the lost
 			// reuse as placed.
 			o.kvc.lostReuse.Add(reuse.Planned(bs))
@@ -468,7 +488,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		o.shareLoad(reqID, loadFinished)
 		o.queue.kick()
 		var ce *clientError
-		if a.started && !errors.As(err, &ce) {
+		if a.clientHasBytes && !errors.As(err, &ce) {
 			// Served, whole or in part: the key's tokens count.
 			o.countTokens(r, len(p.Tokens), a.outTokens)
 		}
@@ -484,12 +504,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		case r.Context().Err() != nil:
 			o.countRequest(r, "client_gone")
 			return
-		case errors.As(err, &ce) && a.started:
+		case errors.As(err, &ce) && a.clientHasBytes:
 			// The engine refused the request itself (too long a prompt,
 			// a bad parameter) and the client has its answer.
 			o.countRequest(r, "bad_request")
 			return
-		case a.started:
+		case a.clientHasBytes:
 			o.countRequest(r, "failed")
 			return
 		}
@@ -665,7 +685,7 @@ func (a *attempt) run() (string, error) {
 		params, err := a.prefill()
 		var ce *clientError
 		if errors.As(err, &ce) { // the request's fault: every engine would say so
-			a.started = true
+			a.clientHasBytes = true
 			a.answerHeaders("application/json")
 			a.w.WriteHeader(ce.status)
 			a.w.Write(ce.body)
@@ -695,7 +715,7 @@ func (a *attempt) run() (string, error) {
 			set[k] = v
 		}
 		err = a.forward(a.urls[a.decode], a.body.With(set))
-		if err != nil && !a.started && !errors.Is(err, errHandedOver) {
+		if err != nil && !a.clientHasBytes && !errors.Is(err, errHandedOver) {
 			// The decode leg never pulled the KV: free it on the prefill
 			// engine now rather than when its hold times out.
 			a.releaseHold(a.urls[a.dec.Prefill], params)
@@ -798,10 +818,10 @@ func (a *attempt) prefillLeg(url string, body openaiapi.Body, extra map[string]j
 // prefillDone tells the policy the request's prefill is over (its queued
 // prefill work leaves the node's bookkeeping).
 func (a *attempt) prefillDone() {
-	if a.first {
+	if a.phase >= phasePrefilled {
 		return
 	}
-	a.first = true
+	a.phase = phasePrefilled
 	a.o.policyMu.Lock()
 	a.o.policy.FirstToken(time.Now(), a.reqID)
 	a.o.policyMu.Unlock()
@@ -812,10 +832,10 @@ func (a *attempt) prefillDone() {
 // firstToken records the first token the client sees.
 func (a *attempt) firstToken() {
 	a.prefillDone()
-	if a.ttftSeen {
+	if a.phase >= phaseFirstToken {
 		return
 	}
-	a.ttftSeen = true
+	a.phase = phaseFirstToken
 	a.o.met.ttft.Observe(time.Since(a.arrival).Seconds())
 	a.o.recent.addTTFT(time.Now(), time.Since(a.arrival).Seconds())
 }

@@ -104,7 +104,7 @@ func (e *legRefused) Error() string { return "engine refused the leg (" + e.code
 // forward sends body to the node and passes its answer to the client as it
 // arrives. Whole answers are read first, so a failure can still be retried.
 func (a *attempt) forward(url string, body []byte) error {
-	a.answered = false
+	a.legAnswered = false
 	resp, err := a.post(url, body)
 	if err != nil {
 		return err
@@ -115,7 +115,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		err := engineError(resp.StatusCode, b)
 		var ce *clientError
 		if errors.As(err, &ce) && a.moves == 0 && a.resumes == 0 { // a node refusing a continuation is not the client's fault
-			a.started = true
+			a.clientHasBytes = true
 			a.answerHeaders("application/json")
 			a.w.WriteHeader(ce.status)
 			a.w.Write(ce.body)
@@ -137,13 +137,13 @@ func (a *attempt) forward(url string, body []byte) error {
 		}
 		a.countUsage(b)
 		b = withPrefillKV(b, a.prefillKV)
-		a.started = true
+		a.clientHasBytes = true
 		a.answerHeaders("application/json")
 		a.w.WriteHeader(200)
 		a.w.Write(b)
 		return nil
 	}
-	if !a.started {
+	if !a.clientHasBytes {
 		a.answerHeaders("text/event-stream")
 		a.w.Header().Set("Cache-Control", "no-cache")
 	}
@@ -177,8 +177,8 @@ func (a *attempt) forward(url string, body []byte) error {
 			a.outLost = a.outLost || !readable
 			return nil
 		}
-		if !a.started {
-			a.started = true
+		if !a.clientHasBytes {
+			a.clientHasBytes = true
 			a.w.WriteHeader(200)
 		}
 		if blank {
@@ -237,7 +237,7 @@ func (a *attempt) forward(url string, body []byte) error {
 		seen()
 	}
 	err = fmt.Errorf("the engine serving this request failed mid-stream: %v", rerr)
-	if a.started {
+	if a.clientHasBytes {
 		if a.canResume() {
 			return &errFailedMidStream{err: err}
 		}
@@ -273,7 +273,7 @@ func (a *attempt) streamError(err error) {
 // and a node that handed the request over, or its prefill node, holds
 // nothing of it any more (the engine pulled the KV before answering).
 func (a *attempt) legAnswers() {
-	a.answered = true
+	a.legAnswered = true
 	a.firstToken()
 	a.freePrefill()
 	a.dropResumePrefill()
