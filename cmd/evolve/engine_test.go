@@ -363,7 +363,7 @@ func TestFlagValuesComplete(t *testing.T) {
 		want string
 	}{
 		{[]string{"sim", "--preset", ""}, "claude-code-126x36\n"},
-		{[]string{"sim", "--profile", ""}, "gb300-glm46\ngb300-glm5\ngb300-kimi-k2\ntiny\n:0\n"},
+		{[]string{"sim", "--profile", ""}, "gb300-glm46\ngb300-glm5\ngb300-kimi-k2\nh100-glm46\nh200-glm46\ntiny\n:0\n"},
 		{[]string{"bench", "--workload", ""}, "coding\nclaude-code\nmath\ncomputer-use\nshift\n:4\n"},
 		{[]string{"nodes", "-o", ""}, "table\nwide\njson\nyaml\n:4\n"},
 		{[]string{"top", "-o", ""}, "table\njson\n:4\n"},

@@ -49,7 +49,7 @@ func BenchmarkStepDecode256x32K(b *testing.B) {
 // benchProfiles: 64-token blocks (MLA on Blackwell, sparse and dense) and
 // 16-token blocks (GQA),
 // since per-block bookkeeping is much of the cost.
-var benchProfiles = []string{"gb300-glm5", "gb300-kimi-k2", "gb300-glm46"}
+var benchProfiles = []string{"gb300-glm5", "gb300-kimi-k2", "gb300-glm46", "h200-glm46"}
 
 func benchStepDecode(b *testing.B, profile string) {
 	const maxTokens = 8192

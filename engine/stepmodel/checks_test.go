@@ -62,6 +62,16 @@ func runCheck(t *testing.T, p *Profile, c Check) float64 {
 			t.Fatalf("%s: no full prefill pass", c.Source)
 		}
 		return float64(tokens) / busy.Seconds() / float64(p.GPUs)
+	case c.DurationS > 0:
+		m := NewModel(p, Config{})
+		for i := range c.Requests {
+			submit(t, m, t0, Request{ID: fmt.Sprint(i), Tokens: prompt(c.Prompt, uint32(i+1)), MaxTokens: c.Output})
+		}
+		res := run(t, m, t0, 10_000_000)
+		if len(res.finished) != c.Requests {
+			t.Fatalf("%s: %d of %d requests finished", c.Source, len(res.finished), c.Requests)
+		}
+		return res.end.Sub(t0).Seconds()
 	default: // ttft_s
 		m := NewModel(p, Config{})
 		submit(t, m, t0, Request{ID: "x", Tokens: prompt(c.Prompt, 1), MaxTokens: 1})
@@ -98,4 +108,31 @@ func figure(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	}
 	return fmt.Sprintf("%.3g", v)
+}
+
+// A check names one figure and what the model needs to run it: a flood
+// without its requests or output, or two figures at once, is refused
+// with the check's source.
+func TestChecksSayWhatTheyLack(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		check Check
+		want  string
+	}{
+		{"flood without requests", Check{Source: "f", Prompt: 2000, Output: 100, DurationS: 60}, "needs requests and output"},
+		{"flood without output", Check{Source: "f", Prompt: 2000, Requests: 500, DurationS: 60}, "needs requests and output"},
+		{"flood without prompt", Check{Source: "f", Requests: 500, Output: 100, DurationS: 60}, "needs prompt"},
+		{"two figures", Check{Source: "f", Prompt: 2000, Requests: 500, Output: 100, DurationS: 60, TTFTSec: 1}, "exactly one"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.check.validate()
+			if err == nil || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), `"f"`) {
+				t.Fatalf("got %v, want an error with %q", err, c.want)
+			}
+		})
+	}
+	ok := Check{Source: "f", Prompt: 2000, Requests: 500, Output: 100, DurationS: 60}
+	if err := ok.validate(); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -84,17 +84,25 @@ const CheckTolerance = 0.25
 //   - step_ms: a decode step of batch sequences of context tokens each;
 //   - decode_tok_per_gpu_s: the output rate of such steps, per GPU;
 //   - prefill_tok_per_gpu_s: prompts of prompt tokens in full passes;
-//   - ttft_s: one prompt of prompt tokens alone, from arrival to first token.
+//   - ttft_s: one prompt of prompt tokens alone, from arrival to first token;
+//   - duration_s: a flood, as serving benchmarks run one: requests
+//     prompts of prompt tokens, each answered with output tokens, all
+//     sent at once (distinct prompts: no prefix shared), from the first
+//     arrival to the last token. It runs prefill and decode together,
+//     under the engine's KV capacity and batch limits.
 type Check struct {
-	Source  string `yaml:"source"`  // the measurement and where it is published
-	Batch   int    `yaml:"batch"`   // decode: sequences in the step
-	Context int    `yaml:"context"` // decode: context of each sequence, tokens
-	Prompt  int    `yaml:"prompt"`  // prefill: prompt length, tokens
+	Source   string `yaml:"source"`   // the measurement and where it is published
+	Batch    int    `yaml:"batch"`    // decode: sequences in the step
+	Context  int    `yaml:"context"`  // decode: context of each sequence, tokens
+	Prompt   int    `yaml:"prompt"`   // prefill and flood: prompt length, tokens
+	Requests int    `yaml:"requests"` // flood: requests sent at once
+	Output   int    `yaml:"output"`   // flood: output tokens of each
 
 	StepMs            float64 `yaml:"step_ms"`
 	DecodeTokPerGPUs  float64 `yaml:"decode_tok_per_gpu_s"`
 	PrefillTokPerGPUs float64 `yaml:"prefill_tok_per_gpu_s"`
 	TTFTSec           float64 `yaml:"ttft_s"`
+	DurationS         float64 `yaml:"duration_s"`
 }
 
 // IsDecode reports whether the check runs decode steps (batch and
@@ -103,12 +111,12 @@ func (c *Check) IsDecode() bool { return c.StepMs > 0 || c.DecodeTokPerGPUs > 0 
 
 // Want is the check's public figure.
 func (c *Check) Want() float64 {
-	return c.StepMs + c.DecodeTokPerGPUs + c.PrefillTokPerGPUs + c.TTFTSec
+	return c.StepMs + c.DecodeTokPerGPUs + c.PrefillTokPerGPUs + c.TTFTSec + c.DurationS
 }
 
 func (c *Check) validate() error {
 	set := 0
-	for _, v := range []float64{c.StepMs, c.DecodeTokPerGPUs, c.PrefillTokPerGPUs, c.TTFTSec} {
+	for _, v := range []float64{c.StepMs, c.DecodeTokPerGPUs, c.PrefillTokPerGPUs, c.TTFTSec, c.DurationS} {
 		switch {
 		case v < 0 || math.IsNaN(v) || math.IsInf(v, 0):
 			return fmt.Errorf("check %q: figures must be finite and positive", c.Source)
@@ -118,7 +126,9 @@ func (c *Check) validate() error {
 	}
 	switch {
 	case set != 1:
-		return fmt.Errorf("check %q: set exactly one of step_ms, decode_tok_per_gpu_s, prefill_tok_per_gpu_s, ttft_s", c.Source)
+		return fmt.Errorf("check %q: set exactly one of step_ms, decode_tok_per_gpu_s, prefill_tok_per_gpu_s, ttft_s, duration_s", c.Source)
+	case c.DurationS > 0 && (c.Requests < 1 || c.Output < 1):
+		return fmt.Errorf("check %q: a flood (duration_s) needs requests and output", c.Source)
 	case c.IsDecode() && (c.Batch < 1 || c.Context < 1):
 		return fmt.Errorf("check %q: a decode check needs batch and context", c.Source)
 	case !c.IsDecode() && c.Prompt < 1:
