@@ -544,15 +544,21 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 		Profile  string `json:"profile"`
 	}
 	for name, want := range map[string]scenario{
-		"putnam":             {"math", 160, 36, "gb300-glm5"},
-		"osworld":            {"computer-use", 160, 36, "gb300-kimi-k2"},
-		"claude-code-126x36": {"claude-code", 126, 36, "gb300-glm5"},
-		"claude-code-high":   {"claude-code", 160, 36, "gb300-glm5"},
-		"coding-126x36":      {"coding", 126, 36, "gb300-glm5"},
-		"shift-math-cu-3h":   {"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2"},
+		"putnam":                  {"math", 160, 36, "gb300-glm5"},
+		"osworld":                 {"computer-use", 160, 36, "gb300-kimi-k2"},
+		"claude-code-126x36":      {"claude-code", 126, 36, "gb300-glm5"},
+		"claude-code-high":        {"claude-code", 160, 36, "gb300-glm5"},
+		"coding-126x36":           {"coding", 126, 36, "gb300-glm5"},
+		"shift-math-cu-3h":        {"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2"},
+		"claude-code-126x96-h100": {"claude-code", 126, 96, "h100-glm46"},
+		"claude-code-126x96-h200": {"claude-code", 126, 96, "h200-glm46"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", "static:4:5", "-o", "json")
+			split := "static:4:5" // 9 GB300 trays
+			if want.GPUs == 96 {
+				split = "static:4:8" // 12 8-GPU servers
+			}
+			out, code := runBin(t, nil, "sim", "--preset", name, "--duration", "20s", "--warmup", "0s", "--policies", split, "-o", "json")
 			var res struct {
 				Scenario scenario `json:"scenario"`
 			}
@@ -564,11 +570,12 @@ func TestSimPresetsByExperimentName(t *testing.T) {
 	// --help lists every preset with what it runs, aliases beside their level.
 	help, _ := runBinOut(t, nil, "sim", "--help")
 	for _, line := range []string{
-		"  claude-code-126x36      126   36  gb300-glm5     30m + 1h         claude-code\n",
-		"  coding-126x36           126   36  gb300-glm5     30m + 1h         coding\n",
-		"  putnam-mid, putnam      160   36  gb300-glm5     10m + 1h         math\n",
-		"  osworld-low              96   36  gb300-kimi-k2  10m + 1h         computer-use\n",
-		"  shift-math-cu-3h        160   36  gb300-kimi-k2  10m + 3h         shift:math>computer-use:1h:1h:1h\n",
+		"  claude-code-126x36          126   36  gb300-glm5     30m + 1h         claude-code\n",
+		"  claude-code-126x96-h100     126   96  h100-glm46     30m + 1h         claude-code\n",
+		"  coding-126x36               126   36  gb300-glm5     30m + 1h         coding\n",
+		"  putnam-mid, putnam          160   36  gb300-glm5     10m + 1h         math\n",
+		"  osworld-low                  96   36  gb300-kimi-k2  10m + 1h         computer-use\n",
+		"  shift-math-cu-3h            160   36  gb300-kimi-k2  10m + 3h         shift:math>computer-use:1h:1h:1h\n",
 	} {
 		if !strings.Contains(help, line) {
 			t.Errorf("sim --help lacks %q:\n%s", line, help)

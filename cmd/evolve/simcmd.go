@@ -42,6 +42,11 @@ func init() {
 	add("claude-code-126x36", preset{"claude-code", 126, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
 	add("coding-126x36", preset{"coding", 126, 36, "gb300-glm5", 30 * time.Minute, time.Hour})
 	add("shift-math-cu-3h", preset{"shift:math>computer-use:1h:1h:1h", 160, 36, "gb300-kimi-k2", 10 * time.Minute, 3 * time.Hour})
+	// The same Claude Code fleet on the servers most self-hosted clusters
+	// have: 12 8-GPU H100 or H200 servers with GLM-4.6, where KV binds (a
+	// server's GPUs hold a few agents' contexts; the host pool the rest).
+	add("claude-code-126x96-h100", preset{"claude-code", 126, 96, "h100-glm46", 30 * time.Minute, time.Hour})
+	add("claude-code-126x96-h200", preset{"claude-code", 126, 96, "h200-glm46", 30 * time.Minute, time.Hour})
 	for _, lvl := range []struct {
 		name          string
 		math, cc, osw int
@@ -68,7 +73,7 @@ func presetNames() []string {
 // that only stands for another (putnam for putnam-mid) says so.
 func presetTable() string {
 	var b strings.Builder
-	row := "  %-20s %6s %4s  %-13s  %-16s %s\n"
+	row := "  %-24s %6s %4s  %-13s  %-16s %s\n"
 	fmt.Fprintf(&b, row, "preset", "agents", "GPUs", "profile", "warm-up + scored", "workload")
 	for _, name := range presetNames() {
 		p := presets[name]
@@ -136,8 +141,10 @@ Policies (comma-separated):
                       and keeps the best by mean latency; slow (replays)
   oracle-throughput   the same search, by output tokens a second
 
-One engine is a 4-GPU GB300 tray: --gpus 36 is 9 engines. Presets, after
-the research system's experiments:
+One engine is as many GPUs as its profile serves a replica on: a 4-GPU
+GB300 tray (gb300-*: --gpus 36 is 9 engines) or an 8-GPU server (h100-*,
+h200-*: --gpus 96 is 12). Presets, after the research system's
+experiments, and the same fleet on H100 and H200 servers, where KV binds:
 ` + presetTable(),
 		Example: `  evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve
   evolve sim --preset claude-code-126x36 --policies dynamo,static:best,evolve --kv-block-tokens 128
@@ -150,8 +157,8 @@ the research system's experiments:
 		RunE: runSim,
 	}
 	f := cmd.Flags()
-	f.String("preset", "", "scenario preset, named after the research system's experiments: claude-code-126x36, coding-126x36, shift-math-cu-3h, and putnam, osworld, claude-code at -low, -mid or -high concurrency (putnam and osworld alone: -mid); flags given alongside override it")
-	f.Int("gpus", 36, "GPUs in the cluster; 4 per engine")
+	f.String("preset", "", "scenario preset, named after the research system's experiments: claude-code-126x36, coding-126x36, shift-math-cu-3h, claude-code-126x96-h100, claude-code-126x96-h200, and putnam, osworld, claude-code at -low, -mid or -high concurrency (putnam and osworld alone: -mid); flags given alongside override it")
+	f.Int("gpus", 36, "GPUs in the cluster, a multiple of the profile's GPUs per engine (4 for gb300-*, 8 for h100-* and h200-*)")
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload: coding, claude-code, math, computer-use, mix:A=w,B=w or shift:A>B:T1:T2:T3")
 	f.Int("kv-block-tokens", 0, "model KV in blocks of this many tokens, a power-of-two multiple of the profile's block size, for every policy alike: "+
