@@ -462,6 +462,37 @@ func TestOrchestratorsOnAnExistingNATSCluster(t *testing.T) {
 	}
 }
 
+// Routers on every interface, of orchestrators on an existing NATS
+// (no route of their own to be named by), are each listed for
+// Prometheus by the address their host reaches the event plane from.
+func TestRoutersOnEveryInterfaceAreListedOnAnExistingNATS(t *testing.T) {
+	natsURL := natsCluster(t)
+	var cfgs []Config
+	for i := range 2 {
+		cfgs = append(cfgs, Config{Name: fmt.Sprint("orch-", i), RouterAddr: "0.0.0.0:0", ControlAddr: "127.0.0.1:0", NATSURL: natsURL, PlannerMode: PlannerOff})
+	}
+	tr := runOrchestrators(t, cfgs...)
+	a, b := tr.o[0], tr.o[1]
+	wait.Until(t, 10*time.Second, "each hears the other", func() bool { return a.hasPeers() && b.hasPeers() })
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(b.RouterURL(), "http://"))
+	want := "http://127.0.0.1:" + port // the NATS servers listen on loopback
+	wait.Until(t, 10*time.Second, "orch-1's router listed by orch-0", func() bool {
+		targets := a.RouterTargets("10.0.0.9:8001")
+		return len(targets) == 2 && targets[1] == want
+	})
+	if got := a.RouterTargets("10.0.0.9:8001")[0]; !strings.HasPrefix(got, "http://10.0.0.9:") {
+		t.Fatalf("orch-0's own router listed as %s: want the address it was asked at", got)
+	}
+	resp, err := http.Get(want + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("%s/health: %s", want, resp.Status)
+	}
+}
+
 // remoteLoadCount is how many requests of other routers the policy
 // counts now.
 func (o *Orchestrator) remoteLoadCount() int {

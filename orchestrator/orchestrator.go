@@ -103,6 +103,10 @@ type Orchestrator struct {
 	store *roleStore
 	lease *lease // the planner's leadership; nil: no JetStream, this orchestrator plans alone
 	peers peers  // the other orchestrators on the event plane
+	// natsFrom records the local address of the connection to an
+	// existing NATS (--nats): the address other orchestrators and
+	// Prometheus reach this host at, for a router on every interface.
+	natsFrom *localAddrDialer
 	// remote: requests other routers placed that the policy counts;
 	// guarded by policyMu.
 	remote remoteLoads
@@ -444,7 +448,8 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 	if o.cfg.NATSURL != "" {
 		var auth []nats.Option
 		url, auth = natsconn.Options(url, o.cfg.NATSCreds)
-		opts = append(opts, auth...)
+		o.natsFrom = &localAddrDialer{}
+		opts = append(append(opts, auth...), nats.SetCustomDialer(o.natsFrom))
 	}
 	connectURL := url
 	if o.ns != nil && o.natsTLS() {

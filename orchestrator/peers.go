@@ -40,9 +40,16 @@ type heardPeer struct {
 	at time.Time
 }
 
-// self is this orchestrator's presence now.
+// self is this orchestrator's presence now. A router on every interface
+// is named, on an existing NATS, by the address this host reaches the
+// event plane from: the others list it for Prometheus by that name (an
+// embedded NATS cluster names it by its route's address instead).
 func (o *Orchestrator) self() controlapi.Orchestrator {
-	st := controlapi.Orchestrator{Name: o.cfg.Name, RouterURL: o.routerURL, ControlURL: o.controlURL, NATSURL: o.natsURL,
+	router := o.routerURL
+	if o.natsFrom != nil {
+		router = monitoring.ReachableRouter(router, o.natsFrom.from())
+	}
+	st := controlapi.Orchestrator{Name: o.cfg.Name, RouterURL: router, ControlURL: o.controlURL, NATSURL: o.natsURL,
 		StartedAt: o.started, NATSPeers: -1, State: "up", Self: true}
 	if f, ok := o.leads(); ok {
 		st.Leader = true
@@ -184,4 +191,31 @@ func (o *Orchestrator) Orchestrators() []controlapi.Orchestrator {
 	o.peers.mu.Unlock()
 	slices.SortFunc(out, func(a, b controlapi.Orchestrator) int { return strings.Compare(a.Name, b.Name) })
 	return out
+}
+
+// localAddrDialer dials the event plane as the NATS client does, and keeps
+// the local IP address of its last connection.
+type localAddrDialer struct {
+	mu   sync.Mutex
+	addr string
+}
+
+// Dial implements nats.CustomDialer.
+func (d *localAddrDialer) Dial(network, address string) (net.Conn, error) {
+	c, err := (&net.Dialer{Timeout: nats.DefaultTimeout}).Dial(network, address)
+	if err == nil {
+		if a, ok := c.LocalAddr().(*net.TCPAddr); ok {
+			d.mu.Lock()
+			d.addr = a.IP.String()
+			d.mu.Unlock()
+		}
+	}
+	return c, err
+}
+
+// from is the local IP address of the last connection ("" before one).
+func (d *localAddrDialer) from() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.addr
 }
