@@ -472,7 +472,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		}
 		a := &attempt{o: o,
 			attemptRequest:  attemptRequest{w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, chain: chain},
-			attemptProgress: attemptProgress{prefillFreed: !dec.Disaggregated},
+			attemptProgress: attemptProgress{phase: phaseRouted, prefillFreed: !dec.Disaggregated},
 			attemptMoves:    attemptMoves{decode: dec.Decode, failed: map[string]bool{}}}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
