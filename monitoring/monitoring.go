@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"regexp"
 	"slices"
+	"strings"
 
 	"gopkg.in/yaml.v3"
 )
@@ -111,7 +112,7 @@ func Dashboard() []byte {
 		for i, p := range r.panels {
 			var targets []any
 			for j, t := range p.targets {
-				targets = append(targets, map[string]any{"refId": string(rune('A' + j)), "expr": t.expr, "legendFormat": t.legend,
+				targets = append(targets, map[string]any{"refId": string(rune('A' + j)), "expr": inCluster(t.expr), "legendFormat": t.legend,
 					"datasource": datasource})
 			}
 			kind := "timeseries"
@@ -130,8 +131,14 @@ func Dashboard() []byte {
 		"title": "evolve", "uid": "evolve-cluster", "tags": []string{"evolve", "llm"}, "timezone": "browser",
 		"schemaVersion": 39, "refresh": "30s", "time": map[string]string{"from": "now-3h", "to": "now"},
 		"description": "An evolve cluster: its router, planner, KV pool, engines and API keys (evolve monitoring grafana).",
-		"templating": map[string]any{"list": []any{map[string]any{"name": "datasource", "label": "Prometheus", "type": "datasource",
-			"query": "prometheus"}}},
+		"templating": map[string]any{"list": []any{
+			map[string]any{"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus"},
+			// The scrape jobs label every series with its cluster; All
+			// (also series without the label) sums every cluster.
+			map[string]any{"name": "cluster", "label": "Cluster", "type": "query", "datasource": datasource,
+				"query":      map[string]string{"query": "label_values(evolve_nodes, cluster)", "refId": "cluster"},
+				"definition": "label_values(evolve_nodes, cluster)", "refresh": 2, "includeAll": true, "allValue": ".*", "multi": false,
+				"current": map[string]any{"text": "All", "value": "$__all"}, "sort": 1}}},
 		"panels": panels,
 	}
 	b, err := json.MarshalIndent(d, "", "  ")
@@ -142,6 +149,22 @@ func Dashboard() []byte {
 }
 
 var datasource = map[string]string{"type": "prometheus", "uid": "${datasource}"}
+
+// selectorRE finds a metric selector, evolve's or vLLM's: its name and its
+// label matchers, if it has any.
+var selectorRE = regexp.MustCompile(`\b(?:evolve_[a-z0-9_]+|vllm:[a-z0-9_]+)(?:\{[^}]*\})?`)
+
+// inCluster limits every selector of a dashboard query to the cluster the
+// dashboard's Cluster variable names.
+func inCluster(expr string) string {
+	return selectorRE.ReplaceAllStringFunc(expr, func(sel string) string {
+		name, labels, _ := strings.Cut(sel, "{")
+		if labels = strings.TrimSuffix(labels, "}"); labels != "" {
+			labels = "," + labels
+		}
+		return name + `{cluster=~"$cluster"` + labels + "}"
+	})
+}
 
 // metricRE finds metric names in an expression: evolve's and vLLM's.
 var metricRE = regexp.MustCompile(`\b(evolve_[a-z0-9_]+|vllm:[a-z0-9_]+)`)

@@ -34,7 +34,7 @@ func TestDashboardIsAWellFormedGrafanaDashboard(t *testing.T) {
 	if err := json.Unmarshal(Dashboard(), &d); err != nil {
 		t.Fatal(err)
 	}
-	if d.Title == "" || d.UID == "" || d.SchemaVersion == 0 || len(d.Templating.List) != 1 || d.Templating.List[0].Type != "datasource" {
+	if d.Title == "" || d.UID == "" || d.SchemaVersion == 0 || len(d.Templating.List) != 2 || d.Templating.List[0].Type != "datasource" || d.Templating.List[1].Name != "cluster" {
 		t.Fatalf("dashboard head: %+v", d)
 	}
 	ids := map[int]bool{}
@@ -256,5 +256,51 @@ func TestHTTPSDConfigAsksTheControlAPI(t *testing.T) {
 	}
 	if _, err := HTTPSDConfig(HTTPSD{ControlURL: "10.0.0.1:8001"}); err == nil {
 		t.Fatal("a control API without a scheme was taken")
+	}
+}
+
+// The dashboard shows one cluster at a time, All by default: every
+// selector of every query carries the Cluster variable's matcher, beside
+// the selector's own.
+func TestDashboardChoosesACluster(t *testing.T) {
+	var d struct {
+		Templating struct {
+			List []struct {
+				Name       string `json:"name"`
+				IncludeAll bool   `json:"includeAll"`
+				AllValue   string `json:"allValue"`
+			} `json:"list"`
+		} `json:"templating"`
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(Dashboard(), &d); err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, v := range d.Templating.List {
+		found = found || v.Name == "cluster" && v.IncludeAll && v.AllValue == ".*"
+	}
+	if !found {
+		t.Fatalf("no cluster variable with All: %+v", d.Templating.List)
+	}
+	n := 0
+	for _, p := range d.Panels {
+		for _, q := range p.Targets {
+			names := metricRE.FindAllString(q.Expr, -1)
+			if len(names) == 0 || strings.Count(q.Expr, `{cluster=~"$cluster"`) != len(names) {
+				t.Errorf("%s: %d selectors, %d limited to the cluster", q.Expr, len(names), strings.Count(q.Expr, `cluster=~"$cluster"`))
+			}
+			n++
+		}
+	}
+	if got := inCluster(`max by (role) (sum by (role, instance) (evolve_nodes{state="serving"}))`); got != `max by (role) (sum by (role, instance) (evolve_nodes{cluster=~"$cluster",state="serving"}))` {
+		t.Errorf("a selector with labels: %s", got)
+	}
+	if n < 20 {
+		t.Fatalf("%d queries", n)
 	}
 }
