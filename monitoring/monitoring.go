@@ -150,9 +150,9 @@ func Dashboard() []byte {
 
 var datasource = map[string]string{"type": "prometheus", "uid": "${datasource}"}
 
-// selectorRE finds a metric selector, evolve's or vLLM's: its name and its
-// label matchers, if it has any.
-var selectorRE = regexp.MustCompile(`\b(?:evolve_[a-z0-9_]+|vllm:[a-z0-9_]+)(?:\{[^}]*\})?`)
+// selectorRE finds a metric selector, evolve's or vLLM's: its name
+// (metricRE) and its label matchers, if it has any.
+var selectorRE = regexp.MustCompile(metricRE.String() + `(?:\{[^}]*\})?`)
 
 // inCluster limits every selector of a dashboard query to the cluster the
 // dashboard's Cluster variable names.

@@ -271,11 +271,6 @@ func TestDashboardChoosesACluster(t *testing.T) {
 				AllValue   string `json:"allValue"`
 			} `json:"list"`
 		} `json:"templating"`
-		Panels []struct {
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
 	}
 	if err := json.Unmarshal(Dashboard(), &d); err != nil {
 		t.Fatal(err)
@@ -288,14 +283,12 @@ func TestDashboardChoosesACluster(t *testing.T) {
 		t.Fatalf("no cluster variable with All: %+v", d.Templating.List)
 	}
 	n := 0
-	for _, p := range d.Panels {
-		for _, q := range p.Targets {
-			names := metricRE.FindAllString(q.Expr, -1)
-			if len(names) == 0 || strings.Count(q.Expr, `{cluster=~"$cluster"`) != len(names) {
-				t.Errorf("%s: %d selectors, %d limited to the cluster", q.Expr, len(names), strings.Count(q.Expr, `cluster=~"$cluster"`))
-			}
-			n++
+	for _, q := range dashboardQueries(t) {
+		names := metricRE.FindAllString(q, -1)
+		if len(names) == 0 || strings.Count(q, `{cluster=~"$cluster"`) != len(names) {
+			t.Errorf("%s: %d selectors, %d limited to the cluster", q, len(names), strings.Count(q, `cluster=~"$cluster"`))
 		}
+		n++
 	}
 	if got := inCluster(`max by (role) (sum by (role, instance) (evolve_nodes{state="serving"}))`); got != `max by (role) (sum by (role, instance) (evolve_nodes{cluster=~"$cluster",state="serving"}))` {
 		t.Errorf("a selector with labels: %s", got)
@@ -303,4 +296,27 @@ func TestDashboardChoosesACluster(t *testing.T) {
 	if n < 20 {
 		t.Fatalf("%d queries", n)
 	}
+}
+
+// dashboardQueries are the expressions of every panel's queries, as the
+// dashboard's JSON gives them.
+func dashboardQueries(t *testing.T) []string {
+	t.Helper()
+	var d struct {
+		Panels []struct {
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(Dashboard(), &d); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, p := range d.Panels {
+		for _, q := range p.Targets {
+			out = append(out, q.Expr)
+		}
+	}
+	return out
 }

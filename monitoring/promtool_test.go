@@ -1,7 +1,6 @@
 package monitoring
 
 import (
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,25 +43,13 @@ func TestPromtoolTakesTheRulesAndTheDashboardsQueries(t *testing.T) {
 	tool := promtool(t)
 	checkRules(t, tool, Rules())
 
-	var d struct {
-		Panels []struct {
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	if err := json.Unmarshal(Dashboard(), &d); err != nil {
-		t.Fatal(err)
-	}
 	type rule struct {
 		Record string `yaml:"record"`
 		Expr   string `yaml:"expr"`
 	}
 	var rules []rule
-	for _, p := range d.Panels {
-		for _, q := range p.Targets {
-			rules = append(rules, rule{Record: "dashboard:query", Expr: strings.ReplaceAll(q.Expr, "$__rate_interval", "5m")})
-		}
+	for _, q := range dashboardQueries(t) {
+		rules = append(rules, rule{Record: "dashboard:query", Expr: strings.ReplaceAll(q, "$__rate_interval", "5m")})
 	}
 	b, err := yaml.Marshal(map[string]any{"groups": []any{map[string]any{"name": "dashboard", "rules": rules}}})
 	if err != nil {
