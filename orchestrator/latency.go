@@ -35,12 +35,20 @@ type sample struct {
 func (w *latencyWindow) addTTFT(now time.Time, sec float64) { w.add(&w.ttft, now, sec) }
 func (w *latencyWindow) addE2E(now time.Time, sec float64)  { w.add(&w.e2e, now, sec) }
 
+// add records a sample. Samples older than the window are dropped here
+// too (at most once a window, when the oldest is two windows old), not
+// only when someone asks for the window: a router nobody asks keeps one
+// to two minutes of samples, not the maxRecent its traffic reaches
+// between two status calls.
 func (w *latencyWindow) add(s *[]sample, now time.Time, v float64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	*s = append(*s, sample{now, v})
 	if len(*s) > maxRecent {
 		*s = append((*s)[:0], (*s)[len(*s)-maxRecent/2:]...)
+	}
+	if old := (*s)[0].at; now.Sub(old) > 2*RecentWindow {
+		drop(s, now.Add(-RecentWindow))
 	}
 }
 
@@ -65,14 +73,19 @@ func (w *latencyWindow) recent(now, started time.Time) Recent {
 // prune drops the samples before from and returns a sorted copy of the
 // values of the rest. Call with mu held.
 func prune(s *[]sample, from time.Time) []float64 {
-	k := sort.Search(len(*s), func(i int) bool { return !(*s)[i].at.Before(from) })
-	*s = append((*s)[:0], (*s)[k:]...)
+	drop(s, from)
 	out := make([]float64, len(*s))
 	for i, x := range *s {
 		out[i] = x.v
 	}
 	sort.Float64s(out)
 	return out
+}
+
+// drop removes the samples before from. Call with mu held.
+func drop(s *[]sample, from time.Time) {
+	k := sort.Search(len(*s), func(i int) bool { return !(*s)[i].at.Before(from) })
+	*s = append((*s)[:0], (*s)[k:]...)
 }
 
 // quantile of sorted values, nearest rank; 0 when empty.

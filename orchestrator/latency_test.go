@@ -25,6 +25,23 @@ func TestLatencyWindowKeepsTheLastMinute(t *testing.T) {
 	}
 }
 
+// A router nobody asks for its latencies keeps two minutes of samples at
+// most, not every sample since the last status call (up to maxRecent).
+func TestLatencyWindowForgetsWhenNobodyAsks(t *testing.T) {
+	var w latencyWindow
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	const every = 10 * time.Millisecond
+	for i := range 30000 { // five minutes, 100 a second
+		w.addE2E(t0.Add(time.Duration(i)*every), 1)
+	}
+	if most := int(2*RecentWindow/every) + 1; len(w.e2e) > most {
+		t.Fatalf("%d samples kept after five minutes, want at most %d", len(w.e2e), most)
+	}
+	if r := w.recent(t0.Add(30000*every), t0); r.Requests != int(RecentWindow/every) {
+		t.Fatalf("the last minute: %d requests, want %d", r.Requests, int(RecentWindow/every))
+	}
+}
+
 // Over a router's first seconds the window is those seconds: 20 requests
 // in its first 20 s are one a second, not a third of one.
 func TestLatencyWindowOfAYoungRouterIsItsAge(t *testing.T) {
