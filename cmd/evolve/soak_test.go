@@ -30,11 +30,21 @@ import (
 // the run the orchestrator is killed with -9 and restarted so. After every
 // fault every node must serve again; the agents' calls must complete or be
 // retried (a stream cut by a killed orchestrator is sent again); and the
-// orchestrator's memory (RSS) and goroutines must end within 10% of where
-// they were once warm. The figures go to the log, and as JSON to
-// $EVOLVE_SOAK_OUT when set:
+// orchestrator's memory (RSS) and goroutines in the run's last minute must
+// be within 10% of its first.
 //
-//	EVOLVE_SOAK=30m EVOLVE_SOAK_OUT=soak.json go test ./cmd/evolve -run TestSoak -v -timeout 40m
+// The faults start after $EVOLVE_SOAK_WARMUP (default 10m) of agents
+// alone. An orchestrator's memory grows at first to bounds it then keeps:
+// the KV directory follows the engines' pools until they are full (4 to 5
+// minutes here), and the record of evicted blocks for lost reuse fills
+// its second generation (8 to 9 minutes). What the soak looks for is
+// memory that grows past them. Each orchestrator process's own figures
+// (from its third minute to its last) are reported beside, not judged: a
+// process restarted by the faults grows to the same bounds again.
+//
+// The figures go to the log, and as JSON to $EVOLVE_SOAK_OUT when set:
+//
+//	EVOLVE_SOAK=30m EVOLVE_SOAK_OUT=soak.json go test ./cmd/evolve -run TestSoak -v -timeout 50m
 func TestSoak(t *testing.T) {
 	total, err := time.ParseDuration(os.Getenv("EVOLVE_SOAK"))
 	if err != nil {
@@ -44,6 +54,10 @@ func TestSoak(t *testing.T) {
 	if e, err := time.ParseDuration(os.Getenv("EVOLVE_SOAK_EVERY")); err == nil {
 		every = e
 	}
+	warmup := 10 * time.Minute
+	if w, err := time.ParseDuration(os.Getenv("EVOLVE_SOAK_WARMUP")); err == nil {
+		warmup = w
+	}
 	warm := min(2*time.Minute, total/6)
 	const engines, agents = 4, 64
 	// A profile whose context holds the coding agents' prompts.
@@ -51,7 +65,7 @@ func TestSoak(t *testing.T) {
 		"--router-addr", freePort(t), "--control-addr", freePort(t))
 	s := &soak{t: t, c: c, logDir: t.TempDir(), engines: slices.Clone(c.state.Engines), orch: c.state.Orchestrator}
 
-	bench := exec.Command(evolveBin, "bench", "--agents", strconv.Itoa(agents), "--duration", total.String(),
+	bench := exec.Command(evolveBin, "bench", "--agents", strconv.Itoa(agents), "--duration", (warmup + total).String(),
 		"--speedup", "20", "--workload", "coding", "--unreachable-timeout", "0", "-o", "json")
 	bench.Env = append(os.Environ(), c.env...)
 	var benchOut bytes.Buffer
@@ -62,10 +76,15 @@ func TestSoak(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { bench.Process.Kill() })
-	start := time.Now()
-	at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
-	s.started = map[int]time.Time{s.orch: start}
+	s.started = map[int]time.Time{s.orch: time.Now()}
 	stopSampling := s.sampleEvery(10 * time.Second)
+	if warmup > 0 {
+		t.Logf("warming up for %v: agents only, no faults", warmup)
+		time.Sleep(warmup)
+	}
+	start := time.Now() // the faults' clock
+	s.soakStart = start
+	at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
 
 	orchKills := []time.Duration{total / 3, 2 * total / 3}
 	next := every
@@ -108,13 +127,21 @@ type soak struct {
 	orch    int   // the orchestrator's pid
 	fig     soakFigures
 
-	mu      sync.Mutex
-	started map[int]time.Time // each orchestrator process's start
-	samples []soakSample
+	mu        sync.Mutex
+	started   map[int]time.Time // each orchestrator process's start
+	soakStart time.Time         // the end of the warm-up
+	samples   []soakSample
 }
 
 // soakFigures is what a soak measured.
 type soakFigures struct {
+	// Began and Ended: the orchestrator's figures (medians of 10 s
+	// samples) in the first minute after the warm-up and in the run's
+	// last minute, whichever process served then. These are judged.
+	Began soakSample `json:"began"`
+	Ended soakSample `json:"ended"`
+	// WarmupBegan: its second minute, for how much it grew warming up.
+	WarmupBegan soakSample `json:"warmup_second_minute"`
 	// Orchestrators: each orchestrator process's figures, warm (a
 	// minute's median from warm after it started) and at its end (the
 	// median of its last minute).
@@ -168,10 +195,37 @@ func (s *soak) sampleEvery(d time.Duration) func() {
 	return func() { close(done); <-finished }
 }
 
-// summarize takes each orchestrator process's warm and last figures.
+// summarize takes the run's first and last figures after the warm-up, and
+// each orchestrator process's warm and last ones.
 func (s *soak) summarize(warm time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	var firstAt, lastAt time.Time
+	for _, x := range s.samples {
+		if firstAt.IsZero() || x.at.Before(firstAt) {
+			firstAt = x.at
+		}
+		if x.at.After(lastAt) {
+			lastAt = x.at
+		}
+	}
+	within := func(from, to time.Time) []soakSample {
+		var in []soakSample
+		for _, x := range s.samples {
+			if !x.at.Before(from) && x.at.Before(to) {
+				in = append(in, x)
+			}
+		}
+		return in
+	}
+	began, ended := within(s.soakStart, s.soakStart.Add(time.Minute)), within(lastAt.Add(-time.Minute), lastAt.Add(time.Second))
+	if len(began) == 0 || len(ended) == 0 {
+		s.t.Fatalf("no samples in the soak's first or last minute (%d, %d of %d)", len(began), len(ended), len(s.samples))
+	}
+	s.fig.Began, s.fig.Ended = median(began), median(ended)
+	if w := within(firstAt.Add(time.Minute), firstAt.Add(2*time.Minute)); len(w) > 0 {
+		s.fig.WarmupBegan = median(w)
+	}
 	for pid, start := range s.started {
 		var early, late []soakSample
 		var last time.Time
@@ -369,15 +423,18 @@ func (s *soak) report() {
 	if errs := num("errors"); errs > 0 {
 		t.Errorf("%v calls failed (first: %v; last: %v)", errs, f.Bench["first_error"], f.Bench["last_error"])
 	}
-	if len(f.Orchestrators) == 0 {
-		t.Error("no orchestrator ran long enough to judge its memory")
-	}
 	for _, p := range f.Orchestrators {
-		if p.EndedS.RSSMB > 1.1*p.BeganS.RSSMB {
-			t.Errorf("orchestrator %d's RSS grew from %.0f MB to %.0f MB in %s", p.PID, p.BeganS.RSSMB, p.EndedS.RSSMB, p.Ran)
-		}
-		if p.EndedS.Goroutines > 1.1*p.BeganS.Goroutines {
-			t.Errorf("orchestrator %d's goroutines grew from %.0f to %.0f in %s", p.PID, p.BeganS.Goroutines, p.EndedS.Goroutines, p.Ran)
-		}
+		t.Logf("orchestrator %d (%s): RSS %.0f -> %.0f MB, goroutines %.0f -> %.0f, directory copies %.0f -> %.0f",
+			p.PID, p.Ran, p.BeganS.RSSMB, p.EndedS.RSSMB, p.BeganS.Goroutines, p.EndedS.Goroutines, p.BeganS.KVCopies, p.EndedS.KVCopies)
+	}
+	t.Logf("warming up, from its second minute to the faults: RSS %.0f -> %.0f MB, directory copies %.0f -> %.0f",
+		f.WarmupBegan.RSSMB, f.Began.RSSMB, f.WarmupBegan.KVCopies, f.Began.KVCopies)
+	t.Logf("the soak, first minute -> last: RSS %.0f -> %.0f MB (%+.1f%%), goroutines %.0f -> %.0f (%+.1f%%)",
+		f.Began.RSSMB, f.Ended.RSSMB, 100*(f.Ended.RSSMB/f.Began.RSSMB-1), f.Began.Goroutines, f.Ended.Goroutines, 100*(f.Ended.Goroutines/f.Began.Goroutines-1))
+	if f.Ended.RSSMB > 1.1*f.Began.RSSMB {
+		t.Errorf("the orchestrator's RSS grew from %.0f MB to %.0f MB", f.Began.RSSMB, f.Ended.RSSMB)
+	}
+	if f.Ended.Goroutines > 1.1*f.Began.Goroutines {
+		t.Errorf("the orchestrator's goroutines grew from %.0f to %.0f", f.Began.Goroutines, f.Ended.Goroutines)
 	}
 }
