@@ -38,9 +38,10 @@ import (
 // the KV directory follows the engines' pools until they are full (4 to 5
 // minutes here), and the record of evicted blocks for lost reuse fills
 // its second generation (8 to 9 minutes). What the soak looks for is
-// memory that grows past them. Each orchestrator process's own figures
-// (from its third minute to its last) are reported beside, not judged: a
-// process restarted by the faults grows to the same bounds again.
+// memory that grows past them. Each orchestrator process's growth (from
+// its third minute to its last) is reported, not judged, since a process
+// restarted by the faults grows to the same bounds again; but each must
+// end within 10% of the soak's first minute too.
 //
 // The figures go to the log, and as JSON to $EVOLVE_SOAK_OUT when set:
 //
@@ -426,6 +427,12 @@ func (s *soak) report() {
 	for _, p := range f.Orchestrators {
 		t.Logf("orchestrator %d (%s): RSS %.0f -> %.0f MB, goroutines %.0f -> %.0f, directory copies %.0f -> %.0f",
 			p.PID, p.Ran, p.BeganS.RSSMB, p.EndedS.RSSMB, p.BeganS.Goroutines, p.EndedS.Goroutines, p.BeganS.KVCopies, p.EndedS.KVCopies)
+		// A process grows back to the bounds the first reached warming
+		// up, not past them: one that leaked in its life, even if a later
+		// one did not, ends above.
+		if p.EndedS.RSSMB > 1.1*f.Began.RSSMB {
+			t.Errorf("orchestrator %d ended at %.0f MB, over 10%% above the soak's first minute (%.0f MB)", p.PID, p.EndedS.RSSMB, f.Began.RSSMB)
+		}
 	}
 	t.Logf("warming up, from its second minute to the faults: RSS %.0f -> %.0f MB, directory copies %.0f -> %.0f",
 		f.WarmupBegan.RSSMB, f.Began.RSSMB, f.WarmupBegan.KVCopies, f.Began.KVCopies)
