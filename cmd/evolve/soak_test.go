@@ -201,15 +201,11 @@ func (s *soak) sampleEvery(d time.Duration) func() {
 func (s *soak) summarize(warm time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var firstAt, lastAt time.Time
-	for _, x := range s.samples {
-		if firstAt.IsZero() || x.at.Before(firstAt) {
-			firstAt = x.at
-		}
-		if x.at.After(lastAt) {
-			lastAt = x.at
-		}
+	if len(s.samples) == 0 {
+		s.t.Fatal("no samples of the orchestrator")
 	}
+	// One goroutine takes the samples, in time order.
+	firstAt, lastAt := s.samples[0].at, s.samples[len(s.samples)-1].at
 	within := func(from, to time.Time) []soakSample {
 		var in []soakSample
 		for _, x := range s.samples {
@@ -245,7 +241,7 @@ func (s *soak) summarize(warm time.Duration) {
 			}
 		}
 		if len(early) == 0 || len(late) == 0 {
-			continue // too short a life to judge
+			continue // too short a life to report
 		}
 		p := soakProcess{PID: pid, Ran: last.Sub(start).Round(time.Second).String(), BeganS: median(early), EndedS: median(late)}
 		s.fig.Orchestrators = append(s.fig.Orchestrators, p)
