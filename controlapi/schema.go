@@ -59,10 +59,18 @@ type Switch struct {
 
 // WatchEvent is one message of the watch stream.
 type WatchEvent struct {
-	Type       string `json:"type"` // snapshot, node
+	Type       string `json:"type"` // snapshot, node, event
 	Generation uint64 `json:"generation"`
 	Nodes      []Node `json:"nodes,omitempty"`
 	Node       *Node  `json:"node,omitempty"`
+	// A snapshot's Events are the server's record of what happened
+	// before it, oldest first, complete from HistorySince on; an "event"
+	// message carries one new Event. A server that keeps no record (a
+	// simulation, an older orchestrator) sends neither, and no
+	// HistorySince.
+	Events       []Event   `json:"events,omitempty"`
+	Event        *Event    `json:"event,omitempty"`
+	HistorySince time.Time `json:"history_since,omitzero"`
 }
 
 // Cluster is the control API's cluster summary.

@@ -1,6 +1,7 @@
 package orchestrator
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -56,6 +57,12 @@ type ClusterStatus struct {
 // controlHandler serves the control API (see the package comment of cmd
 // evolve for the commands that use it).
 func (o *Orchestrator) controlHandler() http.Handler {
+	// The control API's record of what happened to the nodes, served to
+	// each new watcher: fed from the start of Run, while it runs.
+	events := newEventLog(time.Now(), eventHistory)
+	if o.ctx != nil {
+		go o.recordEvents(o.ctx, events)
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /api/v1/cluster", func(w http.ResponseWriter, r *http.Request) { openaiapi.WriteJSON(w, 200, o.Status()) })
 	mux.HandleFunc("GET /api/v1/nodes", func(w http.ResponseWriter, r *http.Request) { openaiapi.WriteJSON(w, 200, o.Nodes()) })
@@ -83,7 +90,8 @@ func (o *Orchestrator) controlHandler() http.Handler {
 		st, err := o.Unpin(r.PathValue("id"))
 		o.roleAnswer(w, st, err, 200)
 	})
-	mux.HandleFunc("GET /api/v1/watch", o.serveWatch)
+	mux.HandleFunc("GET /api/v1/watch", func(w http.ResponseWriter, r *http.Request) { o.serveWatch(w, r, events) })
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, r *http.Request) { openaiapi.WriteJSON(w, 200, events.history()) })
 	mux.HandleFunc("GET /api/v1/branches", func(w http.ResponseWriter, r *http.Request) {
 		openaiapi.WriteJSON(w, 200, o.Branches(r.URL.Query().Get("session")))
 	})
@@ -217,13 +225,18 @@ func (o *Orchestrator) NodeStatus(id string) (controlapi.Node, bool) {
 	return n.status(id, o.c.dir), true
 }
 
-// serveWatch streams server-sent events: a snapshot, then a node event for
-// every change, each with a generation number; a comment every few seconds
-// keeps idle connections alive. A client too slow to keep up is dropped.
-func (o *Orchestrator) serveWatch(w http.ResponseWriter, r *http.Request) {
+// serveWatch streams server-sent events: a snapshot (the nodes, and the
+// record of what happened to them before), then a node event for every
+// change, each with a generation number, and an event message for each
+// thing recorded; a comment every few seconds keeps idle connections
+// alive. A client too slow to keep up is dropped.
+func (o *Orchestrator) serveWatch(w http.ResponseWriter, r *http.Request, events *eventLog) {
+	history, evs := events.watch(256)
+	defer events.unwatch(evs)
 	ch := make(chan watchEvent, 256)
 	o.c.mu.Lock()
-	snap := watchEvent{Type: "snapshot", Generation: o.c.gen, Nodes: o.c.statuses()}
+	snap := controlapi.WatchEvent{Type: "snapshot", Generation: o.c.gen, Nodes: o.c.statuses(),
+		Events: history.Events, HistorySince: history.Since}
 	o.c.subs[ch] = struct{}{}
 	o.c.mu.Unlock()
 	defer func() {
@@ -234,5 +247,37 @@ func (o *Orchestrator) serveWatch(w http.ResponseWriter, r *http.Request) {
 		}
 		o.c.mu.Unlock()
 	}()
-	controlapi.Stream(w, r, snap, ch)
+	out := make(chan controlapi.WatchEvent, 256)
+	go forwardWatch(r.Context(), ch, evs, out)
+	controlapi.Stream(w, r, snap, out)
+}
+
+// forwardWatch merges a watcher's node changes and recorded events into
+// out, until ctx ends; when either source dropped the watcher for being
+// slow, it closes out, which tells the client so.
+func forwardWatch(ctx context.Context, nodes <-chan watchEvent, evs <-chan controlapi.Event, out chan<- controlapi.WatchEvent) {
+	for {
+		var msg controlapi.WatchEvent
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-nodes:
+			if !ok {
+				close(out)
+				return
+			}
+			msg = controlapi.WatchEvent{Type: ev.Type, Generation: ev.Generation, Nodes: ev.Nodes, Node: ev.Node}
+		case e, ok := <-evs:
+			if !ok {
+				close(out)
+				return
+			}
+			msg = controlapi.WatchEvent{Type: "event", Event: &e}
+		}
+		select {
+		case out <- msg:
+		case <-ctx.Done():
+			return
+		}
+	}
 }
