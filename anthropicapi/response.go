@@ -3,9 +3,12 @@ package anthropicapi
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
+
+	"github.com/evolvellm/evolve/openaiapi"
 )
 
 // chatUsage is a chat answer's usage.
@@ -207,7 +210,22 @@ func fromChatError(status int, b []byte) *Error {
 	if msg == "" {
 		msg = http.StatusText(status)
 	}
+	if c, ok := openaiapi.ParseContextOverflow(msg); ok && status == http.StatusBadRequest {
+		msg = contextOverflow(c)
+	}
 	return &Error{Status: status, Type: errorType(status), Message: msg}
+}
+
+// contextOverflow is a refusal for the context's length in Anthropic's
+// words, which agents parse: Claude Code compacts its conversation on the
+// first and retries with fewer max_tokens on the second, reading the
+// numbers from them.
+func contextOverflow(c openaiapi.ContextOverflow) string {
+	if c.MaxTokens == 0 {
+		return fmt.Sprintf("prompt is too long: %d tokens > %d maximum", c.Prompt, c.MaxModelLen)
+	}
+	return fmt.Sprintf("input length and `max_tokens` exceed context limit: %d + %d > %d, "+
+		"decrease input length or `max_tokens` and try again", c.Prompt, c.MaxTokens, c.MaxModelLen)
 }
 
 // Body is the error's JSON body.

@@ -8,11 +8,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/evolvellm/evolve/openaiapi"
 )
 
 // chatServer answers Messages requests the way evolve's router does: it
@@ -241,5 +244,37 @@ func TestWriterKeepsHeadersAndSplitLines(t *testing.T) {
 	}
 	if strings.Contains(body, "comment") {
 		t.Errorf("the chat stream's comments pass on:\n%s", body)
+	}
+}
+
+// A refusal for the context's length comes in Anthropic's words, with
+// the numbers, which Claude Code reads with these expressions (from its
+// 2.1 source): it retries with fewer max_tokens on the first, and
+// compacts its conversation on the second.
+func TestContextOverflowInAnthropicsWords(t *testing.T) {
+	lower := regexp.MustCompile("input length and `max_tokens` exceed context limit: (\\d+) \\+ (\\d+) > (\\d+)")
+	compact := regexp.MustCompile(`(?i)prompt is too long[^0-9]*(\d+)\s*tokens?\s*>\s*(\d+)`)
+	for _, c := range []struct {
+		refusal *openaiapi.Error
+		re      *regexp.Regexp
+		want    []string
+	}{
+		{openaiapi.OutputTooLong(262144, 228097, 64000), lower, []string{"228097", "64000", "262144"}},
+		{openaiapi.ContextTooLong(262144, 270001), compact, []string{"270001", "262144"}},
+	} {
+		cl := chatServer(t, func(w http.ResponseWriter, chat map[string]any) { c.refusal.Write(w) })
+		_, err := cl.Messages.New(context.Background(), userParams("hi"))
+		var ae *anthropic.Error
+		if !errors.As(err, &ae) || ae.StatusCode != 400 {
+			t.Fatalf("%s: got %v", c.refusal.Message, err)
+		}
+		var body struct {
+			Error struct{ Type, Message string }
+		}
+		json.Unmarshal([]byte(ae.RawJSON()), &body)
+		m := c.re.FindStringSubmatch(body.Error.Message)
+		if body.Error.Type != "invalid_request_error" || m == nil || !slices.Equal(m[1:], c.want) {
+			t.Errorf("%s: answered %+v, which Claude Code reads as %q", c.refusal.Message, body.Error, m)
+		}
 	}
 }

@@ -80,11 +80,21 @@ func badRequest(param, format string, args ...any) *apiError {
 // submitError maps a model's refusal to an HTTP error; a prompt too long
 // names the field that carried it (messages in a chat, else prompt).
 func submitError(err error, chat bool) *apiError {
+	var overflow *stepmodel.ContextOverflow
 	switch {
 	case errors.Is(err, stepmodel.ErrDraining):
 		return &apiError{Status: 503, Type: "service_unavailable", Code: "engine_draining", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
 	case errors.Is(err, stepmodel.ErrWrongRole):
 		return &apiError{Status: 503, Type: "service_unavailable", Code: "wrong_role", Message: err.Error() + "; retry on another engine", RetryAfter: 1}
+	case errors.As(err, &overflow):
+		// In vLLM's words, which clients read (and the router turns into
+		// each API's own).
+		if overflow.Prompt >= overflow.MaxModelLen {
+			e := openaiapi.ContextTooLong(overflow.MaxModelLen, overflow.Prompt)
+			e.Param = promptParam(chat)
+			return e
+		}
+		return openaiapi.OutputTooLong(overflow.MaxModelLen, overflow.Prompt, overflow.MaxTokens)
 	case errors.Is(err, stepmodel.ErrTooLong):
 		return &apiError{Status: 400, Type: "invalid_request_error", Code: "context_length_exceeded", Param: promptParam(chat), Message: err.Error()}
 	}

@@ -32,7 +32,7 @@ func TestPromptOverTheContextIsRefusedBeforeItsIDs(t *testing.T) {
 
 	chat, _ := json.Marshal(map[string]any{"messages": []map[string]string{{"role": "system", "content": "be brief"}, {"role": "user", "content": text}}})
 	if _, _, err := ParseBodyWith(chat, BodyOptions{Chat: true, MaxModelLen: 1000}); err == nil || err.Code != CodeContextLength ||
-		!strings.Contains(err.Message, "your prompt has") {
+		!strings.Contains(err.Message, "your request has") {
 		t.Fatalf("chat messages over the context: %+v", err)
 	}
 }
@@ -64,5 +64,35 @@ func TestPromptNearTheContextGetsItsIDs(t *testing.T) {
 		if _, _, err := ParseBodyWith(body, BodyOptions{Chat: chat, MaxModelLen: len(free.Tokens)}); err == nil || err.Code != CodeContextLength {
 			t.Fatalf("chat %v: a prompt as long as the context: %v", chat, err)
 		}
+	}
+}
+
+// Each refusal for the context's length reads back into the numbers it
+// was made of, in vLLM's wordings old and new and in evolve's engines'
+// older one, so that an API with words of its own can say the same.
+func TestContextOverflowReadsBack(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want ContextOverflow
+	}{
+		{ContextTooLong(262144, 270000).Message, ContextOverflow{MaxModelLen: 262144, Prompt: 270000}},
+		{OutputTooLong(262144, 228097, 64000).Message, ContextOverflow{MaxModelLen: 262144, Prompt: 228097, MaxTokens: 64000}},
+		{"This model's maximum context length is 4096 tokens. However, you requested 5000 tokens (4000 in the messages, 1000 in the completion). Please reduce the length of the messages or completion.",
+			ContextOverflow{MaxModelLen: 4096, Prompt: 4000, MaxTokens: 1000}},
+		{"request exceeds the model's context: maximum context length is 262144 tokens, but 228097 prompt + 64000 output tokens were requested",
+			ContextOverflow{MaxModelLen: 262144, Prompt: 228097, MaxTokens: 64000}},
+		{"request exceeds the model's context: maximum context length is 1000 tokens, but 1200 prompt + 16 output tokens were requested",
+			ContextOverflow{MaxModelLen: 1000, Prompt: 1200}},
+	} {
+		got, ok := ParseContextOverflow(c.msg)
+		if !ok || got != c.want {
+			t.Errorf("%q: read %+v (%v), want %+v", c.msg, got, ok, c.want)
+		}
+		if ok && got.Refusal().Code != CodeContextLength {
+			t.Errorf("%q: its refusal has code %q", c.msg, got.Refusal().Code)
+		}
+	}
+	if _, ok := ParseContextOverflow("max_tokens must be at least 1"); ok {
+		t.Error("a refusal of another kind read as a context overflow")
 	}
 }

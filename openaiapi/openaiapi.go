@@ -349,15 +349,8 @@ func (o parseOptions) encode(text string) ([]uint32, *Error) {
 	return tokenizer.AppendEncode(make([]uint32, 0, n), text), nil
 }
 
-// ContextTooLong is vLLM's refusal of a prompt of n tokens, which leaves
-// no room for an answer in a context of maxModelLen.
-func ContextTooLong(maxModelLen, n int) *Error {
-	e := BadRequest("", "This model's maximum context length is %d tokens. However, your prompt has %d tokens, which leaves no room for an answer", maxModelLen, n)
-	e.Code = CodeContextLength
-	return e
-}
-
-// CodeContextLength is the code of a ContextTooLong error, OpenAI's.
+// CodeContextLength is the code of a context overflow (ContextTooLong,
+// OutputTooLong), OpenAI's.
 const CodeContextLength = "context_length_exceeded"
 
 const jsonSpace = " \t\r\n"

@@ -116,18 +116,24 @@ func routerMethods(path string) string {
 }
 
 // checkLengths refuses, before any routing, a request no engine can
-// serve: a prompt of maxLen tokens or more, or max_tokens over maxLen
-// (0: not known yet). vLLM refuses both alike; checked here, a huge
-// prompt costs no hashing, matching or engine's time.
+// serve, in vLLM's words (openaiapi.ContextTooLong, OutputTooLong): a
+// prompt of maxLen tokens or more, or max tokens asked for that do not fit
+// beside the prompt (maxLen 0: not known yet). Checked here, a huge prompt
+// costs no hashing, matching or engine's time. Max tokens the client did
+// not ask for (the default) are the engine's to fit.
 func checkLengths(p *openaiapi.Parsed, maxLen int) *openaiapi.Error {
 	if maxLen <= 0 {
 		return nil
 	}
-	if p.MaxTokens > maxLen {
-		return openaiapi.BadRequest("max_tokens", "max_tokens is too large: %d. This model's maximum context length is %d tokens", p.MaxTokens, maxLen)
+	if p.Tokens == nil {
+		return nil // the engine tokenizes it: checked again then
 	}
-	if p.Tokens != nil && len(p.Tokens) >= maxLen {
+	asked := p.Req.MaxTokens != nil || p.Req.MaxCompletionTokens != nil
+	if len(p.Tokens) >= maxLen {
 		return openaiapi.ContextTooLong(maxLen, len(p.Tokens))
+	}
+	if asked && p.MaxTokens > maxLen-len(p.Tokens) {
+		return openaiapi.OutputTooLong(maxLen, len(p.Tokens), p.MaxTokens)
 	}
 	return nil
 }

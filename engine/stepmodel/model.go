@@ -21,6 +21,20 @@ var (
 	ErrDuplicate = errors.New("request id already in flight")
 )
 
+// ContextOverflow is Submit's refusal of a request whose prompt and
+// max tokens do not fit the model's context together; it is ErrTooLong.
+type ContextOverflow struct {
+	MaxModelLen, Prompt, MaxTokens int
+}
+
+func (e *ContextOverflow) Error() string {
+	return fmt.Sprintf("%v: maximum context length is %d tokens, but %d prompt + %d output tokens were requested",
+		ErrTooLong, e.MaxModelLen, e.Prompt, e.MaxTokens)
+}
+
+// Is makes a ContextOverflow ErrTooLong.
+func (e *ContextOverflow) Is(target error) bool { return target == ErrTooLong }
+
 // Config sets the scheduler; zero fields take the profile's value, then
 // vLLM's default.
 type Config struct {
@@ -397,8 +411,7 @@ func (m *Model) Submit(now time.Time, r Request) error {
 	}
 	// Compared so that no sum can overflow: a client may ask for 2^63-1.
 	if len(r.Tokens) > m.p.MaxModelLen || r.MaxTokens > m.p.MaxModelLen-len(r.Tokens) {
-		return fmt.Errorf("%w: maximum context length is %d tokens, but %d prompt + %d output tokens were requested",
-			ErrTooLong, m.p.MaxModelLen, len(r.Tokens), r.MaxTokens)
+		return &ContextOverflow{MaxModelLen: m.p.MaxModelLen, Prompt: len(r.Tokens), MaxTokens: r.MaxTokens}
 	}
 	if need := (len(r.Tokens) + r.MaxTokens + m.bs - 1) / m.bs; need > m.cfg.GPUBlocks { // both bounded now
 		return fmt.Errorf("%w: needs %d KV blocks, the engine has %d", ErrTooLong, need, m.cfg.GPUBlocks)
