@@ -10,9 +10,24 @@ import (
 // its branch and the branch it forked from (any may be empty). Rewrite
 // says the branch replaces its parent (a compaction, a rewritten window):
 // the parent's context past what they share is dead.
+//
+// Agents say who they are in one of two ways, and both map to the same
+// tree: a session is the root agent's program, and a sub-agent is a
+// child within it.
+//   - Agent names a sub-agent inside the session (Claude Code's agent id,
+//     Codex's thread), and ParentAgent the agent that spawned it ("" for
+//     the root agent).
+//   - ParentSession says Session is a sub-agent's own session, spawned by
+//     the agent of that session (OpenCode's and Dynamo's children): the
+//     request belongs to the root of the parent's tree, as agent Session.
+//
+// Branches are inferred within an agent; a sub-agent's first branch forks
+// from a branch of its parent agent.
 type Identity struct {
 	Session, Branch, Parent string
 	Rewrite                 bool
+	Agent, ParentAgent      string
+	ParentSession           string
 }
 
 // Branch states.
@@ -42,6 +57,9 @@ const (
 type Branches struct {
 	ttl      time.Duration
 	sessions map[string]*session
+	// roots maps a sub-agent's own session (Identity.ParentSession) to the
+	// session at the root of its tree; forgotten with that session.
+	roots    map[string]string
 	refs     *Table[int32] // block -> live branches referencing it
 	changed  []BlockHash   // blocks whose count went to or from zero since the last Changes
 	inferred uint64        // names for inferred branches
@@ -56,6 +74,7 @@ type session struct {
 
 type branch struct {
 	id, parent string
+	agent      string // "" for the session's root agent
 	chain      []BlockHash
 	state      string
 	inFlight   int
@@ -71,12 +90,13 @@ func NewBranches(ttl time.Duration) *Branches {
 	if ttl <= 0 {
 		ttl = 30 * time.Minute
 	}
-	return &Branches{ttl: ttl, sessions: map[string]*session{}, refs: NewTable[int32](1 << 12)}
+	return &Branches{ttl: ttl, sessions: map[string]*session{}, roots: map[string]string{}, refs: NewTable[int32](1 << 12)}
 }
 
 // Turn is what Begin learned of a request.
 type Turn struct {
 	Session, Branch string
+	Agent           string // the sub-agent, "" for the root agent
 	Kind            string // TurnNew, TurnContinue, TurnFork, TurnRewrite
 	Parent          string // for a fork or a rewrite of another branch
 	Added           int    // blocks whose reference this turn added
@@ -89,6 +109,7 @@ type Turn struct {
 // one sharing the longest prefix is forked. Without a session, nothing is
 // tracked (an anonymous request references nothing).
 func (b *Branches) Begin(now time.Time, id Identity, chain []BlockHash) Turn {
+	id = b.resolve(id)
 	if id.Session == "" {
 		return Turn{}
 	}
@@ -98,9 +119,13 @@ func (b *Branches) Begin(now time.Time, id Identity, chain []BlockHash) Turn {
 		b.sessions[id.Session] = s
 	}
 	s.lastUsed = now
-	turn := Turn{Session: id.Session, Branch: id.Branch}
+	turn := Turn{Session: id.Session, Branch: id.Branch, Agent: id.Agent}
 	if id.Branch == "" {
-		turn.Branch, turn.Parent, turn.Kind = b.infer(s, chain)
+		turn.Branch, turn.Parent, turn.Kind = b.infer(s, id.Agent, chain)
+		if turn.Parent == "" && id.Agent != "" && !s.hasAgent(id.Agent) {
+			// A sub-agent's first turn: a child of its parent agent.
+			turn.Parent = s.spawner(id.ParentAgent, chain)
+		}
 	}
 	br := s.branches[turn.Branch]
 	if br != nil && br.state == BranchEnded {
@@ -109,7 +134,7 @@ func (b *Branches) Begin(now time.Time, id Identity, chain []BlockHash) Turn {
 	}
 	switch {
 	case br == nil:
-		br = &branch{id: turn.Branch, created: now}
+		br = &branch{id: turn.Branch, agent: id.Agent, created: now}
 		s.branches[turn.Branch] = br
 		b.live++
 		parentName := id.Parent
@@ -148,11 +173,79 @@ func (b *Branches) Begin(now time.Time, id Identity, chain []BlockHash) Turn {
 	return turn
 }
 
-// infer names the branch of a request that gave its session only.
-func (b *Branches) infer(s *session, chain []BlockHash) (name, parent, kind string) {
+// resolve maps a sub-agent that has a session of its own to the root of
+// its parent's tree (Identity.ParentSession), and a request of a session
+// known as such a sub-agent's to the same, and names the root's agents.
+func (b *Branches) resolve(id Identity) Identity {
+	child := id.Session
+	if id.ParentSession != "" && id.ParentSession != id.Session {
+		root := id.ParentSession
+		parentAgent := ""
+		if r, ok := b.roots[id.ParentSession]; ok {
+			root, parentAgent = r, id.ParentSession
+		}
+		if child != "" && child != root {
+			if _, ok := b.roots[child]; !ok && b.sessions[child] == nil {
+				b.roots[child] = root
+			}
+		}
+		id.Session, id.ParentSession = root, ""
+		if id.Agent == "" {
+			id.Agent, id.ParentAgent = child, parentAgent
+		}
+		return id
+	}
+	if root, ok := b.roots[child]; ok && id.Agent == "" {
+		id.Session, id.Agent = root, child
+	}
+	return id
+}
+
+// hasAgent reports whether agent has a branch in s, live or ended.
+func (s *session) hasAgent(agent string) bool {
+	for _, br := range s.branches {
+		if br.agent == agent {
+			return true
+		}
+	}
+	return false
+}
+
+// spawner is the branch of agent parent (of s) that a sub-agent's first
+// request comes from: the live one sharing the longest prefix with chain,
+// else its most recently used live one; "" when it has none.
+func (s *session) spawner(parent string, chain []BlockHash) string {
+	var best, recent *branch
+	bestLen := 0
+	for _, br := range s.sortedLive() {
+		if br.agent != parent {
+			continue
+		}
+		if k := commonPrefix(br.chain, chain); k > bestLen {
+			best, bestLen = br, k
+		}
+		if recent == nil || br.lastUsed.After(recent.lastUsed) {
+			recent = br
+		}
+	}
+	switch {
+	case best != nil:
+		return best.id
+	case recent != nil:
+		return recent.id
+	}
+	return ""
+}
+
+// infer names the branch of a request of agent that named no branch,
+// among the agent's own live branches.
+func (b *Branches) infer(s *session, agent string, chain []BlockHash) (name, parent, kind string) {
 	var best *branch
 	bestLen := 0
 	for _, br := range s.sortedLive() {
+		if br.agent != agent {
+			continue
+		}
 		k := commonPrefix(br.chain, chain)
 		if k == len(br.chain) && k > 0 {
 			return br.id, "", TurnContinue
@@ -186,8 +279,15 @@ func (b *Branches) Finish(now time.Time, session, branch string) {
 }
 
 // End ends a branch (the agent said so); an empty branch ends the whole
-// session. It reports how many branches ended.
+// session, or, for a sub-agent's own session (Identity.ParentSession),
+// that sub-agent's branches. It reports how many branches ended.
 func (b *Branches) End(session, branch string) int {
+	if root, ok := b.roots[session]; ok {
+		if branch == "" {
+			return b.EndAgent(root, session)
+		}
+		session = root
+	}
 	s := b.sessions[session]
 	if s == nil {
 		return 0
@@ -200,9 +300,39 @@ func (b *Branches) End(session, branch string) int {
 		}
 	}
 	if branch == "" {
-		delete(b.sessions, session)
+		b.forget(session)
 	}
 	return n
+}
+
+// EndAgent ends the branches of one agent of a session (the agent said
+// it is done); agent "" is the root agent, and ends the whole session.
+func (b *Branches) EndAgent(session, agent string) int {
+	if agent == "" {
+		return b.End(session, "")
+	}
+	s := b.sessions[session]
+	if s == nil {
+		return 0
+	}
+	n := 0
+	for _, br := range s.sortedLive() {
+		if br.agent == agent {
+			b.end(br, "ended by the agent")
+			n++
+		}
+	}
+	return n
+}
+
+// forget drops a session and the sub-agent sessions that map to it.
+func (b *Branches) forget(session string) {
+	delete(b.sessions, session)
+	for child, root := range b.roots {
+		if root == session {
+			delete(b.roots, child)
+		}
+	}
 }
 
 // Expire ends the branches idle longer than the TTL, and forgets sessions
@@ -227,7 +357,7 @@ func (b *Branches) Expire(now time.Time) int {
 			}
 		}
 		if live == 0 && now.Sub(s.lastUsed) > 2*b.ttl { // ended branches stay listed a while
-			delete(b.sessions, id)
+			b.forget(id)
 		}
 	}
 	return n
@@ -336,9 +466,11 @@ func commonPrefix(a, b []BlockHash) int {
 
 // BranchInfo is a branch as operators see it. JSON names are stable.
 type BranchInfo struct {
-	Session   string    `json:"session"`
-	Branch    string    `json:"branch"`
-	Parent    string    `json:"parent,omitempty"`
+	Session string `json:"session"`
+	Branch  string `json:"branch"`
+	Parent  string `json:"parent,omitempty"`
+	// Agent is the sub-agent the branch is of ("" for the root agent).
+	Agent     string    `json:"agent,omitempty"`
 	State     string    `json:"state"`
 	Blocks    int       `json:"blocks"`
 	Turns     int       `json:"turns"`
@@ -354,12 +486,19 @@ type BranchInfo struct {
 // session is forgotten.
 func (b *Branches) List(session string) []BranchInfo {
 	var out []BranchInfo
+	agent, sub := "", false
+	if root, ok := b.roots[session]; ok { // a sub-agent's own session: its branches
+		session, agent, sub = root, session, true
+	}
 	for id, s := range b.sessions {
 		if session != "" && id != session {
 			continue
 		}
 		for _, br := range s.branches {
-			out = append(out, BranchInfo{Session: id, Branch: br.id, Parent: br.parent, State: br.state,
+			if sub && br.agent != agent {
+				continue
+			}
+			out = append(out, BranchInfo{Session: id, Branch: br.id, Parent: br.parent, Agent: br.agent, State: br.state,
 				Blocks: len(br.chain), Turns: br.turns, Created: br.created, LastUsed: br.lastUsed,
 				EndReason: br.endReason, Chain: br.chain})
 		}
