@@ -144,32 +144,41 @@ func ParsePolicy(name string, n int) (Policy, error) {
 
 // Result is one policy's outcome on a scenario. JSON names are stable.
 type Result struct {
-	Policy            string  `json:"policy"`
-	Split             string  `json:"split"`
-	MeanE2E           float64 `json:"mean_e2e_s"`
-	P50E2E            float64 `json:"p50_e2e_s"`
-	P99E2E            float64 `json:"p99_e2e_s"`
-	MeanTTFT          float64 `json:"mean_ttft_s"`
-	P50TTFT           float64 `json:"p50_ttft_s"`
-	P95TTFT           float64 `json:"p95_ttft_s"`
-	P99TTFT           float64 `json:"p99_ttft_s"`
-	Sessions          int     `json:"sessions_completed"`
-	SessionsPerHour   float64 `json:"sessions_per_hour"`
-	Requests          int     `json:"requests_completed"`
-	Throughput        float64 `json:"throughput_tok_s"`
-	PromptTokens      int64   `json:"prompt_tokens"`
-	GPUHitTokens      int64   `json:"gpu_hit_tokens"`
-	HostHitTokens     int64   `json:"host_hit_tokens"`
-	TransferredTokens int64   `json:"transferred_tokens"`
-	ComputedTokens    int64   `json:"computed_tokens"`
-	LostKVReuse       int64   `json:"lost_kv_reuse_tokens"`
-	RoleSwitches      int     `json:"role_switches"`
-	Retried           int     `json:"requests_retried"`       // aborted by a worker's removal and sent again
-	RouterQueued      int     `json:"requests_router_queued"` // held in the router's queue (Dynamo's) before routing
-	HandedOver        int     `json:"decodes_handed_over"`    // decoding sequences moved to a peer before a switch
-	Preemptions       uint64  `json:"preemptions"`
-	EnginePasses      uint64  `json:"engine_passes"` // forward passes simulated
-	VirtualSec        float64 `json:"virtual_s"`
+	Policy string `json:"policy"`
+	Split  string `json:"split"`
+	// MeanE2E, P50E2E and P99E2E are over every request that arrived in
+	// the scored window: one still unfinished at its end counts its age
+	// then, a lower bound of its latency, so that a run that stalls long
+	// requests cannot look faster than one that finishes them (each
+	// finished request counts no more than its age at the end).
+	// MeanE2EFinished is the mean over the finished ones alone, and
+	// RequestsUnfinished how many were not.
+	MeanE2E            float64 `json:"mean_e2e_s"`
+	MeanE2EFinished    float64 `json:"mean_e2e_finished_s"`
+	RequestsUnfinished int     `json:"requests_unfinished"`
+	P50E2E             float64 `json:"p50_e2e_s"`
+	P99E2E             float64 `json:"p99_e2e_s"`
+	MeanTTFT           float64 `json:"mean_ttft_s"`
+	P50TTFT            float64 `json:"p50_ttft_s"`
+	P95TTFT            float64 `json:"p95_ttft_s"`
+	P99TTFT            float64 `json:"p99_ttft_s"`
+	Sessions           int     `json:"sessions_completed"`
+	SessionsPerHour    float64 `json:"sessions_per_hour"`
+	Requests           int     `json:"requests_completed"`
+	Throughput         float64 `json:"throughput_tok_s"`
+	PromptTokens       int64   `json:"prompt_tokens"`
+	GPUHitTokens       int64   `json:"gpu_hit_tokens"`
+	HostHitTokens      int64   `json:"host_hit_tokens"`
+	TransferredTokens  int64   `json:"transferred_tokens"`
+	ComputedTokens     int64   `json:"computed_tokens"`
+	LostKVReuse        int64   `json:"lost_kv_reuse_tokens"`
+	RoleSwitches       int     `json:"role_switches"`
+	Retried            int     `json:"requests_retried"`       // aborted by a worker's removal and sent again
+	RouterQueued       int     `json:"requests_router_queued"` // held in the router's queue (Dynamo's) before routing
+	HandedOver         int     `json:"decodes_handed_over"`    // decoding sequences moved to a peer before a switch
+	Preemptions        uint64  `json:"preemptions"`
+	EnginePasses       uint64  `json:"engine_passes"` // forward passes simulated
+	VirtualSec         float64 `json:"virtual_s"`
 
 	// Timeline is the run minute by minute (not in the JSON result; see
 	// WriteTimeline).

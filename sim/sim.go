@@ -8,6 +8,7 @@ package sim
 import (
 	"fmt"
 	"math/rand/v2"
+	"sort"
 	"time"
 
 	"github.com/evolvellm/evolve/engine/stepmodel"
@@ -248,6 +249,9 @@ type run struct {
 	hooks runHooks
 
 	e2e, ttft []float64
+	// open holds the scored requests not yet finished, by id, with their
+	// arrival: at the end each counts its age in the E2E figures.
+	open      map[string]time.Time
 	res       Result
 	scoreFrom time.Time
 	scoreTo   time.Time
@@ -322,7 +326,7 @@ func runWith(sc Scenario, pol Policy, hooks runHooks) (Result, error) {
 		}
 	}
 	r := &run{sc: sc, pol: pol, now: epoch, start: epoch, dir: kv.NewDirectory(), router: router, model: m,
-		rng: rand.New(rand.NewPCG(sc.Seed, 0x5eed)), reqs: map[string]*request{}, byID: map[string]int{},
+		rng: rand.New(rand.NewPCG(sc.Seed, 0x5eed)), reqs: map[string]*request{}, byID: map[string]int{}, open: map[string]time.Time{},
 		ever: &kv.Set{}, scoreFrom: epoch.Add(sc.Warmup), scoreTo: epoch.Add(sc.Warmup + sc.Duration)}
 	p := sc.Profile
 	blockBytes := float64(p.BlockSize * p.KVBytesPerToken)
@@ -519,6 +523,9 @@ func (r *run) arrive(req *request) {
 	if !req.retry {
 		req.arrival = r.now
 		req.scored = !r.now.Before(r.scoreFrom)
+		if req.scored {
+			r.open[req.id] = req.arrival
+		}
 		req.chain = req.lane.chain(req.call.Tokens, r.sc.Profile.BlockSize)
 		if r.hooks.call != nil {
 			r.hooks.call(r.now.Sub(r.start), req.call)
@@ -618,6 +625,7 @@ func (r *run) submit(req *request, i int, sr stepmodel.Request) {
 		r.unpend(req)
 		r.router.Finished(r.now, req.id)
 		delete(r.reqs, req.id)
+		delete(r.open, req.id) // refused: it will not finish, nor wait
 		r.nextCall(req.lane)
 		r.drainRouterQueue()
 		return
@@ -767,6 +775,7 @@ func (r *run) finished(e *engine, i int, f stepmodel.Finished, end time.Time) {
 	lost := r.lostReuse(req, src)
 	w.LostReuse += lost
 	if req.scored {
+		delete(r.open, req.id)
 		r.e2e = append(r.e2e, end.Sub(req.arrival).Seconds())
 		r.ttft = append(r.ttft, u.FirstToken.Sub(req.arrival).Seconds())
 		r.res.Requests++
@@ -817,7 +826,16 @@ func (r *run) closeWindow() {
 func (r *run) finish() Result {
 	r.res.Timeline = r.res.Timeline[:len(r.res.Timeline)-1] // the open one is partial
 	res := r.res
-	e2e, ttft := workload.Summarize(r.e2e), workload.Summarize(r.ttft)
+	res.MeanE2EFinished = workload.Summarize(r.e2e).Mean
+	// The scored requests still unfinished count their age at the scored
+	// window's end (in a fixed order: the sum must not depend on a map's).
+	ages := make([]float64, 0, len(r.open))
+	for _, at := range r.open {
+		ages = append(ages, r.scoreTo.Sub(at).Seconds())
+	}
+	sort.Float64s(ages)
+	res.RequestsUnfinished = len(ages)
+	e2e, ttft := workload.Summarize(append(r.e2e, ages...)), workload.Summarize(r.ttft)
 	res.MeanE2E, res.P50E2E, res.P99E2E = e2e.Mean, e2e.P50, e2e.P99
 	res.MeanTTFT, res.P50TTFT, res.P95TTFT, res.P99TTFT = ttft.Mean, ttft.P50, ttft.P95, ttft.P99
 	secs := r.sc.Duration.Seconds()

@@ -175,7 +175,7 @@ experiments, and the same fleet on H100 and H200 servers, where KV binds:
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")
 	f.String("policies", "dynamo,dynamo-static,dynamo-sla,dynamo:best,static:best,static:best-throughput,evolve", "policies to compare (by default Dynamo as shipped, at its profiled split, with its SLA planner and at its best, against evolve and the best static split by latency and by throughput)")
 	f.Int64("seed", 1, "random seed")
-	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench or sim --record; .gz read as gzip) instead of agents: its requests arrive at their timestamps, open loop; scored by default from its start to its end plus "+traceDrain.String()+" for the last requests to finish")
+	f.String("trace", "", "replay this JSONL trace (Mooncake's format, or one recorded by evolve bench or sim --record; .gz read as gzip) instead of agents: its requests arrive at their timestamps, open loop; by default its first sixth (at most 10m) warms every policy up unscored, and the rest is scored to its end plus "+traceDrain.String()+" for the last requests to finish")
 	f.Float64("playback", 1, "with --trace: replay this many times faster than recorded")
 	f.String("record", "", "write the calls the agents send in the one simulation named by --policies to this JSONL trace (gzipped if it ends in .gz), for evolve bench --trace or sim --trace; "+
 		"a closed loop's timing follows the cluster it ran against")
@@ -382,6 +382,27 @@ func minutes(d time.Duration) string {
 // traceDrain is how long a trace's replay is scored after its last request
 // arrives, by default, so that the requests still in flight finish.
 const traceDrain = 10 * time.Minute
+
+// traceWarmup is a trace replay's default warm-up: its first sixth, to
+// the minute and at most 10 minutes (the presets warm up 10 of 60), so
+// that every policy has served the same requests before scoring starts
+// and a planner has had time to fit the split; none for a trace shorter
+// than 6 minutes, too short for any planner to act on.
+func traceWarmup(span time.Duration) time.Duration {
+	return min(span/6, 10*time.Minute).Truncate(time.Minute)
+}
+
+// traceWarmupNote says in the table's heading how a trace replay was
+// scored: after which warm-up, and why.
+func traceWarmupNote(warm time.Duration, asked bool) string {
+	switch {
+	case asked:
+		return fmt.Sprintf("after %v (--warmup)", warm)
+	case warm == 0:
+		return "from its start (no warm-up: the trace is too short for one)"
+	}
+	return fmt.Sprintf("after its first %v, served by every policy as a warm-up", warm)
+}
 
 // simTrace is a trace that evolve sim replays instead of agents.
 type simTrace struct {

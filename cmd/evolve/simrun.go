@@ -67,10 +67,13 @@ func parseSim(cmd *cobra.Command) (*simRun, error) {
 		return nil, err
 	}
 	if r.tr != nil {
-		// The trace replaces the agents: it is scored from its start by
-		// default, until its last request has had time to finish.
+		// The trace replaces the agents. Its first part warms every
+		// policy up (traceWarmup) and is not scored, so that a planner
+		// that starts from the recipe split is not judged on the minutes
+		// a fixed split did not need; it is scored until its last
+		// request has had time to finish.
 		if !cmd.Flags().Changed("warmup") {
-			warm = 0
+			warm = traceWarmup(r.tr.span)
 		}
 		if !cmd.Flags().Changed("duration") {
 			dur = max(r.tr.span-warm, 0).Truncate(time.Minute) + time.Minute + traceDrain
@@ -438,7 +441,11 @@ func (r *simRun) printTable(w *tabwriter.Writer, results []sim.Result) {
 	if r.prof.BlockSize != r.profileBlock {
 		how += fmt.Sprintf("; KV modelled in %d-token blocks (--kv-block-tokens)", r.prof.BlockSize)
 	}
-	fmt.Fprintf(w, "%d GPUs (%d engines, %s), %s, %v scored after %v, seed %d%s\n\n", r.gpus, sc.Engines, r.profile, who, sc.Duration, sc.Warmup, sc.Seed, how)
+	warm := fmt.Sprintf("after %v", sc.Warmup)
+	if tr != nil {
+		warm = traceWarmupNote(sc.Warmup, r.cmd.Flags().Changed("warmup"))
+	}
+	fmt.Fprintf(w, "%d GPUs (%d engines, %s), %s, %v scored %s, seed %d%s\n\n", r.gpus, sc.Engines, r.profile, who, sc.Duration, warm, sc.Seed, how)
 	fmt.Fprint(w, "metric")
 	for _, res := range results {
 		fmt.Fprintf(w, "\t%s", res.Policy)
@@ -453,7 +460,10 @@ func (r *simRun) printTable(w *tabwriter.Writer, results []sim.Result) {
 	}
 	sec := func(v float64) string { return fmt.Sprintf("%.2f", v) }
 	row("split P:D", func(r sim.Result) string { return r.Split })
+	// Unfinished requests count their age at the scored window's end in
+	// the E2E rows; the finished alone are beside them.
 	row("mean E2E (s)", func(r sim.Result) string { return sec(r.MeanE2E) })
+	row("mean E2E, finished (s)", func(r sim.Result) string { return sec(r.MeanE2EFinished) })
 	row("P50 E2E (s)", func(r sim.Result) string { return sec(r.P50E2E) })
 	row("P99 E2E (s)", func(r sim.Result) string { return sec(r.P99E2E) })
 	row("P50 TTFT (s)", func(r sim.Result) string { return sec(r.P50TTFT) })
@@ -465,6 +475,7 @@ func (r *simRun) printTable(w *tabwriter.Writer, results []sim.Result) {
 		row("sessions / hour", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.SessionsPerHour) })
 	}
 	row("requests completed", func(r sim.Result) string { return fmt.Sprint(r.Requests) })
+	row("requests unfinished", func(r sim.Result) string { return fmt.Sprint(r.RequestsUnfinished) })
 	row("throughput (tok/s)", func(r sim.Result) string { return fmt.Sprintf("%.0f", r.Throughput) })
 	pct := func(a, b int64) string {
 		if b == 0 {
