@@ -63,7 +63,7 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 		case sweep == "static:best":
 			m = splits("static")
 		case sweep == "oracle":
-			m = append(splits("static"), "evolve") // its search starts from the best of them
+			m = append(splits("static"), "evolve", "dynamo") // its walks start from the best split and from evolve's and Dynamo's courses
 		case sweep == "dynamo-static:best":
 			m = splits("dynamo-static")
 		case sweep == "dynamo:best":
@@ -162,11 +162,11 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 		}
 		switch {
 		case name == "oracle", name == "oracle-throughput":
-			runs := make([]Result, len(m)-1) // the static splits, then evolve
-			for i, n := range m[:len(m)-1] {
+			runs := make([]Result, len(m)-2) // the static splits, then evolve and dynamo
+			for i, n := range m[:len(m)-2] {
 				runs[i] = need[n].res
 			}
-			evolve := need[m[len(m)-1]].res
+			evolve, dynamo := need[m[len(m)-2]].res, need[m[len(m)-1]].res
 			wins := better
 			if name == "oracle-throughput" {
 				wins = moreThroughput
@@ -187,7 +187,7 @@ func Compare(sc Scenario, names []string, hooks *Hooks) ([]Result, error) {
 				}
 				cancelled = hooks.Cancelled
 			}
-			res, err := oracleSearch(sc, name, runs, evolve, wins, progress, cancelled)
+			res, err := oracleSearch(sc, name, runs, evolve, dynamo, wins, progress, cancelled)
 			var ie *InterruptedError
 			switch {
 			case errors.As(err, &ie):

@@ -41,6 +41,9 @@ type oraclePlan struct {
 	start    int
 	replay   []Move
 	schedule []SplitChange
+	// course: how many of the schedule's first changes are a course
+	// replayed from another run (Dynamo's), not the search's.
+	course int
 }
 
 // splitAt is the plan's split (prefill engines) once its changes and
@@ -72,9 +75,12 @@ func (pl oraclePlan) holding(at time.Duration, p int) oraclePlan {
 			out.replay = append(out.replay, m)
 		}
 	}
-	for _, ch := range pl.schedule {
+	for i, ch := range pl.schedule {
 		if ch.At < at {
 			out.schedule = append(out.schedule, ch)
+			if i < pl.course {
+				out.course++
+			}
 		}
 	}
 	out.schedule = append(out.schedule, SplitChange{At: at, Prefill: p})
@@ -87,24 +93,73 @@ func (pl oraclePlan) changesAfter(at time.Duration) bool {
 		slices.ContainsFunc(pl.schedule, func(ch SplitChange) bool { return ch.At >= at })
 }
 
-// oracleSearch runs the search for the policy called name, judging runs
-// with wins (better or moreThroughput); static holds the static runs by
-// prefill engines, static[p-1] for p:n-p, and evolve evolve's run (its
-// Moves are replayed; a zero Result when it has none). progress, when
-// set, hears how many of the boundaries are done; cancelled, when set,
-// stops the search and the runs it has under way at their next modelled
-// minute.
-func oracleSearch(sc Scenario, name string, static []Result, evolve Result, wins func(a, b Result) bool, progress func(done, total int), cancelled func() bool) (Result, error) {
-	best, plan := static[0], oraclePlan{start: 1}
-	for i, r := range static[1:] {
-		if wins(r, best) {
-			best, plan = r, oraclePlan{start: i + 2}
+// oracleStart is a schedule a walk starts from: its plan, its run, and
+// where it comes from.
+type oracleStart struct {
+	from string
+	plan oraclePlan
+	res  Result
+}
+
+// dynamoSchedule is Dynamo's own course as a schedule of splits of every
+// engine: at the end of each minute of its run, its serving prefill share
+// of the engines it serves, held by all of them (Dynamo's load planner
+// also leaves engines idle, which a split of all of them does not).
+func dynamoSchedule(dyn Result, n int) oraclePlan {
+	pl := oraclePlan{start: dyn.Initial}
+	if pl.start < 1 || pl.start >= n {
+		pl.start = max(1, n/3)
+	}
+	cur := pl.start
+	for _, w := range dyn.Timeline {
+		if w.Prefill+w.Decode == 0 {
+			continue
+		}
+		p := int(float64(n)*float64(w.Prefill)/float64(w.Prefill+w.Decode) + 0.5)
+		p = min(max(p, 1), n-1)
+		if p != cur {
+			pl.schedule = append(pl.schedule, SplitChange{At: w.Start + time.Minute, Prefill: p})
+			pl.course++
+			cur = p
 		}
 	}
-	if len(evolve.Moves) > 0 && wins(evolve, best) {
+	return pl
+}
+
+// oracleSearch runs the search for the policy called name, judging runs
+// with wins (better or moreThroughput); static holds the static runs by
+// prefill engines, static[p-1] for p:n-p, evolve evolve's run (its Moves
+// are replayed; a zero Result when it has none) and dynamo Dynamo's (its
+// course is replayed as splits, dynamoSchedule; a zero Result when there
+// is none). It walks from each of the three starts (the best static
+// split, evolve's course, Dynamo's course) and keeps the best walk's end.
+// progress, when set, hears how many of the boundaries are done;
+// cancelled, when set, stops the search and the runs it has under way at
+// their next modelled minute.
+func oracleSearch(sc Scenario, name string, static []Result, evolve, dynamo Result, wins func(a, b Result) bool, progress func(done, total int), cancelled func() bool) (Result, error) {
+	st := oracleStart{from: "static", res: static[0], plan: oraclePlan{start: 1}}
+	for i, r := range static[1:] {
+		if wins(r, st.res) {
+			st.res, st.plan = r, oraclePlan{start: i + 2}
+		}
+	}
+	starts := []oracleStart{st}
+	if len(evolve.Moves) > 0 {
 		// Replayed without its planner, evolve's switches run as evolve
 		// ran: its result is the replay's.
-		best, plan = evolve, oraclePlan{start: evolve.Initial, replay: evolve.Moves}
+		starts = append(starts, oracleStart{from: "evolve", res: evolve, plan: oraclePlan{start: evolve.Initial, replay: evolve.Moves}})
+	}
+	if dynamo.Requests > 0 {
+		if pl := dynamoSchedule(dynamo, sc.Engines); len(pl.schedule) > 0 {
+			res, err := runPlans(sc, []oraclePlan{pl}, cancelled)
+			if errors.Is(err, ErrInterrupted) {
+				return Result{}, &InterruptedError{Unfinished: []Unfinished{{Policy: name, Total: sc.Warmup + sc.Duration}}}
+			}
+			if err != nil {
+				return Result{}, err
+			}
+			starts = append(starts, oracleStart{from: "dynamo", res: res[0], plan: pl})
+		}
 	}
 	total := sc.Warmup + sc.Duration
 	var bounds []time.Duration
@@ -115,15 +170,21 @@ func oracleSearch(sc Scenario, name string, static []Result, evolve Result, wins
 	for at := seg; at < total; at += seg {
 		bounds = append(bounds, at)
 	}
+	// The walks go side by side, a boundary at a time: each boundary's
+	// candidates of every walk run together.
 	for k, at := range bounds {
 		if progress != nil {
 			progress(k, len(bounds))
 		}
-		cur := plan.splitAt(at)
 		var cands []oraclePlan
-		for p := max(1, cur-OracleReach); p <= min(sc.Engines-1, cur+OracleReach); p++ {
-			if p != cur || plan.changesAfter(at) {
-				cands = append(cands, plan.holding(at, p))
+		var walk []int
+		for w, st := range starts {
+			cur := st.plan.splitAt(at)
+			for p := max(1, cur-OracleReach); p <= min(sc.Engines-1, cur+OracleReach); p++ {
+				if p != cur || st.plan.changesAfter(at) {
+					cands = append(cands, st.plan.holding(at, p))
+					walk = append(walk, w)
+				}
 			}
 		}
 		results, err := runPlans(sc, cands, cancelled)
@@ -134,16 +195,23 @@ func oracleSearch(sc Scenario, name string, static []Result, evolve Result, wins
 			return Result{}, err
 		}
 		for i, r := range results {
-			if wins(r, best) {
-				best, plan = r, cands[i]
+			if st := &starts[walk[i]]; wins(r, st.res) {
+				st.res, st.plan = r, cands[i]
 			}
 		}
 	}
 	if progress != nil {
 		progress(len(bounds), len(bounds))
 	}
-	best.Policy, best.Split = name, plan.describe(sc.Engines)
-	return best, nil
+	best := starts[0]
+	for _, st := range starts[1:] {
+		if wins(st.res, best.res) {
+			best = st
+		}
+	}
+	res := best.res
+	res.Policy, res.Split = name, best.plan.describe(sc.Engines)
+	return res, nil
 }
 
 // runPlans runs each plan, a worker per core; cancelled, when set, stops
@@ -177,18 +245,31 @@ func runPlans(sc Scenario, plans []oraclePlan, cancelled func() bool) ([]Result,
 }
 
 // describe writes a plan as its splits and when they begin: "3:6, 4:5 at
-// 40m, 3:6 at 1h10m", or "1:8, evolve's 5 switches to 1h20m, 6:3 at
-// 1h20m".
+// 40m, 3:6 at 1h10m", "1:8, evolve's 5 switches to 1h20m, 6:3 at 1h20m",
+// or "3:6, Dynamo's 12 changes to 40m, 4:5 at 40m" (its course replayed
+// as splits, dynamoSchedule).
 func (pl oraclePlan) describe(n int) string {
 	parts := []string{fmt.Sprintf("%d:%d", pl.start, n-pl.start)}
-	if len(pl.replay) > 0 {
-		parts = append(parts, fmt.Sprintf("evolve's %d switches", len(pl.replay)))
-		if len(pl.schedule) > 0 {
-			parts[1] += " to " + strings.TrimSuffix(pl.schedule[0].At.String(), "0s")
-		}
+	sched := pl.schedule
+	var course string
+	switch {
+	case len(pl.replay) > 0:
+		course = fmt.Sprintf("evolve's %d switches", len(pl.replay))
+	case pl.course > 0:
+		course = fmt.Sprintf("Dynamo's %d changes", pl.course)
+		sched = sched[pl.course:]
 	}
-	for _, ch := range pl.schedule {
-		parts = append(parts, fmt.Sprintf("%d:%d at %s", ch.Prefill, n-ch.Prefill, strings.TrimSuffix(ch.At.String(), "0s")))
+	if course != "" {
+		if len(sched) > 0 {
+			course += " to " + shortAt(sched[0].At)
+		}
+		parts = append(parts, course)
+	}
+	for _, ch := range sched {
+		parts = append(parts, fmt.Sprintf("%d:%d at %s", ch.Prefill, n-ch.Prefill, shortAt(ch.At)))
 	}
 	return strings.Join(parts, ", ")
 }
+
+// shortAt writes a time into the run as 40m or 1h10m.
+func shortAt(d time.Duration) string { return strings.TrimSuffix(d.String(), "0s") }
