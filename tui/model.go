@@ -42,14 +42,10 @@ type Options struct {
 // Model is the monitor's state. It is a bubbletea model; tests drive it
 // with messages and read View.
 type Model struct {
-	src  Source
-	opt  Options
-	ctx  context.Context
-	stop context.CancelFunc
-	// wrap: long texts (the planner's reasons) wrap onto more lines rather
-	// than being cut, as a printed report wants and a screen cannot afford.
-	wrap bool
-
+	src           Source
+	opt           Options
+	ctx           context.Context
+	stop          context.CancelFunc
 	width, height int
 	minCols       int // the least width it draws in; 0: minWidth
 	view          int
@@ -68,7 +64,13 @@ type Model struct {
 	branches   []Branch
 	kv         *KV
 
+	// The selection is a node and a branch, not a row: it stays on them
+	// as rows re-sort, filter and come and go. cursor and branchCursor
+	// are their rows as last drawn.
+	selNode, selBranch   string
 	cursor, branchCursor int
+	expanded             string // the branch whose WHERE lists every node
+	scroll               [4]int // per view: lines scrolled (planner decisions, events)
 	sortKey              int
 	filter               string
 	filtering            bool
@@ -80,22 +82,44 @@ type Model struct {
 	follow               string // session/branch followed in the branches view
 	confirm              *pendingAction
 	message              string
+	messageUntil         time.Time // when the message goes (zero: with the next key)
+	actionNode           string    // the node of the last switch asked for, whose end is told
+	// report: drawn once for a printed report (evolve top --once, evolve
+	// planner), not a screen: no scroll marks or recent events.
+	report bool
 
 	load     map[string][]float64 // recent queue+running per node
-	reqRate  []float64            // recent requests/s (planner demand)
+	reqRate  []float64            // recent requests/s arriving (planner demand)
 	splits   []int                // recent prefill counts
 	ttftPred []float64            // recent predicted TTFT
-	events   []Event
-	prevBr   map[string]string // branch -> residency text at the last poll
-	frozen   string            // the screen as it was when paused
+	events   []Event              // newest first
+	// The events' history: the orchestrator's record when it serves one
+	// (complete from historySince), else only what this monitor saw
+	// since watchStart.
+	historyKnown bool
+	historySince time.Time
+	watchStart   time.Time
+	decisionSeen map[time.Time]bool
+	prevBr       map[string]string // branch -> residency text at the last poll
+	frozen       string            // the screen as it was when paused
 }
 
 // Event is one line of the events view.
 type Event struct {
 	Time time.Time
-	Kind string // switch, up, down, planner, evict, error, branch
+	Kind string // switch, up, down, lost, planner, evict, error, branch, watch
 	Text string
+	// recorded: from the orchestrator's record (replaced by its next
+	// snapshot), not seen by this monitor itself.
+	recorded bool
 }
+
+// How long a message stays in the footer: long enough to read, not so
+// long that it tells of a switch long over.
+const (
+	messageFor      = 6 * time.Second
+	errorMessageFor = 20 * time.Second
+)
 
 type pendingAction struct {
 	node, role string // role "" with unpin
@@ -113,7 +137,7 @@ func New(src Source, opt Options) *Model {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Model{src: src, opt: opt, ctx: ctx, stop: cancel, nodes: map[string]*Node{}, conn: ConnConnecting,
-		load: map[string][]float64{}, prevBr: map[string]string{}, width: 120, height: 40}
+		load: map[string][]float64{}, prevBr: map[string]string{}, decisionSeen: map[time.Time]bool{}, width: 120, height: 40}
 }
 
 // Messages.
@@ -250,13 +274,29 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.applyPoll(msg)
 	case actionDone:
 		if msg.err != nil {
-			m.message = fmt.Sprintf("%s failed: %v", msg.what, msg.err)
+			m.say(fmt.Sprintf("%s failed: %v", msg.what, msg.err), errorMessageFor)
 			m.event("error", m.message)
 		} else {
-			m.message = msg.what + ": started"
+			m.say(msg.what+": asked; its STATE shows the switch", messageFor)
 		}
 	}
 	return m, nil
+}
+
+// say shows text in the footer for d (0: until the next key).
+func (m *Model) say(text string, d time.Duration) {
+	m.message, m.messageUntil = text, time.Time{}
+	if d > 0 {
+		m.messageUntil = m.opt.Now().Add(d)
+	}
+}
+
+// shownMessage is the footer's message, "" once it has expired.
+func (m *Model) shownMessage() string {
+	if m.message == "" || !m.messageUntil.IsZero() && m.opt.Now().After(m.messageUntil) {
+		return ""
+	}
+	return m.message
 }
 
 // ended handles the end of the watch stream: reconnect with backoff.
@@ -288,8 +328,8 @@ func (m *Model) apply(batch watchBatch) {
 			for i := range ev.Nodes {
 				n := ev.Nodes[i]
 				m.nodes[n.ID] = &n
-				m.noteChange(old[n.ID], &n, now)
 			}
+			m.snapshotEvents(ev, old, now)
 			m.gen = ev.Generation
 			m.conn, m.failures, m.connErr = ConnLive, 0, ""
 		case "node":
@@ -305,63 +345,101 @@ func (m *Model) apply(batch watchBatch) {
 			}
 			m.gen = max(m.gen, ev.Generation)
 			n := *ev.Node
-			m.noteChange(m.nodes[n.ID], &n, now)
+			if !m.historyKnown {
+				m.noteChange(m.nodes[n.ID], &n, now)
+			}
+			m.noteSwitchEnd(m.nodes[n.ID], &n)
 			m.nodes[n.ID] = &n
+		case "event":
+			if ev.Event != nil && m.historyKnown {
+				m.addEvent(Event{Time: ev.Event.Time, Kind: ev.Event.Kind, Text: ev.Event.Text, recorded: true})
+			}
 		}
 		m.lastUpdate = now
+	}
+}
+
+// snapshotEvents takes a snapshot's history: the orchestrator's record,
+// which replaces what an earlier snapshot gave; or, from a server that
+// keeps none, what changed since the last snapshot, and for the first a
+// plain line that the watch began, rather than joins made up at its time.
+func (m *Model) snapshotEvents(ev WatchEvent, old map[string]*Node, now time.Time) {
+	if !ev.HistorySince.IsZero() {
+		m.historyKnown, m.historySince = true, ev.HistorySince
+		kept := m.events[:0:0]
+		for _, e := range m.events {
+			if !e.recorded {
+				kept = append(kept, e)
+			}
+		}
+		m.events = kept
+		for _, e := range ev.Events {
+			m.addEvent(Event{Time: e.Time, Kind: e.Kind, Text: e.Text, recorded: true})
+		}
+		if m.watchStart.IsZero() {
+			m.watchStart = now
+		}
+		return
+	}
+	m.historyKnown = false
+	if m.watchStart.IsZero() {
+		m.watchStart = now
+		var p, d int
+		for _, n := range m.nodes {
+			if n.Role == "prefill" {
+				p++
+			} else {
+				d++
+			}
+		}
+		m.event("watch", fmt.Sprintf("watch began: %d nodes (%d prefill, %d decode); what happened before is not known here", len(m.nodes), p, d))
+		return
+	}
+	for id, n := range m.nodes {
+		m.noteChange(old[id], n, now)
 	}
 }
 
 // sampleLoad records every node's queue and running requests, once a poll.
 func (m *Model) sampleLoad() {
 	for id, n := range m.nodes {
-		m.load[id] = appendRing(m.load[id], float64(n.Waiting+n.Running), 30)
+		m.load[id] = appendRing(m.load[id], float64(n.Waiting+n.Running), 120)
 	}
 }
 
-// noteChange records the events a node's update implies.
+// noteChange records the events a node's update implies (when the
+// server keeps no record of its own).
 func (m *Model) noteChange(old, n *Node, now time.Time) {
-	switch {
-	case old == nil:
-		if n.State != "" {
-			m.event("up", fmt.Sprintf("%s joined as %s (%s)", n.ID, n.Role, n.State))
-		}
-	case old.State != n.State && n.State == "down":
-		text := fmt.Sprintf("%s is down: %s", n.ID, n.Reason)
-		switch {
-		case n.Interrupted == 1:
-			text += "; the answer it was streaming goes on on another node"
-		case n.Interrupted > 1:
-			text += fmt.Sprintf("; the %d answers it was streaming go on on other nodes", n.Interrupted)
-		}
-		m.event("down", text)
-	case old.State == "down" && n.State != "down":
-		m.event("up", fmt.Sprintf("%s is back as %s", n.ID, n.Role))
-	case old.Switch == nil && n.Switch != nil:
-		m.event("switch", fmt.Sprintf("%s switching %s -> %s", n.ID, n.Role, n.Switch.To))
-	case old.Role != n.Role:
-		reason := ""
-		if len(n.History) > 0 {
-			last := n.History[len(n.History)-1]
-			reason = last.Reason
-			switch {
-			case last.HandedOver == 1:
-				reason += "; handed 1 answer over"
-			case last.HandedOver > 1:
-				reason += fmt.Sprintf("; handed %d answers over", last.HandedOver)
-			}
-		}
-		m.event("switch", fmt.Sprintf("%s is now %s (%s)", n.ID, n.Role, reason))
-	}
-	if old != nil && n.Lost > old.Lost {
-		m.event("lost", fmt.Sprintf("%s: %d of the answers it was streaming when it failed could not go on on another node (%d so far)", n.ID, n.Lost-old.Lost, n.Lost))
+	for _, e := range controlapi.NodeEvents(old, n, now) {
+		m.addEvent(Event{Time: e.Time, Kind: e.Kind, Text: e.Text})
 	}
 }
 
+// noteSwitchEnd tells, in the footer, of the end of the switch this
+// monitor asked for: the message of its start is over.
+func (m *Model) noteSwitchEnd(old, n *Node) {
+	if old == nil || n.ID != m.actionNode || n.Switch != nil || old.Switch == nil && old.Role == n.Role && old.Mode == n.Mode {
+		return
+	}
+	m.actionNode = ""
+	m.say(fmt.Sprintf("%s is now %s (%s)", n.ID, n.Role, n.Mode), messageFor)
+}
+
+// event records what this monitor saw now.
 func (m *Model) event(kind, text string) {
-	m.events = append([]Event{{Time: m.opt.Now(), Kind: kind, Text: text}}, m.events...)
-	if len(m.events) > 500 {
-		m.events = m.events[:500]
+	m.addEvent(Event{Time: m.opt.Now(), Kind: kind, Text: text})
+}
+
+// addEvent puts e among the events, newest first (before those of its
+// own time), and forgets the oldest past a bound.
+func (m *Model) addEvent(e Event) {
+	i := 0
+	for i < len(m.events) && m.events[i].Time.After(e.Time) {
+		i++
+	}
+	m.events = slices.Insert(m.events, i, e)
+	if len(m.events) > 1000 {
+		m.events = m.events[:1000]
 	}
 }
 
@@ -370,11 +448,13 @@ func (m *Model) applyPoll(p polled) {
 		m.cluster = *p.cluster
 	}
 	if p.planner != nil {
-		if m.planner != nil && len(p.planner.Decisions) > 0 {
-			last := p.planner.Decisions[len(p.planner.Decisions)-1]
-			if len(m.planner.Decisions) == 0 || !m.planner.Decisions[len(m.planner.Decisions)-1].Time.Equal(last.Time) {
-				m.event("planner", last.Reason)
+		// The planner's decisions, from its own record, at their times.
+		for _, d := range p.planner.Decisions {
+			if m.decisionSeen[d.Time] {
+				continue
 			}
+			m.decisionSeen[d.Time] = true
+			m.addEvent(Event{Time: d.Time, Kind: "planner", Text: decisionText(d)})
 		}
 		m.planner, m.plannerErr = p.planner, ""
 		m.reqRate = appendRing(m.reqRate, p.planner.Short.Requests, 60)
@@ -475,14 +555,33 @@ func (m *Model) sortedNodes() []*Node {
 	return out
 }
 
-// selected is the node under the cursor.
+// selected is the selected node: the one chosen, wherever its row is
+// now; if it is gone (or filtered out), the one drawn in its row, which
+// becomes the selection.
 func (m *Model) selected() *Node {
 	ns := m.sortedNodes()
 	if len(ns) == 0 {
 		return nil
 	}
+	for i, n := range ns {
+		if n.ID == m.selNode {
+			m.cursor = i
+			return n
+		}
+	}
 	m.cursor = min(max(m.cursor, 0), len(ns)-1)
+	m.selNode = ns[m.cursor].ID
 	return ns[m.cursor]
+}
+
+// moveNode moves the selection by d rows.
+func (m *Model) moveNode(d int) {
+	ns := m.sortedNodes()
+	if len(ns) == 0 || m.selected() == nil {
+		return
+	}
+	m.cursor = min(max(m.cursor+d, 0), len(ns)-1)
+	m.selNode = ns[m.cursor].ID
 }
 
 // edit applies key k to a line being typed (the filter, a command):
@@ -523,7 +622,7 @@ func (m *Model) key(k string) tea.Cmd {
 		c := m.confirm
 		m.confirm = nil
 		if k != "y" && k != "Y" {
-			m.message = "cancelled"
+			m.say("cancelled", messageFor)
 			return nil
 		}
 		return m.act(c)
@@ -532,6 +631,9 @@ func (m *Model) key(k string) tea.Cmd {
 		m.help = false
 		return nil
 	}
+	if m.messageUntil.IsZero() {
+		m.message = "" // a message without a time lasts until a key
+	}
 	switch k {
 	case "q", "ctrl+c":
 		m.stop()
@@ -539,55 +641,86 @@ func (m *Model) key(k string) tea.Cmd {
 	case "1", "2", "3", "4":
 		m.view = int(k[0] - '1')
 	case "j", "down":
-		if m.view == ViewBranches {
-			m.branchCursor++
-			m.follow = ""
-		} else {
-			m.cursor++
-		}
+		m.move(1)
 	case "k", "up":
-		if m.view == ViewBranches {
-			m.branchCursor = max(0, m.branchCursor-1)
-			m.follow = ""
-		} else {
-			m.cursor = max(0, m.cursor-1)
-		}
+		m.move(-1)
+	case "pgdown", "ctrl+d", " ":
+		m.move(max(1, m.height/2))
+	case "pgup", "ctrl+u":
+		m.move(-max(1, m.height/2))
+	case "home", "g":
+		m.move(-1 << 30)
+	case "end", "G":
+		m.move(1 << 30)
 	case "enter":
-		m.detail = !m.detail
+		if m.view == ViewBranches {
+			// Open the selected branch's WHERE: every node that holds
+			// some of its blocks, a line each.
+			if b := m.selectedBranch(); b != nil {
+				if key := b.Session + "/" + b.Branch; m.expanded == key {
+					m.expanded = ""
+				} else {
+					m.expanded = key
+				}
+			}
+		} else {
+			m.detail = !m.detail
+		}
 	case "/":
 		m.filtering, m.filter = true, ""
 	case "esc":
-		m.filter = ""
+		m.filter, m.expanded = "", ""
 	case ":":
 		m.commanding, m.command = true, ""
 	case "s":
 		m.sortKey = (m.sortKey + 1) % len(sortNames)
-		m.message = "sorted by " + sortNames[m.sortKey]
+		m.say("sorted by "+sortNames[m.sortKey]+"; the selection stays on "+m.selNode, messageFor)
 	case "?":
 		m.help = true
 	case "Z":
 		m.paused = !m.paused
 		if m.paused {
-			m.message = "paused: the screen holds still; Z resumes"
+			m.say("paused: the screen holds still; Z resumes", 0)
 			m.frozen = ""
 			m.frozen = m.View()
 		} else {
 			m.frozen = ""
-			m.message = "resumed"
+			m.say("resumed", messageFor)
 		}
 	case "f":
 		if b := m.selectedBranch(); b != nil {
 			key := b.Session + "/" + b.Branch
 			if m.follow == key {
-				m.follow, m.message = "", "not following"
+				m.follow = ""
+				m.say("not following", messageFor)
 			} else {
-				m.follow, m.message = key, "following "+key
+				m.follow = key
+				m.say("following "+key, messageFor)
 			}
 		}
 	case "p", "d", "a":
 		return m.ask(k)
 	}
 	return nil
+}
+
+// move moves the view's selection (nodes, branches) or scrolls it
+// (planner decisions, events) by d lines.
+func (m *Model) move(d int) {
+	switch m.view {
+	case ViewNodes:
+		m.moveNode(d)
+	case ViewBranches:
+		bs, _ := m.treeBranches()
+		if len(bs) == 0 || m.selectedBranch() == nil {
+			return
+		}
+		m.branchCursor = min(max(m.branchCursor+d, 0), len(bs)-1)
+		m.selBranch = bs[m.branchCursor].Session + "/" + bs[m.branchCursor].Branch
+		m.follow = ""
+	default:
+		m.scroll[m.view] = max(0, m.scroll[m.view]+d) // bounded when drawn
+	}
 }
 
 // commandHelp lists what ':' takes.
@@ -614,7 +747,7 @@ func (m *Model) run(line string) tea.Cmd {
 		len(f) == 2 && f[0] == "auto":
 		n := m.nodes[f[1]]
 		if n == nil {
-			m.message = fmt.Sprintf("no node %q", f[1])
+			m.say(fmt.Sprintf("no node %q (nodes: %s)", f[1], strings.Join(m.nodeIDs(), ", ")), errorMessageFor)
 			return nil
 		}
 		k := "a"
@@ -623,8 +756,18 @@ func (m *Model) run(line string) tea.Cmd {
 		}
 		return m.askFor(n, k)
 	}
-	m.message = fmt.Sprintf("unknown command %q: want %s", line, commandHelp)
+	m.say(fmt.Sprintf("unknown command %q: want %s", line, commandHelp), errorMessageFor)
 	return nil
+}
+
+// nodeIDs lists the nodes' ids in order.
+func (m *Model) nodeIDs() []string {
+	ids := make([]string, 0, len(m.nodes))
+	for id := range m.nodes {
+		ids = append(ids, id)
+	}
+	slices.SortFunc(ids, controlapi.CompareIDs)
+	return ids
 }
 
 // ask prepares a switch of the selected node and asks for confirmation.
@@ -637,41 +780,43 @@ func (m *Model) ask(k string) tea.Cmd {
 }
 
 // askFor prepares a switch of node n (k: p prefill, d decode, a back to
-// the planner) and asks for confirmation.
+// the planner) and asks for confirmation: the key to press first, so that
+// a narrow footer shows it whatever else it cuts.
 func (m *Model) askFor(n *Node, k string) tea.Cmd {
 	if m.opt.ReadOnly {
-		m.message = "read-only: switching nodes is disabled (started with --readonly)"
+		m.say("read-only: switching nodes is disabled (started with --readonly)", errorMessageFor)
 		return nil
 	}
 	switch k {
 	case "a":
 		if n.Mode != "pinned" {
-			m.message = n.ID + " is already in auto mode"
+			m.say(n.ID+" is already in auto mode", messageFor)
 			return nil
 		}
 		m.confirm = &pendingAction{node: n.ID, unpin: true,
-			text: fmt.Sprintf("Hand %s back to the planner? (it stays %s until the planner moves it) [y/N]", n.ID, n.Role)}
+			text: fmt.Sprintf("[y/N] Hand %s back to the planner? It stays %s until the planner moves it.", n.ID, n.Role)}
 	default:
 		role := "prefill"
 		if k == "d" {
 			role = "decode"
 		}
 		if n.Role == role && n.Mode == "pinned" {
-			m.message = fmt.Sprintf("%s is already a pinned %s node", n.ID, role)
+			m.say(fmt.Sprintf("%s is already a pinned %s node", n.ID, role), messageFor)
 			return nil
 		}
-		what := fmt.Sprintf("drains %d in flight, GPU KV to host, then %s", n.Waiting+n.Running, role)
+		what := fmt.Sprintf("It drains %d in flight, moves its GPU KV to host, then serves %s; the planner leaves it.", n.Waiting+n.Running, role)
 		if n.Role == role {
-			what = "it keeps its role"
+			what = "It keeps its role; the planner leaves it."
 		}
 		m.confirm = &pendingAction{node: n.ID, role: role,
-			text: fmt.Sprintf("Switch %s from %s to %s and pin it? (%s; the planner leaves it) [y/N]", n.ID, n.Role, role, what)}
+			text: fmt.Sprintf("[y/N] Switch %s from %s to %s and pin it? %s", n.ID, n.Role, role, what)}
 	}
 	return nil
 }
 
 func (m *Model) act(c *pendingAction) tea.Cmd {
 	src := m.src
+	m.actionNode = c.node
 	return func() tea.Msg {
 		// Long enough for the planner's lease to move to another
 		// orchestrator (the source asks again meanwhile).
@@ -735,22 +880,27 @@ func Tree(branches []Branch, filter string) ([]Branch, []int) {
 	return out, depth
 }
 
-// selectedBranch is the branch under the cursor; a followed branch keeps
-// the cursor on it as the list changes.
+// selectedBranch is the selected branch: the one chosen (or followed),
+// wherever its row is now; if it is gone, the one in its row.
 func (m *Model) selectedBranch() *Branch {
 	bs, _ := m.treeBranches()
 	if len(bs) == 0 {
 		return nil
 	}
+	want := m.selBranch
 	if m.follow != "" {
-		for i := range bs {
-			if bs[i].Session+"/"+bs[i].Branch == m.follow {
-				m.branchCursor = i
-			}
+		want = m.follow
+	}
+	for i := range bs {
+		if bs[i].Session+"/"+bs[i].Branch == want {
+			m.branchCursor, m.selBranch = i, want
+			return &bs[i]
 		}
 	}
 	m.branchCursor = min(max(m.branchCursor, 0), len(bs)-1)
-	return &bs[m.branchCursor]
+	b := &bs[m.branchCursor]
+	m.selBranch = b.Session + "/" + b.Branch
+	return b
 }
 
 // Where says where a branch's blocks live: node GPU/host blocks.
@@ -798,7 +948,7 @@ func residency(b Branch) string {
 // top --once and for tests.
 func Render(c Cluster, nodes []Node, p *Planner, k *KV, b []Branch, addr string, width, height int) string {
 	m := New(staticSource(addr), Options{})
-	m.width, m.height = width, height
+	m.width, m.height, m.report = width, height, true
 	m.cluster, m.planner, m.kv, m.branches = c, p, k, b
 	m.apply(watchBatch{{Type: "snapshot", Nodes: nodes}})
 	if p != nil {
@@ -818,8 +968,8 @@ func Render(c Cluster, nodes []Node, p *Planner, k *KV, b []Branch, addr string,
 func RenderPlanner(p Planner, width int) string {
 	m := New(staticSource(""), Options{})
 	m.stop()
-	m.width, m.planner, m.wrap = width, &p, true
-	return m.viewPlanner()
+	m.width, m.planner, m.report = width, &p, true
+	return strings.Join(m.viewPlanner(1<<30), "\n") + "\n"
 }
 
 // staticSource is a Source with nothing behind it but an address.

@@ -404,7 +404,7 @@ func TestNarrowTerminalShowsEveryFigure(t *testing.T) {
 			t.Fatalf("a line was cut:\n%s", v)
 		}
 	}
-	for _, want := range []string{"KV hits: GPU 89%", "predicted TTFT 0.02s", "5.6 req/s", "E2E P50 1.1s", "engines run 10x (modelled times are 10x these)", "HOST-KV", "REF", "42%", "7%"} {
+	for _, want := range []string{"KV hits: GPU 89%", "predicted TTFT 20.0ms", "arrivals 5.6 req/s", "E2E P50 1.1s", "engines run 10x (modelled times are 10x these)", "HOST-KV", "REF", "42%", "7%"} {
 		if !strings.Contains(v, want) {
 			t.Fatalf("no %q at 80 columns:\n%s", want, v)
 		}

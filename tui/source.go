@@ -30,6 +30,8 @@ type (
 	Residency  = controlapi.Residency
 	KV         = controlapi.KV
 	KVNode     = controlapi.KVNode
+	// RecordedEvent is an event of the orchestrator's record.
+	RecordedEvent = controlapi.Event
 )
 
 // Planner is the part of the planner's status the monitor shows.

@@ -1,8 +1,10 @@
 package tui
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"strconv"
 	"strings"
 	"time"
 
@@ -47,7 +49,9 @@ var (
 	stTab      = lipgloss.NewStyle().Reverse(true).Bold(true)
 )
 
-// View renders the screen.
+// View renders the screen: the header, the view's body in the lines left
+// between it and the footer, and the footer, which wraps (a confirmation
+// or an error is never cut).
 func (m *Model) View() string {
 	if m.width < m.narrowest() || m.height < minHeight {
 		return fmt.Sprintf("terminal too small: evolve top needs %dx%d, this one is %dx%d\n(q quits)", minWidth, minHeight, m.width, m.height)
@@ -55,53 +59,56 @@ func (m *Model) View() string {
 	if m.paused && m.frozen != "" {
 		return m.frozen
 	}
-	var body string
+	foot := m.footer()
+	bodyH := m.height - 2 - len(foot)
+	var body []string
 	switch {
 	case m.help:
-		body = helpText
+		body = wrapLines(strings.Split(helpText, "\n"), m.width)
 	case m.view == ViewPlanner:
-		body = m.viewPlanner()
+		body = m.viewPlanner(bodyH)
 	case m.view == ViewBranches:
-		body = m.viewBranches()
+		body = m.viewBranches(bodyH)
 	case m.view == ViewEvents:
-		body = m.viewEvents()
+		body = m.viewEvents(bodyH)
 	default:
-		body = m.viewNodes()
+		body = m.viewNodes(bodyH)
 	}
-	out := m.header() + "\n" + body
-	lines := strings.Split(out, "\n")
+	lines := append(strings.Split(m.header(), "\n"), body...)
 	for i, l := range lines {
 		if lipgloss.Width(l) > m.width {
-			lines[i] = truncate(stripANSI(l), m.width)
+			lines[i] = truncate(stripANSI(l), m.width) // a last guard: views fit their lines
 		}
 	}
-	if max := m.height - 1; len(lines) > max {
+	if max := m.height - len(foot); len(lines) > max {
 		lines = lines[:max]
 	}
-	for len(lines) < m.height-1 {
+	for len(lines) < m.height-len(foot) {
 		lines = append(lines, "")
 	}
-	foot := m.footer()
-	if lipgloss.Width(foot) > m.width {
-		foot = truncate(stripANSI(foot), m.width)
-	}
-	return strings.Join(lines, "\n") + "\n" + foot
+	return strings.Join(append(lines, foot...), "\n")
 }
 
 const helpText = `Keys
-  1 nodes   2 planner   3 branches   4 events
-  j/k or arrows   move          enter   details of the selected node
-  /               filter (esc clears)   s   sort the nodes (id, role, queue, gpu-kv)
-  :               command: nodes, planner, branches, events, role NODE prefill|decode,
-                  auto NODE, quit (a switch asks first, as p, d and a do)
-  p / d           switch the selected node to prefill / decode and pin it (asks first)
-  a               hand the selected node back to the planner (asks first)
+  1 nodes   2 planner   3 branches   4 events   (or :nodes, :planner...)
+  j/k, arrows     move the selection (nodes, branches) or scroll (planner
+                  decisions, events); PgUp/PgDn, g/G: a page, the ends
+  enter           details of the selected node; in branches, every node
+                  holding the selected branch's blocks
+  /               filter nodes, branches and events (esc clears)
+  s               sort the nodes: id, role, queue, gpu-kv (▲▼ marks it)
+  :               command: nodes, planner, branches, events,
+                  role NODE prefill|decode, auto NODE, quit
+  p / d           switch the selected node to prefill / decode and pin it
+  a               hand the selected node back to the planner
   f               follow the selected branch (branches view)
-  Z               pause the screen  q   quit   ?   this help
-
-Roles show as a letter and a word (P prefill, D decode); states and modes
-are words: nothing is said by colour alone. NO_COLOR turns colour off.
-(any key closes this help)`
+  Z               pause the screen   q  quit   ?  this help
+p, d, a and role ask first: [y/N]. The selection is a node, not a row.
+LOAD: each node's queued and running requests, a bar a second, every row
+on one scale, its peak in the column's head. Arrivals: requests a second
+the planner sees coming in; finished: those the router answered. Roles
+show as a letter and a word (P prefill, D decode): nothing is said by
+colour alone. NO_COLOR turns colour off.   (any key closes this help)`
 
 func (m *Model) header() string {
 	tabs := []string{"1 nodes", "2 planner", "3 branches", "4 events"}
@@ -216,18 +223,32 @@ func (m *Model) outdated() bool {
 	return false
 }
 
-func (m *Model) footer() string {
-	switch {
+// footer is the screen's last lines: a confirmation (its key first), the
+// line being typed, a message, or the key hints; wrapped to the width, at
+// most three lines.
+func (m *Model) footer() []string {
+	var text string
+	style := lipgloss.NewStyle()
+	switch msg := m.shownMessage(); {
 	case m.confirm != nil:
-		return stBad.Render(m.confirm.text)
+		text, style = m.confirm.text, stBad
 	case m.filtering:
-		return "filter: " + m.filter + "_  (enter keeps it, esc clears it)"
+		text = "filter: " + m.filter + "_  (enter keeps it, esc clears it)"
 	case m.commanding:
-		return ":" + m.command + "_  (" + commandHelp + ")"
-	case m.message != "":
-		return m.message
+		text = ":" + m.command + "_  (" + commandHelp + ")"
+	case msg != "":
+		text = msg
+	default:
+		return []string{stDim.Render(truncate("? help  q quit  1-4 views  p/d/a switch  / filter  : command  s sort  Z pause", m.width))}
 	}
-	return stDim.Render("? help  q quit  1-4 views  p/d/a switch  / filter  : command  s sort  Z pause")
+	lines := wrapWords(text, "", m.width)
+	if len(lines) > 3 {
+		lines = append(lines[:2], truncate(strings.Join(lines[2:], " "), m.width))
+	}
+	for i := range lines {
+		lines[i] = style.Render(lines[i])
+	}
+	return lines
 }
 
 func (m *Model) summary() string {
@@ -257,10 +278,11 @@ func (m *Model) summary() string {
 	}
 	segs := []string{head}
 	if len(m.reqRate) > 0 {
-		segs = append(segs, fmt.Sprintf("%.1f req/s %s", m.reqRate[len(m.reqRate)-1], sparkline(m.reqRate, 12)))
+		// What the planner sees arriving, not what finished (below).
+		segs = append(segs, fmt.Sprintf("arrivals %.1f req/s %s", m.reqRate[len(m.reqRate)-1], scaledSparkline(m.reqRate, 12, func(v float64) string { return fmt.Sprintf("%.1f", v) })))
 	}
 	if m.planner != nil && m.planner.Current.Prefill+m.planner.Current.Decode > 0 {
-		segs = append(segs, fmt.Sprintf("predicted TTFT %.2fs, E2E %.1fs", m.planner.Current.TTFT, m.planner.Current.E2E))
+		segs = append(segs, fmt.Sprintf("predicted TTFT %s, E2E %s", seconds(m.planner.Current.TTFT), seconds(m.planner.Current.E2E)))
 	}
 	if m.kv != nil && m.kv.PromptTokens > 0 {
 		segs = append(segs, fmt.Sprintf("KV hits: GPU %.0f%%, host %.0f%%", m.kv.GPUHitRate*100, m.kv.HostHitRate*100))
@@ -283,8 +305,8 @@ func (m *Model) summary() string {
 		measured = append(measured, fmt.Sprintf("modelled %s: %d requests done", fmtDur(sim.ElapsedSec), sim.Requests))
 	}
 	if r := m.cluster.Recent; r != nil && r.Requests > 0 {
-		measured = append(measured, fmt.Sprintf("last %s: %d req (%.1f/s), TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs",
-			fmtDur(r.WindowSec), r.Requests, r.RequestsSec, r.TTFTP50, r.TTFTP95, r.E2EP50))
+		measured = append(measured, fmt.Sprintf("finished in the last %s: %d req (%.1f/s)", fmtDur(r.WindowSec), r.Requests, r.RequestsSec),
+			fmt.Sprintf("TTFT P50 %.2fs P95 %.2fs, E2E P50 %.1fs", r.TTFTP50, r.TTFTP95, r.E2EP50))
 		if x := m.cluster.Speedup; x > 0 && x != 1 {
 			// Engines at --speedup: what the router measured is
 			// wall-clock, and so is what the planner predicts (it learns
@@ -295,7 +317,18 @@ func (m *Model) summary() string {
 	if len(measured) > 0 {
 		s += "\n" + wrapSegments(measured, m.width)
 	}
-	return s
+	return strings.Join(wrapLines(strings.Split(s, "\n"), m.width), "\n")
+}
+
+// filterLine says what the filter hides, or "" without one.
+func (m *Model) filterLine(shown, of int, what string) string {
+	switch {
+	case m.filtering:
+		return ""
+	case m.filter == "":
+		return ""
+	}
+	return fmt.Sprintf("filter %q: %d of %d %s shown (/ edits it, esc clears it)", m.filter, shown, of, what)
 }
 
 // wrapSegments joins segments with "  |  " on lines of at most width
@@ -326,6 +359,76 @@ func wrapJoin(parts []string, sep, lineEnd, indent string, width int) string {
 	return b.String()
 }
 
+// wrapWords wraps text at its spaces onto lines of at most width cells,
+// each after the first starting with indent; spaces within a line stay as
+// written (columns), and a word longer than a line is cut onto the next.
+func wrapWords(text, indent string, width int) []string {
+	var lines []string
+	line, used, empty := "", 0, true // empty: nothing but the indent yet
+	next := func() {
+		lines = append(lines, line)
+		line, used, empty = indent, len(indent), true
+	}
+	rest := text
+	for rest != "" {
+		word := strings.TrimLeft(rest, " ")
+		sp := rest[:len(rest)-len(word)]
+		if i := strings.IndexByte(word, ' '); i >= 0 {
+			word, rest = word[:i], word[i:]
+		} else {
+			rest = ""
+		}
+		if word == "" {
+			break // trailing spaces
+		}
+		if empty && len(lines) > 0 {
+			sp = ""
+		}
+		for word != "" {
+			ww := lipgloss.Width(word)
+			if used+len(sp)+ww <= width {
+				line += sp + word
+				used += len(sp) + ww
+				empty = false
+				break
+			}
+			if !empty {
+				next()
+				sp = ""
+				continue
+			}
+			// Longer than a whole line: cut it.
+			r := []rune(word)
+			room := min(len(r), max(1, width-used-len(sp)))
+			line += sp + string(r[:room])
+			empty, word, sp = false, string(r[room:]), ""
+			if word != "" {
+				next()
+			}
+		}
+	}
+	if !empty || len(lines) == 0 {
+		lines = append(lines, line)
+	}
+	return lines
+}
+
+// wrapLines wraps each line that is too wide, its continuation indented
+// two more than the line is.
+func wrapLines(lines []string, width int) []string {
+	var out []string
+	for _, l := range lines {
+		if lipgloss.Width(l) <= width {
+			out = append(out, l)
+			continue
+		}
+		plain := stripANSI(l)
+		indent := strings.Repeat(" ", len(plain)-len(strings.TrimLeft(plain, " ")))
+		out = append(out, wrapWords(plain, indent+"  ", width)...)
+	}
+	return out
+}
+
 // nodeState is a node's state as the table shows it: a switch says where
 // it goes and how far it is.
 func nodeState(n *Node) string {
@@ -335,9 +438,34 @@ func nodeState(n *Node) string {
 	return n.State
 }
 
-func (m *Model) viewNodes() string {
-	var b strings.Builder
-	b.WriteString(m.summary() + "\n\n")
+// shortState is nodeState in at most w cells: a switch as its role's
+// letter and its phase's first word (→P offloading), else cut.
+func shortState(n *Node, w int) string {
+	s := nodeState(n)
+	if len([]rune(s)) > w && n.Switch != nil && n.Switch.To != "" {
+		phase := map[string]string{"draining": "drain", "handing over": "handover", "offloading": "offload", "flipping": "flip"}[n.Switch.Phase]
+		s = "→" + strings.ToUpper(n.Switch.To[:1]) + " " + cmp.Or(phase, n.Switch.Phase)
+	}
+	return truncate(s, w)
+}
+
+// sortMark is the sort's mark on the head of column sort: ▲ smallest
+// first, ▼ largest (role: prefill) first.
+func (m *Model) sortMark(sort string) string {
+	if sortNames[m.sortKey] != sort {
+		return ""
+	}
+	if sort == "id" {
+		return "▲"
+	}
+	return "▼"
+}
+
+// viewNodes is the nodes view in h lines: the summary, the table (its
+// rows scrolled to keep the selection in sight), the selected node's
+// details (enter), and as many recent events as fit below.
+func (m *Model) viewNodes(h int) []string {
+	out := strings.Split(m.summary(), "\n")
 	ref := map[string]float64{}
 	if m.kv != nil {
 		for _, n := range m.kv.Nodes {
@@ -345,24 +473,86 @@ func (m *Model) viewNodes() string {
 		}
 	}
 	nodes := m.sortedNodes()
+	if f := m.filterLine(len(nodes), len(m.nodes), "nodes"); f != "" {
+		out = append(out, wrapWords(f, "  ", m.width)...)
+	}
+	out = append(out, "")
 	sel := m.selected()
 	outdated := m.outdated()
 	// The NODE and STATE columns are as wide as what they hold, and the
 	// load sparkline takes what width is left: at 80 columns every
 	// figure still shows, and rows keep their colour (a row cut to fit
 	// loses it).
-	idW, stW := len("NODE"), len("STATE")
+	idW, stW := lipgloss.Width("NODE▲"), len("STATE")
 	for _, n := range nodes {
 		idW, stW = max(idW, len([]rune(n.ID))), max(stW, len([]rune(nodeState(n))))
 	}
-	idW, stW = min(idW, 16), min(stW, 24)
-	loadW := min(12, m.width-(64+idW+stW)-2)
-	head := fmt.Sprintf("  %-*s %-10s %-6s %-*s %6s %6s %6s %7s %7s %5s", idW, "NODE", "ROLE", "MODE", stW, "STATE", "QUEUE", "RUN", "TOK/S", "GPU-KV", "HOST-KV", "REF")
-	if loadW >= 4 {
-		head += "  LOAD"
+	// A row is 64 cells and its two names. Where they do not fit, a
+	// state takes its short form; then REF, HOST-KV and TOK/S go, in that
+	// order, so that the name stays whole; last the name is cut.
+	idW, stW = min(idW, 32), min(stW, 24)
+	fixed := 64
+	cols := map[string]bool{"ref": true, "host": true, "tok": true}
+	if fixed+idW+stW > m.width {
+		stW = min(stW, max(11, m.width-fixed-idW)) // →P handover
 	}
-	b.WriteString(head + "\n")
+	for _, c := range []struct {
+		name string
+		w    int
+	}{{"ref", 6}, {"host", 8}, {"tok", 7}} {
+		if fixed+idW+stW > m.width {
+			cols[c.name], fixed = false, fixed-c.w
+		}
+	}
+	stW = max(7, min(stW, m.width-fixed-idW))
+	idW = max(4, min(idW, m.width-fixed-stW))
+	loadW := min(60, m.width-(fixed+idW+stW)-2)
+	opt := func(col, text string) string {
+		if !cols[col] {
+			return ""
+		}
+		return " " + text
+	}
+	head := fmt.Sprintf("  %s %s %-6s %-*s %s %6s%s %s%s%s", padRight("NODE"+m.sortMark("id"), idW), padRight("ROLE"+m.sortMark("role"), 10), "MODE", stW, "STATE",
+		padLeft("QUEUE"+m.sortMark("queue"), 6), "RUN", opt("tok", fmt.Sprintf("%6s", "TOK/S")), padLeft("GPU-KV"+m.sortMark("gpu-kv"), 7), opt("host", "HOST-KV"), opt("ref", "  REF"))
+	// One scale for every row, its peak in the head: a bar means the
+	// same load on every node.
+	peak, samples := 0.0, 0
 	for _, n := range nodes {
+		for _, v := range lastN(m.load[n.ID], loadW) {
+			peak, samples = max(peak, v), samples+1
+		}
+	}
+	if loadW >= 8 {
+		load := "LOAD" // no samples yet: no scale to speak of
+		if samples > 0 {
+			load = "LOAD ≤" + rate(peak)
+		}
+		head += "  " + truncate(load, loadW)
+	}
+	out = append(out, head)
+	// The rows that fit; the details (enter) get what is left, at least
+	// a few lines.
+	var detail []string
+	if m.detail && sel != nil {
+		detail = append([]string{""}, m.nodeDetail(sel)...)
+	}
+	rows := max(1, h-len(out))
+	if len(detail) > 0 {
+		rows = max(1, min(len(nodes), rows-min(len(detail), 5)))
+	}
+	if !m.report && len(nodes) > rows {
+		rows = max(1, rows-1) // a line that says how many more
+	}
+	start := 0
+	if m.cursor >= rows {
+		start = m.cursor - rows + 1
+	}
+	end := min(len(nodes), start+rows)
+	if m.report {
+		start, end = 0, len(nodes)
+	}
+	for _, n := range nodes[start:end] {
 		role := "D decode "
 		rs := stDecode
 		if n.Role == "prefill" {
@@ -376,11 +566,11 @@ func (m *Model) viewNodes() string {
 		if r, ok := ref[n.ID]; ok {
 			refText = fmt.Sprintf("%4.0f%%", r*100)
 		}
-		line := fmt.Sprintf("%s%-*s %s %-6s %-*s %6d %6d %6s %6.0f%% %6.0f%% %s", mark,
-			idW, truncate(n.ID, idW), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, stW, truncate(nodeState(n), stW), n.Waiting, n.Running,
-			rate(n.TokensPerSec), n.GPUKVUsage*100, n.HostKVUsage*100, refText)
-		if loadW >= 4 {
-			line += "  " + sparkline(m.load[n.ID], loadW)
+		line := fmt.Sprintf("%s%-*s %s %-6s %-*s %6d %6d%s %6.0f%%%s%s", mark,
+			idW, truncate(n.ID, idW), rs.Render(fmt.Sprintf("%-10s", role)), n.Mode, stW, shortState(n, stW), n.Waiting, n.Running,
+			opt("tok", fmt.Sprintf("%6s", rate(n.TokensPerSec))), n.GPUKVUsage*100, opt("host", fmt.Sprintf("%6.0f%%", n.HostKVUsage*100)), opt("ref", refText))
+		if loadW >= 8 {
+			line += "  " + sparklineTo(lastN(m.load[n.ID], loadW), peak)
 		}
 		switch {
 		case outdated:
@@ -392,61 +582,128 @@ func (m *Model) viewNodes() string {
 		if sel != nil && n.ID == sel.ID {
 			line = stSelected.Render(stripANSI(line))
 		}
-		b.WriteString(line + "\n")
+		out = append(out, line)
 	}
 	if len(nodes) == 0 {
-		b.WriteString(stDim.Render("  no nodes yet") + "\n")
+		out = append(out, stDim.Render("  no nodes yet"))
 	}
-	if m.detail && sel != nil {
-		b.WriteString("\n" + stTitle.Render("node "+sel.ID) + "  " + sel.Address + "\n")
-		if sel.Reason != "" {
-			b.WriteString("  why: " + sel.Reason + "\n")
-		}
-		b.WriteString("  role history (newest first):\n")
-		for i := len(sel.History) - 1; i >= 0 && i >= len(sel.History)-5; i-- {
-			h := sel.History[i]
-			fmt.Fprintf(&b, "    %s  %s -> %s  %s\n", h.Time.Local().Format("15:04:05"), h.From, h.To, truncate(h.Reason, m.width-40))
-		}
-		if len(sel.History) == 0 {
-			b.WriteString("    none\n")
-		}
-		b.WriteString("  KV by branch:\n")
-		shown := 0
-		for _, br := range m.branches {
-			for _, r := range br.Residency {
-				if r.Node == sel.ID && shown < 5 {
-					fmt.Fprintf(&b, "    %-30s %-8s %5d GPU %5d host blocks\n", truncate(br.Session+"/"+br.Branch, 30), br.State, r.GPU, r.Host)
-					shown++
-				}
-			}
-		}
-		if shown == 0 {
-			b.WriteString("    none known\n")
-		}
+	if more := len(nodes) - end; !m.report && (start > 0 || more > 0) {
+		out = append(out, stDim.Render(fmt.Sprintf("  rows %d-%d of %d (j/k moves, PgUp/PgDn pages)", start+1, end, len(nodes))))
 	}
-	return b.String()
+	if len(detail) > 0 {
+		out = append(out, detail[:min(len(detail), max(0, h-len(out)))]...)
+	}
+	// The room left shows the latest events: at 200x50 a screen, not a
+	// table and forty blank lines.
+	if left := h - len(out) - 2; !m.report && left >= 3 {
+		out = append(out, "", stTitle.Render("recent events")+stDim.Render("  (4: all of them)"))
+		out = append(out, m.eventLines(m.filteredEvents(), 0, left)...)
+	}
+	return out
 }
 
-func (m *Model) viewPlanner() string {
-	var b strings.Builder
+// nodeDetail is the selected node's pane: its address, why it is as it
+// is, its role history and the branches whose KV it holds.
+func (m *Model) nodeDetail(sel *Node) []string {
+	out := []string{strings.TrimSpace(stTitle.Render("node "+sel.ID) + "  " + sel.Address)}
+	if sel.Reason != "" {
+		out = append(out, wrapWords("  why: "+sel.Reason, "       ", m.width)...)
+	}
+	out = append(out, "  role history (newest first):")
+	for i := len(sel.History) - 1; i >= 0 && i >= len(sel.History)-5; i-- {
+		h := sel.History[i]
+		out = append(out, wrapWords(fmt.Sprintf("    %s  %s -> %s  %s", h.Time.Local().Format("15:04:05"), h.From, h.To, h.Reason), strings.Repeat(" ", 14), m.width)...)
+	}
+	if len(sel.History) == 0 {
+		out = append(out, "    none")
+	}
+	out = append(out, "  KV by branch:")
+	shown := 0
+	for _, br := range m.branches {
+		for _, r := range br.Residency {
+			if r.Node == sel.ID && shown < 5 {
+				out = append(out, fmt.Sprintf("    %-30s %-8s %5d GPU %5d host blocks", truncate(br.Session+"/"+br.Branch, 30), br.State, r.GPU, r.Host))
+				shown++
+			}
+		}
+	}
+	if shown == 0 {
+		out = append(out, "    none known")
+	}
+	return out
+}
+
+// section is a part of the planner view; where the screen is short, those
+// of the highest drop go first.
+type section struct {
+	lines []string
+	short []string // what stays of it when dropped (nil: nothing)
+	drop  int      // 0: always shown
+}
+
+// viewPlanner is the planner view in h lines: its state, costs, demand,
+// split and predictions, then its decisions, newest first, in the lines
+// left (j/k scrolls them); on a short screen the least needed parts go
+// so that decisions still show.
+func (m *Model) viewPlanner(h int) []string {
 	if m.planner == nil {
 		if m.plannerErr != "" {
-			return "planner: " + m.plannerErr + "\n"
+			return wrapWords("planner: "+m.plannerErr, "  ", m.width)
 		}
-		return "planner: waiting for its first status\n"
+		return []string{"planner: waiting for its first status"}
 	}
+	secs := m.plannerSections()
+	decisions, firsts := m.decisionLines()
+	need := func() int {
+		n := 2 + firsts // a blank, the head, the first three decisions
+		for _, s := range secs {
+			n += len(s.lines)
+		}
+		return n
+	}
+	for drop := 5; drop > 0 && need() > h; drop-- {
+		for i := range secs {
+			if secs[i].drop == drop {
+				secs[i].lines = secs[i].short
+			}
+		}
+	}
+	var out []string
+	for _, s := range secs {
+		out = append(out, s.lines...)
+	}
+	out = append(out, "")
+	left := h - len(out) - 1
+	if m.report {
+		out = append(out, "decisions (newest first)")
+		return append(out, decisions...)
+	}
+	first := min(m.scroll[ViewPlanner], max(0, len(decisions)-left))
+	m.scroll[ViewPlanner] = first
+	shown := decisions[first:min(len(decisions), first+max(0, left))]
+	head := "decisions (newest first)"
+	if first > 0 || first+len(shown) < len(decisions) {
+		head += stDim.Render(fmt.Sprintf("  lines %d-%d of %d (j/k scrolls)", first+1, first+len(shown), len(decisions)))
+	}
+	return append(append(out, head), shown...)
+}
+
+// plannerSections are the planner view's parts above its decisions.
+func (m *Model) plannerSections() []section {
 	p := m.planner
+	ind := strings.Repeat(" ", 14)
 	mode := "moves auto nodes"
 	if !p.Enabled {
 		mode = "recommends only"
 	}
-	fmt.Fprintf(&b, "%s (%s)\n  %s\n", stTitle.Render("planner: "+p.State), mode, m.fitText(p.Reason, "  ", m.width))
+	top := []string{stTitle.Render("planner: "+p.State) + " (" + mode + ")"}
+	top = append(top, wrapWords("  "+p.Reason, "  ", m.width)...)
 	if x := p.Speedup; x > 0 && x != 1 {
 		// Simulated engines at --speedup: the planner learned their
 		// passes in wall time, and so predicts.
-		fmt.Fprintf(&b, "  %s\n", m.fitText(fmt.Sprintf("wall clock: engines run %gx, so modelled costs and times are %gx those below", x, x), "  ", m.width))
+		top = append(top, wrapWords(fmt.Sprintf("  wall clock: engines run %gx, so modelled costs and times are %gx those below", x, x), "  ", m.width)...)
 	}
-	b.WriteString("\n")
+	secs := []section{{lines: append(top, "")}}
 	for _, f := range []struct {
 		name string
 		fit  Fit
@@ -459,17 +716,19 @@ func (m *Model) viewPlanner() string {
 		if !f.fit.Ready {
 			conf = f.fit.Note
 		}
-		fit := fmt.Sprintf("%d passes, %s", f.fit.Samples, conf)
+		fit := counted(f.fit.Samples, "pass") + ", " + conf
 		if f.fit.Samples > 0 {
 			// No passes, no error to speak of.
-			fit = fmt.Sprintf("%d passes, ±%.1f%%, %s", f.fit.Samples, f.fit.RelErr*100, conf)
+			fit = fmt.Sprintf("%s, ±%s, %s", counted(f.fit.Samples, "pass"), percent(f.fit.RelErr), conf)
 		}
 		if len(parts) == 0 {
 			// Nothing learned yet: one line, not an empty one above it.
-			fmt.Fprintf(&b, "%-13s %s\n", f.name, fit)
+			secs = append(secs, section{lines: []string{fmt.Sprintf("%-13s %s", f.name, fit)}})
 			continue
 		}
-		fmt.Fprintf(&b, "%-13s %s\n%-13s %s\n", f.name, wrapJoin(parts, ", ", ",", strings.Repeat(" ", 14), m.width), "", fit)
+		coefs := strings.Split(fmt.Sprintf("%-13s %s", f.name, wrapJoin(parts, ", ", ",", ind, m.width)), "\n")
+		// Short of lines, the fit's figures stay, under its name.
+		secs = append(secs, section{lines: append(coefs, fmt.Sprintf("%-13s %s", "", fit)), short: []string{fmt.Sprintf("%-13s %s", f.name, fit)}, drop: 2})
 	}
 	trend := "steady"
 	if p.Long.Requests > 0 {
@@ -480,82 +739,138 @@ func (m *Model) viewPlanner() string {
 			trend = "falling"
 		}
 	}
-	fmt.Fprintf(&b, "\ndemand        %.2f req/s now (%s), %.0f prefill tok/s, %.0f output tok/s\n", p.Short.Requests, trend, p.Short.PrefillTok, p.Short.OutputTok)
+	secs = append(secs, section{lines: append([]string{""}, wrapWords(fmt.Sprintf("demand        %.2f req/s arriving now (%s), %.0f prefill tok/s, %.0f output tok/s", p.Short.Requests, trend, p.Short.PrefillTok, p.Short.OutputTok), ind, m.width)...)})
+	var sub []string
 	if p.Short.HiddenTok > 0.05*p.Short.PrefillTok { // worth an operator's attention
-		b.WriteString(strings.Repeat(" ", 14) + wrapJoin([]string{fmt.Sprintf("of which %.0f prefill tok/s not seen in arrivals", p.Short.HiddenTok),
-			fmt.Sprintf("(%.0f requests queued on prefill nodes)", p.Short.PrefillQueue)}, " ", "", strings.Repeat(" ", 14), m.width) + "\n")
+		sub = append(sub, wrapWords(fmt.Sprintf("%sof which %.0f prefill tok/s not seen in arrivals (%.0f requests queued on prefill nodes)", ind, p.Short.HiddenTok, p.Short.PrefillQueue), ind, m.width)...)
 	}
 	if p.Short.LocalTok >= 0.5 {
 		// Without it output-heavy traffic, whose prompts skip the prefill
 		// nodes, reads as next to no prefill at all.
-		b.WriteString(strings.Repeat(" ", 14) + wrapJoin([]string{fmt.Sprintf("and %.0f prefill tok/s on decode nodes", p.Short.LocalTok),
-			"(uncached parts too short for a prefill node)"}, " ", "", strings.Repeat(" ", 14), m.width) + "\n")
+		sub = append(sub, wrapWords(fmt.Sprintf("%sand %.0f prefill tok/s on decode nodes (uncached parts too short for a prefill node)", ind, p.Short.LocalTok), ind, m.width)...)
 	}
+	secs = append(secs, section{lines: sub, drop: 1})
 	split := []string{fmt.Sprintf("%d prefill : %d decode", p.Prefill, p.Decode)}
 	if p.Recommend >= 0 && p.Recommend != p.Prefill {
 		split = append(split, fmt.Sprintf(" ->  recommended %d : %d,", p.Recommend, p.Prefill+p.Decode-p.Recommend),
 			fmt.Sprintf("held %.0fs, acts in %.0fs;", p.HeldSec, p.ActsInSec), fmt.Sprintf("gain %.0f vs cost %.0f request-s", p.GainSec, p.CostSec))
 	}
-	fmt.Fprintf(&b, "split         %s\n", wrapJoin(split, " ", "", strings.Repeat(" ", 14), m.width))
+	secs = append(secs, section{lines: strings.Split("split         "+wrapJoin(split, " ", "", ind, m.width), "\n")})
 	pred := func(x Pred) string {
 		if x.Saturated {
 			return fmt.Sprintf("%d:%d overloaded", x.Prefill, x.Decode)
 		}
-		return fmt.Sprintf("%d:%d  TTFT %.3fs  ITL %.1fms  E2E %.2fs", x.Prefill, x.Decode, x.TTFT, x.ITL*1e3, x.E2E)
+		return fmt.Sprintf("%d:%d  TTFT %s  ITL %s  E2E %s", x.Prefill, x.Decode, seconds(x.TTFT), seconds(x.ITL), seconds(x.E2E))
 	}
 	if p.Current.Prefill+p.Current.Decode > 0 {
-		fmt.Fprintf(&b, "predicted     now  %s\n              best %s\n", pred(p.Current), pred(p.Best))
+		secs = append(secs, section{lines: []string{"predicted     now  " + pred(p.Current), ind + "best " + pred(p.Best)}})
 	}
 	if l := p.Limits; l.MaxBatchedTokens > 0 {
 		// rate's compact figures serve counts as well (12.0M KV tokens).
-		parts := []string{fmt.Sprintf("%d tokens a pass,", l.MaxBatchedTokens), "no sequence limit known"}
+		text := fmt.Sprintf("engine limits %d tokens a pass, no sequence limit known", l.MaxBatchedTokens)
 		if l.MaxSeqs > 0 {
-			parts[1] = fmt.Sprintf("%d sequences", l.MaxSeqs)
+			text = fmt.Sprintf("engine limits %d tokens a pass, %d sequences", l.MaxBatchedTokens, l.MaxSeqs)
 		}
 		if l.GPUKVTokens > 0 {
-			parts[1] += ","
-			parts = append(parts, rate(float64(l.GPUKVTokens))+" KV tokens")
+			text += ", " + rate(float64(l.GPUKVTokens)) + " KV tokens"
 		}
-		fmt.Fprintf(&b, "engine limits %s\n", wrapJoin(parts, " ", "", strings.Repeat(" ", 14), m.width))
+		secs = append(secs, section{lines: wrapWords(text, ind, m.width), drop: 4})
 	}
+	var avoided []string
 	for i, a := range p.Avoided {
 		label := "avoiding"
 		if i > 0 {
 			label = ""
 		}
-		fmt.Fprintf(&b, "%-14s%s\n", label, m.fitText(a, strings.Repeat(" ", 14), m.width))
+		avoided = append(avoided, wrapWords(fmt.Sprintf("%-14s%s", label, a), ind, m.width)...)
 	}
-	if len(m.splits) > 0 {
+	secs = append(secs, section{lines: avoided, drop: 3})
+	if len(m.splits) > 0 && !m.report {
 		fs := make([]float64, len(m.splits))
 		for i, v := range m.splits {
 			fs[i] = float64(v)
 		}
-		fmt.Fprintf(&b, "\nprefill nodes %s  (last %d samples)\n", sparkline(fs, 40), len(fs))
-		fmt.Fprintf(&b, "pred. TTFT    %s\n", sparkline(m.ttftPred, 40))
+		secs = append(secs, section{lines: []string{"",
+			fmt.Sprintf("prefill nodes %s  0-%d, last %d samples", sparklineTo(fs, float64(p.Prefill+p.Decode)), p.Prefill+p.Decode, len(fs)),
+			fmt.Sprintf("pred. TTFT    %s", scaledSparkline(m.ttftPred, 40, seconds))}, drop: 5})
 	}
-	b.WriteString("\ndecisions (newest first)\n")
-	for i := len(p.Decisions) - 1; i >= 0 && i >= len(p.Decisions)-8; i-- {
+	return secs
+}
+
+// decisionLines are the planner's decisions, newest first, each wrapped
+// under its time, and how many lines the first three take.
+func (m *Model) decisionLines() (lines []string, firsts int) {
+	p := m.planner
+	for i := len(p.Decisions) - 1; i >= 0 && (!m.report || i >= len(p.Decisions)-8); i-- {
 		d := p.Decisions[i]
-		var moves []string
-		for _, mv := range d.Moves {
-			moves = append(moves, mv.Node+"->"+mv.To)
-		}
-		head := fmt.Sprintf("  %s %s %s: ", d.Time.Local().Format("15:04:05"), d.Action, strings.Join(moves, ","))
-		if m.wrap {
-			// Continuation lines indent under the time.
-			fmt.Fprintf(&b, "  %s\n", wrapJoin(append([]string{strings.TrimSpace(head)}, strings.Fields(d.Reason)...), " ", "", "    ", m.width))
-		} else {
-			fmt.Fprintf(&b, "%s%s\n", head, truncate(d.Reason, m.width-lipgloss.Width(head)))
+		lines = append(lines, wrapWords("  "+d.Time.Local().Format("15:04:05")+" "+decisionText(d), "    ", m.width)...)
+		if len(p.Decisions)-i <= 3 {
+			firsts = len(lines)
 		}
 	}
 	if len(p.Decisions) == 0 {
-		b.WriteString("  none yet\n")
+		lines, firsts = []string{"  none yet"}, 1
 	}
-	return b.String()
+	return lines, firsts
 }
 
-func (m *Model) viewBranches() string {
-	var b strings.Builder
+// decisionText is a decision as a line of text: what it did, to which
+// nodes, and why.
+func decisionText(d Decision) string {
+	var moves []string
+	for _, mv := range d.Moves {
+		moves = append(moves, mv.Node+"->"+mv.To)
+	}
+	head := d.Action
+	if len(moves) > 0 {
+		head += " " + strings.Join(moves, ",")
+	}
+	return head + ": " + d.Reason
+}
+
+// treePrefix draws each branch's place in its session's tree: ├ for a
+// branch with a sibling after it, └ for the last, │ down the levels whose
+// branches go on below.
+func treePrefix(depth []int) []string {
+	out := make([]string, len(depth))
+	last := make([]bool, len(depth))
+	for i, d := range depth {
+		last[i] = true
+		for j := i + 1; j < len(depth) && depth[j] >= d && depth[j] > 0; j++ {
+			if depth[j] == d {
+				last[i] = false
+				break
+			}
+		}
+	}
+	var ancestors []int // the branch at each level above, as the walk goes
+	for i, d := range depth {
+		ancestors = append(ancestors[:min(d, len(ancestors))], i)
+		if d == 0 {
+			continue
+		}
+		var b strings.Builder
+		for k := 1; k < d; k++ {
+			if last[ancestors[k]] {
+				b.WriteString("  ")
+			} else {
+				b.WriteString("│ ")
+			}
+		}
+		if last[i] {
+			b.WriteString("└ ")
+		} else {
+			b.WriteString("├ ")
+		}
+		out[i] = b.String()
+	}
+	return out
+}
+
+// viewBranches is the branches view in h lines: the session trees, their
+// rows scrolled to keep the selection in sight, and under the selected
+// one, when opened (enter), every node that holds its blocks.
+func (m *Model) viewBranches(h int) []string {
 	bs, depth := m.treeBranches()
 	sel := m.selectedBranch()
 	live := 0
@@ -564,81 +879,202 @@ func (m *Model) viewBranches() string {
 			live++
 		}
 	}
-	fmt.Fprintf(&b, "%d branches (%d live)", len(bs), live)
+	title := fmt.Sprintf("%d branches (%d live)", len(bs), live)
 	if m.follow != "" {
-		b.WriteString("  following " + m.follow)
+		title += "  following " + m.follow
 	}
-	b.WriteString("\n\n")
-	// Keep the selection in sight.
-	rows := m.height - 8
+	out := wrapWords(title, "  ", m.width)
+	if f := m.filterLine(len(bs), len(m.branches), "branches"); f != "" {
+		out = append(out, wrapWords(f, "  ", m.width)...)
+	}
+	out = append(out, "")
+	prefix := treePrefix(depth)
+	names := make([]string, len(bs))
+	nameW := len("SESSION / BRANCH")
+	for i, br := range bs {
+		names[i] = prefix[i] + br.Branch
+		if depth[i] == 0 {
+			names[i] = br.Session + " / " + br.Branch
+		}
+		nameW = max(nameW, len([]rune(names[i])))
+	}
+	nameW = min(nameW, 36)
+	whereW := m.width - nameW - 26
+	out = append(out, fmt.Sprintf("  %-*s %-8s %6s %5s  %s", nameW, "SESSION / BRANCH", "STATE", "BLOCKS", "TURNS", truncate("WHERE (node GPU/host; enter: all)", whereW)))
+	var open []string // the selected branch's holders, one a line
+	if sel != nil && m.expanded == sel.Session+"/"+sel.Branch {
+		for _, r := range sel.Residency {
+			open = append(open, fmt.Sprintf("  %*s%s %d GPU, %d host blocks", nameW+26, "", r.Node, r.GPU, r.Host))
+		}
+		if len(open) == 0 {
+			open = []string{fmt.Sprintf("  %*sno node holds its blocks", nameW+26, "")}
+		}
+	}
+	rows := max(1, h-len(out)-len(open))
+	if !m.report && len(bs) > rows {
+		rows = max(1, rows-1)
+	}
 	start := 0
 	if m.branchCursor >= rows {
 		start = m.branchCursor - rows + 1
 	}
 	end := min(len(bs), start+rows)
-	// Names as the tree shows them; their column is as wide as the
-	// widest shown, so that WHERE keeps the rest of the line.
-	names := make([]string, end-start)
-	nameW := len("SESSION / BRANCH")
 	for i := start; i < end; i++ {
 		br := bs[i]
-		name := strings.Repeat("  ", depth[i]) + "└ " + br.Branch
-		if depth[i] == 0 && (i == start || bs[i-1].Session != br.Session) {
-			name = br.Session + " / " + br.Branch
-		}
-		names[i-start] = name
-		nameW = max(nameW, len([]rune(name)))
-	}
-	nameW = min(nameW, 36)
-	fmt.Fprintf(&b, "  %-*s %-8s %6s %5s  %s\n", nameW, "SESSION / BRANCH", "STATE", "BLOCKS", "TURNS", "WHERE (node GPU/host blocks)")
-	for i := start; i < end; i++ {
-		br := bs[i]
-		name := names[i-start]
+		isSel := sel != nil && br.Session == sel.Session && br.Branch == sel.Branch
 		mark := "  "
-		if sel != nil && br.Session == sel.Session && br.Branch == sel.Branch {
+		if isSel {
 			mark = "› "
 		}
-		line := fmt.Sprintf("%s%-*s %-8s %6d %5d  %s", mark, nameW, truncate(name, nameW), br.State, br.Blocks, br.Turns, fitWhere(br, m.width-nameW-26))
+		where := fitWhere(br, whereW)
+		if isSel && len(open) > 0 {
+			where = fmt.Sprintf("%d nodes:", len(br.Residency))
+		}
+		line := fmt.Sprintf("%s%-*s %-8s %6d %5d  %s", mark, nameW, truncate(names[i], nameW), br.State, br.Blocks, br.Turns, where)
 		if br.State == "ended" {
 			line = stDim.Render(line)
 		}
-		if sel != nil && br.Session == sel.Session && br.Branch == sel.Branch {
+		if isSel {
 			line = stSelected.Render(stripANSI(line))
 		}
-		b.WriteString(line + "\n")
+		out = append(out, line)
+		if isSel {
+			out = append(out, open...)
+		}
 	}
 	if len(bs) == 0 {
-		b.WriteString(stDim.Render("  no agent branches: agents name them with X-Evolve-Session and X-Evolve-Branch") + "\n")
+		for _, l := range wrapWords("  no agent branches: agents name them with X-Evolve-Session and X-Evolve-Branch", "  ", m.width) {
+			out = append(out, stDim.Render(l))
+		}
 	}
-	return b.String()
+	if !m.report && (start > 0 || end < len(bs)) {
+		out = append(out, stDim.Render(fmt.Sprintf("  rows %d-%d of %d (j/k moves)", start+1, end, len(bs))))
+	}
+	return out
 }
 
-func (m *Model) viewEvents() string {
-	var b strings.Builder
-	b.WriteString("events, newest first\n\n")
-	for i, e := range m.events {
-		if i >= m.height-6 {
+// filteredEvents are the events the filter keeps.
+func (m *Model) filteredEvents() []Event {
+	if m.filter == "" {
+		return m.events
+	}
+	var out []Event
+	for _, e := range m.events {
+		if strings.Contains(e.Kind+" "+e.Text, m.filter) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// eventLines draws events from line first on, in at most n lines: the
+// time and kind, the text wrapped under itself.
+func (m *Model) eventLines(events []Event, first, n int) []string {
+	var out []string
+	for _, e := range events {
+		lines := wrapWords(fmt.Sprintf("%s  %-7s %s", e.Time.Local().Format("15:04:05"), e.Kind, e.Text), strings.Repeat(" ", 18), m.width)
+		out = append(out, lines...)
+		if len(out) >= first+n {
 			break
 		}
-		fmt.Fprintf(&b, "%s  %-7s %s\n", e.Time.Local().Format("15:04:05"), e.Kind, truncate(e.Text, m.width-20))
 	}
-	if len(m.events) == 0 {
-		b.WriteString(stDim.Render("  none yet") + "\n")
+	if len(events) == 0 {
+		return []string{stDim.Render("  none yet")}
 	}
-	return b.String()
+	out = out[min(first, len(out)):]
+	return out[:min(n, len(out))]
+}
+
+// historyNote says where the events' history comes from, and from when.
+func (m *Model) historyNote() string {
+	switch {
+	case m.historyKnown:
+		return "from the orchestrator's record, complete since " + m.historySince.Local().Format("15:04:05") + "; evictions and errors since this watch began"
+	case !m.watchStart.IsZero():
+		return "history before " + m.watchStart.Local().Format("15:04:05") + ", when this watch began, is not shown: the server keeps no record of it"
+	}
+	return "waiting for the watch stream"
+}
+
+// viewEvents is the events view in h lines, newest first; j/k scrolls.
+func (m *Model) viewEvents(h int) []string {
+	events := m.filteredEvents()
+	out := wrapWords("events, newest first: "+m.historyNote(), "  ", m.width)
+	if f := m.filterLine(len(events), len(m.events), "events"); f != "" {
+		out = append(out, wrapWords(f, "  ", m.width)...)
+	}
+	out = append(out, "")
+	all := m.eventLines(events, 0, 1<<30)
+	left := max(1, h-len(out))
+	if len(all) > left {
+		left-- // a line that says where the screen is
+	}
+	first := min(m.scroll[ViewEvents], max(0, len(all)-left))
+	m.scroll[ViewEvents] = first
+	out = append(out, all[first:min(len(all), first+left)]...)
+	if len(all) > left {
+		out = append(out, stDim.Render(fmt.Sprintf("  lines %d-%d of %d (j/k scrolls, g/G the ends)", first+1, min(len(all), first+left), len(all))))
+	}
+	return out
+}
+
+// lastN is the last n values of v.
+func lastN(v []float64, n int) []float64 {
+	if n < 0 {
+		return nil
+	}
+	return v[max(0, len(v)-n):]
+}
+
+// padRight and padLeft pad s to n cells (the sort marks are one cell,
+// more bytes).
+func padRight(s string, n int) string { return s + strings.Repeat(" ", max(0, n-lipgloss.Width(s))) }
+func padLeft(s string, n int) string  { return strings.Repeat(" ", max(0, n-lipgloss.Width(s))) + s }
+
+// counted is n and the noun, plural unless n is 1.
+func counted(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "s") {
+		return fmt.Sprintf("%d %ses", n, noun)
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// percent is a share as people read it: 0.3%, 12%, <0.1%.
+func percent(x float64) string {
+	switch p := x * 100; {
+	case p < 0.1:
+		return "<0.1%"
+	case p < 10:
+		return fmt.Sprintf("%.1f%%", p)
+	default:
+		return fmt.Sprintf("%.0f%%", p)
+	}
+}
+
+// seconds is a duration in seconds as people read it: 1.4ms, 0.21s, 8.1s.
+func seconds(s float64) string {
+	switch {
+	case s <= 0:
+		return "0s"
+	case s < 0.001:
+		return fmt.Sprintf("%.0fµs", s*1e6)
+	case s < 0.1:
+		return fmt.Sprintf("%.1fms", s*1e3)
+	case s < 1:
+		return fmt.Sprintf("%.2fs", s)
+	default:
+		return fmt.Sprintf("%.1fs", s)
+	}
 }
 
 var sparkChars = []rune("▁▂▃▄▅▆▇█")
 
-// sparkline draws the last n values scaled to their maximum.
-func sparkline(v []float64, n int) string {
-	if len(v) > n {
-		v = v[len(v)-n:]
-	}
-	hi := 0.0
-	for _, x := range v {
-		hi = max(hi, x)
-	}
+// sparklineTo draws v on a scale from 0 to hi: one scale for rows that
+// are compared.
+func sparklineTo(v []float64, hi float64) string {
 	var b strings.Builder
 	for _, x := range v {
 		i := 0
@@ -650,13 +1086,15 @@ func sparkline(v []float64, n int) string {
 	return b.String()
 }
 
-// fitText fits s after indent into width: wrapped at its spaces onto lines
-// that start with indent when the model wraps, else cut.
-func (m *Model) fitText(s, indent string, width int) string {
-	if !m.wrap {
-		return truncate(s, width-len(indent))
+// scaledSparkline draws the last n values of v scaled to their peak, and
+// says the peak (as format writes it): a bar is then a figure.
+func scaledSparkline(v []float64, n int, format func(float64) string) string {
+	v = lastN(v, n)
+	hi := 0.0
+	for _, x := range v {
+		hi = max(hi, x)
 	}
-	return wrapJoin(strings.Fields(s), " ", "", indent, width)
+	return sparklineTo(v, hi) + " ≤" + format(hi)
 }
 
 func truncate(s string, n int) string {
@@ -720,15 +1158,42 @@ func rate(v float64) string {
 // share of the value ("per_token_us 6.5 ±0.2%") so that a tiny error reads
 // at a glance instead of as 6.8e-07; in absolute terms when the value is 0
 // or the error is as large as it (a term the passes have not yet exercised,
-// "per_block_us -0.161 ±0.53", not "±3.3e+02%").
+// "per_block_us -0.161 ±0.53", not "±3.3e+02%"). Figures too small for
+// their unit move to a smaller one ("per_context_token_ps 0.0094 ±0.75",
+// not "per_context_token_ns 9.41e-06 ±0.00075"): never an exponent.
 func coefText(c Coef) string {
-	v := math.Abs(c.Value)
-	switch rel := 100 * c.StdErr / v; {
-	case v == 0 || rel >= 100 || math.IsNaN(rel):
-		return fmt.Sprintf("%s %.3g ±%.2g", c.Name, c.Value, c.StdErr)
-	case rel < 0.1:
-		return fmt.Sprintf("%s %.3g ±<0.1%%", c.Name, c.Value)
-	default:
-		return fmt.Sprintf("%s %.3g ±%.2g%%", c.Name, c.Value, rel)
+	name, val, se := c.Name, c.Value, c.StdErr
+	units := []string{"_s", "_ms", "_us", "_ns", "_ps", "_fs"}
+	for i, u := range units[:len(units)-1] {
+		if !strings.HasSuffix(name, u) {
+			continue
+		}
+		for j := i + 1; j < len(units) && max(math.Abs(val), se) > 0 && max(math.Abs(val), se) < 0.01; j++ {
+			name, val, se = strings.TrimSuffix(name, units[j-1])+units[j], val*1000, se*1000
+		}
+		break
 	}
+	v := math.Abs(val)
+	switch rel := 100 * se / v; {
+	case v == 0 || rel >= 100 || math.IsNaN(rel):
+		return fmt.Sprintf("%s %s ±%s", name, plainNum(val, 3), plainNum(se, 2))
+	case rel < 0.1:
+		return fmt.Sprintf("%s %s ±<0.1%%", name, plainNum(val, 3))
+	default:
+		return fmt.Sprintf("%s %s ±%s%%", name, plainNum(val, 3), plainNum(rel, 2))
+	}
+}
+
+// plainNum writes x to digits significant figures without an exponent:
+// 0.00941, 520, 6.5; what would need one below 0.0001 is "≈0".
+func plainNum(x float64, digits int) string {
+	switch a := math.Abs(x); {
+	case x == 0:
+		return "0"
+	case a < 1e-4:
+		return "≈0"
+	case a >= math.Pow(10, float64(digits)):
+		return fmt.Sprintf("%.0f", x)
+	}
+	return strconv.FormatFloat(x, 'g', digits, 64)
 }
