@@ -30,9 +30,9 @@
 //   - output_config.format (a JSON schema) becomes response_format
 //     json_schema, vLLM's structured output; vLLM's ignore_eos and
 //     min_tokens are passed on.
-//   - metadata.user_id is kept; when it names a session the way Claude Code
-//     writes it (..._session_<id>), that id becomes the request's evolve
-//     session (metadata.session), so that its turns are one agent session.
+//   - metadata.user_id is kept (Claude Code names its session in it, as
+//     its X-Claude-Code-Session-Id header does: protocol.AgentOf reads
+//     both), and nvext (Dynamo's agent hints) is passed on.
 //
 // The answer's text, reasoning (reasoning_content, as vLLM's reasoning
 // parsers write it) and tool calls become text, thinking and tool_use
@@ -76,6 +76,8 @@ type Request struct {
 	// and at least min_tokens.
 	IgnoreEOS *bool `json:"ignore_eos"`
 	MinTokens *int  `json:"min_tokens"`
+	// Nvext is Dynamo's request extension (agent hints), passed on.
+	Nvext json.RawMessage `json:"nvext"`
 	// OutputConfig asks for structured output (Claude Code's title
 	// generation sends a JSON schema): output_config.format.
 	OutputConfig *struct {
@@ -266,28 +268,17 @@ func ToChat(body []byte) ([]byte, Info, *Error) {
 		return nil, Info{}, err
 	}
 	if r.Metadata != nil && r.Metadata.UserID != "" {
-		md := map[string]any{"user_id": r.Metadata.UserID}
-		if s := SessionOf(r.Metadata.UserID); s != "" {
-			md["session"] = s
-		}
-		chat["metadata"] = md
+		// Claude Code names its session in it (protocol.AgentOf reads it).
+		chat["metadata"] = map[string]any{"user_id": r.Metadata.UserID}
+	}
+	if len(r.Nvext) > 0 {
+		chat["nvext"] = r.Nvext // Dynamo's agent hints, for the router
 	}
 	b, jerr := json.Marshal(chat)
 	if jerr != nil {
 		return nil, Info{}, invalid("encode the chat request: %v", jerr)
 	}
 	return b, Info{Model: r.Model, Stream: r.Stream, StopSequences: r.StopSequences}, nil
-}
-
-// SessionOf returns the session a Messages request's metadata.user_id
-// names the way Claude Code writes it ("user_<hash>_account_<id>_session_<id>"),
-// or "".
-func SessionOf(userID string) string {
-	i := strings.LastIndex(userID, "_session_")
-	if i < 0 {
-		return ""
-	}
-	return userID[i+len("_session_"):]
 }
 
 // blocks reads content given as a string (one text block) or as blocks.

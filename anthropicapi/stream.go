@@ -12,9 +12,9 @@ import (
 // its deltas and content_block_stop, then message_delta (stop reason and
 // usage) and message_stop once the chat stream ends ([DONE]).
 type streamer struct {
-	out         io.Writer
-	info        Info
-	inputTokens int // the prompt's, for message_start (the usage at the end has the split)
+	out   io.Writer
+	info  Info
+	begin Usage // the prompt's usage as known when the answer starts, for message_start
 
 	started  bool
 	open     string // the open block's type: text, thinking, tool_use; "" for none
@@ -97,7 +97,7 @@ func (s *streamer) start(chatID string) {
 	s.started = true
 	s.event("message_start", obj("type", "message_start", "message", obj("id", messageID(chatID), "type", "message",
 		"role", "assistant", "model", s.info.Model, "content", []any{}, "stop_reason", nil, "stop_sequence", nil,
-		"usage", Usage{InputTokens: s.inputTokens})))
+		"usage", s.begin)))
 }
 
 // block opens a block of type typ unless one is open.

@@ -21,17 +21,22 @@ type Writer struct {
 	sse    bool
 	buf    []byte // a whole answer, or a stream's unfinished line
 	s      streamer
-	// promptHeader names the header in which the handler gives the
-	// prompt's length in tokens, for message_start's usage.
-	promptHeader string
+	// usage names the headers in which the handler gives what it knows
+	// of the prompt's usage when the answer starts, for message_start.
+	usage UsageHeaders
 }
 
-// NewWriter returns a Writer to w for a request ToChat returned info of;
-// promptHeader names the response header in which the chat handler states
-// the prompt's length in tokens ("" for none: message_start then counts 0
-// input tokens, and message_delta has them).
-func NewWriter(w http.ResponseWriter, info Info, promptHeader string) *Writer {
-	return &Writer{w: w, info: info, header: http.Header{}, promptHeader: promptHeader}
+// UsageHeaders name the response headers in which a chat handler states,
+// when its answer starts, the prompt's length in tokens and how many of
+// them were cached ("" for none: message_start then counts 0, and
+// message_delta has the usage).
+type UsageHeaders struct {
+	Prompt, Cached string
+}
+
+// NewWriter returns a Writer to w for a request ToChat returned info of.
+func NewWriter(w http.ResponseWriter, info Info, usage UsageHeaders) *Writer {
+	return &Writer{w: w, info: info, header: http.Header{}, usage: usage}
 }
 
 // Header is the chat handler's response header.
@@ -57,8 +62,10 @@ func (t *Writer) WriteHeader(status int) {
 	out.Set("Content-Type", "text/event-stream")
 	out.Set("Cache-Control", "no-cache")
 	t.w.WriteHeader(200)
-	n, _ := strconv.Atoi(t.header.Get(t.promptHeader))
-	t.s = streamer{out: t.w, info: t.info, inputTokens: n}
+	n, _ := strconv.Atoi(t.header.Get(t.usage.Prompt))
+	cached, _ := strconv.Atoi(t.header.Get(t.usage.Cached))
+	cached = min(max(cached, 0), n)
+	t.s = streamer{out: t.w, info: t.info, begin: Usage{InputTokens: n - cached, CacheReadInputTokens: cached}}
 }
 
 // Write takes what the chat handler writes.

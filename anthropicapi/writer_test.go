@@ -37,7 +37,7 @@ func chatServer(t *testing.T, answer func(w http.ResponseWriter, chat map[string
 		}
 		var chat map[string]any
 		json.Unmarshal(chatBody, &chat)
-		tw := NewWriter(w, info, "X-Prompt-Tokens")
+		tw := NewWriter(w, info, UsageHeaders{Prompt: "X-Prompt-Tokens", Cached: "X-Cached-Tokens"})
 		answer(tw, chat)
 		tw.Finish()
 	}))
@@ -130,6 +130,7 @@ func TestStreamBecomesMessageEvents(t *testing.T) {
 		if chat["stream"] != true || chat["stream_options"] == nil {
 			t.Errorf("a stream asks for its usage: %v", chat)
 		}
+		w.Header().Set("X-Cached-Tokens", "900")
 		sse(w, 1000,
 			`{"id":"chatcmpl-5","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`,
 			`{"id":"chatcmpl-5","choices":[{"index":0,"delta":{"reasoning_content":"Think."},"finish_reason":null}]}`,
@@ -148,8 +149,8 @@ func TestStreamBecomesMessageEvents(t *testing.T) {
 	for stream.Next() {
 		ev := stream.Current()
 		types = append(types, ev.Type)
-		if ev.Type == "message_start" && ev.Message.Usage.InputTokens != 1000 {
-			t.Errorf("message_start's input tokens %d: the prompt's length from the header", ev.Message.Usage.InputTokens)
+		if u := ev.Message.Usage; ev.Type == "message_start" && (u.InputTokens != 100 || u.CacheReadInputTokens != 900) {
+			t.Errorf("message_start's usage %+v: the prompt's length and its cached tokens from the headers", u)
 		}
 		if err := m.Accumulate(ev); err != nil {
 			t.Fatal(err)
@@ -225,7 +226,7 @@ func TestStreamErrorEndsWithAnErrorEvent(t *testing.T) {
 
 func TestWriterKeepsHeadersAndSplitLines(t *testing.T) {
 	rec := httptest.NewRecorder()
-	tw := NewWriter(rec, Info{Model: "m", Stream: true}, "")
+	tw := NewWriter(rec, Info{Model: "m", Stream: true}, UsageHeaders{})
 	tw.Header().Set("Content-Type", "text/event-stream")
 	tw.Header().Set("X-Request-Id", "r1")
 	tw.WriteHeader(200)

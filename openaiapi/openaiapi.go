@@ -44,6 +44,9 @@ type Request struct {
 	Seed             *int64          `json:"seed"`
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 	Metadata         map[string]any  `json:"metadata"`
+	// Nvext is Dynamo's request extension: its agent hints (and, in its
+	// older form, the agent's identity), read by evolve's router.
+	Nvext json.RawMessage `json:"nvext"`
 	// EvolveResume continues an answer another engine handed over
 	// (protocol.Resume); only evolve's router sends it.
 	EvolveResume json.RawMessage `json:"evolve_resume"`

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/evolvellm/evolve/controlapi"
@@ -30,50 +29,38 @@ const (
 // BranchTTL is how long a branch may stay idle before it ends.
 const BranchTTL = 10 * time.Minute
 
-// identity reads the agent's identity from the headers, or from the
-// body's metadata (session, branch, parent_branch, rewrite).
-func identity(r *http.Request, p *openaiapi.Parsed) kv.Identity {
-	id := kv.Identity{Session: r.Header.Get(protocol.HeaderSession), Branch: r.Header.Get(protocol.HeaderBranch),
-		Parent: r.Header.Get(protocol.HeaderParentBranch), Rewrite: strings.EqualFold(r.Header.Get(protocol.HeaderRewrite), "true")}
-	md := p.Req.Metadata
-	str := func(k string) string {
-		s, _ := md[k].(string)
-		return s
-	}
-	if id.Session == "" {
-		id.Session = str("session")
-	}
-	if id.Branch == "" {
-		id.Branch = str("branch")
-	}
-	if id.Parent == "" {
-		id.Parent = str("parent_branch")
-	}
-	if !id.Rewrite {
-		id.Rewrite = strings.EqualFold(str("rewrite"), "true")
-	}
-	return id
+// agentOf reads what the request says of its agent: its identity in any
+// of the forms agents send (protocol.AgentOf), and its hints.
+func agentOf(r *http.Request, p *openaiapi.Parsed) protocol.Agent {
+	return protocol.AgentOf(r.Header, protocol.AgentBody{Metadata: p.Req.Metadata, Nvext: p.Req.Nvext})
 }
 
-// branchBegin records a request's turn and returns the branch it belongs
-// to (named by the agent, or inferred).
-func (o *Orchestrator) branchBegin(id kv.Identity, chain []kv.BlockHash) string {
+// branchBegin records a request's turn: the session (the root of the
+// agent's tree), the agent and the branch it belongs to (named by the
+// agent, or inferred).
+func (o *Orchestrator) branchBegin(id kv.Identity, chain []kv.BlockHash) kv.Turn {
 	if id.Session == "" {
-		return ""
+		return kv.Turn{}
 	}
 	o.c.mu.Lock()
 	turn := o.c.branches.Begin(time.Now(), id, chain)
 	o.sendHints(o.hintsLocked())
 	o.c.mu.Unlock()
-	return turn.Branch
+	return turn
 }
 
-func (o *Orchestrator) branchFinish(session, branch string) {
-	if session == "" {
+// branchFinish records that a request of the turn's branch ended; final
+// (the agent said so) ends the turn's agent: a sub-agent's branches, or
+// for the root agent the whole session.
+func (o *Orchestrator) branchFinish(turn kv.Turn, final bool) {
+	if turn.Session == "" {
 		return
 	}
 	o.c.mu.Lock()
-	o.c.branches.Finish(time.Now(), session, branch)
+	o.c.branches.Finish(time.Now(), turn.Session, turn.Branch)
+	if final && o.c.branches.EndAgent(turn.Session, turn.Agent) > 0 {
+		o.sendHints(o.hintsLocked())
+	}
 	o.c.mu.Unlock()
 }
 

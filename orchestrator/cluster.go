@@ -128,9 +128,14 @@ type cluster struct {
 	pendingHints *kv.RecentTable[int8]
 }
 
-func newCluster() *cluster {
+// newCluster is an empty cluster whose branches end idle past idle
+// (0: BranchTTL).
+func newCluster(idle time.Duration) *cluster {
+	if idle <= 0 {
+		idle = BranchTTL
+	}
 	c := &cluster{nodes: map[string]*node{}, dir: kv.NewDirectory(), subs: map[chan watchEvent]struct{}{},
-		branches: kv.NewBranches(BranchTTL), ever: kv.NewRecentSet(everRecent), pendingHints: kv.NewRecentTable[int8](pendingRecent)}
+		branches: kv.NewBranches(idle), ever: kv.NewRecentSet(everRecent), pendingHints: kv.NewRecentTable[int8](pendingRecent)}
 	// The directory counts each node's referenced copies as they change
 	// (hintsLocked marks the blocks whose references crossed zero).
 	c.dir.SetReferencedSource(func(h kv.BlockHash) bool { return c.branches.Refs(h) > 0 })

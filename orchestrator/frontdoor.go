@@ -98,7 +98,7 @@ func (o *Orchestrator) routerHandler() http.Handler {
 		}
 		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
 	})
-	return o.countInFlight(o.requireKey(o.trackBodies(mux)))
+	return o.countInFlight(o.logFailures(o.requireKey(o.trackBodies(mux))))
 }
 
 // routerMethods is the methods the router serves path with ("" for a
@@ -301,6 +301,11 @@ type attemptProgress struct {
 	// prefillKV: the prefill leg's "evolve" object, added to the decode
 	// leg's answer (protocol.ResponseKV.Prefill).
 	prefillKV json.RawMessage
+	// prefillCached is the prompt tokens a split request's prefill leg
+	// found cached (-1: none told yet), and placedCached those the router
+	// placed the request by (the directory's match and its fetches): what
+	// the answer's usage reports cached (cachedusage.go).
+	prefillCached, placedCached int
 }
 
 // attemptAnswer is the answer the client has read so far: with it the
@@ -367,6 +372,8 @@ var reqCounter atomic.Uint64
 
 func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	arrival := time.Now()
+	reqID := o.requestID(r)
+	w.Header().Set("X-Request-Id", reqID) // on every answer, refusals too: the log names it
 	body, status, err := readRequestBody(w, r)
 	if err != nil {
 		o.countRequest(r, "bad_request")
@@ -399,14 +406,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		e.Write(w)
 		return
 	}
-	reqID := o.requestID(r)
 	if terr := o.engineTokens(r.Context(), p, rb, model, reqID); terr != nil {
 		outcome := "bad_request"
 		if terr.Status >= 500 {
 			outcome = "no_engine"
 		}
 		o.countRequest(r, outcome)
-		w.Header().Set("X-Request-Id", reqID)
 		terr.Write(w)
 		return
 	}
@@ -425,9 +430,9 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	}
 	chain := kv.ChainHashes(p.Tokens, bs)
 	doneWithBody(r) // parsed and hashed: the large-body budget's work is over
-	id := identity(r, p)
-	branch := o.branchBegin(id, chain)
-	defer o.branchFinish(id.Session, branch)
+	agent := agentOf(r, p)
+	turn := o.branchBegin(agent.Identity, chain)
+	defer o.branchFinish(turn, agent.Final)
 	legs := o.legBody(p, rb)
 	var match kv.Match
 	var reuse kv.PlacedReuse // the first placement's, for lost KV reuse
@@ -442,7 +447,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	var lastErr error
 	for try := 0; try < maxAttempts; try++ {
 		v := o.view(chain, &match, exclude)
-		rr := &routing.Request{ID: reqID, Tokens: len(p.Tokens), Chain: chain, Match: &match, MaxTokens: p.MaxTokens}
+		rr := &routing.Request{ID: reqID, Tokens: len(p.Tokens), Chain: chain, Match: &match, MaxTokens: p.MaxTokens, ExpectedOutput: agent.Hints.OSL}
 		o.policyMu.Lock()
 		dec, err := o.policy.Route(time.Now(), rr, v)
 		o.policyMu.Unlock()
@@ -450,15 +455,13 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		if err != nil && lastErr != nil {
 			// Engines failed it and no other is left: the log says why.
 			o.countRequest(r, "failed")
-			o.log.Error("request failed: no engine left to try", "request", reqID, "tries", try, "err", lastErr)
-			w.Header().Set("X-Request-Id", reqID)
+			noteCause(r, lastErr)
 			openaiapi.Unavailable("engines_failed", "the request failed on %d engine(s) and no other can take it; retry (request %s)", try, reqID).Write(w)
 			return
 		}
 		if err != nil {
 			o.countRequest(r, "no_engine")
-			o.log.Warn("request refused: no engine can take it", "request", reqID, "err", err)
-			w.Header().Set("X-Request-Id", reqID)
+			noteCause(r, err)
 			openaiapi.Unavailable("no_engine", "no serving engine can take the request now; retry (request %s)", reqID).Write(w)
 			return
 		}
@@ -478,7 +481,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		}
 		a := &attempt{o: o,
 			attemptRequest:  attemptRequest{w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, chain: chain},
-			attemptProgress: attemptProgress{phase: phaseRouted, prefillFreed: !dec.Disaggregated},
+			attemptProgress: attemptProgress{phase: phaseRouted, prefillFreed: !dec.Disaggregated, prefillCached: -1, placedCached: len(p.Tokens) - computed},
 			attemptMoves:    attemptMoves{decode: dec.Decode, failed: map[string]bool{}}}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
@@ -526,8 +529,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		}
 	}
 	o.countRequest(r, "failed")
-	o.log.Error("request failed on every engine tried", "request", reqID, "tries", maxAttempts, "err", lastErr)
-	w.Header().Set("X-Request-Id", reqID)
+	noteCause(r, lastErr)
 	openaiapi.Unavailable("engines_failed", "the request failed on %d engines; retry (request %s)", maxAttempts, reqID).Write(w)
 }
 
@@ -750,6 +752,11 @@ const (
 	// HeaderPromptTokens is the prompt's length in tokens, as the engines
 	// tokenize it: a stream's usage comes only at its end.
 	HeaderPromptTokens = "X-Evolve-Prompt-Tokens"
+	// HeaderCachedTokens is the prompt tokens whose KV existed before the
+	// request came, as far as the router knows when the answer starts (a
+	// split request's prefill leg's count; else what it placed the request
+	// by): the usage at a stream's end has the engine's count.
+	HeaderCachedTokens = "X-Evolve-Cached-Tokens"
 )
 
 // answerHeaders sets the headers of the answer the client gets from an
@@ -761,6 +768,11 @@ func (a *attempt) answerHeaders(contentType string) {
 	h.Set(HeaderPrefillNode, a.dec.Prefill)
 	h.Set(HeaderDecodeNode, a.decode)
 	h.Set(HeaderPromptTokens, strconv.Itoa(len(a.p.Tokens)))
+	cached, ok := a.promptCached()
+	if !ok {
+		cached = a.placedCached
+	}
+	h.Set(HeaderCachedTokens, strconv.Itoa(cached))
 }
 
 // The members a prefill leg changes: one token, not streamed, and vLLM's
@@ -810,6 +822,9 @@ func (a *attempt) prefillLeg(url string, body openaiapi.Body, extra map[string]j
 	}
 	if err := json.Unmarshal(b, &out); err == nil && out.Usage != nil {
 		a.countComputed(out.Usage)
+		if a.phase == phaseRouted { // the request's own prefill, not a resume's
+			a.noteCached(out.Usage)
+		}
 	}
 	if len(out.KV) == 0 || string(out.KV) == "null" {
 		// vLLM answers so when no KV connector hands its KV to a peer.

@@ -136,7 +136,7 @@ func (a *attempt) forward(url string, body []byte) error {
 			return a.takeHandOver(b)
 		}
 		a.countUsage(b)
-		b = withPrefillKV(b, a.prefillKV)
+		b = withPrefillKV(a.trueUsage(b), a.prefillKV)
 		a.clientHasBytes = true
 		a.answerHeaders("application/json")
 		a.w.WriteHeader(200)
@@ -207,8 +207,13 @@ func (a *attempt) forward(url string, body []byte) error {
 					line = append(append([]byte("data: "), data...), '\n')
 				}
 				a.countChunk(line[len("data: "):])
-				if a.prefillKV != nil && bytes.Contains(line, []byte(`"evolve":`)) {
-					ext := withPrefillKV(line[len("data: "):], a.prefillKV)
+				usage := bytes.Contains(line, []byte(`"usage":{`))
+				if usage || a.prefillKV != nil && bytes.Contains(line, []byte(`"evolve":`)) {
+					ext := bytes.TrimRight(line[len("data: "):], "\r\n")
+					if usage {
+						ext = a.trueUsage(ext)
+					}
+					ext = withPrefillKV(ext, a.prefillKV)
 					line = append(append([]byte("data: "), ext...), '\n')
 				}
 			}

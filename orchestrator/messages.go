@@ -26,7 +26,7 @@ func (o *Orchestrator) serveMessages(w http.ResponseWriter, r *http.Request) {
 		aerr.Write(w)
 		return
 	}
-	tw := anthropicapi.NewWriter(w, info, HeaderPromptTokens)
+	tw := anthropicapi.NewWriter(w, info, anthropicapi.UsageHeaders{Prompt: HeaderPromptTokens, Cached: HeaderCachedTokens})
 	o.serveGenerate(tw, asChat(r, chat), true)
 	tw.Finish()
 }

@@ -62,6 +62,10 @@ type Config struct {
 	Policy           string        // evolve, dynamo, round-robin
 	MissedHeartbeats int           // default 3
 	DrainTimeout     time.Duration // longest wait for a switching node's requests; default 5 min
+	// SessionIdle is how long an agent's branch may wait for its next
+	// request before it ends (its context no longer referenced); default
+	// BranchTTL.
+	SessionIdle time.Duration
 	// PlannerMode: auto (default), recommend or off; Planner tunes it.
 	PlannerMode string
 	Planner     planner.Config
@@ -251,7 +255,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if err := cfg.checkCluster(); err != nil {
 		return nil, err
 	}
-	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(), policy: p, queue: newRouterQueue(),
+	o := &Orchestrator{cfg: cfg, log: cfg.Logger.With("component", "orchestrator"), c: newCluster(cfg.SessionIdle), policy: p, queue: newRouterQueue(),
 		// Buffers of 64 KiB (not 4): a leg carries an agent's prompt, a
 		// megabyte of token ids at 128K tokens, in 16 writes, not 256.
 		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),

@@ -378,7 +378,7 @@ func (l *recordLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
 func (l *recordLog) WithGroup(string) slog.Handler            { return l }
 
 func (l *recordLog) Handle(_ context.Context, r slog.Record) error {
-	rec := map[string]any{"msg": r.Message}
+	rec := map[string]any{"msg": r.Message, "level": r.Level.String()}
 	r.Attrs(func(a slog.Attr) bool { rec[a.Key] = a.Value.Any(); return true })
 	l.mu.Lock()
 	l.recs = append(l.recs, rec)
@@ -396,6 +396,19 @@ func (l *recordLog) find(msg, key string, val any) map[string]any {
 		}
 	}
 	return nil
+}
+
+// all returns the records with msg.
+func (l *recordLog) all(msg string) []map[string]any {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []map[string]any
+	for _, r := range l.recs {
+		if r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // An operator asking where a request went finds it in the answer's
@@ -428,10 +441,11 @@ func TestAnswerSaysWhereItWasServed(t *testing.T) {
 		t.Fatalf("the debug log's line for %s: %v", id, routed)
 	}
 
-	// An engine's refusal (more output than the model's context holds) is
-	// the request's fault: passed on, with the same headers.
+	// More output than the model's context holds beside the prompt is the
+	// request's fault: the router refuses it before any engine, with the
+	// request's id and no node.
 	resp = post(`{"prompt": "hello", "max_tokens": 8192}`) // tiny's context, with the prompt over it
-	if resp.StatusCode/100 != 4 || resp.Header.Get(HeaderPrefillNode) == "" || resp.Header.Get("X-Request-Id") == "" {
+	if resp.StatusCode != 400 || resp.Header.Get(HeaderPrefillNode) != "" || resp.Header.Get("X-Request-Id") == "" {
 		t.Fatalf("refused request answered %d with headers %v", resp.StatusCode, resp.Header)
 	}
 }

@@ -16,7 +16,7 @@ import (
 // messages while every engine reads them, and the client's body (less any
 // ids the client put there) once one does not; completions go as sent.
 func TestLegBodyGivesEvolveEnginesTheTokens(t *testing.T) {
-	o := &Orchestrator{c: newCluster()}
+	o := &Orchestrator{c: newCluster(0)}
 	o.c.nodes["e0"] = &node{reg: protocol.Registration{ID: "e0", PromptTokens: true}}
 	o.c.nodes["e1"] = &node{reg: protocol.Registration{ID: "e1", PromptTokens: true}}
 	chat := []byte(`{"model": "m", "messages": [{"role": "user", "content": "fix the scheduler"}],
@@ -70,7 +70,7 @@ func TestALegToAnEngineThatReadsNoIdsCarriesTheMessages(t *testing.T) {
 		return srv
 	}
 	reads, old := engine("reads"), engine("old")
-	o := &Orchestrator{c: newCluster(), http: http.DefaultClient}
+	o := &Orchestrator{c: newCluster(0), http: http.DefaultClient}
 	o.c.nodes["e0"] = &node{reg: protocol.Registration{ID: "e0", URL: reads.URL, PromptTokens: true}}
 	chat := []byte(`{"messages": [{"role": "user", "content": "fix the scheduler"}], "max_tokens": 9}`)
 	p, rb, perr := openaiapi.ParseBody(chat, true, 0)

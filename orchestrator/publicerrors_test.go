@@ -1,7 +1,9 @@
 package orchestrator
 
 import (
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"log/slog"
 	"strings"
 	"testing"
@@ -36,11 +38,53 @@ func TestFailedRequestTellsTheAgentNoInternals(t *testing.T) {
 	}
 	id := strings.TrimSuffix(msg[i+len("(request "):], ")")
 	wait.Until(t, 10*time.Second, "the log to keep the cause under the request's id", func() bool {
-		for _, m := range []string{"request failed on every engine tried", "request failed: no engine left to try"} {
-			if r := rec.find(m, "request", id); r != nil && strings.Contains(fmt.Sprint(r["err"]), "127.0.0.1") {
-				return true
+		r := rec.find("request failed", "request", id)
+		return r != nil && strings.Contains(fmt.Sprint(r["cause"]), "127.0.0.1") && r["reason"] == msg &&
+			r["status"] == int64(503) && r["api"] == "completions"
+	})
+}
+
+// Every request the router refuses is logged once, at warn, with its id,
+// its API, its status and the reason in the words the client got: bad
+// input, an unknown model, a prompt over the context, a path not served.
+func TestRefusedRequestsAreLoggedOnce(t *testing.T) {
+	rec := &recordLog{}
+	tc := startTestClusterLogged(t, slog.New(rec), nil, roles.Decode)
+	router := tc.o.RouterURL()
+	for i, c := range []struct {
+		path, body, api string
+		status          int
+	}{
+		{"/v1/completions", `{"prompt": "hi", "max_tokens": "three"}`, "completions", 400},
+		{"/v1/chat/completions", `{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}`, "chat", 404},
+		{"/v1/completions", `{"prompt": "hello", "max_tokens": 9000}`, "completions", 400},
+		{"/v1/messages", `{"model": "x", "messages": []}`, "messages", 400},
+		{"/v1/embeddings", `{}`, "/v1/embeddings", 404},
+	} {
+		id := fmt.Sprintf("refused-%d", i)
+		req, _ := http.NewRequest("POST", router+c.path, strings.NewReader(c.body))
+		req.Header.Set("X-Request-Id", id)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct {
+			Error struct{ Message string }
+		}
+		json.NewDecoder(resp.Body).Decode(&body)
+		resp.Body.Close()
+		if resp.StatusCode != c.status || body.Error.Message == "" {
+			t.Fatalf("%s %s: answered %d %+v, want %d", c.path, c.body, resp.StatusCode, body, c.status)
+		}
+		var lines []map[string]any
+		for _, r := range rec.all("request failed") {
+			if r["request"] == id {
+				lines = append(lines, r)
 			}
 		}
-		return false
-	})
+		if len(lines) != 1 || lines[0]["level"] != "WARN" || lines[0]["api"] != c.api || lines[0]["status"] != int64(c.status) ||
+			lines[0]["reason"] != body.Error.Message {
+			t.Fatalf("%s %s (%q): logged %v", c.path, c.body, body.Error.Message, lines)
+		}
+	}
 }

@@ -152,7 +152,7 @@ func TestResyncsArePaced(t *testing.T) {
 // per turn, not once per batch.
 func TestResyncQueuedOnceForAnEngine(t *testing.T) {
 	q := newResyncQueue()
-	o := &Orchestrator{resyncs: q, c: newCluster()}
+	o := &Orchestrator{resyncs: q, c: newCluster(0)}
 	q.slot <- struct{}{} // another engine's resync in progress
 	done := make(chan struct{})
 	go func() { o.resync("e0"); close(done) }()

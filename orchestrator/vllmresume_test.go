@@ -224,7 +224,7 @@ func TestVLLMContinuationPriority(t *testing.T) {
 	} {
 		t.Run(tc.body, func(t *testing.T) {
 			a := vllmAttempt(t, tc.body, false, []uint32{7})
-			a.o = &Orchestrator{c: newCluster()}
+			a.o = &Orchestrator{c: newCluster(0)}
 			a.o.c.nodes["by-priority"] = &node{reg: protocol.Registration{ID: "by-priority", PriorityScheduling: true}}
 			a.o.c.nodes["fcfs"] = &node{reg: protocol.Registration{ID: "fcfs"}}
 			body, err := a.vllmContinuation()

@@ -499,13 +499,3 @@ func (t *BearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+t.Token)
 	return base.RoundTrip(r)
 }
-
-// An agent names itself to the router with these request headers, so that
-// the KV directory knows which live branches reference which blocks (see
-// kv.Identity). All are optional.
-const (
-	HeaderSession      = "X-Evolve-Session"       // the agent's session
-	HeaderBranch       = "X-Evolve-Branch"        // the branch of the session this request continues
-	HeaderParentBranch = "X-Evolve-Parent-Branch" // the branch a new branch forked from
-	HeaderRewrite      = "X-Evolve-Rewrite"       // "true": the branch replaces its parent's context (a compaction)
-)

@@ -124,7 +124,7 @@ func (e *Evolve) Route(_ time.Time, r *Request, v *View) (Decision, error) {
 		return Decision{}, err
 	}
 	bs := v.BlockSize
-	need := (r.Tokens + r.MaxTokens + bs - 1) / bs
+	need := (r.Tokens + r.output() + bs - 1) / bs
 	byDir := make(map[kv.NodeID]string, len(v.Nodes))
 	for _, n := range v.Nodes { // a draining node still serves its KV; a down one holds none
 		if !n.SelfManagedKV { // a fetch source must serve evolve's lookup and pull

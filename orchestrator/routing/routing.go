@@ -62,6 +62,18 @@ type Request struct {
 	Chain     []kv.BlockHash // full-block hashes of the prompt
 	Match     *kv.Match      // the directory's answer for Chain
 	MaxTokens int
+	// ExpectedOutput is the output length the agent expects (Dynamo's
+	// agent hint osl), in tokens; 0: not said, MaxTokens bounds it.
+	ExpectedOutput int
+}
+
+// output is the output the request is expected to write: what its agent
+// said, within MaxTokens.
+func (r *Request) output() int {
+	if r.ExpectedOutput > 0 && (r.MaxTokens <= 0 || r.ExpectedOutput < r.MaxTokens) {
+		return r.ExpectedOutput
+	}
+	return r.MaxTokens
 }
 
 // Fetch asks node To to pull blocks [From, End) of the request's chain from

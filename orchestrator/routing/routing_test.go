@@ -527,3 +527,23 @@ func TestPeerFetchesExtendWhatTheNodeHolds(t *testing.T) {
 		t.Fatalf("fetched %+v to a self-managed node", fs)
 	}
 }
+
+// The output an agent says it expects (Dynamo's osl hint) is what a
+// decode node needs room for, not the max_tokens it allows: a node with
+// room for the expected answer is not passed over for a busier one.
+func TestEvolveRoomForTheExpectedOutput(t *testing.T) {
+	c := newCluster(t)
+	c.node("p", roles.Prefill)
+	c.node("d1", roles.Decode).Running = 200
+	c.node("d2", roles.Decode)
+	r := c.request("r", 4000, 14)
+	r.MaxTokens = 64000
+	c.get("d2").GPUBlocksUse = c.get("d2").GPUBlocks - (4000+2000)/bs // room for 2,000 tokens of answer
+	if dec, _ := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v); dec.Decode != "d1" {
+		t.Fatalf("without a hint: decode on %s, want d1 (d2 has no room for 64,000 tokens)", dec.Decode)
+	}
+	r.ID, r.ExpectedOutput = "r2", 1500
+	if dec, _ := NewEvolve(EvolveConfig{}).Route(t0, r, &c.v); dec.Decode != "d2" {
+		t.Fatalf("expecting 1,500 tokens: decode on %s, want d2", dec.Decode)
+	}
+}
