@@ -3,8 +3,8 @@ package orchestrator
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
