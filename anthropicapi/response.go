@@ -11,64 +11,11 @@ import (
 	"github.com/evolvellm/evolve/openaiapi"
 )
 
-// chatUsage is a chat answer's usage.
-type chatUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
-	Details          *struct {
-		CachedTokens int `json:"cached_tokens"`
-	} `json:"prompt_tokens_details"`
-}
-
-// chatToolCall is a tool call in a chat answer or a stream's delta.
-type chatToolCall struct {
-	Index    int    `json:"index"`
-	ID       string `json:"id"`
-	Function struct {
-		Name      string `json:"name"`
-		Arguments string `json:"arguments"`
-	} `json:"function"`
-}
-
-// chatTurn is a chat answer's message, or a stream chunk's delta.
-type chatTurn struct {
-	Content   *string        `json:"content"`
-	Reasoning *string        `json:"reasoning_content"`
-	Reason2   *string        `json:"reasoning"` // vLLM's newer name
-	ToolCalls []chatToolCall `json:"tool_calls"`
-}
-
-func (t *chatTurn) reasoning() string {
-	switch {
-	case t.Reasoning != nil:
-		return *t.Reasoning
-	case t.Reason2 != nil:
-		return *t.Reason2
-	}
-	return ""
-}
-
-// chatChoice is a choice of a chat answer or stream chunk.
-type chatChoice struct {
-	Message      chatTurn        `json:"message"`
-	Delta        chatTurn        `json:"delta"`
-	FinishReason *string         `json:"finish_reason"`
-	StopReason   json.RawMessage `json:"stop_reason"` // vLLM: the stop string (or token id) that matched
-}
-
-// chatAnswer is a chat completion, or one chunk of its stream.
-type chatAnswer struct {
-	ID      string       `json:"id"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   *chatUsage   `json:"usage"`
-	Error   *chatError   `json:"error"`
-}
-
-type chatError struct {
-	Message string `json:"message"`
-	Type    string `json:"type"`
-}
+// The chat answer, as the translation reads it.
+type (
+	chatUsage  = openaiapi.ChatUsage
+	chatAnswer = openaiapi.ChatAnswer
+)
 
 // Usage is a Message's usage.
 type Usage struct {
@@ -82,10 +29,7 @@ func usageOf(u *chatUsage) Usage {
 	if u == nil {
 		return Usage{}
 	}
-	cached := 0
-	if u.Details != nil {
-		cached = min(u.Details.CachedTokens, u.PromptTokens)
-	}
+	cached := u.Cached()
 	return Usage{InputTokens: u.PromptTokens - cached, OutputTokens: u.CompletionTokens, CacheReadInputTokens: cached}
 }
 
@@ -143,7 +87,7 @@ func message(b []byte, info Info) ([]byte, *Error) {
 	}
 	c := a.Choices[0]
 	content := []json.RawMessage{}
-	if r := c.Message.reasoning(); r != "" {
+	if r := c.Message.ReasoningText(); r != "" {
 		content = append(content, obj("type", "thinking", "thinking", r, "signature", ""))
 	}
 	if c.Message.Content != nil && *c.Message.Content != "" {
@@ -193,23 +137,10 @@ func errorType(status int) string {
 }
 
 // fromChatError reads an error answer (OpenAI's nested shape, or vLLM's
-// flat one) as an Error with status.
+// flat one) as an Error with status, a refusal for the context's length
+// in Anthropic's words.
 func fromChatError(status int, b []byte) *Error {
-	var e struct {
-		Message string     `json:"message"`
-		Error   *chatError `json:"error"`
-	}
-	msg := strings.TrimSpace(string(b))
-	if json.Unmarshal(b, &e) == nil {
-		if e.Error != nil && e.Error.Message != "" {
-			msg = e.Error.Message
-		} else if e.Message != "" {
-			msg = e.Message
-		}
-	}
-	if msg == "" {
-		msg = http.StatusText(status)
-	}
+	msg := openaiapi.ErrorOf(status, b).Message
 	if c, ok := openaiapi.ParseContextOverflow(msg); ok && status == http.StatusBadRequest {
 		msg = contextOverflow(c)
 	}

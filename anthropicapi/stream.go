@@ -67,7 +67,7 @@ func (s *streamer) data(b []byte) {
 	}
 	ch := c.Choices[0]
 	d := &ch.Delta
-	if r := d.reasoning(); r != "" {
+	if r := d.ReasoningText(); r != "" {
 		s.block("thinking", obj("type", "thinking", "thinking", ""))
 		s.delta(obj("type", "thinking_delta", "thinking", r))
 	}
