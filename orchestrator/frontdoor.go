@@ -71,6 +71,11 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, false) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { o.serveGenerate(w, r, true) })
 	mux.HandleFunc("POST /v1/messages", o.serveMessages)
+	mux.HandleFunc("POST /v1/responses", o.serveResponses)
+	mux.HandleFunc("GET /v1/responses/{id}", o.serveStoredResponse)
+	mux.HandleFunc("DELETE /v1/responses/{id}", o.serveStoredResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", o.serveStoredResponse)
+	mux.HandleFunc("GET /v1/responses/{id}/input_items", o.serveStoredResponse)
 	mux.HandleFunc("POST /v1/messages/count_tokens", o.serveCountTokens)
 	mux.HandleFunc("GET /v1/models", o.serveModels)
 	mux.HandleFunc("GET /v1/models/{model...}", o.serveModel)
@@ -82,7 +87,7 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	mux.Handle("GET /metrics", promhttp.HandlerFor(o.met.reg, promhttp.HandlerOpts{}))
 	// Clients check the base URL they were given (Claude Code sends HEAD /).
 	mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
-		openaiapi.WriteJSON(w, 200, map[string]any{"service": "evolve router", "api": []string{"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/models"}})
+		openaiapi.WriteJSON(w, 200, map[string]any{"service": "evolve router", "api": []string{"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/models"}})
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := routerMethods(r.URL.Path); allow != "" {
@@ -105,7 +110,8 @@ func (o *Orchestrator) routerHandler() http.Handler {
 // path it does not serve), for a 405's Allow.
 func routerMethods(path string) string {
 	switch {
-	case path == "/v1/completions", path == "/v1/chat/completions", path == "/v1/messages", path == "/v1/messages/count_tokens":
+	case path == "/v1/completions", path == "/v1/chat/completions", path == "/v1/messages", path == "/v1/messages/count_tokens",
+		path == "/v1/responses":
 		return "POST"
 	case path == "/", path == "/v1/models", strings.HasPrefix(path, "/v1/models/"), path == "/health", path == "/metrics":
 		return "GET"
@@ -420,6 +426,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		e.Write(w)
 		return
 	}
+	rb = fillContext(r, p, rb, maxLen)
 	if r.Context().Err() != nil {
 		// The client gave up while the prompt was read and tokenized (an
 		// agent cancelling, then often ending its session): its turn

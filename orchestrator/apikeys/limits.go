@@ -152,7 +152,7 @@ func LimitedPath(r *http.Request) bool {
 		return false
 	}
 	switch r.URL.Path {
-	case "/v1/completions", "/v1/chat/completions", "/v1/messages":
+	case "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses":
 		return true
 	}
 	return false
