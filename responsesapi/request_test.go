@@ -128,16 +128,16 @@ func TestRequestMembers(t *testing.T) {
 		t.Fatalf("tool_choice %v", c.ToolChoice)
 	}
 	for body, want := range map[string]string{
-		`{"model": "m", "input": "hi", "previous_response_id": "resp_1", "store": true}`:     "previous_response_id is not supported",
-		`{"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}`:               "item_reference is not supported",
-		`{"input": "hi"}`:                                                                   "model: field required",
-		`{"model": "m", "input": []}`:                                                       "at least one message",
-		`{"model": "m", "input": "hi", "max_output_tokens": 0}`:                             "max_output_tokens must be at least 1",
-		`{"model": "m", "input": 5}`:                                                        "input must be a string or a list of items",
-		`{"model": "m", "input": [{"type": "message", "role": "robot", "content": "x"}]}`:   "role must be",
-		`{"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": "nope"}]}`: "must be a JSON schema object",
+		`{"model": "m", "input": "hi", "previous_response_id": "resp_1", "store": true}`: "previous_response_id is not supported",
+		`{"model": "m", "input": [{"type": "item_reference", "id": "msg_1"}]}`:           "item_reference is not supported",
+		`{"input": "hi"}`:                                       "model: field required",
+		`{"model": "m", "input": []}`:                           "at least one message",
+		`{"model": "m", "input": "hi", "max_output_tokens": 0}`: "max_output_tokens must be at least 1",
+		`{"model": "m", "input": 5}`:                            "input must be a string or a list of items",
+		`{"model": "m", "input": [{"type": "message", "role": "robot", "content": "x"}]}`:                         "role must be",
+		`{"model": "m", "input": "hi", "tools": [{"type": "function", "name": "f", "parameters": "nope"}]}`:       "must be a JSON schema object",
 		`{"model": "m", "input": "hi", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}}`: "hosted tool",
-		`{"model": "m", "input": "hi", "max_output_tokens": "many"}`:                        "max_output_tokens must be a whole number, not a string",
+		`{"model": "m", "input": "hi", "max_output_tokens": "many"}`:                                              "max_output_tokens must be a whole number, not a string",
 	} {
 		_, _, err := ToChat([]byte(body))
 		if err == nil || err.Status != 400 || !strings.Contains(err.Message, want) || strings.Contains(err.Message, "Go ") {
