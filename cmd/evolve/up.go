@@ -26,6 +26,7 @@ import (
 	"github.com/evolvellm/evolve/orchestrator"
 	"github.com/evolvellm/evolve/orchestrator/apikeys"
 	"github.com/evolvellm/evolve/orchestrator/routing"
+	"github.com/evolvellm/evolve/tui"
 	"github.com/evolvellm/evolve/workload"
 	"github.com/spf13/cobra"
 )
@@ -591,11 +592,12 @@ func (u *localUp) print() error {
 		fmt.Fprintf(w, "logs\t%s\n", u.logDir)
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "try:")
-		auth := ""
+		// On lines of their own, so that 80 columns hold them whole.
+		fmt.Fprintf(w, "  curl -s %s/v1/completions \\\n", st.RouterURL)
 		if len(keys) > 0 {
-			auth = "-H 'Authorization: Bearer KEY' "
+			fmt.Fprintln(w, "    -H 'Authorization: Bearer KEY' \\")
 		}
-		fmt.Fprintf(w, "  curl -s %s%s/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'\n", auth, st.RouterURL)
+		fmt.Fprintln(w, "    -d '{\"prompt\": \"Hello\", \"max_tokens\": 8}'")
 		fmt.Fprintln(w, "  evolve nodes")
 		fmt.Fprintln(w, "  evolve role set engine-0 decode")
 		if u.detach {
@@ -610,8 +612,10 @@ func (u *localUp) print() error {
 // measured, and stops the cluster.
 func (u *localUp) runAgents() error {
 	key, errw := u.key, u.errw
-	fmt.Fprintf(errw, "running %s (profile %s, speedup %g: latencies are wall-clock); Ctrl-C stops\n", counted(u.agents, u.model.Name()+" agent"),
-		config.GetString(key("profile")), config.GetFloat64(key("speedup")))
+	speedup := config.GetFloat64(key("speedup"))
+	prog := newAgentProgress(errw, u.model, speedup, textWidth(errw))
+	prog.total = config.GetDuration(key("duration"))
+	prog.intro(u.agents, config.GetString(key("profile")))
 	// The agents stop when the orchestrator does (killed, crashed):
 	// with their router gone every call would fail until the run's end.
 	bctx, stopAgents := context.WithCancel(u.ctx)
@@ -622,11 +626,10 @@ func (u *localUp) runAgents() error {
 		case <-bctx.Done():
 		}
 	}()
+	prog.start = time.Now()
 	res, berr := loadgen.Bench(bctx, loadgen.BenchConfig{URL: localRouters(u.st), Model: u.model, Agents: u.agents, APIKey: u.st.APIKey, Unreachable: loadgen.DefaultUnreachable,
-		Duration: config.GetDuration(key("duration")), Speedup: config.GetFloat64(key("speedup")), Seed: 1,
-		Progress: func(s loadgen.Snapshot) {
-			progressLine(errw, s, config.GetDuration(key("duration")), split(u.liveClient()))
-		}})
+		Duration: config.GetDuration(key("duration")), Speedup: speedup, Seed: 1,
+		Progress: func(s loadgen.Snapshot) { prog.line(s, split(u.liveClient())) }})
 	stopAgents()
 	// The agents may have failed on the dying router before up saw
 	// the orchestrator exit: give it a moment to.
@@ -638,7 +641,7 @@ func (u *localUp) runAgents() error {
 	case closedWithin(u.orchDone, grace):
 		fmt.Fprintf(errw, "%s; the agents stopped. The end of its log:\n%s\n", u.orchExited(), u.orchLogTail())
 		if berr == nil {
-			printBench(u.cmd, res)
+			u.printSummary(res)
 		} else {
 			fmt.Fprintln(errw, "agents:", berr)
 		}
@@ -646,7 +649,11 @@ func (u *localUp) runAgents() error {
 	case berr != nil:
 		fmt.Fprintln(errw, "agents:", berr)
 	default:
-		printBench(u.cmd, res)
+		u.printSummary(res)
+		// The planner's moves, from its own record, while it still runs.
+		if flagOrConfig(u.cmd, "output") != "json" {
+			prog.moves(u.cmd.OutOrStdout(), plannerDecisions(u.liveClient()))
+		}
 		berr = servedNothing(res)
 	}
 	// The signals stay caught through the teardown: a closed terminal
@@ -654,6 +661,264 @@ func (u *localUp) runAgents() error {
 	fmt.Fprintln(errw, "stopping the cluster")
 	u.cleanup()
 	return berr
+}
+
+// printSummary prints what the agents measured, a table fitted to the
+// terminal (80 columns off one): a line too long goes on under its value.
+func (u *localUp) printSummary(res loadgen.Result) {
+	out := u.cmd.OutOrStdout()
+	if flagOrConfig(u.cmd, "output") == "json" {
+		printBench(u.cmd, res)
+		return
+	}
+	fw := &fitWriter{w: out, width: textWidth(out)}
+	u.cmd.SetOut(fw)
+	defer u.cmd.SetOut(out)
+	printBench(u.cmd, res)
+}
+
+// fitWriter writes its lines to w wrapped at width, each continuation
+// under the line's second column (a table's value).
+type fitWriter struct {
+	w     io.Writer
+	width int
+	buf   []byte
+}
+
+func (f *fitWriter) Write(p []byte) (int, error) {
+	f.buf = append(f.buf, p...)
+	for {
+		i := strings.IndexByte(string(f.buf), '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := string(f.buf[:i])
+		f.buf = f.buf[i+1:]
+		if j := strings.Index(line, "  "); j > 0 && len([]rune(line)) > f.width {
+			k := j + len(line[j:]) - len(strings.TrimLeft(line[j:], " "))
+			if k < f.width/2 {
+				value := wrapText(line[k:], "", f.width-k)
+				line = line[:k] + strings.Join(value, "\n"+strings.Repeat(" ", k))
+			}
+		}
+		if _, err := io.WriteString(f.w, line+"\n"); err != nil {
+			return len(p), err
+		}
+	}
+}
+
+// agentProgress writes evolve up --agents' progress: a line every few
+// seconds that fits the terminal (80 columns off one), with the
+// workload's phase and the modelled time, and a line when the phase
+// changes.
+type agentProgress struct {
+	w       io.Writer
+	model   workload.Model
+	speedup float64
+	width   int
+	total   time.Duration // the run's length (0: until Ctrl-C)
+	start   time.Time
+	phase   string
+}
+
+func newAgentProgress(w io.Writer, m workload.Model, speedup float64, width int) *agentProgress {
+	if speedup <= 0 {
+		speedup = 1
+	}
+	return &agentProgress{w: w, model: m, speedup: speedup, width: width}
+}
+
+// intro says what runs: the agents, the workload's schedule in modelled
+// time and what it is in wall time, the profile and the speedup.
+func (p *agentProgress) intro(agents int, profile string) {
+	fmt.Fprintf(p.w, "running %s\n", counted(agents, p.model.Name()+" agent"))
+	if sh, ok := p.model.(*workload.Shift); ok {
+		fmt.Fprintln(p.w, strings.Join(wrapText(fmt.Sprintf("  %s for %s, then a change to %s over %s, then %s for %s (modelled time)",
+			sh.From.Name(), shortDur(sh.Hold1), sh.To.Name(), shortDur(sh.Ramp), sh.To.Name(), shortDur(sh.Hold2)), "    ", p.width), "\n"))
+	}
+	speed := "in real time"
+	if p.speedup != 1 {
+		speed = fmt.Sprintf("at %gx: a wall minute is %s modelled; latencies are wall-clock", p.speedup, shortDur(time.Duration(float64(time.Minute)*p.speedup)))
+	}
+	fmt.Fprintln(p.w, strings.Join(wrapText("  engines "+profile+" "+speed, "    ", p.width), "\n"))
+	fmt.Fprintln(p.w, strings.Join(wrapText("  every 5 s: wall time, modelled time and phase, the split, requests and errors so far, and the last 5 s' TTFT and E2E, p50/p95", "    ", p.width), "\n"))
+	fmt.Fprintln(p.w, "Ctrl-C stops the agents, prints their summary and stops the cluster")
+}
+
+// phaseAt is the workload's phase at modelled time t: a shift's first
+// model, its change (with the share of the second), or its second.
+func (p *agentProgress) phaseAt(t time.Duration) string {
+	sh, ok := p.model.(*workload.Shift)
+	if !ok {
+		return p.model.Name()
+	}
+	switch f := sh.Fraction(t); {
+	case f <= 0:
+		return sh.From.Name()
+	case f >= 1:
+		return sh.To.Name()
+	default:
+		return fmt.Sprintf("→%s %.0f%%", sh.To.Name(), 100*f)
+	}
+}
+
+// phaseName is a phase without its share, to tell when one begins.
+func phaseName(phase string) string { return strings.Fields(phase + " ")[0] }
+
+// line writes one line of progress (two where the width is short):
+// the wall time (of the run's total), the modelled time and the phase,
+// the split, requests so far and the last interval's latencies;
+// splitText is " | split 1P/3D" or "".
+func (p *agentProgress) line(s loadgen.Snapshot, splitText string) {
+	modelled := time.Duration(float64(s.Elapsed) * p.speedup)
+	phase := p.phaseAt(modelled)
+	if name := phaseName(phase); name != p.phase {
+		if sh, ok := p.model.(*workload.Shift); ok && p.phase != "" {
+			// When the schedule changed phase, not when this line saw it.
+			at, what := sh.Hold1+sh.Ramp, sh.To.Name()+" alone from here on"
+			if rest, ok := strings.CutPrefix(name, "→"); ok {
+				at, what = sh.Hold1, "the change to "+rest+" began"
+			}
+			fmt.Fprintf(p.w, "-- %s wall, %s modelled: %s\n", shortDur(time.Duration(float64(at)/p.speedup)), shortDur(at), what)
+		}
+		p.phase = name
+	}
+	at := "t=" + shortDur(s.Elapsed)
+	if p.total > 0 {
+		at += "/" + shortDur(p.total)
+	}
+	if p.speedup != 1 {
+		phase = shortDur(modelled) + " modelled: " + phase
+	}
+	lat := func(name string, d workload.Dist) string {
+		if d.N == 0 {
+			return name + " -" // no answer finished: not a latency of 0
+		}
+		return name + " " + shortSec(d.P50) + "/" + shortSec(d.P95)
+	}
+	segs := []string{at, phase}
+	if sp := strings.TrimPrefix(splitText, " | split "); sp != "" {
+		segs = append(segs, sp)
+	}
+	segs = append(segs, fmt.Sprintf("%d req, %d err", s.Requests, s.Errors), lat("TTFT", s.TTFT), lat("E2E", s.E2E))
+	fmt.Fprintln(p.w, strings.Join(wrapSegs(segs, "  ", "    ", p.width), "\n"))
+}
+
+// wrapSegs joins segments with sep on lines of at most width, each after
+// the first starting with indent.
+func wrapSegs(segs []string, sep, indent string, width int) []string {
+	var lines []string
+	line := ""
+	for _, seg := range segs {
+		switch {
+		case line == "":
+			line = seg
+		case len([]rune(line))+len(sep)+len([]rune(seg)) <= width:
+			line += sep + seg
+		default:
+			lines = append(lines, line)
+			line = indent + seg
+		}
+	}
+	return append(lines, line)
+}
+
+// moves writes the planner's moves of the run, from its record, at their
+// wall and modelled times.
+func (p *agentProgress) moves(w io.Writer, ds []tui.Decision) {
+	var lines []string
+	n := 0
+	for _, d := range ds {
+		if len(d.Moves) == 0 || d.Time.Before(p.start) {
+			continue
+		}
+		n += len(d.Moves)
+		at := d.Time.Sub(p.start)
+		var moved []string
+		for _, mv := range d.Moves {
+			moved = append(moved, mv.Node+" to "+mv.To)
+		}
+		lines = append(lines, wrapText(fmt.Sprintf("  %s wall (%s modelled): %s; %s", shortDur(at), shortDur(time.Duration(float64(at)*p.speedup)),
+			strings.Join(moved, ", "), d.Reason), "      ", p.width)...)
+	}
+	if len(lines) == 0 {
+		fmt.Fprintln(w, "planner     no moves: the split it started with fitted the traffic")
+		return
+	}
+	fmt.Fprintf(w, "planner     %s:\n%s\n", counted(n, "move"), strings.Join(lines, "\n"))
+}
+
+// plannerDecisions are the planner's decisions, or none when it is off or
+// out of reach.
+func plannerDecisions(c *controlClient) []tui.Decision {
+	var st struct {
+		Decisions []tui.Decision `json:"decisions"`
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	c.do(ctx, "GET", "/api/v1/planner", nil, &st)
+	return st.Decisions
+}
+
+// shortDur writes a duration as people read it: 45s, 6m05s, 1h02m.
+func shortDur(d time.Duration) string {
+	t := int(d.Round(time.Second).Seconds())
+	switch h, m, s := t/3600, t/60%60, t%60; {
+	case h > 0:
+		return fmt.Sprintf("%dh%02dm", h, m)
+	case m > 0:
+		return fmt.Sprintf("%dm%02ds", m, s)
+	default:
+		return fmt.Sprintf("%ds", s)
+	}
+}
+
+// shortSec writes seconds in at most five cells: 8ms, 0.21s, 2.4s, 49s.
+func shortSec(s float64) string {
+	switch {
+	case s < 0.01:
+		return fmt.Sprintf("%.0fms", s*1000)
+	case s < 1:
+		return fmt.Sprintf("%.2fs", s)
+	case s < 10:
+		return fmt.Sprintf("%.1fs", s)
+	case s < 1000:
+		return fmt.Sprintf("%.0fs", s)
+	default:
+		return shortDur(time.Duration(s * float64(time.Second)))
+	}
+}
+
+// truncateText cuts s to n characters, marking the cut.
+func truncateText(s string, n int) string {
+	if r := []rune(s); len(r) > n {
+		return string(r[:n-1]) + "…"
+	}
+	return s
+}
+
+// wrapText wraps text at its spaces onto lines of at most width, each
+// after the first starting with indent.
+func wrapText(text, indent string, width int) []string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(text) {
+		switch {
+		case line == "":
+			line = w
+			if len(lines) > 0 {
+				line = indent + w
+			} else if strings.HasPrefix(text, " ") {
+				line = text[:len(text)-len(strings.TrimLeft(text, " "))] + w
+			}
+		case len([]rune(line))+1+len([]rune(w)) <= width:
+			line += " " + w
+		default:
+			lines = append(lines, line)
+			line = indent + w
+		}
+	}
+	return append(lines, line)
 }
 
 // closedWithin says whether ch is closed, or closes within d.
