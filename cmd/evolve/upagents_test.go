@@ -117,3 +117,19 @@ func TestUpAgentsOutputFits80Columns(t *testing.T) {
 		}
 	}
 }
+
+// up --help says what --agents does to the defaults it shows: the
+// profile and the speedup it runs with are not the ones shown for them.
+func TestUpHelpSaysWhatAgentsChange(t *testing.T) {
+	help, code := runBinOut(t, nil, "up", "--help")
+	flat := strings.Join(strings.Fields(help), " ")
+	for _, want := range []string{
+		"unless given, --profile becomes gb300-kimi-k2 (agent-sized contexts) and --speedup 10",
+		"(with --agents the default is gb300-kimi-k2)",
+		"(with --agents the default is 10)",
+	} {
+		if code != 0 || !strings.Contains(flat, want) {
+			t.Errorf("up --help lacks %q:\n%s", want, help)
+		}
+	}
+}
