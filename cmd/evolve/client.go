@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -86,9 +88,63 @@ func (c *controlClient) do(ctx context.Context, method, path string, in, out any
 			hint = "the local cluster's orchestrator is gone (see " + filepath.Join(st.LogDir, "orchestrator.log") +
 				"); 'evolve down' stops what it left, 'evolve up' starts a new one"
 		}
-		return fmt.Errorf("cannot reach the orchestrator at %s (%s): %w", c.base, hint, te.Err)
+		return &plainError{msg: fmt.Sprintf("cannot reach the orchestrator at %s: %s (%s)", c.base, netCause(te.Err), hint), err: te}
 	}
 	return err
+}
+
+// plainError is an error whose text is written for people, wrapping the
+// error it came from for errors.Is and errors.As.
+type plainError struct {
+	msg string
+	err error
+}
+
+func (e *plainError) Error() string { return e.msg }
+func (e *plainError) Unwrap() error { return e.err }
+
+// reachCause is an error of a control API call in words: a failure to
+// connect as netCause says it, an answer as the API wrote it.
+func reachCause(err error) string {
+	var te *controlapi.TransportError
+	if errors.As(err, &te) {
+		return netCause(te.Err)
+	}
+	return err.Error()
+}
+
+// netCause says why a connection failed in words, without Go's text of
+// the request and the dial ('Get "http://...": dial tcp 127.0.0.1:8001:
+// connect: connection refused').
+func netCause(err error) string {
+	var dns *net.DNSError
+	var ne net.Error
+	var ve *tls.CertificateVerificationError
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "connection refused (nothing listens there)"
+	case errors.Is(err, syscall.EHOSTUNREACH):
+		return "no route to the host"
+	case errors.Is(err, syscall.ENETUNREACH):
+		return "the network is unreachable"
+	case errors.Is(err, syscall.ECONNRESET):
+		return "the connection was reset"
+	case errors.Is(err, context.Canceled):
+		return "interrupted"
+	case errors.Is(err, io.EOF):
+		return "the orchestrator closed the connection"
+	case errors.As(err, &dns):
+		return fmt.Sprintf("no such host %q", dns.Name)
+	case errors.As(err, &ve):
+		return "its TLS certificate is not trusted"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "no answer in time"
+	}
+	msg := err.Error()
+	if i := strings.LastIndex(msg, ": "); i >= 0 && i+2 < len(msg) {
+		return msg[i+2:] // the cause, at the end of the chain
+	}
+	return msg
 }
 
 // output writes v as -o asks: json, yaml, or through table for table/wide.
@@ -99,6 +155,7 @@ func output(cmd *cobra.Command, v any, table func(w *tabwriter.Writer, wide bool
 	case "json":
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false) // "a -> b", not "a -\u003e b"
 		return enc.Encode(v)
 	case "yaml":
 		// Through JSON, so that field names match the JSON output.

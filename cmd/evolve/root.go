@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -52,7 +53,7 @@ Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 	root.PersistentFlags().String("config", "", "config file (default $XDG_CONFIG_HOME/evolve/config.yaml)")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format on stderr: text or json")
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{cmd: c.CommandPath(), err: err} })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{cmd: c.CommandPath(), err: plainValueError(c, err)} })
 	root.AddCommand(newVersionCmd(), newEngineCmd(), newOrchestratorCmd(), newUpCmd(), newDownCmd(), newStatusCmd(), newNodesCmd(), newRoleCmd(), newBenchCmd(), newSimCmd(), newPlannerCmd(), newBranchesCmd(), newKVCmd(), newTopCmd(), newLogsCmd(), newMonitoringCmd())
 	registerCompletions(root)
 	return root
@@ -103,7 +104,7 @@ func loadConfigWarning(cmd *cobra.Command, w io.Writer) error {
 		warnUnknownConfigKeys(cmd.Root(), path, w)
 	}
 	if err := applyConfigToFlags(cmd, path); err != nil {
-		return usageError{cmd: cmd.CommandPath(), err: err}
+		return usageError{cmd: cmd.CommandPath(), err: plainValueError(cmd, err)}
 	}
 	return setupLogging()
 }
@@ -120,16 +121,81 @@ func setupLogging() error {
 	if err := level.UnmarshalText([]byte(config.GetString("log-level"))); err != nil {
 		return usageError{cmd: "evolve", err: fmt.Errorf("--log-level: %w", err)}
 	}
-	opts := &slog.HandlerOptions{Level: level}
-	var h slog.Handler
-	switch f := config.GetString("log-format"); f {
-	case "text":
-		h = slog.NewTextHandler(os.Stderr, opts)
-	case "json":
-		h = slog.NewJSONHandler(os.Stderr, opts)
-	default:
-		return usageError{cmd: "evolve", err: fmt.Errorf("--log-format %q: want text or json", f)}
+	h, err := logHandler(os.Stderr, config.GetString("log-format"), level)
+	if err != nil {
+		return usageError{cmd: "evolve", err: err}
 	}
 	slog.SetDefault(slog.New(h))
 	return nil
 }
+
+// logHandler writes log records to w as format (text or json) says, in
+// the units people read: a duration as 71ms, not 71000000 (JSON's
+// nanoseconds), and an attribute without a value ("err": null) left out.
+func logHandler(w io.Writer, format string, level slog.Level) (slog.Handler, error) {
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		switch v := a.Value; {
+		case v.Kind() == slog.KindDuration:
+			return slog.String(a.Key, v.Duration().String())
+		case v.Kind() == slog.KindAny && v.Any() == nil:
+			return slog.Attr{} // dropped
+		}
+		return a
+	}}
+	switch format {
+	case "text":
+		return slog.NewTextHandler(w, opts), nil
+	case "json":
+		return slog.NewJSONHandler(w, opts), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// badValueRE matches the flag parser's and the config's message for a
+// value a flag cannot take: the value, the flag, where it came from, and
+// the parser's own error.
+var badValueRE = regexp.MustCompile(`^invalid (?:argument|value) ("[^"]*"|\[[^\]]*\]) for "?(?:-\w, )?--([\w.-]+)"?(?: flag)?(?: from (.+?))?: (.*)$`)
+
+// goParseRE matches Go's own parse errors, which say nothing to people:
+// strconv.ParseFloat: parsing "10m": invalid syntax; time: missing unit in
+// duration "10".
+var goParseRE = regexp.MustCompile(`strconv\.\w+: |^time: |invalid syntax|out of range`)
+
+// plainValueError says what a flag wants in place of Go's parse error:
+// --speedup "10m": want a number, such as 10 or 2.5.
+func plainValueError(cmd *cobra.Command, err error) error {
+	m := badValueRE.FindStringSubmatch(err.Error())
+	if m == nil || !goParseRE.MatchString(m[4]) {
+		return err
+	}
+	value, name, from, parse := m[1], m[2], m[3], m[4]
+	want := ""
+	if f := cmd.Flags().Lookup(name); f != nil {
+		switch t := f.Value.Type(); {
+		case strings.HasPrefix(t, "float"):
+			want = "want a number, such as 10 or 2.5"
+		case strings.HasPrefix(t, "int"), strings.HasPrefix(t, "uint"):
+			want = "want a whole number, such as 4"
+		case t == "duration":
+			want = "want a duration with its unit, such as 90s, 10m or 1h30m"
+			if u := durationUnitRE.FindStringSubmatch(parse); u != nil {
+				want = u[1] + "; " + want // missing unit, unknown unit "x"
+			}
+		case t == "bool":
+			want = "want true or false"
+		}
+	}
+	if want == "" {
+		return err
+	}
+	if strings.Contains(parse, "out of range") {
+		want = "out of range; " + want
+	}
+	if from != "" {
+		return fmt.Errorf("invalid value %s for --%s from %s: %s", value, name, from, want)
+	}
+	return fmt.Errorf("--%s %s: %s", name, value, want)
+}
+
+// durationUnitRE takes what a duration lacks from Go's parse error.
+var durationUnitRE = regexp.MustCompile(`(missing unit|unknown unit "[^"]*")`)

@@ -72,13 +72,13 @@ func runTop(cmd *cobra.Command, _ []string) error {
 	ctx, cancel := context.WithTimeout(cmd.Context(), 5*time.Second)
 	defer cancel()
 	if _, err := src.Cluster(ctx); err != nil {
-		return fmt.Errorf("no orchestrator at %s: %w (start one with 'evolve up', or pass --server)", c.base, err)
+		return &plainError{msg: fmt.Sprintf("no orchestrator at %s: %s (start one with 'evolve up', or pass --server)", c.base, reachCause(err)), err: err}
 	}
 	var m tea.Model = tui.New(src, tui.Options{ReadOnly: readonly})
 	if beside, _ := cmd.Flags().GetString("beside"); beside != "" {
 		other := tui.NewHTTPSource(beside, c.token)
 		if _, err := other.Cluster(ctx); err != nil {
-			return fmt.Errorf("--beside: nothing answers at %s: %w", beside, err)
+			return &plainError{msg: fmt.Sprintf("--beside: nothing answers at %s: %s", beside, reachCause(err)), err: err}
 		}
 		m = tui.NewSplit(tui.New(src, tui.Options{ReadOnly: true}), tui.New(other, tui.Options{ReadOnly: true}))
 	}
@@ -91,7 +91,7 @@ func topOnce(cmd *cobra.Command, c *controlClient, src *tui.HTTPSource) error {
 	var snap topSnapshot
 	var err error
 	if snap.Cluster, err = src.Cluster(ctx); err != nil {
-		return fmt.Errorf("no orchestrator at %s: %w (start one with 'evolve up', or pass --server)", c.base, err)
+		return &plainError{msg: fmt.Sprintf("no orchestrator at %s: %s (start one with 'evolve up', or pass --server)", c.base, reachCause(err)), err: err}
 	}
 	if err := c.do(ctx, "GET", "/api/v1/nodes", nil, &snap.Nodes); err != nil {
 		return err
