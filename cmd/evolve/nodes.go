@@ -147,7 +147,7 @@ answer no node could continue is sent again from its start instead).`,
 	}
 	addClientFlags(cmd)
 	addOutputFlag(cmd, "table, wide, json or yaml")
-	cmd.Flags().BoolP("watch", "w", false, "after the table, print a node's row again whenever its role, mode or state changes (-o json: every update of a node, one JSON object per line) until Ctrl-C")
+	cmd.Flags().BoolP("watch", "w", false, "after the table, print a node's row again whenever its role, mode or state changes (-o json: a node, one JSON object per line, whenever anything but its last_seen changes) until Ctrl-C")
 	return cmd
 }
 
@@ -204,8 +204,8 @@ func columns(row string) string {
 }
 
 // watchNodes follows the control API's watch stream: the table, then a
-// row whenever a node's role, mode or state changes (JSON: every update,
-// a line each). A broken stream is reopened; its snapshot prints only
+// row whenever a node's role, mode or state changes (JSON: a node's line
+// whenever more than its last_seen changed). A broken stream is reopened; its snapshot prints only
 // what changed meanwhile. Ctrl-C ends it.
 func watchNodes(cmd *cobra.Command) error {
 	format, _ := cmd.Flags().GetString("output")
@@ -226,12 +226,22 @@ func watchNodes(cmd *cobra.Command) error {
 	api := &controlapi.Client{Base: c.base, Token: c.token}
 	out := cmd.OutOrStdout()
 	wide := format == "wide"
-	shown := map[string]string{} // what was last printed of each node: role, mode, state
+	shown := map[string]string{} // what was last printed of each node: role, mode, state; in JSON, all but last_seen
 	headed := false
+	enc := json.NewEncoder(out)
+	enc.SetEscapeHTML(false)
 	show := func(n controlapi.Node) {
 		if format == "json" {
-			b, _ := json.Marshal(n)
-			fmt.Fprintf(out, "%s\n", b)
+			// A heartbeat moves last_seen every second: a node is
+			// printed again when anything else changed.
+			same := n
+			same.LastSeen = time.Time{}
+			b, _ := json.Marshal(same)
+			if shown[n.ID] == string(b) {
+				return
+			}
+			shown[n.ID] = string(b)
+			enc.Encode(n)
 			return
 		}
 		key := n.Role + "\t" + n.Mode + "\t" + nodeState(n)
@@ -266,9 +276,9 @@ func watchNodes(cmd *cobra.Command) error {
 					return nil
 				}
 				if attempt >= 5 {
-					return fmt.Errorf("watch %s: %w", c.base, err)
+					return &plainError{msg: fmt.Sprintf("watch %s: %s", c.base, netCause(err)), err: err}
 				}
-				fmt.Fprintf(cmd.ErrOrStderr(), "watch: %v; reconnecting\n", err)
+				fmt.Fprintf(cmd.ErrOrStderr(), "watch: %s; reconnecting\n", netCause(err))
 				break read
 			case <-ctx.Done():
 				return nil
