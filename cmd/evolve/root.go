@@ -53,7 +53,9 @@ Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 	root.PersistentFlags().String("config", "", "config file (default $XDG_CONFIG_HOME/evolve/config.yaml)")
 	root.PersistentFlags().String("log-level", "info", "log level: debug, info, warn, error")
 	root.PersistentFlags().String("log-format", "text", "log format on stderr: text or json")
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error { return usageError{cmd: c.CommandPath(), err: plainValueError(c, err)} })
+	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
+		return usageError{cmd: c.CommandPath(), err: plainValueError(c, err)}
+	})
 	root.AddCommand(newVersionCmd(), newEngineCmd(), newOrchestratorCmd(), newUpCmd(), newDownCmd(), newStatusCmd(), newNodesCmd(), newRoleCmd(), newBenchCmd(), newSimCmd(), newPlannerCmd(), newBranchesCmd(), newKVCmd(), newTopCmd(), newLogsCmd(), newMonitoringCmd())
 	registerCompletions(root)
 	return root
