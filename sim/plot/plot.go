@@ -10,6 +10,7 @@ import (
 	"io"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -41,10 +42,11 @@ func FormatOf(path string) (string, error) {
 }
 
 // The plot's size: three panels stacked, wide enough for a few hours of
-// minutes.
+// minutes; the legend's column grows with its longest name.
 const (
 	width  = 24 * vg.Centimeter
-	height = 24 * vg.Centimeter
+	height = 25 * vg.Centimeter
+	titleH = 1.6 * vg.Centimeter
 )
 
 // palette and dashes tell policies apart by colour and by dash pattern, so
@@ -58,27 +60,99 @@ var (
 )
 
 // panel is one of the stacked plots: a title, a y label, the value of a
-// policy's minute (ok false: no point that minute), and what else its axis
-// must reach (nil: the values alone).
+// policy's minute (ok false: no point that minute), what else its axis
+// must reach (nil: the values alone), and whether its last minutes are
+// those of requests not all finished by the run's end.
 type panel struct {
 	title, y string
 	value    func(sim.Window) (v float64, ok bool)
 	scale    func(sim.Window) float64
+	censored bool
 }
 
 var panels = []panel{
-	{"Prefill engines serving, of all serving", "engines", func(w sim.Window) (float64, bool) { return float64(w.Prefill), true },
-		func(w sim.Window) float64 { return float64(w.Prefill + w.Decode) }},
-	{"Requests queued on engines", "requests", func(w sim.Window) (float64, bool) { return float64(w.Waiting), true }, nil},
+	{"Prefill engines serving", "engines", func(w sim.Window) (float64, bool) { return float64(w.Prefill), true },
+		func(w sim.Window) float64 { return float64(w.Prefill + w.Decode) }, false},
+	{"Requests queued on engines", "requests", func(w sim.Window) (float64, bool) { return float64(w.Waiting), true }, nil, false},
 	{"Mean end-to-end latency of the requests arriving each minute", "seconds", func(w sim.Window) (float64, bool) {
 		return w.MeanE2E(), w.Requests > 0
-	}, nil},
+	}, nil, true},
 }
 
 // Write draws the results' timelines in format (svg, png or pdf) to w,
 // with a line where the warm-up ends and scoring starts (none when warmup
-// is 0).
+// is 0), titled with what the results tell of the run (WriteScenario
+// titles it with the run's parameters).
 func Write(w io.Writer, format string, results []sim.Result, warmup time.Duration) error {
+	return draws(w, format, results, warmup, resultsTitle(results, warmup))
+}
+
+// WriteScenario is Write, titled with the scenario's parameters: the
+// profile, engines, workload and agents, warm-up and scored time, seed.
+func WriteScenario(w io.Writer, format string, results []sim.Result, sc sim.Scenario) error {
+	return draws(w, format, results, sc.Warmup, scenarioTitle(sc))
+}
+
+// scenarioTitle is a run's parameters, as the figure's title says them.
+func scenarioTitle(sc sim.Scenario) string {
+	profile := "?"
+	if sc.Profile != nil {
+		profile = sc.Profile.Name
+	}
+	load := fmt.Sprintf("%s, %d agents", sc.Workload, sc.Agents)
+	if sc.Trace != nil {
+		load = fmt.Sprintf("a trace of %d requests", len(sc.Trace))
+		if sc.TimeScale > 0 && sc.TimeScale != 1 {
+			load += fmt.Sprintf(" at %gx", sc.TimeScale)
+		}
+	}
+	return fmt.Sprintf("%d engines of %s, %s; %s warm-up + %s scored, seed %d", sc.Engines, profile, load, dur(sc.Warmup), dur(sc.Duration), sc.Seed)
+}
+
+// resultsTitle is what the results themselves say of their run.
+func resultsTitle(results []sim.Result, warmup time.Duration) string {
+	engines, minutes := 0, 0
+	for _, r := range results {
+		minutes = max(minutes, len(r.Timeline))
+		for _, win := range r.Timeline {
+			engines = max(engines, win.Prefill+win.Decode)
+		}
+	}
+	t := fmt.Sprintf("%s on %d engines, %s modelled", counted(len(results), "policy"), engines, dur(time.Duration(minutes)*time.Minute))
+	if warmup > 0 {
+		t += fmt.Sprintf(" (%s warm-up)", dur(warmup))
+	}
+	return t
+}
+
+func counted(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	if strings.HasSuffix(noun, "y") {
+		return fmt.Sprintf("%d %sies", n, strings.TrimSuffix(noun, "y"))
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
+}
+
+// dur writes a duration as 1h30m, 2h, 20m or 45s.
+func dur(d time.Duration) string {
+	t := int(d.Round(time.Second).Seconds())
+	h, m, s := t/3600, t/60%60, t%60
+	var b strings.Builder
+	if h > 0 {
+		fmt.Fprintf(&b, "%dh", h)
+	}
+	if m > 0 {
+		fmt.Fprintf(&b, "%dm", m)
+	}
+	if s > 0 || t == 0 {
+		fmt.Fprintf(&b, "%ds", s)
+	}
+	return b.String()
+}
+
+func draws(w io.Writer, format string, results []sim.Result, warmup time.Duration, title string) error {
 	minutes := 0
 	for _, r := range results {
 		minutes = max(minutes, len(r.Timeline))
@@ -86,46 +160,110 @@ func Write(w io.Writer, format string, results []sim.Result, warmup time.Duratio
 	if minutes < 2 {
 		return fmt.Errorf("plot: need at least two minutes of timeline")
 	}
+	legend := gplot.NewLegend()
+	legend.Top, legend.Left = true, true
+	same := sameAs(results)
+	for i, r := range results {
+		name := r.Policy
+		if j, ok := same[i]; ok {
+			// Drawn exactly under the other: say so, or it is not seen.
+			name += " (same lines as " + results[j].Policy + ")"
+		}
+		legend.Add(name, lineStyle(i))
+	}
+	// The legend's column is as wide as its longest name.
+	legendW := legend.Rectangle(draw.Canvas{}).Size().X + vg.Centimeter/2
+	figW := max(width, 17*vg.Centimeter+legendW)
 	var c vg.CanvasWriterTo
 	switch format {
 	case "svg":
-		c = vgsvg.New(width, height)
+		c = vgsvg.New(figW, height)
 	case "png":
-		c = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(width, height), vgimg.UseDPI(120), vgimg.UseBackgroundColor(color.White))}
+		c = vgimg.PngCanvas{Canvas: vgimg.NewWith(vgimg.UseWH(figW, height), vgimg.UseDPI(120), vgimg.UseBackgroundColor(color.White))}
 	case "pdf":
-		c = vgpdf.New(width, height)
+		c = vgpdf.New(figW, height)
 	default:
 		return fmt.Errorf("plot: format %q: want one of %s", format, strings.Join(Formats, ", "))
 	}
-	legend := gplot.NewLegend()
-	legend.Top, legend.Left = true, true
+	end := runEnd(results)
 	plots := make([][]*gplot.Plot, len(panels))
 	for i, pn := range panels {
-		p, err := draws(pn, results, warmup, i == len(panels)-1)
+		p, err := drawPanel(pn, results, warmup, end, i == len(panels)-1)
 		if err != nil {
 			return err
 		}
 		plots[i] = []*gplot.Plot{p}
 	}
-	for i, r := range results {
-		legend.Add(r.Policy, lineStyle(i))
-	}
 	dc := draw.New(c)
-	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadTop: vg.Centimeter / 2, PadBottom: vg.Centimeter / 4,
+	sty := legend.TextStyle
+	sty.Font.Size = vg.Points(13)
+	sty.XAlign = draw.XCenter
+	dc.FillText(sty, vg.Point{X: figW / 2, Y: height - titleH/2}, title)
+	tiles := draw.Tiles{Rows: len(panels), Cols: 1, PadTop: vg.Centimeter / 4, PadBottom: vg.Centimeter / 4,
 		PadY: vg.Centimeter / 2, PadLeft: vg.Centimeter / 4, PadRight: vg.Centimeter / 4}
-	canvases := gplot.Align(plots, tiles, draw.Crop(dc, 0, -legendWidth, 0, 0))
+	canvases := gplot.Align(plots, tiles, draw.Crop(dc, 0, -legendW, 0, -titleH))
 	for i := range plots {
 		plots[i][0].Draw(canvases[i][0])
 	}
-	legend.Draw(draw.Crop(dc, width-legendWidth, 0, 0, -vg.Centimeter))
+	legend.Draw(draw.Crop(dc, figW-legendW, 0, 0, -titleH-vg.Centimeter/2))
 	if _, err := c.WriteTo(w); err != nil {
 		return fmt.Errorf("plot: %w", err)
 	}
 	return nil
 }
 
-// legendWidth is the column on the right that names the policies.
-const legendWidth = 4 * vg.Centimeter
+// sameAs maps each policy whose timeline draws the same in every panel as
+// an earlier one's to that one.
+func sameAs(results []sim.Result) map[int]int {
+	out := map[int]int{}
+	for i := range results {
+		for j := 0; j < i; j++ {
+			if _, dup := out[j]; dup {
+				continue
+			}
+			if sameTimeline(results[i].Timeline, results[j].Timeline) {
+				out[i] = j
+				break
+			}
+		}
+	}
+	return out
+}
+
+func sameTimeline(a, b []sim.Window) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		for _, pn := range panels {
+			va, oka := pn.value(a[k])
+			vb, okb := pn.value(b[k])
+			if oka != okb || oka && va != vb {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// runEnd is where the runs end, in minutes (their modelled time).
+func runEnd(results []sim.Result) float64 {
+	end := 0.0
+	for _, r := range results {
+		end = max(end, r.VirtualSec/60, float64(len(r.Timeline)))
+	}
+	return end
+}
+
+// censoredFrom is the minute after which a policy's requests may not all
+// have finished by the run's end: requests as long as its P99 arriving
+// later could not; +Inf when every request finished.
+func censoredFrom(r sim.Result, end float64) float64 {
+	if r.RequestsUnfinished == 0 || r.P99E2E <= 0 {
+		return math.Inf(1)
+	}
+	return end - r.P99E2E/60
+}
 
 // lineStyle is policy i's line: a colour and a dash pattern.
 func lineStyle(i int) *plotter.Line {
@@ -136,11 +274,13 @@ func lineStyle(i int) *plotter.Line {
 	return l
 }
 
-// draws is one panel with a line per policy, from 0, and a line where the
-// warm-up ends; the last panel labels the minute axis.
-func draws(pn panel, results []sim.Result, warmup time.Duration, last bool) (*gplot.Plot, error) {
+// drawPanel is one panel with a line per policy, from 0, and a line where
+// the warm-up ends; the last panel labels the minute axis. Lines that
+// coincide are drawn a little apart (the title says so), and the last
+// minutes of a panel of latencies, whose long requests had not finished
+// when the run ended, are shaded and named.
+func drawPanel(pn panel, results []sim.Result, warmup time.Duration, end float64, last bool) (*gplot.Plot, error) {
 	p := gplot.New()
-	p.Title.Text = pn.title
 	p.Y.Label.Text = pn.y
 	p.X.Tick.Marker = gplot.TickerFunc(niceTicks)
 	p.Y.Tick.Marker = gplot.TickerFunc(niceTicks)
@@ -148,22 +288,73 @@ func draws(pn panel, results []sim.Result, warmup time.Duration, last bool) (*gp
 		p.X.Label.Text = "minute"
 	}
 	p.Add(plotter.NewGrid())
-	ymax := 1.0
+	ymax, top := 1.0, 0.0
+	series := make([]plotter.XYs, len(results))
 	for i, r := range results {
-		var pts plotter.XYs
 		for _, win := range r.Timeline {
 			if v, ok := pn.value(win); ok {
-				pts = append(pts, plotter.XY{X: win.Start.Minutes(), Y: v})
+				series[i] = append(series[i], plotter.XY{X: win.Start.Minutes(), Y: v})
 				ymax = math.Max(ymax, v)
 			}
 			if pn.scale != nil {
-				ymax = math.Max(ymax, pn.scale(win))
+				top = math.Max(top, pn.scale(win))
 			}
 		}
-		if len(pts) == 0 {
+	}
+	ymax = math.Max(ymax, top)
+	title := pn.title
+	var notes []string
+	if top > 0 {
+		title += fmt.Sprintf(" (the axis reaches all %.0f)", top)
+	}
+	// A line drawn exactly over another hides it: the later ones of a
+	// group of equal lines go a little higher, a step each.
+	apart := false
+	for i := range series {
+		shift := 0
+		for j := 0; j < i; j++ {
+			if slices.Equal(series[i], series[j]) {
+				shift++
+			}
+		}
+		if shift > 0 && len(series[i]) > 0 {
+			apart = true
+			moved := make(plotter.XYs, len(series[i]))
+			for k, pt := range series[i] {
+				moved[k] = plotter.XY{X: pt.X, Y: pt.Y + float64(shift)*ymax*0.012}
+			}
+			series[i] = moved
+		}
+	}
+	if apart {
+		notes = append(notes, "equal lines drawn a little apart")
+	}
+	if pn.censored {
+		from := math.Inf(1)
+		for _, r := range results {
+			from = math.Min(from, censoredFrom(r, end))
+		}
+		if from < end {
+			from = math.Max(from, 0)
+			band, err := plotter.NewPolygon(plotter.XYs{{X: from, Y: 0}, {X: end, Y: 0}, {X: end, Y: ymax * 1.05}, {X: from, Y: ymax * 1.05}})
+			if err != nil {
+				return nil, err
+			}
+			band.Color = color.Gray{Y: 0xe6}
+			band.LineStyle.Width = 0
+			p.Add(band)
+			notes = append(notes, fmt.Sprintf("shaded from minute %.0f: long requests arriving then had not finished when the run ended, and the mean leaves them out", from))
+		}
+	}
+	if len(notes) > 0 {
+		title += "\n" + wrapTitle(strings.Join(notes, "; "), 90)
+	}
+	p.Title.Text = title
+	for i, r := range results {
+		if len(series[i]) == 0 {
 			continue
 		}
-		l, err := plotter.NewLine(pts)
+		l, err := plotter.NewLine(series[i])
 		if err != nil {
 			return nil, fmt.Errorf("plot %s: %w", r.Policy, err)
 		}
@@ -171,6 +362,7 @@ func draws(pn panel, results []sim.Result, warmup time.Duration, last bool) (*gp
 		p.Add(l)
 	}
 	p.Y.Min, p.Y.Max = 0, ymax*1.05
+	p.X.Min, p.X.Max = 0, end
 	if m := warmup.Minutes(); m > 0 && m < p.X.Max {
 		mark, err := plotter.NewLine(plotter.XYs{{X: m, Y: 0}, {X: m, Y: p.Y.Max}})
 		if err != nil {
@@ -184,6 +376,21 @@ func draws(pn panel, results []sim.Result, warmup time.Duration, last bool) (*gp
 		}
 	}
 	return p, nil
+}
+
+// wrapTitle breaks a title onto lines of at most n characters.
+func wrapTitle(s string, n int) string {
+	var lines []string
+	line := ""
+	for _, w := range strings.Fields(s) {
+		if line != "" && len(line)+1+len(w) > n {
+			lines = append(lines, line)
+			line = w
+			continue
+		}
+		line = strings.TrimSpace(line + " " + w)
+	}
+	return strings.Join(append(lines, line), "\n")
 }
 
 // niceTicks marks an axis at about five round values (1, 2 or 5 times a
