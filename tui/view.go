@@ -523,12 +523,11 @@ func (m *Model) viewNodes(h int) []string {
 			peak, samples = max(peak, v), samples+1
 		}
 	}
+	if samples == 0 {
+		loadW = 0 // nothing sampled yet (a snapshot): no column
+	}
 	if loadW >= 8 {
-		load := "LOAD" // no samples yet: no scale to speak of
-		if samples > 0 {
-			load = "LOAD ≤" + rate(peak)
-		}
-		head += "  " + truncate(load, loadW)
+		head += "  " + truncate("LOAD ≤"+rate(peak), loadW)
 	}
 	out = append(out, head)
 	// The rows that fit; the details (enter) get what is left, at least
