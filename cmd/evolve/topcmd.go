@@ -28,20 +28,29 @@ func newTopCmd() *cobra.Command {
 		Long: `A live monitor of the cluster, fed by the control API's watch stream.
 
 Views (keys 1-4): nodes (roles, modes, states, queues, KV use, referenced
-share, load), planner (learned costs, demand, current and recommended split,
-decisions), branches (the agent session tree and where each branch's KV
-lives; f follows one), events (switches, nodes up and down, planner moves,
-evictions of blocks live agent branches reference, errors). p / d switch the selected node to prefill / decode and pin it, a
-hands it back to the planner, each after a confirmation; --readonly refuses
-them. Z pauses the screen, / filters, s sorts, ? helps, q quits.
+share, load on one scale for every row, recent events below), planner
+(learned costs, demand, current and recommended split, its decisions),
+branches (the agent session tree and where each branch's KV lives; enter
+lists every node holding the selected one, f follows it), events (nodes
+joining, going down and back, switches, planner moves, evictions of blocks
+live agent branches reference, errors): the orchestrator keeps a record of
+them and sends it to each new watcher, so a top started later shows the
+past at its times; from a server without one it says so.
+
+The selection is a node, not a row: it stays on its node as rows re-sort.
+p / d switch the selected node to prefill / decode and pin it, a hands it
+back to the planner, each after a confirmation whose key comes first
+([y/N]); --readonly refuses them. j/k move or scroll, / filters (shown on
+screen; esc clears), s sorts (the column is marked), Z pauses, ? helps, q
+quits.
 
 It also watches simulations: evolve sim --live serves each simulated
 policy's cluster at its own address, and --beside shows a second one next
 to the first, keys moving both.
 
-It needs a terminal of at least 80x24 (with --beside: 155x24 side by
-side, or 80x49 one above the other); for scripts, --once prints one
-snapshot (-o json for the data).`,
+It needs a terminal of at least 80x24 and uses what more it has (with
+--beside: 155x24 side by side, or 80x49 one above the other); for
+scripts, --once prints one snapshot (-o json for the data).`,
 		Example: `  evolve top
   evolve top --server http://10.0.0.5:8001 --token $TOKEN --readonly
   evolve top --once -o json | jq '.nodes[] | {id, role, state}'
