@@ -391,3 +391,69 @@ func TestAbandonedRequestDoesNotReviveItsSession(t *testing.T) {
 		t.Fatalf("a new turn after the end: %+v", list)
 	}
 }
+
+// Sub-agents that have sessions of their own (OpenCode's, Dynamo's) are
+// children of their parent's tree as the router sees them; a sub-agent
+// named inside its session (Claude Code's agent id) forks from its
+// parent's branch; x-dynamo-session-final ends the agent it names once
+// its request is answered, and DELETE of a child's session ends its
+// branches only.
+func TestSubAgentsFromAgentHeaders(t *testing.T) {
+	tc := startTestCluster(t, roles.Decode)
+	router := tc.o.RouterURL()
+	send := func(prompt string, h map[string]string) {
+		t.Helper()
+		req, _ := http.NewRequest("POST", router+"/v1/completions", strings.NewReader(fmt.Sprintf(`{"prompt": %q, "max_tokens": 1}`, prompt)))
+		for k, v := range h {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("%v: %d", h, resp.StatusCode)
+		}
+	}
+	sys := words("system", 300)
+	send(sys+" the user's task", map[string]string{"X-Session-Id": "ses_root"})
+	send(sys+" a sub-task", map[string]string{"X-Session-Id": "ses_child", "X-Parent-Session-Id": "ses_root"})
+	send(sys+" its own sub-task", map[string]string{"X-Session-Id": "ses_grand", "X-Parent-Session-Id": "ses_child"})
+	list := tc.o.Branches("ses_root")
+	agents := map[string]BranchStatus{}
+	for _, b := range list {
+		agents[b.Agent] = b
+	}
+	if len(list) != 3 || agents["ses_child"].Parent != agents[""].Branch || agents["ses_grand"].Parent != agents["ses_child"].Branch {
+		t.Fatalf("the tree of ses_root: %+v", list)
+	}
+	if code := deleteStatus(t, router+"/v1/sessions/ses_child"); code != 200 || tc.o.KV().LiveBranches != 2 {
+		t.Fatalf("DELETE of the child's session: %d, %d branches live", code, tc.o.KV().LiveBranches)
+	}
+	// Claude Code's sub-agent, then its session's end.
+	cc := map[string]string{"X-Claude-Code-Session-Id": "cc1"}
+	send(sys+" fix the bug", cc)
+	send(sys+" look for the bug's cause", map[string]string{"X-Claude-Code-Session-Id": "cc1", "X-Claude-Code-Agent-Id": "agent-7"})
+	list = tc.o.Branches("cc1")
+	if len(list) != 2 || list[1].Agent != "agent-7" || list[1].Parent != list[0].Branch {
+		t.Fatalf("Claude Code's sub-agent: %+v", list)
+	}
+	live := tc.o.KV().LiveBranches
+	send(sys+" fix the bug, done", map[string]string{"X-Claude-Code-Session-Id": "cc1", "X-Dynamo-Session-Final": "true"})
+	if after := tc.o.KV().LiveBranches; after != live-2 || len(tc.o.Branches("cc1")) != 0 {
+		t.Fatalf("after the session's final request: %d branches live (%d before), cc1's %+v", after, live, tc.o.Branches("cc1"))
+	}
+}
+
+func deleteStatus(t *testing.T, url string) int {
+	t.Helper()
+	req, _ := http.NewRequest("DELETE", url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}

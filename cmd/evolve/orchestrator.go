@@ -136,6 +136,7 @@ Most users start it through 'evolve up'.`,
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
+	f.Duration("session-idle", orchestrator.BranchTTL, "how long an agent's branch may wait for its next request before it ends and its context is no longer kept for it (agents also end sessions with x-dynamo-session-final: true or DELETE /v1/sessions/ID)")
 	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long the answers the router is writing may take to finish; no new connection is taken meanwhile, so a load balancer moves to another router (a second signal stops at once)")
 	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")
 	f.Duration("body-timeout", 30*time.Second, "how long a request body may take to arrive, a second more for each 256 KiB that did (a client trickling its body is cut with 408)")
@@ -193,6 +194,9 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	if err := checkPlannerFlags("orchestrator"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
+	if d := config.GetDuration("orchestrator.session-idle"); d <= 0 {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--session-idle %v: give a duration above 0, such as 10m", d)}
+	}
 	// The file is read (and checked) here, then by the orchestrator again
 	// whenever it changes.
 	if _, err := apiKeys("orchestrator"); err != nil {
@@ -207,7 +211,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), NATSCreds: get("nats-creds"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
 		Name: get("name"), ClusterListen: get("cluster-listen"), ClusterPeers: configList("orchestrator.cluster-peers"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"), ShutdownGrace: config.GetDuration("orchestrator.shutdown-grace"),
-		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), Logger: slog.Default(),
+		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), SessionIdle: config.GetDuration("orchestrator.session-idle"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),
