@@ -889,14 +889,6 @@ func shortSec(s float64) string {
 	}
 }
 
-// truncateText cuts s to n characters, marking the cut.
-func truncateText(s string, n int) string {
-	if r := []rune(s); len(r) > n {
-		return string(r[:n-1]) + "…"
-	}
-	return s
-}
-
 // wrapText wraps text at its spaces onto lines of at most width, each
 // after the first starting with indent.
 func wrapText(text, indent string, width int) []string {
