@@ -83,7 +83,7 @@ type Model struct {
 	confirm              *pendingAction
 	message              string
 	messageUntil         time.Time // when the message goes (zero: with the next key)
-	actionNode           string    // the node of the last switch asked for, whose end is told
+	action               *pendingAction // the last switch asked for, whose end is told
 	// report: drawn once for a printed report (evolve top --once, evolve
 	// planner), not a screen: no scroll marks or recent events.
 	report bool
@@ -418,10 +418,14 @@ func (m *Model) noteChange(old, n *Node, now time.Time) {
 // noteSwitchEnd tells, in the footer, of the end of the switch this
 // monitor asked for: the message of its start is over.
 func (m *Model) noteSwitchEnd(old, n *Node) {
-	if old == nil || n.ID != m.actionNode || n.Switch != nil || old.Switch == nil && old.Role == n.Role && old.Mode == n.Mode {
+	c := m.action
+	if old == nil || c == nil || n.ID != c.node || n.Switch != nil || n.State == "switching" {
 		return
 	}
-	m.actionNode = ""
+	if c.unpin && n.Mode != "auto" || !c.unpin && (n.Role != c.role || n.Mode != "pinned") {
+		return
+	}
+	m.action = nil
 	m.say(fmt.Sprintf("%s is now %s (%s)", n.ID, n.Role, n.Mode), messageFor)
 }
 
@@ -816,7 +820,7 @@ func (m *Model) askFor(n *Node, k string) tea.Cmd {
 
 func (m *Model) act(c *pendingAction) tea.Cmd {
 	src := m.src
-	m.actionNode = c.node
+	m.action = c
 	return func() tea.Msg {
 		// Long enough for the planner's lease to move to another
 		// orchestrator (the source asks again meanwhile).
