@@ -82,7 +82,7 @@ type Model struct {
 	follow               string // session/branch followed in the branches view
 	confirm              *pendingAction
 	message              string
-	messageUntil         time.Time // when the message goes (zero: with the next key)
+	messageUntil         time.Time      // when the message goes (zero: with the next key)
 	action               *pendingAction // the last switch asked for, whose end is told
 	// report: drawn once for a printed report (evolve top --once, evolve
 	// planner), not a screen: no scroll marks or recent events.
