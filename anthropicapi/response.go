@@ -176,21 +176,7 @@ func NewError(status int, message string) *Error {
 	return &Error{Status: status, Type: errorType(status), Message: message}
 }
 
-// obj is the JSON object of the key-value pairs kv, in their order: the
-// answers list their members as Anthropic's do (type first), for the
-// operator who reads them beside its documentation.
-func obj(kv ...any) json.RawMessage {
-	b := []byte{'{'}
-	for i := 0; i+1 < len(kv); i += 2 {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		k, _ := json.Marshal(kv[i].(string))
-		v, err := json.Marshal(kv[i+1])
-		if err != nil {
-			v = []byte("null") // never: the values are strings, numbers and objects of them
-		}
-		b = append(append(append(b, k...), ':'), v...)
-	}
-	return append(b, '}')
-}
+// obj is openaiapi.Object: the answers list their members as Anthropic's
+// do (type first), for the operator who reads them beside its
+// documentation.
+var obj = openaiapi.Object

@@ -227,3 +227,22 @@ func (t *TranslatingWriter) Finish() {
 	}
 	t.t.Whole(t.w, t.status, t.buf)
 }
+
+// Object is the JSON object of the key-value pairs kv (a string key, then
+// its value), in their order: a translation's answers list their members
+// as the API's documentation does (type first).
+func Object(kv ...any) json.RawMessage {
+	b := []byte{'{'}
+	for i := 0; i+1 < len(kv); i += 2 {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, _ := json.Marshal(kv[i].(string))
+		v, err := json.Marshal(kv[i+1])
+		if err != nil {
+			v = []byte("null") // never: the values are strings, numbers and objects of them
+		}
+		b = append(append(append(b, k...), ':'), v...)
+	}
+	return append(b, '}')
+}
