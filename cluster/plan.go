@@ -332,16 +332,24 @@ func keyFileProblem(path string) string {
 }
 
 // joinUnknownKeys makes one line of the hosts whose keys are not known,
-// with one ssh-keyscan for them, out of a line each.
+// with one ssh-keyscan for them, out of a line each, and one line of each
+// other finding that several hosts share.
 func joinUnknownKeys(checks []string) []string {
 	var out, names []string
 	var kh string
 	byPort := map[string][]string{}
 	var ports []string
+	// The same finding on several hosts is one line that names them.
+	var whats []string
+	byWhat := map[string][]string{}
 	for _, c := range checks {
 		m := unknownKeyRE.FindStringSubmatch(c)
 		if m == nil {
-			out = append(out, c)
+			name, what, _ := strings.Cut(c, ": ")
+			if _, ok := byWhat[what]; !ok {
+				whats = append(whats, what)
+			}
+			byWhat[what] = append(byWhat[what], name)
 			continue
 		}
 		host, port, _ := net.SplitHostPort(m[1])
@@ -351,8 +359,14 @@ func joinUnknownKeys(checks []string) []string {
 		}
 		byPort[port] = append(byPort[port], host)
 	}
-	if len(names) < 2 {
-		return checks
+	for _, what := range whats {
+		out = append(out, listed(byWhat[what])+": "+what)
+	}
+	if len(names) == 1 {
+		return append(out, checks[slices.IndexFunc(checks, func(c string) bool { return unknownKeyRE.MatchString(c) })])
+	}
+	if len(names) == 0 {
+		return out
 	}
 	var scans []string
 	for _, p := range ports {

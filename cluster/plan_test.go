@@ -77,7 +77,7 @@ spec:
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Setenv("SSH_AUTH_SOCK", "/agent.sock")
+	t.Setenv("SSH_AUTH_SOCK", "")
 	kh := filepath.Join(t.TempDir(), "known_hosts")
 	groups := f.PlanGroups(SSHOptions{KnownHosts: kh, SSHConfig: "none"})
 	if len(groups) != 3 || strings.Join(groups[1].Hosts, " ") != "gpu-02 gpu-03" || groups[2].Hosts[0] != "local" {
@@ -94,6 +94,9 @@ spec:
 	flat := strings.Join(strings.Fields(out), " ")
 	if !strings.Contains(flat, "the host keys of 10.0.0.12:22, 10.0.0.13:22 are not in "+kh) || !strings.Contains(flat, "ssh-keyscan -p 22 10.0.0.12 10.0.0.13 >> "+kh) {
 		t.Errorf("the unknown keys of a group are not one line with one ssh-keyscan:\n%s", out)
+	}
+	if !strings.Contains(flat, "! gpu-02, gpu-03: no SSH key to log in with") || strings.Count(flat, "no SSH key") != 2 {
+		t.Errorf("a finding of several hosts is not one line naming them:\n%s", out)
 	}
 	for _, want := range []string{
 		"gpu-01: 4 engines (ubuntu@10.0.0.11:22)",
