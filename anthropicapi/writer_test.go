@@ -279,3 +279,10 @@ func TestContextOverflowInAnthropicsWords(t *testing.T) {
 		}
 	}
 }
+
+// An error's message reads as written: "N > L", not "N \u003e L".
+func TestErrorsAreNotHTMLEscaped(t *testing.T) {
+	if b := string(fromChatError(400, []byte(openaiapi.ContextTooLong(100, 120).Body().Error.Message)).Body()); !strings.Contains(b, "120 tokens > 100 maximum") {
+		t.Fatalf("%s", b)
+	}
+}

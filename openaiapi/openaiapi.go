@@ -278,7 +278,9 @@ func (e *Error) Write(w http.ResponseWriter) {
 func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // "N > L" reads so in a message
+	_ = enc.Encode(v)
 }
 
 // promptTokens reads the prompt of a completion request: a string, a list

@@ -237,12 +237,20 @@ func Object(kv ...any) json.RawMessage {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		k, _ := json.Marshal(kv[i].(string))
-		v, err := json.Marshal(kv[i+1])
-		if err != nil {
-			v = []byte("null") // never: the values are strings, numbers and objects of them
-		}
-		b = append(append(append(b, k...), ':'), v...)
+		b = append(append(b, marshal(kv[i].(string))...), ':')
+		b = append(b, marshal(kv[i+1])...)
 	}
 	return append(b, '}')
+}
+
+// marshal is v's JSON without HTML escaping: a message that says "N > L"
+// reads so, not "N \u003e L".
+func marshal(v any) []byte {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return []byte("null") // never: the values are strings, numbers and objects of them
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 }
