@@ -741,7 +741,7 @@ func (p *agentProgress) intro(agents int, profile string) {
 		speed = fmt.Sprintf("at %gx: a wall minute is %s modelled; latencies are wall-clock", p.speedup, shortDur(time.Duration(float64(time.Minute)*p.speedup)))
 	}
 	fmt.Fprintln(p.w, strings.Join(wrapText("  engines "+profile+" "+speed, "    ", p.width), "\n"))
-	fmt.Fprintln(p.w, strings.Join(wrapText("  every 5 s: wall time, modelled time and phase, the split, requests and errors so far, and the last 5 s' TTFT and E2E, p50/p95", "    ", p.width), "\n"))
+	fmt.Fprintln(p.w, strings.Join(wrapText("  every 5 s: wall time, modelled time and phase, the split, requests (and errors, if any) so far, and the last 5 s' TTFT and E2E, p50/p95", "    ", p.width), "\n"))
 	fmt.Fprintln(p.w, "Ctrl-C stops the agents, prints their summary and stops the cluster")
 }
 
@@ -800,7 +800,11 @@ func (p *agentProgress) line(s loadgen.Snapshot, splitText string) {
 	if sp := strings.TrimPrefix(splitText, " | split "); sp != "" {
 		segs = append(segs, sp)
 	}
-	segs = append(segs, fmt.Sprintf("%d req, %d err", s.Requests, s.Errors), lat("TTFT", s.TTFT), lat("E2E", s.E2E))
+	reqs := fmt.Sprintf("%d req", s.Requests)
+	if s.Errors > 0 {
+		reqs += fmt.Sprintf(", %d err", s.Errors) // none: said by their absence, to keep a line in 80 columns
+	}
+	segs = append(segs, reqs, lat("TTFT", s.TTFT), lat("E2E", s.E2E))
 	fmt.Fprintln(p.w, strings.Join(wrapSegs(segs, "  ", "    ", p.width), "\n"))
 }
 

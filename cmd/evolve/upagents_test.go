@@ -56,7 +56,7 @@ func TestAgentProgressSaysThePhaseAndFits80Columns(t *testing.T) {
 		"t=9m00s/20m00s  1h30m modelled: →computer-use 50%",
 		"-- 12m00s wall, 2h00m modelled: computer-use alone from here on",
 		"t=12m05s/20m00s  2h00m modelled: computer-use",
-		"2P/2D  0 req, 0 err  TTFT -\n    E2E -", // no answer finished: no latency of 0
+		"2P/2D  0 req  TTFT -  E2E -", // no answer finished: no latency of 0; no errors: none said
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("progress lacks %q:\n%s", want, out)
@@ -110,7 +110,7 @@ func TestUpAgentsOutputFits80Columns(t *testing.T) {
 		t.Fatalf("up --agents: %v\n%s", err, out)
 	}
 	narrowLines(t, out, state)
-	for _, want := range []string{"t=5s/11s  50s modelled: math  1P/1D", "-- 6s wall, 1m00s modelled: the change to computer-use began",
+	for _, want := range []string{"t=5s/11s  50s modelled: math  1P/1D  ", "-- 6s wall, 1m00s modelled: the change to computer-use began",
 		"t=10s/11s  1m40s modelled: →computer-use 67%", "planner     "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("up --agents' output lacks %q:\n%s", want, out)
