@@ -137,11 +137,11 @@ func (d *decayed) demand(now time.Time) Demand {
 	return out
 }
 
-// demandTracker keeps the short and the long horizon.
-type demandTracker struct{ short, long decayed }
+// demandTracker keeps the short, the burst and the long horizon.
+type demandTracker struct{ short, mid, long decayed }
 
 func (t *demandTracker) add(now time.Time, q int, v float64) {
-	for _, d := range []*decayed{&t.short, &t.long} {
+	for _, d := range []*decayed{&t.short, &t.mid, &t.long} {
 		d.age(now)
 		d.v[q] += v
 	}

@@ -490,39 +490,51 @@ func TestPlannerDoesNotReturnToAnOverloadedSplit(t *testing.T) {
 	}
 }
 
-// A split seen overloaded is left out while the demand on the stage that
-// was overloaded holds (within 20%), for 30 minutes: with it every split
-// with fewer nodes in that stage. Not while a switch is in progress.
+// A split seen overloaded for a minute (Persistence) is left out while
+// the demand on the stage that was overloaded holds (within 20%), for 30
+// minutes: with it every split with fewer nodes in that stage. Not while
+// a switch is in progress, nor after an overload shorter than a minute
+// (a burst).
 func TestOverloadedSplitIsAvoided(t *testing.T) {
 	p := New(Config{})
-	p.noteOverload(t0, 2, 1, Prediction{Saturated: true, PrefillLoad: 1.3}, Demand{PrefillTokPerSec: 30000})
-	if _, ok := p.avoid(t0, 2, Demand{PrefillTokPerSec: 30000}); ok {
+	prefillBehind := Prediction{Saturated: true, PrefillLoad: 1.3, DecodeLoad: 0.4}
+	p.noteOverload(t0, 2, 1, prefillBehind, Demand{PrefillTokPerSec: 30000})
+	p.noteOverload(t0.Add(time.Minute), 2, 1, prefillBehind, Demand{PrefillTokPerSec: 30000})
+	if _, ok := p.avoid(t0.Add(time.Minute), 2, Demand{PrefillTokPerSec: 30000}); ok {
 		t.Fatal("recorded an overload seen while a switch was in progress")
 	}
-	p.noteOverload(t0, 2, 0, Prediction{Saturated: true, PrefillLoad: 1.3, DecodeLoad: 0.4}, Demand{PrefillTokPerSec: 30000})
-	p.noteOverload(t0, 6, 0, Prediction{Saturated: true, PrefillLoad: 0.2, DecodeLoad: 1.1}, Demand{OutputTokPerSec: 9000})
+	p.noteOverload(t0, 2, 0, prefillBehind, Demand{PrefillTokPerSec: 30000})
+	p.noteOverload(t0.Add(30*time.Second), 2, 0, prefillBehind, Demand{PrefillTokPerSec: 30000})
+	if _, ok := p.avoid(t0.Add(30*time.Second), 2, Demand{PrefillTokPerSec: 30000}); ok {
+		t.Fatal("recorded an overload of 30 s: a burst")
+	}
+	p.noteOverload(t0.Add(time.Minute), 2, 0, prefillBehind, Demand{PrefillTokPerSec: 30000})
+	decodeBehind := Prediction{Saturated: true, PrefillLoad: 0.2, DecodeLoad: 1.1}
+	p.noteOverload(t0.Add(time.Minute), 6, 0, decodeBehind, Demand{OutputTokPerSec: 9000})
+	p.noteOverload(t0.Add(2*time.Minute), 6, 0, decodeBehind, Demand{OutputTokPerSec: 9000})
 	same := Demand{PrefillTokPerSec: 27000, OutputTokPerSec: 8000}
 	for np, want := range map[int]bool{1: true, 2: true, 3: false, 5: false, 6: true, 7: true} {
 		t.Run(fmt.Sprint(np), func(t *testing.T) {
-			if _, got := p.avoid(t0.Add(time.Minute), np, same); got != want {
+			if _, got := p.avoid(t0.Add(3*time.Minute), np, same); got != want {
 				t.Errorf("split %d prefill, a minute later at the same demand: avoided %v, want %v", np, got, want)
 			}
 		})
 	}
-	if _, ok := p.avoid(t0.Add(time.Minute), 2, Demand{PrefillTokPerSec: 20000, OutputTokPerSec: 8000}); ok {
+	if _, ok := p.avoid(t0.Add(3*time.Minute), 2, Demand{PrefillTokPerSec: 20000, OutputTokPerSec: 8000}); ok {
 		t.Error("still avoided after the prefill demand fell by a third")
 	}
-	if _, ok := p.avoid(t0.Add(31*time.Minute), 2, same); ok {
+	if _, ok := p.avoid(t0.Add(32*time.Minute), 2, same); ok {
 		t.Error("still avoided after 31 minutes")
 	}
 }
 
-// The default objective weighs TTFT 4x: for the same demand its best split
-// has at least as many prefill nodes as the mean-E2E objective's, and more
-// where prompts queue.
-func TestDefaultTTFTWeightFavoursPrefill(t *testing.T) {
-	if w := New(Config{}).Config().TTFTWeight; w != DefaultTTFTWeight || w <= 1 {
-		t.Fatalf("default TTFT weight %v", w)
+// The default objective is the predicted mean E2E (TTFT weight 1); a
+// larger weight favours TTFT: for the same demand its best split has at
+// least as many prefill nodes as the mean-E2E objective's, and more where
+// prompts queue.
+func TestTTFTWeightFavoursPrefill(t *testing.T) {
+	if w := New(Config{}).Config().TTFTWeight; w != 1 {
+		t.Fatalf("default TTFT weight %v, want 1 (the mean E2E)", w)
 	}
 	lim := Limits{MaxBatchedTokens: 8192, MaxSeqs: 1024, GPUKVTokens: 2_000_000}
 	best := func(dm Demand, w float64) Prediction {
@@ -539,9 +551,13 @@ func TestDefaultTTFTWeightFavoursPrefill(t *testing.T) {
 		for _, rate := range []float64{2, 5, 10, 20} {
 			dm := Demand{RequestsPerSec: rate, DisaggShare: 1, PrefillTokens: shape[0], PrefillCV2: 1, PrefillContext: 30000,
 				PrefillTokPerSec: rate * shape[0], OutputTokens: shape[1], OutputTokPerSec: rate * shape[1], DecodeContext: 36000}
-			b1, b4 := best(dm, 1), best(dm, DefaultTTFTWeight)
+			b1, b4 := best(dm, DefaultTTFTWeight), best(dm, 4)
+			if b1.E2E > b4.E2E+1e-9 {
+				t.Fatalf("%v tokens in, %v out, %v req/s: the default objective's split predicts %.3fs mean E2E, weight 4's %.3fs",
+					shape[0], shape[1], rate, b1.E2E, b4.E2E)
+			}
 			if b4.Prefill < b1.Prefill {
-				t.Fatalf("%v tokens in, %v out, %v req/s: the default weight picks %d prefill nodes, the mean-E2E objective %d",
+				t.Fatalf("%v tokens in, %v out, %v req/s: weight 4 picks %d prefill nodes, the mean-E2E objective %d",
 					shape[0], shape[1], rate, b4.Prefill, b1.Prefill)
 			}
 			if b4.Prefill > b1.Prefill {
@@ -550,7 +566,7 @@ func TestDefaultTTFTWeightFavoursPrefill(t *testing.T) {
 		}
 	}
 	if more < 4 {
-		t.Fatalf("the default weight asked for more prefill nodes than the mean-E2E objective in only %d of 16 demands", more)
+		t.Fatalf("weight 4 asked for more prefill nodes than the mean-E2E objective in only %d of 16 demands", more)
 	}
 }
 

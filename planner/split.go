@@ -20,6 +20,8 @@ type Prediction struct {
 	PrefillLoad float64 `json:"prefill_load"`
 	DecodeLoad  float64 `json:"decode_load"`
 	Saturated   bool    `json:"saturated"`
+	// MissesSLO: the predicted TTFT is past Config.TTFTSLO.
+	MissesSLO bool `json:"misses_ttft_slo,omitempty"`
 }
 
 // Limits are an engine's scheduling limits.
@@ -32,6 +34,10 @@ type Limits struct {
 // saturatedObjective ranks overloaded splits after every feasible one,
 // less overloaded first.
 func saturatedObjective(load float64) float64 { return 1e4 * (1 + load) }
+
+// sloObjective ranks a split predicted over seconds past the TTFT SLO
+// after every split that meets it, and before every overloaded one.
+func sloObjective(over float64) float64 { return 1e3 + min(over, 8e3) }
 
 // predict estimates mean TTFT and ITL for p prefill and d decode engines.
 //
@@ -46,6 +52,27 @@ func saturatedObjective(load float64) float64 { return 1e4 * (1 + load) }
 // trades TTFT against decode speed in the objective (1: the predicted
 // mean E2E; see Config.TTFTWeight).
 func predict(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttftWeight float64) Prediction {
+	return predictCal(p, d, dm, pc, dc, lim, ttftWeight, calibration{})
+}
+
+// calibration corrects the model by what it measured (see accuracy): the
+// prefill queue's wait is Wait times the queueing formula's (agents'
+// bursts make it longer than steady arrivals'), and every decode step
+// ITL times the cost model's; zero values are 1.
+type calibration struct{ Wait, ITL float64 }
+
+func (c calibration) wait() float64 { return cmpOr(c.Wait, 1) }
+func (c calibration) itl() float64  { return cmpOr(c.ITL, 1) }
+
+func cmpOr(v, def float64) float64 {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+// predictCal is predict with the model corrected by cal.
+func predictCal(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttftWeight float64, cal calibration) Prediction {
 	pr := Prediction{Prefill: p, Decode: d}
 	if d < 1 {
 		pr.Saturated, pr.DecodeLoad = true, overload
@@ -82,7 +109,7 @@ func predict(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttf
 		if lim.GPUKVTokens > 0 && dm.DecodeContext > 0 {
 			fit = min(fit, max(1, float64(lim.GPUKVTokens)/dm.DecodeContext))
 		}
-		pr.ITL = (base + fit*k) / (1 - u) * (b / max(fit, 1e-9))
+		pr.ITL = (base + fit*k) / (1 - u) * (b / max(fit, 1e-9)) * cal.itl()
 	}
 	if pr.DecodeLoad >= 1 {
 		pr.Saturated = true
@@ -108,7 +135,7 @@ func predict(p, d int, dm Demand, pc PrefillCost, dc DecodeCost, lim Limits, ttf
 				c := float64(p)
 				rho := pr.PrefillLoad
 				svc := dm.PrefillTokens / capTok
-				wq := svc * (1 + dm.PrefillCV2) / 2 * math.Pow(rho, math.Sqrt(2*(c+1))-1) / (c * (1 - rho))
+				wq := svc * (1 + dm.PrefillCV2) / 2 * math.Pow(rho, math.Sqrt(2*(c+1))-1) / (c * (1 - rho)) * cal.wait()
 				own := pbase*math.Ceil(dm.PrefillTokens/B) + dm.PrefillTokens*r
 				// The first token comes from the decode node's pass
 				// that takes the KV in, as a local prompt's does.
