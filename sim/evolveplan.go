@@ -26,7 +26,7 @@ func newPlanner(sc Scenario, m *stepmodel.Model) *planner.Planner {
 	cfg := m.Config()
 	return planner.New(planner.Config{
 		Interval: sc.Planner.Interval, Persistence: sc.Planner.Persistence, TTFTWeight: sc.Planner.TTFTWeight,
-		MinImprovement: sc.Planner.MinImprovement,
+		MinImprovement: sc.Planner.MinImprovement, TTFTSLO: sc.Planner.TTFTSLO, Uncalibrated: sc.Planner.Uncalibrated,
 		Limits: planner.Limits{MaxBatchedTokens: cfg.MaxNumBatchedTokens, MaxSeqs: cfg.MaxNumSeqs,
 			GPUKVTokens: cfg.GPUBlocks * p.BlockSize},
 		HostSecPerBlock: p.BlockBytes() / (p.HostGBps * 1e9), NetSecPerBlock: p.BlockBytes() / (p.NetworkGBps * 1e9),
@@ -155,6 +155,13 @@ func (r *run) switchStep(i int) {
 		return
 	}
 	if e.model.InFlight() > 0 || e.pendingDecodes > 0 {
+		if e.role == roles.Decode && !r.sc.DrainSwitches {
+			// Sequences that were queued or prefilling when the switch
+			// began hand over once they decode: without this a node
+			// whose queue was full drains for as long as its last
+			// answer takes (minutes of reasoning output).
+			r.handOver(i)
+		}
 		r.push(&event{at: r.now.Add(switchPoll), kind: evSwitch, eng: i})
 		return
 	}

@@ -42,8 +42,8 @@ type Scenario struct {
 	// (see oracle.go); 0: DefaultOracleSegment.
 	OracleSegment time.Duration
 	// Planner tunes evolve's planner as the orchestrator's --planner-*
-	// flags do: Interval, Persistence, TTFTWeight and MinImprovement are
-	// taken, zero fields keep their defaults. The engines' limits come
+	// flags do: Interval, Persistence, TTFTWeight, MinImprovement,
+	// TTFTSLO and Uncalibrated are taken, zero fields keep their defaults. The engines' limits come
 	// from the profile.
 	Planner planner.Config
 }
@@ -153,8 +153,14 @@ type Result struct {
 	// finished request counts no more than its age at the end).
 	// MeanE2EFinished is the mean over the finished ones alone, and
 	// RequestsUnfinished how many were not.
-	MeanE2E            float64 `json:"mean_e2e_s"`
-	MeanE2EFinished    float64 `json:"mean_e2e_finished_s"`
+	MeanE2E         float64 `json:"mean_e2e_s"`
+	MeanE2EFinished float64 `json:"mean_e2e_finished_s"`
+	// MeanE2EStdErr is the standard error of the mean E2E by batch means:
+	// the spread of the scored minutes' means (each over the requests that
+	// arrived in it and finished), over the root of their number. Two runs
+	// of one split that differ only in their past drift apart by about
+	// this much; 0 with fewer than 4 scored minutes.
+	MeanE2EStdErr      float64 `json:"mean_e2e_stderr_s"`
 	RequestsUnfinished int     `json:"requests_unfinished"`
 	P50E2E             float64 `json:"p50_e2e_s"`
 	P99E2E             float64 `json:"p99_e2e_s"`
@@ -173,12 +179,16 @@ type Result struct {
 	ComputedTokens     int64   `json:"computed_tokens"`
 	LostKVReuse        int64   `json:"lost_kv_reuse_tokens"`
 	RoleSwitches       int     `json:"role_switches"`
-	Retried            int     `json:"requests_retried"`       // aborted by a worker's removal and sent again
-	RouterQueued       int     `json:"requests_router_queued"` // held in the router's queue (Dynamo's) before routing
-	HandedOver         int     `json:"decodes_handed_over"`    // decoding sequences moved to a peer before a switch
-	Preemptions        uint64  `json:"preemptions"`
-	EnginePasses       uint64  `json:"engine_passes"` // forward passes simulated
-	VirtualSec         float64 `json:"virtual_s"`
+	// Reversals counts the switches, over the whole run, that go the other
+	// way from the one before (a node to prefill after one to decode, or
+	// back): a planner that oscillates shows here.
+	Reversals    int     `json:"reversals"`
+	Retried      int     `json:"requests_retried"`       // aborted by a worker's removal and sent again
+	RouterQueued int     `json:"requests_router_queued"` // held in the router's queue (Dynamo's) before routing
+	HandedOver   int     `json:"decodes_handed_over"`    // decoding sequences moved to a peer before a switch
+	Preemptions  uint64  `json:"preemptions"`
+	EnginePasses uint64  `json:"engine_passes"` // forward passes simulated
+	VirtualSec   float64 `json:"virtual_s"`
 
 	// Timeline is the run minute by minute (not in the JSON result; see
 	// WriteTimeline).

@@ -7,6 +7,7 @@ package sim
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"time"
@@ -751,6 +752,7 @@ func (r *run) finished(e *engine, i int, f stepmodel.Finished, end time.Time) {
 	r.branchFinish(req, end)
 	if r.planner != nil {
 		r.planner.Finish(end, u.PromptTokens, u.CompletionTokens)
+		r.planner.Measured(end, u.FirstToken.Sub(req.arrival).Seconds(), end.Sub(req.arrival).Seconds(), u.CompletionTokens)
 	}
 	// Where the prompt's KV came from is the prefill's story; a decode
 	// leg's pull from its prefill engine is counted apart.
@@ -846,6 +848,8 @@ func (r *run) finish() Result {
 		res.EnginePasses += e.model.Counters().Passes
 	}
 	res.VirtualSec = r.now.Sub(r.start).Seconds()
+	res.Reversals = reversals(res.Moves)
+	res.MeanE2EStdErr = batchStdErr(res.Timeline, r.sc.Warmup)
 	res.Split = scoredSplit(res.Timeline, r.sc.Warmup, res.Split)
 	return res
 }
@@ -875,4 +879,43 @@ func scoredSplit(tl []Window, warmup time.Duration, def string) string {
 		return first + " -> " + last
 	}
 	return first
+}
+
+// reversals counts the switches that go the other way from the one before.
+func reversals(moves []Move) int {
+	n := 0
+	for i := 1; i < len(moves); i++ {
+		if moves[i].To != moves[i-1].To {
+			n++
+		}
+	}
+	return n
+}
+
+// batchStdErr is the standard error of the mean E2E by batch means over
+// the scored minutes but the last (its requests mostly had no time to
+// finish); 0 with fewer than 4 of them.
+func batchStdErr(tl []Window, warmup time.Duration) float64 {
+	var means []float64
+	for _, w := range tl {
+		if w.Start >= warmup && len(w.e2e) > 0 {
+			means = append(means, w.MeanE2E())
+		}
+	}
+	if len(means) > 0 {
+		means = means[:len(means)-1]
+	}
+	k := float64(len(means))
+	if k < 4 {
+		return 0
+	}
+	var sum, sq float64
+	for _, m := range means {
+		sum += m
+	}
+	mean := sum / k
+	for _, m := range means {
+		sq += (m - mean) * (m - mean)
+	}
+	return math.Sqrt(sq/(k-1)) / math.Sqrt(k)
 }

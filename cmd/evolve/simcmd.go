@@ -187,6 +187,9 @@ experiments, and the same fleet on H100 and H200 servers, where KV binds:
 	f.Float64("pace", 10, "with --live: modelled seconds per wall second (0: as fast as they run)")
 	f.String("cpuprofile", "", "write a Go CPU profile of the simulation to FILE, for go tool pprof")
 	f.String("memprofile", "", "write a Go heap profile to FILE when the simulations end, for go tool pprof (-sample_index=alloc_space: where their memory went)")
+	f.String("grid", "", "run a scenario grid instead of one scenario: a grid file (YAML: workloads, profiles, gpus, loads, seeds, times, policies; see sim/grids/) or the name of one shipped with evolve ("+
+		strings.Join(sim.BuiltinGridNames(), ", ")+"); prints a row per scenario with evolve's ratio to each baseline, and a summary")
+	f.String("grid-results", "", "with --grid: append each finished scenario's row to this JSON-lines file, and skip the scenarios it already holds (a stopped grid goes on where it was)")
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }

@@ -39,6 +39,16 @@ type simRun struct {
 }
 
 func runSim(cmd *cobra.Command, _ []string) error {
+	if path := config.GetString(cfgKey(cmd) + ".grid"); path != "" {
+		g, err := parseGrid(cmd, path)
+		if err != nil {
+			return usageError{cmd: cmd.CommandPath(), err: err}
+		}
+		return g.run()
+	}
+	if cmd.Flags().Changed("grid-results") {
+		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--grid-results keeps the rows of a --grid run: give --grid too")}
+	}
 	r, err := parseSim(cmd)
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
