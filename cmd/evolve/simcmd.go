@@ -170,6 +170,7 @@ experiments, and the same fleet on H100 and H200 servers, where KV binds:
 	f.Duration("planner-persistence", 0, "evolve's planner: how long a better split must hold before it acts, as the orchestrator's flag (default 1m)")
 	f.Float64("planner-ttft-weight", 0, fmt.Sprintf("evolve's planner: weight of TTFT against decode time in its objective, as the orchestrator's flag (default %g)", float64(planner.DefaultTTFTWeight)))
 	f.Float64("planner-min-improvement", 0, fmt.Sprintf("evolve's planner: share by which a better split must lower its objective, as the orchestrator's flag (default %g)", planner.DefaultMinImprovement))
+	f.Duration("planner-ttft-slo", 0, "evolve's planner: a bound on the mean TTFT it predicts, as a constraint (splits predicted past it rank after every split that meets it); 0: none")
 	f.Int("agents", 126, "concurrent agents")
 	f.Duration("duration", time.Hour, "scored time, after the warm-up")
 	f.Duration("warmup", 30*time.Minute, "warm-up time, not scored")

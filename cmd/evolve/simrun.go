@@ -111,14 +111,15 @@ func parseSim(cmd *cobra.Command) (*simRun, error) {
 		Seed: uint64(config.GetInt64(k("seed"))), Eviction: config.GetString(k("eviction")), DrainSwitches: !config.GetBool(k("handover")),
 		OracleSegment: config.GetDuration(k("oracle-segment")),
 		Planner: planner.Config{Interval: config.GetDuration(k("planner-interval")), Persistence: config.GetDuration(k("planner-persistence")),
-			TTFTWeight: config.GetFloat64(k("planner-ttft-weight")), MinImprovement: config.GetFloat64(k("planner-min-improvement"))}}
+			TTFTWeight: config.GetFloat64(k("planner-ttft-weight")), MinImprovement: config.GetFloat64(k("planner-min-improvement")),
+			TTFTSLO: config.GetDuration(k("planner-ttft-slo")).Seconds()}}
 	if r.tr != nil {
 		r.sc.Trace, r.sc.TimeScale = r.tr.recs, 1/r.tr.playback
 	} else if r.model, err = workload.New(wl, agents); err != nil {
 		return nil, fmt.Errorf("--workload: %w", err)
 	}
-	if pc := r.sc.Planner; pc.Interval < 0 || pc.Persistence < 0 || pc.TTFTWeight < 0 {
-		return nil, fmt.Errorf("--planner-interval, --planner-persistence and --planner-ttft-weight must not be negative (0: the default)")
+	if pc := r.sc.Planner; pc.Interval < 0 || pc.Persistence < 0 || pc.TTFTWeight < 0 || pc.TTFTSLO < 0 {
+		return nil, fmt.Errorf("--planner-interval, --planner-persistence, --planner-ttft-weight and --planner-ttft-slo must not be negative (0: the default)")
 	}
 	if e := r.sc.Eviction; e != "ref" && e != "lru" {
 		return nil, fmt.Errorf("--eviction %q: want ref or lru", e)
@@ -396,7 +397,7 @@ func (r *simRun) summary(o *simOutcome) map[string]any {
 	scenario := map[string]any{"gpus": r.gpus, "engines": sc.Engines, "profile": r.profile, "workload": sc.Workload,
 		"agents": sc.Agents, "warmup_s": sc.Warmup.Seconds(), "duration_s": sc.Duration.Seconds(), "seed": sc.Seed, "kv_block_tokens": r.prof.BlockSize}
 	for key, v := range map[string]float64{"planner_interval_s": sc.Planner.Interval.Seconds(), "planner_persistence_s": sc.Planner.Persistence.Seconds(),
-		"planner_ttft_weight": sc.Planner.TTFTWeight, "planner_min_improvement": sc.Planner.MinImprovement} {
+		"planner_ttft_weight": sc.Planner.TTFTWeight, "planner_min_improvement": sc.Planner.MinImprovement, "planner_ttft_slo_s": sc.Planner.TTFTSLO} {
 		if v > 0 {
 			scenario[key] = v
 		}
