@@ -72,7 +72,9 @@ func TestMessagesAPIThroughRouter(t *testing.T) {
 			deltas++
 		}
 		if ev.Type == "message_start" {
-			started = ev.Message.Usage.InputTokens // the router's X-Evolve-Prompt-Tokens
+			// The router's X-Evolve-Prompt-Tokens, split by its
+			// X-Evolve-Cached-Tokens.
+			started = ev.Message.Usage.InputTokens + ev.Message.Usage.CacheReadInputTokens
 		}
 		if err := second.Accumulate(ev); err != nil {
 			t.Fatal(err)

@@ -134,9 +134,7 @@ Most users start it through 'evolve up'.`,
 	f.String("engine-token", "", "token the router sends engines, which they require when they have one (default: the event plane's, --nats-token or the TOKEN of --nats nats://TOKEN@..., as engines take by default; or env EVOLVE_ORCHESTRATOR_ENGINE_TOKEN)")
 	f.String("data-dir", "", "JetStream data of the embedded NATS server (default $XDG_STATE_HOME/evolve/orchestrator)")
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
-	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
-	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
-	f.Duration("session-idle", orchestrator.BranchTTL, "how long an agent's branch may wait for its next request before it ends and its context is no longer kept for it (agents also end sessions with x-dynamo-session-final: true or DELETE /v1/sessions/ID)")
+	addWaitFlags(f)
 	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long the answers the router is writing may take to finish; no new connection is taken meanwhile, so a load balancer moves to another router (a second signal stops at once)")
 	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")
 	f.Duration("body-timeout", 30*time.Second, "how long a request body may take to arrive, a second more for each 256 KiB that did (a client trickling its body is cut with 408)")
@@ -150,6 +148,14 @@ Most users start it through 'evolve up'.`,
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
 	return cmd
+}
+
+// addWaitFlags adds the flags of how long the orchestrator waits on
+// nodes and agents.
+func addWaitFlags(f *pflag.FlagSet) {
+	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
+	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
+	f.Duration("session-idle", orchestrator.BranchTTL, "how long an agent's branch may wait for its next request before it ends and its context is no longer kept for it (agents also end sessions with x-dynamo-session-final: true or DELETE /v1/sessions/ID)")
 }
 
 // addOrchestratorClusterFlags adds the flags of several orchestrators
