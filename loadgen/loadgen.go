@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/evolvellm/evolve/internal/networds"
 	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/tokenizer"
 	"github.com/evolvellm/evolve/workload"
@@ -447,6 +448,20 @@ func serverModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 
 // routerModel asks the router cfg.URL which model it serves and its
 // context limit.
+// unreachableError is a router that could not be reached, said in words
+// (the cause, not Go's text of the dial), wrapping the cause.
+type unreachableError struct {
+	url string
+	err error
+}
+
+func (e *unreachableError) Error() string {
+	return fmt.Sprintf("cannot reach a router at %s: %s (is a cluster up? evolve's router is the orchestrator's --router-addr, :8000 by default)",
+		e.url, networds.Cause(e.err))
+}
+
+func (e *unreachableError) Unwrap() error { return e.err }
+
 func routerModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	req, _ := http.NewRequestWithContext(ctx, "GET", cfg.URL+"/v1/models", nil)
 	cfg.authorize(req)
@@ -456,7 +471,7 @@ func routerModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 		return "", 0, fmt.Errorf("the router at %s has a certificate not trusted here, or one that does not name this address (trust a private CA's with SSL_CERT_FILE=ca.pem): %w", cfg.URL, err)
 	}
 	if err != nil {
-		return "", 0, fmt.Errorf("cannot reach a router at %s (is a cluster up? evolve's router is the orchestrator's --router-addr, :8000 by default): %w", cfg.URL, err)
+		return "", 0, &unreachableError{url: cfg.URL, err: err}
 	}
 	defer resp.Body.Close()
 	var out struct {

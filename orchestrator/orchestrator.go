@@ -463,7 +463,11 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		connectURL = "nats://" + strings.TrimPrefix(url, "tls://")
 	}
 	nc, err := nats.Connect(connectURL, append(opts,
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { o.log.Warn("NATS disconnected", "err", err) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			if err != nil { // nil: a clean close, no news
+				o.log.Warn("NATS disconnected", "err", err)
+			}
+		}),
 		nats.ReconnectHandler(func(*nats.Conn) { o.log.Info("NATS reconnected") }))...)
 	if err != nil {
 		o.stopNATS()
