@@ -45,7 +45,7 @@ spec:
 	t.Cleanup(func() { runBinOut(t, env, "down", "-f", file, "--yes", "--known-hosts", kh) })
 
 	if out, code := runBinOut(t, env, "up", "-f", file, "--dry-run"); code != 0 || !strings.Contains(out, "cluster pair, 1 host, 2 engines, valid") ||
-		!strings.Contains(out, "gpu-1 (root@127.0.0.1:") || !strings.Contains(out, "engine 1 of gpu") || !strings.Contains(out, fmt.Sprintf("start the engine on port %d", engine+1)) {
+		!strings.Contains(out, "gpu: 2 engines (root@127.0.0.1:") || !strings.Contains(out, fmt.Sprintf("engine 1: port %d", engine+1)) || !strings.Contains(out, "start each engine on its port") {
 		t.Fatalf("up --dry-run: exit %d\n%s", code, out)
 	}
 	res, out := upJSON(t, env, file, kh, "up -f")

@@ -181,16 +181,11 @@ func upFromFile(cmd *cobra.Command, path string, dryRun bool) error {
 
 // printUpPlan prints what evolve up -f would do on each host (--dry-run).
 func printUpPlan(cmd *cobra.Command, f *cluster.File, path string) error {
-	plan := f.Plan()
-	out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": plan}
+	groups := f.PlanGroups(sshOptions("up"))
+	out := map[string]any{"cluster": f.Metadata.Name, "file": path, "valid": true, "hosts": f.Plan(), "groups": groups}
 	return output(cmd, out, func(w *tabwriter.Writer, _ bool) {
 		fmt.Fprintf(w, "%s: cluster %s, %s, valid\n", path, f.Metadata.Name, hostsAndEngines(f))
-		for _, h := range plan {
-			fmt.Fprintf(w, "\n%s (%s)\n", h.Host, h.SSH)
-			for i, s := range h.Steps {
-				fmt.Fprintf(w, "  %d. %s\n", i+1, s)
-			}
-		}
+		cluster.WritePlan(w, groups, textWidth(cmd.OutOrStdout()))
 	})
 }
 
