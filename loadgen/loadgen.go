@@ -109,19 +109,22 @@ func (cfg BenchConfig) authorize(req *http.Request) {
 // Result is what a run measured. Latencies are wall seconds as agents saw
 // them (multiply by the engines' speedup for modelled time).
 type Result struct {
-	Workload     string        `json:"workload"`
-	Agents       int           `json:"agents"`
-	DurationSec  float64       `json:"duration_s"`
-	Requests     int           `json:"requests_completed"`
-	Errors       int           `json:"errors"`
-	Sessions     int           `json:"sessions_completed"`
-	E2E          workload.Dist `json:"e2e"`
-	TTFT         workload.Dist `json:"ttft"`
-	ITL          workload.Dist `json:"itl"`
-	PromptTokens int64         `json:"prompt_tokens"`
-	OutputTokens int64         `json:"output_tokens"`
-	TokensPerSec float64       `json:"output_tokens_per_s"`
-	CachedTokens int64         `json:"cached_tokens"`
+	Workload    string        `json:"workload"`
+	Agents      int           `json:"agents"`
+	DurationSec float64       `json:"duration_s"`
+	Requests    int           `json:"requests_completed"`
+	Errors      int           `json:"errors"`
+	Sessions    int           `json:"sessions_completed"`
+	E2E         workload.Dist `json:"e2e"`
+	TTFT        workload.Dist `json:"ttft"`
+	ITL         workload.Dist `json:"itl"`
+	// LongestGapSec is the longest wait between two tokens of one
+	// streamed answer: a stream stalled on a hung engine shows here.
+	LongestGapSec float64 `json:"longest_token_gap_s"`
+	PromptTokens  int64   `json:"prompt_tokens"`
+	OutputTokens  int64   `json:"output_tokens"`
+	TokensPerSec  float64 `json:"output_tokens_per_s"`
+	CachedTokens  int64   `json:"cached_tokens"`
 	// Where the prompts' KV came from, as evolve's engines say: a GPU hit,
 	// a host hit or computed on the engine that prefilled it (these three
 	// add up to the prompt tokens), and, of those, how many a decode engine
@@ -758,6 +761,7 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, router, model 
 		} `json:"prompt_tokens_details"`
 	}
 	var ext kvSource
+	var gap time.Duration // the longest wait between two of its tokens
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	done := false
@@ -768,6 +772,8 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, router, model 
 		now := time.Now()
 		if first.IsZero() {
 			first = now
+		} else {
+			gap = max(gap, now.Sub(last))
 		}
 		last = now
 		text.Write(t)
@@ -847,6 +853,7 @@ func (c *collector) request(ctx context.Context, cfg BenchConfig, router, model 
 	r.TransferredTokens += ext.Transferred
 	r.ComputedTokens += ext.Computed
 	r.Preemptions += ext.Preemptions
+	r.LongestGapSec = max(r.LongestGapSec, secs(gap))
 	if ext.HandedOver > 0 {
 		r.HandedOver++
 	}

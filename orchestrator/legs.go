@@ -29,8 +29,10 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 	if a.body.Has(openaiapi.PromptTokensMember) && !a.o.readsPromptTokens(url) {
 		body = a.withMessages(body)
 	}
-	req, err := http.NewRequestWithContext(a.r.Context(), "POST", url+path, bytes.NewReader(body))
+	ctx, leg := a.o.legs.begin(a.r.Context(), url)
+	req, err := http.NewRequestWithContext(ctx, "POST", url+path, bytes.NewReader(body))
 	if err != nil {
+		a.o.legs.end(leg)
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
@@ -43,7 +45,16 @@ func (a *attempt) post(url string, body []byte) (*http.Response, error) {
 		req.Header.Set(protocol.HeaderHandOver, protocol.HandOverAllowed)
 	}
 	req.Header.Set(protocol.HeaderWholeTokens, "1") // readWhole keeps them
-	return a.o.http.Do(req)
+	resp, err := a.o.http.Do(req)
+	if err != nil {
+		if why := leg.endedWhy.Load(); why != nil {
+			err = fmt.Errorf("%w: %w", *why, err)
+		}
+		a.o.legs.end(leg)
+		return nil, err
+	}
+	resp.Body = &watchedBody{ReadCloser: resp.Body, w: a.o.legs, l: leg}
+	return resp, nil
 }
 
 // readAnswer reads an engine's whole answer (at most limit bytes) and

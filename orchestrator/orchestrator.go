@@ -66,6 +66,10 @@ type Config struct {
 	// request before it ends (its context no longer referenced); default
 	// BranchTTL.
 	SessionIdle time.Duration
+	// StreamIdle is how long a leg that has begun its answer may send
+	// nothing before the router takes the answer elsewhere, as for an
+	// engine that died (default DefaultStreamIdle; see legwatch.go).
+	StreamIdle time.Duration
 	// PlannerMode: auto (default), recommend or off; Planner tunes it.
 	PlannerMode string
 	Planner     planner.Config
@@ -121,6 +125,7 @@ type Orchestrator struct {
 	queue    *routerQueue // new requests wait here while a queueing policy finds the engines busy
 	http     *http.Client
 	recent   latencyWindow // the last minute of requests, for the control API
+	legs     *legWatch     // the legs in flight, and the hung ones ended
 	met      *metrics
 	plan     *planning // nil when the planner is off
 	kvc      kvCounters
@@ -162,6 +167,7 @@ type metrics struct {
 	// for their decode node (attempt.resumePrefill).
 	resumePrefilled prometheus.Counter
 	resyncs         *prometheus.CounterVec // KV resyncs by outcome
+	legsEnded       prometheus.Counter     // legs the leg watch ended as hung
 	hints           *prometheus.CounterVec // eviction hint messages by outcome
 	ttft, e2e       prometheus.Histogram
 	// The planner's view, as of its last step.
@@ -195,9 +201,10 @@ func newMetrics() *metrics {
 	m.resumePrefilled = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_resume_prefilled_total", Help: "Resumed answers whose KV (the prompt's missing part and the output so far) a prefill node computed for the decode node that went on with them, rather than that decode node recomputing it while it decodes other streams."})
 	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_resyncs_total", Help: "Engines' KV resyncs (each engine sends its whole KV again, one at a time, after it registers or loses events), by outcome: applied (the directory took it all), shared (another orchestrator's resync of it had begun: its events serve this directory too), failed (the engine did not answer), gone (it went down or restarted first), timeout (not applied within 30 s; the next began anyway)."}, []string{"outcome"})
 	m.hints = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_eviction_hints_total", Help: "Eviction hint messages sent to engines (which blocks live agent branches reference, and which an ended branch left: those go first), by outcome: delivered (the engine applied them), failed (it did not answer; its blocks keep their last priorities)."}, []string{"outcome"})
+	m.legsEnded = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_hung_legs_total", Help: "Legs the router ended because their engine hung: its node went down (no heartbeats) while the leg waited, or the leg sent nothing for --stream-idle-timeout after it began; their answers go on elsewhere, as for an engine that died."})
 	// The process's own: memory, goroutines, file descriptors, CPU.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.hints, m.ttft, m.e2e,
+	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.hints, m.ttft, m.e2e, m.legsEnded,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }
@@ -261,7 +268,7 @@ func New(cfg Config) (*Orchestrator, error) {
 		http: &http.Client{Transport: &protocol.BearerTransport{Token: cfg.engineToken(),
 			Base: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second, WriteBufferSize: 64 << 10, ReadBufferSize: 64 << 10}}},
 		met: newMetrics(), started: time.Now(), certs: certs, keys: keys,
-		bodies: newLargeBodies(cfg.Limits.withDefaults().LargeBodyBudget), resyncs: newResyncQueue()}
+		bodies: newLargeBodies(cfg.Limits.withDefaults().LargeBodyBudget), resyncs: newResyncQueue(), legs: newLegWatch(cfg.StreamIdle)}
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
@@ -388,6 +395,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	}
 	go o.followPins(ctx)
 	go o.watchHeartbeats(ctx)
+	go o.watchLegs(ctx)
 	go o.runPlanner(ctx)
 	limits := o.cfg.Limits.withDefaults()
 	router, control := limits.server(o.routerHandler()), limits.server(o.controlHandler())

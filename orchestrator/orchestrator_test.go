@@ -32,6 +32,8 @@ type testCluster struct {
 	done    chan struct{}
 	engines []func()
 	servers []*http.Server // each engine's HTTP server
+	// wrap, when set, wraps the HTTP handler of each engine added since.
+	wrap func(id string, h http.Handler) http.Handler
 }
 
 func startTestCluster(t *testing.T, roles ...roles.Role) *testCluster {
@@ -123,7 +125,11 @@ func (tc *testCluster) addEngine(t testing.TB, id string, p *stepmodel.Profile, 
 	if err := a.Start(ectx); err != nil {
 		t.Fatal(err)
 	}
-	srv := &http.Server{Handler: e.Handler()}
+	h := e.Handler()
+	if tc.wrap != nil {
+		h = tc.wrap(id, h)
+	}
+	srv := &http.Server{Handler: h}
 	tc.servers = append(tc.servers, srv)
 	var wg sync.WaitGroup
 	wg.Add(3)

@@ -155,6 +155,7 @@ Most users start it through 'evolve up'.`,
 func addWaitFlags(f *pflag.FlagSet) {
 	f.Int("missed-heartbeats", 3, "heartbeats (1 s apart) a node may miss before it is marked down")
 	f.Duration("drain-timeout", 0, "longest wait for a switching node's requests (default 5m)")
+	f.Duration("stream-idle-timeout", orchestrator.DefaultStreamIdle, "how long an answer that has begun may get no token from its engine before the router goes on with it on another engine, as for one that died (a hung engine; one whose heartbeats stop is left a second after it is marked down)")
 	f.Duration("session-idle", orchestrator.BranchTTL, "how long an agent's branch may wait for its next request before it ends and its context is no longer kept for it (agents also end sessions with x-dynamo-session-final: true or DELETE /v1/sessions/ID)")
 }
 
@@ -200,8 +201,10 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	if err := checkPlannerFlags("orchestrator"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
-	if d := config.GetDuration("orchestrator.session-idle"); d <= 0 {
-		return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--session-idle %v: give a duration above 0, such as 10m", d)}
+	for _, f := range []string{"session-idle", "stream-idle-timeout"} {
+		if d := config.GetDuration("orchestrator." + f); d <= 0 {
+			return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--%s %v: give a duration above 0, such as 10m", f, d)}
+		}
 	}
 	// The file is read (and checked) here, then by the orchestrator again
 	// whenever it changes.
@@ -217,7 +220,8 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		NATSURL: get("nats"), NATSListen: get("nats-listen"), NATSToken: get("nats-token"), NATSCreds: get("nats-creds"), EngineToken: get("engine-token"), DataDir: dataDir, Policy: get("policy"),
 		Name: get("name"), ClusterListen: get("cluster-listen"), ClusterPeers: configList("orchestrator.cluster-peers"),
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"), ShutdownGrace: config.GetDuration("orchestrator.shutdown-grace"),
-		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), SessionIdle: config.GetDuration("orchestrator.session-idle"), Logger: slog.Default(),
+		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), SessionIdle: config.GetDuration("orchestrator.session-idle"),
+		StreamIdle: config.GetDuration("orchestrator.stream-idle-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),

@@ -19,14 +19,17 @@ import (
 
 	"github.com/evolvellm/evolve/cluster"
 	"github.com/evolvellm/evolve/internal/wait"
+	"github.com/evolvellm/evolve/orchestrator"
 )
 
 // TestSoak runs a local cluster of four engines under 64 agents for
 // $EVOLVE_SOAK (30m is the figure operators asked for; skipped when unset,
 // and never in CI) while an operator's faults come every
 // $EVOLVE_SOAK_EVERY (default 2m): in turn an engine stopped (SIGSTOP)
-// for 10 s and continued, and an engine killed (SIGKILL) and restarted by
-// its supervisor with the same command line; at a third and two thirds of
+// for 10 s and continued, an engine killed (SIGKILL) and restarted by
+// its supervisor with the same command line, and an engine hung (SIGSTOP)
+// past the router's stream idle time, whose answers must go on elsewhere
+// with no stream waiting that long for a token; at a third and two thirds of
 // the run the orchestrator is killed with -9 and restarted so. After every
 // fault every node must serve again; the agents' calls must complete or be
 // retried (a stream cut by a killed orchestrator is sent again); and the
@@ -87,6 +90,7 @@ func TestSoak(t *testing.T) {
 	s.soakStart = start
 	at := func(d time.Duration) { time.Sleep(time.Until(start.Add(d))) }
 
+	const hangFor = orchestrator.DefaultStreamIdle + 15*time.Second
 	orchKills := []time.Duration{total / 3, 2 * total / 3}
 	next := every
 	for i := 0; next < total-every/2; i++ {
@@ -96,10 +100,15 @@ func TestSoak(t *testing.T) {
 			orchKills = orchKills[1:]
 		}
 		at(next)
-		if i%2 == 0 {
-			s.stopEngine(i/2%engines, 10*time.Second)
-		} else {
-			s.killEngine(i / 2 % engines)
+		switch i % 3 {
+		case 0:
+			s.stopEngine(i/3%engines, 10*time.Second)
+		case 1:
+			s.killEngine(i / 3 % engines)
+		case 2:
+			// Hung past the router's stream idle time: its answers must
+			// go on elsewhere, none waiting for it.
+			s.stopEngine(i/3%engines, hangFor)
 		}
 		next += every
 	}
@@ -419,6 +428,11 @@ func (s *soak) report() {
 	// every call completes or is retried.
 	if errs := num("errors"); errs > 0 {
 		t.Errorf("%v calls failed (first: %v; last: %v)", errs, f.Bench["first_error"], f.Bench["last_error"])
+	}
+	// An engine hung past the stream idle time stalls no answer that long:
+	// its node is marked down in seconds, and its answers go on elsewhere.
+	if gap := num("longest_token_gap_s"); gap >= orchestrator.DefaultStreamIdle.Seconds() {
+		t.Errorf("a stream waited %.1f s between two tokens: past the stream idle time (%v)", gap, orchestrator.DefaultStreamIdle)
 	}
 	for _, p := range f.Orchestrators {
 		t.Logf("orchestrator %d (%s): RSS %.0f -> %.0f MB, goroutines %.0f -> %.0f, directory copies %.0f -> %.0f",
