@@ -47,6 +47,37 @@ type NATSAgent struct {
 	kick   chan struct{}
 	subs   []*nats.Subscription
 	fence  fenceGuard // refuses a deposed planner leader's role commands
+	// rejected is why the cluster rejected the replica ("" while it is
+	// accepted), and rejectedAt since when; onRejected, when set, is
+	// told each rejection.
+	rejected   string
+	rejectedAt time.Time
+}
+
+// judged takes the orchestrator's verdict on the registration: the engine
+// says it in its own log, since its operator may read no other.
+func (a *NATSAgent) judged(reason string) {
+	a.mu.Lock()
+	was := a.rejected
+	a.rejected = reason
+	if reason != "" && was == "" {
+		a.rejectedAt = time.Now()
+	}
+	a.mu.Unlock()
+	switch {
+	case reason != "" && reason != was:
+		a.e.Logger().Error("the cluster rejected this engine: it serves no request until that is fixed", "reason", reason)
+	case reason == "" && was != "":
+		a.e.Logger().Info("the cluster accepts this engine now")
+	}
+}
+
+// Rejected says why the cluster rejects the replica and since when ("":
+// it is accepted, or has not been judged).
+func (a *NATSAgent) Rejected() (string, time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.rejected, a.rejectedAt
 }
 
 // AttachNATS makes nc the replica's event plane. Call before the replica
@@ -92,6 +123,9 @@ func (a *NATSAgent) Start(ctx context.Context) error {
 		var rep protocol.ControlReply
 		if err := json.Unmarshal(m.Data, &req); err != nil {
 			rep.Error = fmt.Sprintf("malformed control request: %v", err)
+		} else if req.Op == protocol.OpRegistered {
+			a.judged(req.Reason)
+			rep.OK = true
 		} else if err := a.fence.admit(req.Op, req.Fence); err != nil {
 			rep.Error = err.Error()
 			a.e.Logger().Warn("role command refused", "err", err)

@@ -75,12 +75,12 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 		o.c.nodes[reg.ID] = n
 		n.role = o.initialRole(reg)
 	}
-	if o.blockSize == 0 && invalid == nil {
-		o.blockSize = reg.BlockSize
-		o.model = reg.Model
-	}
 	n.reg = reg
 	n.lastSeen = time.Now()
+	if n.state == "" || n.state == StateDown {
+		n.state = StateRejected // judged below, with the engines present
+	}
+	o.electModelLocked()
 	if invalid != nil || reg.Model != o.model || reg.BlockSize != o.blockSize {
 		// Routing one model's prompts to another, hashing blocks of
 		// another size, or trusting sizes below zero would be wrong:
@@ -92,12 +92,18 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 			n.reason = invalid.Error()
 		}
 		o.c.changed(reg.ID)
+		reason := n.reason
 		o.c.mu.Unlock()
-		o.log.Error("engine rejected", "id", reg.ID, "reason", n.reason)
+		o.log.Error("engine rejected", "id", reg.ID, "reason", reason)
+		o.tellRegistration(reg.ID, reason)
 		return
 	}
-	if n.state == "" || n.state == StateDown || n.state == StateRejected {
+	if n.state == StateRejected {
+		// Accepted now (the cluster's model followed the engines, or the
+		// engine was fixed): its KV is learned from scratch.
 		n.state, n.reason = StateServing, ""
+		fresh = true
+		defer o.tellRegistration(reg.ID, "")
 	}
 	if fresh {
 		// Whatever it holds now, learn it from scratch.
@@ -229,19 +235,104 @@ func (o *Orchestrator) onDeregister(m *nats.Msg) {
 	o.markDown(d.ID, "deregistered", false)
 }
 
+// electModelLocked sets the model the cluster serves, and its block size,
+// from the engines present: the orchestrator's --served-model when given,
+// else the one the most engines that are not down serve (the one served
+// now on a tie, then the first registered). Engines of another model are
+// rejected; when the choice changes, every engine is asked to register
+// again, so that those of the new model are judged anew. Before, the
+// first engine's model held for good: one started with a mistyped
+// --served-model-name made every other engine rejected until the
+// orchestrator restarted, even after it left. Call with mu held.
+func (o *Orchestrator) electModelLocked() {
+	type key struct {
+		model string
+		bs    int
+	}
+	count, first := map[key]int{}, map[key]time.Time{}
+	for _, n := range o.c.nodes {
+		if n.state == StateDown || n.reg.Validate() != nil {
+			continue
+		}
+		if o.cfg.ServedModel != "" && n.reg.Model != o.cfg.ServedModel {
+			continue
+		}
+		k := key{n.reg.Model, n.reg.BlockSize}
+		count[k]++
+		if t, ok := first[k]; !ok || n.reg.StartedAt.Before(t) {
+			first[k] = n.reg.StartedAt
+		}
+	}
+	cur := key{o.model, o.blockSize}
+	best, bestN := cur, count[cur]
+	for k, c := range count {
+		// More engines win; on a tie the model served now stays, and
+		// between others the first registered wins.
+		if c > bestN || (c == bestN && best != cur && first[k].Before(first[best])) {
+			best, bestN = k, c
+		}
+	}
+	if o.cfg.ServedModel != "" && best.model == "" {
+		best.model = o.cfg.ServedModel // no engine of it yet: the name stands
+	}
+	if best == cur {
+		return
+	}
+	if o.model != "" {
+		o.log.Warn("the cluster's model follows its engines", "was", o.model, "now", best.model, "engines", bestN)
+	}
+	o.model, o.blockSize = best.model, best.bs
+	for id, n := range o.c.nodes {
+		if n.state != StateDown && n.state != StateRejected && (n.reg.Model != o.model || n.reg.BlockSize != o.blockSize) {
+			n.state = StateRejected
+			n.reason = fmt.Sprintf("serves %s with %d-token blocks; this cluster serves %s with %d-token blocks",
+				n.reg.Model, n.reg.BlockSize, o.model, o.blockSize)
+			o.c.dir.DropNode(n.dir)
+			o.c.changed(id)
+		}
+	}
+	if o.nc != nil {
+		go o.nc.Publish(protocol.SubjectAnnounce, nil) // the rejected ones of the model chosen register again
+	}
+}
+
+// tellRegistration tells engine id, when this orchestrator leads, whether
+// it was rejected and why ("": accepted), so that it says so in its own
+// log (and exits, if it was told to when rejected).
+func (o *Orchestrator) tellRegistration(id, reason string) {
+	if !o.leading() || o.nc == nil {
+		return
+	}
+	go func() {
+		if _, err := o.control(id, protocol.ControlRequest{Op: protocol.OpRegistered, Reason: reason}); err != nil {
+			o.log.Debug("registration verdict not delivered", "id", id, "err", err)
+		}
+	}()
+}
+
 // markDown takes a node out of routing and its KV out of the directory;
 // silent says it went silent rather than said goodbye, so that its next
 // heartbeat asks it to register again.
 func (o *Orchestrator) markDown(id, why string, silent bool) {
 	o.c.mu.Lock()
 	n := o.c.nodes[id]
-	if n == nil || n.state == StateDown || n.state == StateRejected {
+	if n == nil || n.state == StateDown {
+		o.c.mu.Unlock()
+		return
+	}
+	if n.state == StateRejected {
+		// Gone too: it no longer counts among the engines present (the
+		// model the cluster serves follows those).
+		n.state, n.reason, n.silent = StateDown, "rejected, then "+why, silent
+		o.c.changed(id)
+		o.electModelLocked()
 		o.c.mu.Unlock()
 		return
 	}
 	n.state, n.reason, n.silent = StateDown, why, silent
 	dropped := o.c.dir.DropNode(n.dir)
 	o.c.changed(id)
+	o.electModelLocked() // the last engine of the model served may have gone
 	o.c.mu.Unlock()
 	o.log.Warn("engine down", "id", id, "why", why, "kv_replicas_dropped", dropped)
 }

@@ -73,6 +73,10 @@ type Config struct {
 	// PlannerMode: auto (default), recommend or off; Planner tunes it.
 	PlannerMode string
 	Planner     planner.Config
+	// ServedModel, when set, is the model the cluster serves: engines of
+	// another are rejected. Empty: the model most of its engines serve
+	// (electModelLocked).
+	ServedModel string
 	// ModelAliases are other names (or path.Match patterns) clients may
 	// give the served model: requests for them are served as its.
 	ModelAliases []string

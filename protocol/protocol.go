@@ -267,6 +267,9 @@ const (
 	OpFetch   = "fetch"    // pull Blocks[From:] from Peer into the host tier
 	OpHints   = "hints"    // eviction priorities for blocks
 	OpResync  = "resync"   // publish AllBlocksCleared then every resident block again
+	// OpRegistered tells an engine how its registration was judged:
+	// Reason is why it was rejected, "" when it was accepted.
+	OpRegistered = "registered"
 	// OpHandOver: until set_role, drain or resume, the engine ends every
 	// request that allows it (HandOverAllowed) as soon as it has output,
 	// with a HandOver for a peer to continue it. It still takes requests:
@@ -314,6 +317,7 @@ type ControlRequest struct {
 	Blocks []kv.BlockHash `json:"blocks,omitempty"`
 	From   int            `json:"from,omitempty"`
 	Hints  []Hint         `json:"hints,omitempty"`
+	Reason string         `json:"reason,omitempty"` // OpRegistered's
 }
 
 // ControlReply answers a ControlRequest.

@@ -105,6 +105,7 @@ stream (--pass-metrics for a joined server's).`,
 	f.Int("host-kv-tokens", 0, "host-memory KV capacity in tokens (default: profile, else 4x GPU)")
 	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may take to finish (a second signal stops at once): the answers an evolve router streams are handed over to peer decode nodes at once, and those still unfinished when it ends go on elsewhere; vllm: how long the started server may take to stop")
 	f.Int("default-max-tokens", 0, "output tokens when a request sets none (default: 16 for completions, 256 for chat)")
+	f.Duration("exit-when-rejected", time.Minute, "exit with status 3 once the cluster has rejected this engine this long (another model or block size than the cluster serves, a bad registration), saying why; 0: keep waiting to be accepted")
 	addVLLMFlags(f)
 	return cmd
 }
@@ -258,6 +259,10 @@ func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile 
 		"role", role.String(), "speedup", config.GetFloat64("engine.speedup"), "nats", cluster.RedactURLs(get("nats")), "requires_token", engineToken() != "")
 
 	select {
+	case err := <-rejectedExit(ctx, agent):
+		cancel()
+		<-done
+		return err
 	case <-sigCtx.Done():
 		stop()
 		grace := config.GetDuration("engine.shutdown-grace")
@@ -284,6 +289,35 @@ func serveEngine(ln net.Listener, eng *engine.Simulated, id, advertise, profile 
 		return err
 	}
 	return nil
+}
+
+// rejectedExit fires, with the error the engine exits with (status 3),
+// once the cluster has rejected the engine for --exit-when-rejected: an
+// engine of a mistyped --served-model-name says so in its own log and
+// exit status rather than waiting unseen. It never fires for 0, or
+// without an event plane.
+func rejectedExit(ctx context.Context, agent *engine.NATSAgent) <-chan error {
+	out := make(chan error, 1)
+	d := config.GetDuration("engine.exit-when-rejected")
+	if agent == nil || d <= 0 {
+		return out
+	}
+	go func() {
+		t := time.NewTicker(min(d/4, time.Second))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if why, since := agent.Rejected(); why != "" && time.Since(since) >= d {
+				out <- exitCodeError{code: 3, err: fmt.Errorf("the cluster rejected this engine for %v: %s (fix it and start it again; --exit-when-rejected 0 waits)", d, why)}
+				return
+			}
+		}
+	}()
+	return out
 }
 
 // connectEngineNATS connects an engine agent to the event plane, retrying

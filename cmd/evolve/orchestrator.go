@@ -144,6 +144,7 @@ Most users start it through 'evolve up'.`,
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
 	f.String("tls-cert-file", "", "PEM certificate (chain) to serve the router, and the control API off loopback, over HTTPS with; read again when it changes")
 	f.String("tls-key-file", "", "PEM private key of --tls-cert-file")
+	f.String("served-model", "", "the model the cluster serves: engines of another are rejected (default: the model most of its engines serve, following them as they come and go)")
 	addModelAliasFlag(f)
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
@@ -222,7 +223,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		MissedHeartbeats: config.GetInt("orchestrator.missed-heartbeats"), ShutdownGrace: config.GetDuration("orchestrator.shutdown-grace"),
 		DrainTimeout: config.GetDuration("orchestrator.drain-timeout"), SessionIdle: config.GetDuration("orchestrator.session-idle"),
 		StreamIdle: config.GetDuration("orchestrator.stream-idle-timeout"), Logger: slog.Default(),
-		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"),
+		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"), ServedModel: get("served-model"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
 		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),
 			BodyTimeout: config.GetDuration("orchestrator.body-timeout"), WriteIdle: config.GetDuration("orchestrator.write-idle-timeout"),
