@@ -139,6 +139,8 @@ func (o *Orchestrator) roleAnswer(w http.ResponseWriter, st controlapi.Node, err
 	case errors.Is(err, ErrNotLeader):
 		w.Header().Set("Retry-After", "2")
 		apiError(w, 503, "%v", err)
+	case errors.As(err, new(*NotStoredError)):
+		apiError(w, 503, "%v", err)
 	case err != nil:
 		apiError(w, 400, "%v", err)
 	default:
