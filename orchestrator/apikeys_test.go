@@ -73,3 +73,56 @@ func TestAPIKeysGuardTheAgentsAPI(t *testing.T) {
 		t.Errorf("%v unauthorized requests counted, want 6", got)
 	}
 }
+
+// A path the router serves asked with another method is a 405 with Allow,
+// and a path it does not serve a 404, in the shape of the API asked:
+// Anthropic's on /v1/messages or for its clients (issue #56: a GET of
+// /v1/messages was answered in OpenAI's shape, which Anthropic's SDKs do
+// not read).
+func TestRefusedRoutesAreAnsweredInTheAPIsShape(t *testing.T) {
+	o, err := New(Config{NATSURL: "nats://127.0.0.1:1", ControlAddr: "127.0.0.1:0", PlannerMode: PlannerOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := o.routerHandler()
+	for _, c := range []struct {
+		method, path, anthropicVersion string
+		status                         int
+		anthropic                      bool
+	}{
+		{"GET", "/v1/messages", "", 405, true},
+		{"PUT", "/v1/messages/count_tokens", "", 405, true},
+		{"GET", "/v1/messages/nope", "", 404, true},
+		{"GET", "/v1/chat/completions", "2023-06-01", 405, true},
+		{"GET", "/v1/chat/completions", "", 405, false},
+		{"POST", "/v1/embeddings", "", 404, false},
+	} {
+		t.Run(c.method+c.path, func(t *testing.T) {
+			r := httptest.NewRequest(c.method, c.path, nil)
+			if c.anthropicVersion != "" {
+				r.Header.Set("anthropic-version", c.anthropicVersion)
+			}
+			w := httptest.NewRecorder()
+			h.ServeHTTP(w, r)
+			if w.Code != c.status {
+				t.Fatalf("%d, want %d: %s", w.Code, c.status, w.Body)
+			}
+			if c.status == 405 && w.Header().Get("Allow") == "" {
+				t.Error("a 405 without Allow")
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type    string `json:"type"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Error.Message == "" {
+				t.Fatalf("not an error body: %s", w.Body)
+			}
+			if got := e.Type == "error"; got != c.anthropic {
+				t.Errorf("Anthropic's shape (type error): %v, want %v: %s", got, c.anthropic, w.Body)
+			}
+		})
+	}
+}

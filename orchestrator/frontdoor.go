@@ -92,8 +92,8 @@ func (o *Orchestrator) routerHandler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		if allow := routerMethods(r.URL.Path); allow != "" {
 			w.Header().Set("Allow", allow)
-			(&openaiapi.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
-				Message: fmt.Sprintf("%s takes %s, not %s", r.URL.Path, allow, r.Method)}).Write(w)
+			writeShaped(w, r, &openaiapi.Error{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error",
+				Message: fmt.Sprintf("%s takes %s, not %s", r.URL.Path, allow, r.Method)})
 			return
 		}
 		msg := fmt.Sprintf("no route %s %s", r.Method, r.URL.Path)
@@ -101,7 +101,7 @@ func (o *Orchestrator) routerHandler() http.Handler {
 			// An operator's command pointed at the wrong port.
 			msg += ": this is evolve's router (the OpenAI API); the control API is served on the orchestrator's control address (--control-addr)"
 		}
-		(&openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg}).Write(w)
+		writeShaped(w, r, &openaiapi.Error{Status: 404, Type: "invalid_request_error", Message: msg})
 	})
 	return o.countInFlight(o.logFailures(o.requireKey(o.trackBodies(mux))))
 }
