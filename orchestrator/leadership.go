@@ -71,6 +71,7 @@ type roleReply struct {
 	Error     string          `json:"error,omitempty"`
 	Unknown   bool            `json:"unknown,omitempty"`    // no such node
 	NotLeader bool            `json:"not_leader,omitempty"` // it lost the lease meanwhile
+	NotStored bool            `json:"not_stored,omitempty"` // the store refused it: nothing changed
 }
 
 // serveRoleRequests answers operators' role changes while leading.
@@ -93,6 +94,7 @@ func (o *Orchestrator) serveRoleRequests() error {
 			var unknown ErrUnknownNode
 			rep.Unknown = errors.As(err, &unknown)
 			rep.NotLeader = errors.Is(err, ErrNotLeader)
+			rep.NotStored = errors.As(err, new(*NotStoredError))
 			if err != nil {
 				rep.Error = err.Error()
 			}
@@ -127,6 +129,8 @@ func (o *Orchestrator) askLeader(req roleRequest) (controlapi.Node, error) {
 	case rep.NotLeader:
 		o.log.Warn("the planner's leader lost its lease while changing a role", "node", req.Node, "err", rep.Error)
 		return controlapi.Node{}, ErrNotLeader
+	case rep.NotStored:
+		return controlapi.Node{}, &NotStoredError{Err: errors.New(rep.Error)} // the leader's words
 	case rep.Error != "":
 		return controlapi.Node{}, errors.New(rep.Error)
 	}

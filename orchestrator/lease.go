@@ -52,6 +52,8 @@ type lease struct {
 	store     string // the bucket's identity: Fence.Lease
 	me        leaseHolder
 	log       *slog.Logger
+	// failed, when set, is told of each write the store did not take.
+	failed func()
 
 	mu       sync.Mutex
 	term     uint64      // the revision our hold began with; 0: not leading
@@ -130,6 +132,9 @@ func (l *lease) step(ctx context.Context) {
 			l.log.Warn("planner leadership not renewed; stepping down", "term", term, "err", err)
 			l.term = 0
 		}
+		if err != nil && !errors.Is(err, jetstream.ErrKeyExists) && !isWrongSequence(err) && l.failed != nil {
+			l.failed()
+		}
 		return
 	}
 	rev, err := l.kv.Create(ctx, leaseKey, val)
@@ -144,10 +149,12 @@ func (l *lease) step(ctx context.Context) {
 			// supervisor does): names are unique, so that process is
 			// gone. Take the lease in a new term rather than wait for it
 			// to expire.
-			if l.kv.Delete(ctx, leaseKey, jetstream.LastRevision(e.Revision())) == nil {
+			if err := l.kv.Delete(ctx, leaseKey, jetstream.LastRevision(e.Revision())); err == nil {
 				if rev, err := l.kv.Create(ctx, leaseKey, val); err == nil {
 					l.took(rev)
 				}
+			} else if l.failed != nil && !isWrongSequence(err) {
+				l.failed() // our own stale hold, and the store takes no write
 			}
 			return
 		}

@@ -173,6 +173,7 @@ func (o *Orchestrator) openStores(ctx context.Context, js jetstream.JetStream) e
 		}
 		cancel()
 		if err == nil {
+			l.failed = o.noteStoreFailure
 			o.store, o.lease = store, l
 			return nil
 		}

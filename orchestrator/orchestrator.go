@@ -144,6 +144,7 @@ type Orchestrator struct {
 	keys                           *apikeys.Set         // the agents' API keys (none: open) and limits
 	keyPeers                       remoteKeys           // other routers' requests in flight per limited name
 	inFlight                       atomic.Int64         // answers the router is writing
+	storeFailed                    atomic.Int64         // unix ns of the last store write that failed (diskfull.go)
 	bodies                         *largeBodies         // the budget for large request bodies
 	resyncs                        *resyncQueue         // KV resyncs, one engine at a time
 	hintsPending                   atomic.Int64         // eviction hint messages sent, not yet answered
@@ -400,6 +401,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	go o.followPins(ctx)
 	go o.watchHeartbeats(ctx)
 	go o.watchLegs(ctx)
+	go o.watchJetStream(ctx, o.ns)
 	go o.runPlanner(ctx)
 	limits := o.cfg.Limits.withDefaults()
 	router, control := limits.server(o.routerHandler()), limits.server(o.controlHandler())

@@ -43,20 +43,42 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 	if !ok {
 		return controlapi.Node{}, fmt.Errorf("role %q: want prefill or decode", role)
 	}
-	o.c.mu.Lock()
-	n := o.c.nodes[id]
-	if n == nil {
-		o.c.mu.Unlock()
-		return controlapi.Node{}, ErrUnknownNode(id)
+	check := func() (*node, error) {
+		n := o.c.nodes[id]
+		switch {
+		case n == nil:
+			return nil, ErrUnknownNode(id)
+		case n.state == StateDown:
+			return nil, fmt.Errorf("node %s is down", id)
+		}
+		return n, nil
 	}
-	if n.state == StateDown {
+	o.c.mu.Lock()
+	n, err := check()
+	if err != nil {
 		o.c.mu.Unlock()
-		return controlapi.Node{}, fmt.Errorf("node %s is down", id)
+		return controlapi.Node{}, err
+	}
+	rec := roleRecord{Role: role, Pinned: pin || n.mode == ModePinned}
+	o.c.mu.Unlock()
+	if store {
+		// Stored first: a choice that would not survive a restart is
+		// refused, and nothing changes (a full data directory said
+		// "pinned" and lost the pin).
+		if err := o.store.put(id, rec); err != nil {
+			o.noteStoreFailure()
+			o.log.Warn("role override not stored; the role is left as it was", "id", id, "err", err)
+			return controlapi.Node{}, &NotStoredError{What: "the role of " + id, Err: err}
+		}
+	}
+	o.c.mu.Lock()
+	if n, err = check(); err != nil {
+		o.c.mu.Unlock()
+		return controlapi.Node{}, err
 	}
 	if pin {
 		n.mode = ModePinned
 	}
-	rec := roleRecord{Role: role, Pinned: n.mode == ModePinned}
 	start := false
 	if n.sw == nil && n.role != to {
 		n.sw = &controlapi.Switch{To: role, Phase: "draining", Started: time.Now()}
@@ -66,11 +88,6 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 	o.c.changed(id)
 	st := n.status(id, o.c.dir)
 	o.c.mu.Unlock()
-	if store {
-		if err := o.store.put(id, rec); err != nil {
-			o.log.Warn("role override not stored", "id", id, "err", err)
-		}
-	}
 	if start {
 		o.announceSwitch(switchEvent{Node: id, To: role, Phase: "draining", Reason: reason})
 		go o.runSwitch(id, to, reason)
@@ -84,20 +101,43 @@ func (o *Orchestrator) Unpin(id string) (controlapi.Node, error) {
 		return o.askLeader(roleRequest{Node: id, Unpin: true})
 	}
 	o.c.mu.Lock()
+	known := o.c.nodes[id] != nil
+	o.c.mu.Unlock()
+	if !known {
+		return controlapi.Node{}, ErrUnknownNode(id)
+	}
+	if err := o.store.unpin(id); err != nil {
+		o.noteStoreFailure()
+		o.log.Warn("unpin not stored; the node stays pinned", "id", id, "err", err)
+		return controlapi.Node{}, &NotStoredError{What: "the unpin of " + id, Err: err}
+	}
+	o.c.mu.Lock()
+	defer o.c.mu.Unlock()
 	n := o.c.nodes[id]
 	if n == nil {
-		o.c.mu.Unlock()
 		return controlapi.Node{}, ErrUnknownNode(id)
 	}
 	n.mode = ModeAuto
 	o.c.changed(id)
-	st := n.status(id, o.c.dir)
-	o.c.mu.Unlock()
-	if err := o.store.unpin(id); err != nil {
-		o.log.Warn("unpin not stored", "id", id, "err", err)
-	}
-	return st, nil
+	return n.status(id, o.c.dir), nil
 }
+
+// NotStoredError is an operator's change that the durable store (the
+// event plane's JetStream, under the data directory) did not take:
+// nothing changed, since it would not have survived a restart.
+type NotStoredError struct {
+	What string // what was not stored; "" when Err says it all
+	Err  error
+}
+
+func (e *NotStoredError) Error() string {
+	if e.What == "" {
+		return e.Err.Error() // said in full already (by the planner's leader)
+	}
+	return fmt.Sprintf("%s was not stored, so nothing changed: %v (is the orchestrator's data directory full or read-only? try again once it takes writes)", e.What, e.Err)
+}
+
+func (e *NotStoredError) Unwrap() error { return e.Err }
 
 func (o *Orchestrator) phase(id, phase string) {
 	o.c.mu.Lock()
