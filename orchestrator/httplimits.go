@@ -80,7 +80,14 @@ func (l HTTPLimits) bound(h http.Handler) http.Handler {
 		if r.Body != nil && r.Body != http.NoBody {
 			start := time.Now()
 			if rc.SetReadDeadline(start.Add(l.BodyTimeout)) == nil {
-				r.Body = &deadlineBody{ReadCloser: r.Body, rc: rc, start: start, limit: l}
+				// On a copy of the request: the server looks at its own
+				// to see what is left of a body after the handler, and
+				// closes the connection of one far from read (a refused
+				// 1 GB Content-Length) where it would read a wrapped one
+				// until the body deadline before it sent the answer.
+				body := &deadlineBody{ReadCloser: r.Body, rc: rc, start: start, limit: l}
+				r = r.WithContext(r.Context())
+				r.Body = body
 			}
 		}
 		// The server's own last writes (the end of a chunked answer) get

@@ -128,3 +128,36 @@ func TestConnectionsAreLimitedAndIdleOnesClosed(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// A body that declares more than the router takes is refused with 413 at
+// once, its connection closed, and the router does not first read it, or
+// wait for it, until the body deadline (issue #56: a 1 GB Content-Length
+// with no body waited the 30 s body timeout for its 413). The deadline
+// here is 10 minutes, the test's patience a tenth of it.
+func TestDeclaredHugeBodyIsRefusedAtOnce(t *testing.T) {
+	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{BodyTimeout: 10 * time.Minute}}, nil, roles.Decode)
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses"} {
+		t.Run(path, func(t *testing.T) {
+			conn, err := net.Dial("tcp", hostPort(tc.o.RouterURL()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			fmt.Fprintf(conn, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000000000\r\n\r\n", path)
+			conn.SetReadDeadline(time.Now().Add(time.Minute))
+			br := bufio.NewReader(conn)
+			resp, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("no answer while the 1 GB body was not sent: %v", err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 413 {
+				t.Fatalf("answered %s, want 413", resp.Status)
+			}
+			if _, err := br.ReadByte(); err != io.EOF {
+				t.Errorf("the connection stays open after the refusal (%v): its body would be read as the next request", err)
+			}
+		})
+	}
+}
