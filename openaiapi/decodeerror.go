@@ -37,6 +37,18 @@ func DecodeErrorText(err error) string {
 	return strings.TrimPrefix(err.Error(), "json: ")
 }
 
+// DecodeError is the 400 for a body encoding/json could not decode: its
+// message is DecodeErrorText's, and its param the member at fault when
+// one is (a value of the wrong type); a body that is not JSON is said to
+// be malformed.
+func DecodeError(err error) *Error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		return BadRequest(te.Field, "%s", DecodeErrorText(err))
+	}
+	return BadRequest("", "malformed JSON body: %s", DecodeErrorText(err))
+}
+
 // kindOf names the JSON a Go type takes.
 func kindOf(t reflect.Type) string {
 	if t == nil {

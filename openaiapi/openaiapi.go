@@ -47,6 +47,9 @@ type Request struct {
 	// Nvext is Dynamo's request extension: its agent hints (and, in its
 	// older form, the agent's identity), read by evolve's router.
 	Nvext json.RawMessage `json:"nvext"`
+	// ResponseFormat asks for structured output (vLLM's): text,
+	// json_object or json_schema; only its shape is checked.
+	ResponseFormat json.RawMessage `json:"response_format"`
 	// EvolveResume continues an answer another engine handed over
 	// (protocol.Resume); only evolve's router sends it.
 	EvolveResume json.RawMessage `json:"evolve_resume"`
@@ -163,7 +166,7 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 	p := &Parsed{Chat: chat}
 	r := &p.Req
 	if err := json.Unmarshal(body, r); err != nil {
-		return nil, BadRequest("", "malformed JSON body: %v", err)
+		return nil, DecodeError(err)
 	}
 	if prompt != nil {
 		r.Prompt = prompt
@@ -186,6 +189,12 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 		if err := checkRoles(r.Messages); err != nil {
 			return nil, err
 		}
+		if err := checkTools(r.Tools); err != nil {
+			return nil, err
+		}
+	}
+	if err := checkResponseFormat(r.ResponseFormat); err != nil {
+		return nil, err
 	}
 	if r.N != nil && *r.N != 1 {
 		return nil, BadRequest("n", "n must be 1 (got %d)", *r.N)
@@ -210,7 +219,7 @@ func parse(body []byte, o parseOptions) (*Parsed, *Error) {
 	}
 	if len(r.KVTransferParams) > 0 && string(r.KVTransferParams) != "null" {
 		if err := json.Unmarshal(r.KVTransferParams, &p.KV); err != nil {
-			return nil, BadRequest("kv_transfer_params", "kv_transfer_params: %v", err)
+			return nil, BadRequest("kv_transfer_params", "kv_transfer_params: %s", DecodeErrorText(err))
 		}
 	}
 	if p.KV.DoRemoteDecode && p.KV.DoRemotePrefill {

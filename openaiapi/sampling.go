@@ -23,6 +23,13 @@ type Sampling struct {
 	Stop              json.RawMessage `json:"stop"`
 }
 
+// MaxStopStrings is the most stop strings a request may give. OpenAI's
+// API takes 4; vLLM sets no limit, and clients written for vLLM send
+// more (lm-evaluation-harness's stop lists): 16 serves them, and refuses
+// a list that only makes every engine step test it (each string is
+// matched against the output at every token).
+const MaxStopStrings = 16
+
 // MaxLogprobs is the most log probabilities a request may ask for per
 // token (vLLM's default --max-logprobs).
 const MaxLogprobs = 20
@@ -43,7 +50,7 @@ func (s *Sampling) check(chat bool) *Error {
 		return nil
 	}
 	for _, e := range []*Error{
-		between("temperature", s.Temperature, 0, math.MaxFloat64, false, "non-negative"),
+		between("temperature", s.Temperature, 0, 2, false, "in [0, 2]"),
 		between("top_p", s.TopP, 0, 1, true, "in (0, 1]"),
 		between("min_p", s.MinP, 0, 1, false, "in [0, 1]"),
 		between("presence_penalty", s.PresencePenalty, -2, 2, false, "in [-2, 2]"),
@@ -65,6 +72,9 @@ func (s *Sampling) check(chat bool) *Error {
 		var many []string
 		if json.Unmarshal(s.Stop, &one) != nil && json.Unmarshal(s.Stop, &many) != nil {
 			return BadRequest("stop", "stop must be a string or a list of strings")
+		}
+		if len(many) > MaxStopStrings {
+			return BadRequest("stop", "stop holds %d strings; at most %d are allowed", len(many), MaxStopStrings)
 		}
 	}
 	return nil
