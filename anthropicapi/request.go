@@ -43,16 +43,21 @@
 //
 // Not served: Anthropic's server tools and its versioned client tools (a
 // tool with a type other than custom), documents (PDF), and extended
-// thinking's budget (thinking is accepted and left to the model's chat
-// template). cache_control marks are accepted and need nothing: every
+// thinking's budget (thinking is checked as Anthropic checks it, a budget
+// of 1024 tokens or more and below max_tokens, and left to the model's
+// chat template). cache_control marks are accepted and need nothing: every
 // prefix an engine holds is reused.
 package anthropicapi
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"math"
 	"strings"
+
+	"github.com/evolvellm/evolve/openaiapi"
 )
 
 // Request is the Messages API request body, as far as it is read.
@@ -78,6 +83,12 @@ type Request struct {
 	MinTokens *int  `json:"min_tokens"`
 	// Nvext is Dynamo's request extension (agent hints), passed on.
 	Nvext json.RawMessage `json:"nvext"`
+	// Thinking is extended thinking: checked as Anthropic checks it, then
+	// left to the model's chat template.
+	Thinking *struct {
+		Type         string `json:"type"`
+		BudgetTokens *int   `json:"budget_tokens"`
+	} `json:"thinking"`
 	// OutputConfig asks for structured output (Claude Code's title
 	// generation sends a JSON schema): output_config.format.
 	OutputConfig *struct {
@@ -150,6 +161,52 @@ func invalid(format string, args ...any) *Error {
 	return &Error{Status: 400, Type: "invalid_request_error", Message: fmt.Sprintf(format, args...)}
 }
 
+// decodeError is the 400 for a body encoding/json could not decode, in
+// openaiapi.DecodeErrorText's words: "max_tokens: must be a whole
+// number, not a string", where encoding/json names Go's types.
+func decodeError(err error) *Error {
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) && te.Field != "" {
+		return invalid("%s", openaiapi.DecodeErrorText(err))
+	}
+	return invalid("malformed JSON body: %s", openaiapi.DecodeErrorText(err))
+}
+
+// MinThinkingBudget is the least thinking.budget_tokens Anthropic's API
+// takes.
+const MinThinkingBudget = 1024
+
+// checkSampling refuses what Anthropic's API refuses of the sampling
+// parameters and of extended thinking, in its words: temperature in
+// [0, 1], top_p in (0, 1], at most
+// openaiapi.MaxStopStrings stop sequences, and a thinking budget of at
+// least MinThinkingBudget tokens and below max_tokens.
+func checkSampling(r *Request) *Error {
+	if t := r.Temperature; t != nil && (math.IsNaN(*t) || *t < 0 || *t > 1) {
+		return invalid("temperature: must be between 0 and 1 (got %g)", *t)
+	}
+	if p := r.TopP; p != nil && (math.IsNaN(*p) || *p <= 0 || *p > 1) {
+		return invalid("top_p: must be greater than 0 and at most 1 (got %g)", *p)
+	}
+	if n := len(r.StopSequences); n > openaiapi.MaxStopStrings {
+		return invalid("stop_sequences: %d given; at most %d are allowed", n, openaiapi.MaxStopStrings)
+	}
+	th := r.Thinking
+	if th == nil {
+		return nil
+	}
+	if b := th.BudgetTokens; b != nil && (*b < MinThinkingBudget || *b >= *r.MaxTokens) {
+		if *b < MinThinkingBudget {
+			return invalid("thinking.budget_tokens: must be at least %d (got %d)", MinThinkingBudget, *b)
+		}
+		return invalid("thinking.budget_tokens: must be less than max_tokens (%d >= %d)", *b, *r.MaxTokens)
+	}
+	if th.Type == "enabled" && th.BudgetTokens == nil {
+		return invalid("thinking.budget_tokens: field required when thinking is enabled")
+	}
+	return nil
+}
+
 // chatMessage and its parts are the chat completions message evolve writes.
 type chatMessage struct {
 	Role       string     `json:"role"`
@@ -180,7 +237,7 @@ type part struct {
 func ToChat(body []byte) ([]byte, Info, *Error) {
 	var r Request
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, Info{}, invalid("malformed JSON body: %v", err)
+		return nil, Info{}, decodeError(err)
 	}
 	if r.Model == "" {
 		return nil, Info{}, invalid("model: field required")
@@ -193,6 +250,9 @@ func ToChat(body []byte) ([]byte, Info, *Error) {
 	}
 	if len(r.Messages) == 0 {
 		return nil, Info{}, invalid("messages: at least one message is required")
+	}
+	if err := checkSampling(&r); err != nil {
+		return nil, Info{}, err
 	}
 	var msgs []chatMessage
 	system, err := systemText(r.System)
@@ -290,13 +350,13 @@ func blocks(raw json.RawMessage) ([]Block, *Error) {
 	if raw[0] == '"' {
 		var s string
 		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, invalid("%v", err)
+			return nil, invalid("%s", openaiapi.DecodeErrorText(err))
 		}
 		return []Block{{Type: "text", Text: s}}, nil
 	}
 	var bs []Block
 	if err := json.Unmarshal(raw, &bs); err != nil {
-		return nil, invalid("must be a string or a list of content blocks: %v", err)
+		return nil, invalid("must be a string or a list of content blocks: %s", openaiapi.DecodeErrorText(err))
 	}
 	return bs, nil
 }
@@ -537,7 +597,7 @@ func addTools(chat map[string]any, r *Request) *Error {
 func CountTokensChat(body []byte) ([]byte, *Error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, invalid("malformed JSON body: %v", err)
+		return nil, decodeError(err)
 	}
 	if m == nil {
 		return nil, invalid("the body must be a JSON object")

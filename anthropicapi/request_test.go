@@ -250,3 +250,58 @@ func TestCountTokensChatNeedsNoMaxTokens(t *testing.T) {
 		t.Error("null accepted")
 	}
 }
+
+// What Anthropic's API refuses is refused, in its words and never in
+// Go's (issue #56: a tool named 5, a budget of -5 thinking tokens and a
+// temperature of 5 were accepted, and a max_tokens of "three" answered
+// "cannot unmarshal string into Go struct field").
+func TestToChatRefusesBadInputsInAnthropicsWords(t *testing.T) {
+	msg := func(extra string) string {
+		return `{"model":"m","max_tokens":2048,"messages":[{"role":"user","content":"x"}]` + extra + `}`
+	}
+	stops := `"x"` + strings.Repeat(`,"x"`, 99)
+	for _, c := range []struct{ name, body, want string }{
+		{"max_tokens a string", `{"model":"m","max_tokens":"three","messages":[{"role":"user","content":"x"}]}`, "max_tokens must be a whole number, not a string"},
+		{"messages a string", `{"model":"m","max_tokens":8,"messages":"hi"}`, "messages must be a list, not a string"},
+		{"content a number", `{"model":"m","max_tokens":8,"messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, "text must be a string, not a number"},
+		{"a tool named 5", msg(`,"tools":[{"name":5,"input_schema":{"type":"object"}}]`), "tools.name must be a string, not a number"},
+		{"input_schema a string", msg(`,"tools":[{"name":"Read","input_schema":"nope"}]`), "tools.0.input_schema: must be a JSON schema object"},
+		{"temperature 5", msg(`,"temperature":5`), "temperature: must be between 0 and 1 (got 5)"},
+		{"top_p 0", msg(`,"top_p":0`), "top_p: must be greater than 0 and at most 1"},
+		{"a budget of -5", msg(`,"thinking":{"type":"enabled","budget_tokens":-5}`), "thinking.budget_tokens: must be at least 1024 (got -5)"},
+		{"a budget of 1000", msg(`,"thinking":{"type":"enabled","budget_tokens":1000}`), "must be at least 1024"},
+		{"a budget of max_tokens", msg(`,"thinking":{"type":"enabled","budget_tokens":2048}`), "must be less than max_tokens (2048 >= 2048)"},
+		{"no budget", msg(`,"thinking":{"type":"enabled"}`), "thinking.budget_tokens: field required"},
+		{"a budget of text", msg(`,"thinking":{"type":"enabled","budget_tokens":"lots"}`), "budget_tokens must be a whole number, not a string"},
+		{"100 stop sequences", msg(`,"stop_sequences":[` + stops + `]`), "stop_sequences: 100 given; at most 16"},
+		{"count_tokens of a bad body", `{"model": }`, "malformed JSON body: not valid JSON"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, _, err := ToChat([]byte(c.body))
+			if c.name == "count_tokens of a bad body" {
+				_, err = CountTokensChat([]byte(c.body))
+			}
+			if err == nil || err.Status != 400 || err.Type != "invalid_request_error" || !strings.Contains(err.Message, c.want) {
+				t.Fatalf("got %+v, want a 400 saying %q", err, c.want)
+			}
+			for _, goText := range []string{"Go struct", "Go value", "anthropicapi.", "json: ", "unmarshal"} {
+				if strings.Contains(err.Message, goText) {
+					t.Errorf("%q speaks Go (%q)", err.Message, goText)
+				}
+			}
+		})
+	}
+	// What Claude Code and the SDKs send passes.
+	for _, ok := range []string{
+		msg(`,"temperature":1,"top_p":0.9,"top_k":40,"stop_sequences":["</done>"]`),
+		`{"model":"m","max_tokens":32000,"thinking":{"type":"enabled","budget_tokens":31999},"messages":[{"role":"user","content":"x"}]}`,
+		msg(`,"thinking":{"type":"enabled","budget_tokens":1024}`),
+		msg(`,"thinking":{"type":"disabled"}`),
+		msg(`,"thinking":{"type":"adaptive"}`),
+		msg(`,"temperature":0`),
+	} {
+		if _, _, err := ToChat([]byte(ok)); err != nil {
+			t.Errorf("refused %s: %v", ok, err)
+		}
+	}
+}
