@@ -130,6 +130,7 @@ type Orchestrator struct {
 	http     *http.Client
 	recent   latencyWindow // the last minute of requests, for the control API
 	legs     *legWatch     // the legs in flight, and the hung ones ended
+	shadow   *roleShadow   // the copy of the role overrides in the data directory
 	met      *metrics
 	plan     *planning // nil when the planner is off
 	kvc      kvCounters
@@ -277,6 +278,7 @@ func New(cfg Config) (*Orchestrator, error) {
 	if cfg.PlannerMode != PlannerOff {
 		o.plan = newPlanning(cfg)
 	}
+	o.shadow = o.openRoleShadow(cfg.DataDir)
 	o.met.reg.MustRegister(keyLimitCollector{keys}, clusterCollector{o},
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_router_in_flight",
 			Help: "Answers (completions, chats, messages) the router is writing now."}, func() float64 { return float64(o.inFlight.Load()) }),

@@ -70,6 +70,9 @@ func (o *Orchestrator) setRole(id, role string, pin bool, reason string, store b
 			o.log.Warn("role override not stored; the role is left as it was", "id", id, "err", err)
 			return controlapi.Node{}, &NotStoredError{What: "the role of " + id, Err: err}
 		}
+		if err := o.shadow.set(id, rec); err != nil {
+			o.log.Warn("the copy of the role overrides is not written", "err", err)
+		}
 	}
 	o.c.mu.Lock()
 	if n, err = check(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/evolvellm/evolve/protocol"
 	"github.com/evolvellm/evolve/roles"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -97,6 +98,7 @@ func (o *Orchestrator) followPins(ctx context.Context) {
 	if o.store == nil {
 		return
 	}
+	o.reconcileRoles(ctx)
 	w, err := o.store.kv.WatchAll(ctx, jetstream.UpdatesOnly())
 	if err != nil {
 		o.log.Warn("pins made through other orchestrators will show here only when their nodes register again", "err", err)
@@ -114,6 +116,11 @@ func (o *Orchestrator) followPins(ctx context.Context) {
 			var r roleRecord
 			if e == nil || e.Operation() != jetstream.KeyValuePut || json.Unmarshal(e.Value(), &r) != nil {
 				continue
+			}
+			if protocol.ValidateEngineID(e.Key()) == nil {
+				if err := o.shadow.set(e.Key(), r); err != nil {
+					o.log.Warn("the copy of the role overrides is not written", "err", err)
+				}
 			}
 			mode := ModeAuto
 			if r.Pinned {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -28,29 +29,10 @@ func TestFullDataDirectoryLosesNoPinAndRecovers(t *testing.T) {
 	}
 	t.Cleanup(func() { exec.Command("umount", "-l", mnt).Run() })
 	data := filepath.Join(mnt, "data")
-	free := func() string {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		return ln.Addr().String()
-	}
-	router, control, natsAddr := free(), free(), free()
-	start := func() *exec.Cmd {
-		cmd := exec.Command(evolveBin, "orchestrator", "--data-dir", data, "--router-addr", router, "--control-addr", control,
-			"--nats-listen", natsAddr, "--log-format", "json")
-		log, _ := os.Create(filepath.Join(t.TempDir(), "orchestrator.log"))
-		cmd.Stderr = log
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		return cmd
-	}
+	do := orchestratorOn(t, data)
+	start, server := do.start, do.server
 	orch := start()
-	startEngine(t, "--id", "e0", "--nats", "nats://"+natsAddr)
-	server := "http://" + control
+	startEngine(t, "--id", "e0", "--nats", do.natsURL)
 	role := func(args ...string) (string, int) {
 		return runBinOut(t, nil, append([]string{"role", "--server", server}, args...)...)
 	}
@@ -100,4 +82,49 @@ func TestFullDataDirectoryLosesNoPinAndRecovers(t *testing.T) {
 		out, code := runBinOut(t, nil, "nodes", "--server", server)
 		return code == 0 && strings.Contains(out, "pinned")
 	})
+}
+
+// dataOrchestrator is an orchestrator process with its data in a given
+// directory, on free ports that stay its own across restarts.
+type dataOrchestrator struct {
+	t                     *testing.T
+	data, server, natsURL string
+	router, control, nats string
+	logs                  []string // each run's log file
+}
+
+func orchestratorOn(t *testing.T, data string) *dataOrchestrator {
+	free := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	o := &dataOrchestrator{t: t, data: data, router: free(), control: free(), nats: free()}
+	o.server, o.natsURL = "http://"+o.control, "nats://"+o.nats
+	return o
+}
+
+// start starts it (again, on the same addresses, after a kill).
+func (o *dataOrchestrator) start() *exec.Cmd {
+	t := o.t
+	cmd := exec.Command(evolveBin, "orchestrator", "--data-dir", o.data, "--router-addr", o.router, "--control-addr", o.control,
+		"--nats-listen", o.nats, "--log-format", "json")
+	path := filepath.Join(t.TempDir(), fmt.Sprintf("orchestrator-%d.log", len(o.logs)))
+	o.logs = append(o.logs, path)
+	log, _ := os.Create(path)
+	cmd.Stderr = log
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return cmd
+}
+
+// lastLog is the last run's log.
+func (o *dataOrchestrator) lastLog() string {
+	b, _ := os.ReadFile(o.logs[len(o.logs)-1])
+	return string(b)
 }
