@@ -98,7 +98,11 @@ type Config struct {
 	// Limits bound what slow or hostile clients can hold of the router
 	// and the control API (zero: the defaults).
 	Limits HTTPLimits
-	Logger *slog.Logger
+	// MaxConnectionsPerClient is the most connections one client address
+	// holds of the router's and the control API's (0: a quarter of
+	// Limits.MaxConnections; below 0: no cap; see clientlimits.go).
+	MaxConnectionsPerClient int
+	Logger                  *slog.Logger
 }
 
 // Orchestrator is a running orchestrator.
@@ -171,11 +175,12 @@ type metrics struct {
 	resumePulled prometheus.Counter
 	// resumePrefilled: resumed answers whose KV a prefill node computed
 	// for their decode node (attempt.resumePrefill).
-	resumePrefilled prometheus.Counter
-	resyncs         *prometheus.CounterVec // KV resyncs by outcome
-	legsEnded       prometheus.Counter     // legs the leg watch ended as hung
-	hints           *prometheus.CounterVec // eviction hint messages by outcome
-	ttft, e2e       prometheus.Histogram
+	resumePrefilled  prometheus.Counter
+	resyncs          *prometheus.CounterVec // KV resyncs by outcome
+	legsEnded        prometheus.Counter     // legs the leg watch ended as hung
+	perClientRefused prometheus.Counter     // connections closed for their client's share
+	hints            *prometheus.CounterVec // eviction hint messages by outcome
+	ttft, e2e        prometheus.Histogram
 	// The planner's view, as of its last step.
 	planSplit     *prometheus.GaugeVec // role, kind (current, recommended)
 	planCost      *prometheus.GaugeVec // model, coefficient
@@ -208,9 +213,10 @@ func newMetrics() *metrics {
 	m.resyncs = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_resyncs_total", Help: "Engines' KV resyncs (each engine sends its whole KV again, one at a time, after it registers or loses events), by outcome: applied (the directory took it all), shared (another orchestrator's resync of it had begun: its events serve this directory too), failed (the engine did not answer), gone (it went down or restarted first), timeout (not applied within 30 s; the next began anyway)."}, []string{"outcome"})
 	m.hints = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "evolve_kv_eviction_hints_total", Help: "Eviction hint messages sent to engines (which blocks live agent branches reference, and which an ended branch left: those go first), by outcome: delivered (the engine applied them), failed (it did not answer; its blocks keep their last priorities)."}, []string{"outcome"})
 	m.legsEnded = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_hung_legs_total", Help: "Legs the router ended because their engine hung: its node went down (no heartbeats) while the leg waited, or the leg sent nothing for --stream-idle-timeout after it began; their answers go on elsewhere, as for an engine that died."})
+	m.perClientRefused = prometheus.NewCounter(prometheus.CounterOpts{Name: "evolve_router_connections_refused_total", Help: "Connections to the router or the control API closed at once because their client address held its share already (--max-connections-per-client)."})
 	// The process's own: memory, goroutines, file descriptors, CPU.
 	m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.hints, m.ttft, m.e2e, m.legsEnded,
+	m.reg.MustRegister(m.requests, m.keyRequests, m.keyTokens, m.decisions, m.routerQueued, m.hitTokens, m.switches, m.handOvers, m.resumed, m.resumePulled, m.resumePrefilled, m.resyncs, m.hints, m.ttft, m.e2e, m.legsEnded, m.perClientRefused,
 		m.planSplit, m.planCost, m.planPredicted, m.planGain, m.planMoves)
 	return m
 }
@@ -407,7 +413,13 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	go o.runPlanner(ctx)
 	limits := o.cfg.Limits.withDefaults()
 	router, control := limits.server(o.routerHandler()), limits.server(o.controlHandler())
-	o.routerLn, o.controlLn = limits.limitListener(o.routerLn), limits.limitListener(o.controlLn)
+	perClient := o.cfg.MaxConnectionsPerClient
+	if perClient == 0 {
+		perClient = max(limits.MaxConnections/4, 1)
+	}
+	refused := func() { o.met.perClientRefused.Inc() }
+	o.routerLn = limits.limitListener(limitPerClient(o.routerLn, perClient, refused))
+	o.controlLn = limits.limitListener(limitPerClient(o.controlLn, perClient, refused))
 	serve := func(srv *http.Server, ln net.Listener, tls bool) error {
 		if !tls {
 			return srv.Serve(ln)

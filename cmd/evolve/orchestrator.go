@@ -136,7 +136,7 @@ Most users start it through 'evolve up'.`,
 	f.String("policy", "evolve", "routing policy: "+strings.Join(routing.Names(), ", "))
 	addWaitFlags(f)
 	f.Duration("shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long the answers the router is writing may take to finish; no new connection is taken meanwhile, so a load balancer moves to another router (a second signal stops at once)")
-	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")
+	addConnectionFlags(f)
 	f.Duration("body-timeout", 30*time.Second, "how long a request body may take to arrive, a second more for each 256 KiB that did (a client trickling its body is cut with 408)")
 	f.Duration("write-idle-timeout", 60*time.Second, "longest a write to a client may block (a client that stopped reading its answer); a streamed answer that keeps moving is never cut")
 	f.Duration("idle-timeout", 120*time.Second, "a keep-alive connection idle this long between requests is closed")
@@ -149,6 +149,12 @@ Most users start it through 'evolve up'.`,
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
 	return cmd
+}
+
+// addConnectionFlags adds the flags of the connections the router holds.
+func addConnectionFlags(f *pflag.FlagSet) {
+	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")
+	f.Int("max-connections-per-client", 0, "most of those one client address holds (default: a quarter of --max-connections; -1: no cap); its connections past that are closed at once, so that one client cannot take the router from the others")
 }
 
 // addWaitFlags adds the flags of how long the orchestrator waits on
@@ -225,6 +231,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		StreamIdle: config.GetDuration("orchestrator.stream-idle-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"), ServedModel: get("served-model"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
+		MaxConnectionsPerClient: config.GetInt("orchestrator.max-connections-per-client"),
 		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),
 			BodyTimeout: config.GetDuration("orchestrator.body-timeout"), WriteIdle: config.GetDuration("orchestrator.write-idle-timeout"),
 			IdleTimeout: config.GetDuration("orchestrator.idle-timeout"), LargeBodyBudget: int64(config.GetInt("orchestrator.large-body-budget")) << 20},
