@@ -53,11 +53,13 @@ func (e *Simulated) Handler() http.Handler {
 // carry the engine token; /health and /metrics stay open, as vLLM's do
 // under --api-key, for load balancers and Prometheus.
 func requireToken(token string, next http.Handler) http.Handler {
-	want := []byte("Bearer " + token)
+	want := []byte(token)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		p := r.URL.Path
+		// The scheme in any case: "bearer TOKEN" is "Bearer TOKEN".
+		given, _ := protocol.BearerToken(r.Header.Get("Authorization"))
 		if (strings.HasPrefix(p, "/v1/") || strings.HasPrefix(p, "/evolve/")) &&
-			subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			subtle.ConstantTimeCompare([]byte(given), want) != 1 {
 			writeError(w, &apiError{Status: 401, Type: "invalid_request_error", Code: "invalid_engine_token",
 				Message: "this engine serves its cluster's routers only: send Authorization: Bearer with the engine token " +
 					"(by default the event plane's: the TOKEN of the engine's nats://TOKEN@host)"})

@@ -76,6 +76,13 @@ func TestEngineTokenGuardsTheAPIAndTravelsToPeers(t *testing.T) {
 		})
 	}
 
+	// The scheme is the same in any case (RFC 7235): "bearer" is "Bearer".
+	for _, scheme := range []string{"bearer", "BEARER", "Bearer"} {
+		if status, b := call(t, pre.URL+"/v1/models", scheme+" "+token, ""); status != 200 {
+			t.Errorf("GET /v1/models with %q: %d %s, want 200", scheme+" TOKEN", status, b)
+		}
+	}
+
 	// The prefill leg, with the token, holds its KV for a decode engine.
 	status, leg := send(t, pre.URL+"/v1/completions", "Bearer "+token, prompt)
 	if status != 200 {

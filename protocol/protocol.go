@@ -1,7 +1,7 @@
 // Package protocol is the engine protocol: the NATS subjects and message
 // schemas that engines and the orchestrator exchange, and the HTTP extensions
 // engines serve beside the OpenAI API. Engines, the orchestrator and tests
-// import it; it holds types and names, and the two helpers of the engine token.
+// import it; it holds types and names, and the helpers of the engine token.
 //
 // # NATS subjects (JSON payloads)
 //
@@ -480,6 +480,18 @@ func EngineToken(natsURL string) string {
 		return ""
 	}
 	return u.User.Username()
+}
+
+// BearerToken is the token of an Authorization header of the bearer
+// scheme ("Bearer TOKEN", the scheme in any case, as RFC 7235 has it:
+// "bearer TOKEN" is the same), and whether the header is one.
+func BearerToken(authorization string) (string, bool) {
+	scheme, token, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	token = strings.TrimLeft(token, " ")
+	return token, token != ""
 }
 
 // BearerTransport sends the engine token with every request that carries

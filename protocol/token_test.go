@@ -60,3 +60,18 @@ func TestBearerTransportSendsTheTokenUnlessTheRequestHasOne(t *testing.T) {
 		t.Fatal("the transport wrote the token into the caller's request")
 	}
 }
+
+// The bearer scheme is the same in any case (RFC 7235): "bearer TOKEN"
+// and "BEARER TOKEN" carry TOKEN as "Bearer TOKEN" does; another scheme,
+// or no token, carries none.
+func TestBearerTokenTakesTheSchemeInAnyCase(t *testing.T) {
+	for header, want := range map[string]string{
+		"Bearer t0k": "t0k", "bearer t0k": "t0k", "BEARER t0k": "t0k", "Bearer  t0k": "t0k",
+		"t0k": "", "Basic dTpw": "", "Bearer": "", "Bearer ": "", "": "", "Bearert0k": "",
+	} {
+		got, ok := BearerToken(header)
+		if got != want || ok != (want != "") {
+			t.Errorf("BearerToken(%q) = %q, %v; want %q", header, got, ok, want)
+		}
+	}
+}
