@@ -77,6 +77,9 @@ func keyLabel(r *http.Request) string {
 // countRequest counts a request's outcome, per policy and per API key.
 func (o *Orchestrator) countRequest(r *http.Request, outcome string) {
 	o.met.requests.WithLabelValues(o.policy.Name(), outcome).Inc()
+	if t := traceOf(r); t != nil {
+		t.outcome = outcome // for its recorded row (record.go)
+	}
 	if l := keyLabel(r); l != "" {
 		o.met.keyRequests.WithLabelValues(l, outcome).Inc()
 	}

@@ -307,6 +307,7 @@ type attemptProgress struct {
 	// prefillKV: the prefill leg's "evolve" object, added to the decode
 	// leg's answer (protocol.ResponseKV.Prefill).
 	prefillKV json.RawMessage
+	firstAt time.Time // when the first token left for the client
 	// prefillCached is the prompt tokens a split request's prefill leg
 	// found cached (-1: none told yet), and placedCached those the router
 	// placed the request by (the directory's match and its fetches): what
@@ -328,6 +329,10 @@ type attemptAnswer struct {
 	sampler  uint64
 	answerID string
 	created  int64
+	// finish is the answer's finish reason, and toolCalls the calls of
+	// tools it made, as its engine said (for the recording).
+	finish    string
+	toolCalls int
 	// vllm is set while a vLLM engine streams the answer: the token ids
 	// it names, with which another can go on (vllmresume.go).
 	vllm *vllmStream
@@ -378,6 +383,7 @@ var reqCounter atomic.Uint64
 
 func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
 	arrival := time.Now()
+	r = o.tracing(r)
 	reqID := o.requestID(r)
 	w.Header().Set("X-Request-Id", reqID) // on every answer, refusals too: the log names it
 	body, status, err := readRequestBody(w, r)
@@ -440,6 +446,7 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 	agent := agentOf(r, p)
 	turn := o.branchBegin(agent.Identity, chain)
 	defer o.branchFinish(turn, agent.Final)
+	defer o.recordRequest(r, p, turn, arrival)
 	legs := o.legBody(p, rb)
 	var match kv.Match
 	var reuse kv.PlacedReuse // the first placement's, for lost KV reuse
@@ -451,6 +458,10 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 		return
 	}
 	defer routed()
+	trace := traceOf(r)
+	if trace != nil {
+		trace.routedAt = time.Now()
+	}
 	var lastErr error
 	for try := 0; try < maxAttempts; try++ {
 		v := o.view(chain, &match, exclude)
@@ -479,8 +490,12 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 				"disaggregated", dec.Disaggregated, "fetches", len(dec.Fetches), "prompt_tokens", len(p.Tokens),
 				"compute_tokens", dec.ComputeTokens, "est_ttft", dec.EstTTFT, "why", dec.Reason)
 		}
-		computed, held := o.countHits(&match, v, dec, bs, len(p.Tokens), try == 0)
+		hits, held := o.countHits(&match, v, dec, bs, len(p.Tokens), try == 0)
+		computed := hits.computed
 		if try == 0 {
+			if trace != nil {
+				trace.hits = hits
+			}
 			o.planArrival(len(p.Tokens), computed, dec)
 			o.c.mu.Lock()
 			reuse = kv.NotePlacement(chain, held, everStored{o.c.dir, o.c.ever})
@@ -490,6 +505,9 @@ func (o *Orchestrator) serveGenerate(w http.ResponseWriter, r *http.Request, cha
 			attemptRequest:  attemptRequest{w: w, r: r, p: p, body: legs, client: rb, path: path, reqID: reqID, dec: dec, arrival: arrival, urls: o.urls(dec), reuse: &reuse, bs: bs, chain: chain},
 			attemptProgress: attemptProgress{phase: phaseRouted, prefillFreed: !dec.Disaggregated, prefillCached: -1, placedCached: len(p.Tokens) - computed},
 			attemptMoves:    attemptMoves{decode: dec.Decode, failed: map[string]bool{}}}
+		if trace != nil {
+			trace.last = a
+		}
 		o.startFetches(dec, chain)
 		failed, err := a.run()
 		if a.clientHasBytes && reuse.Noted() {
@@ -567,7 +585,7 @@ func printableASCII(s string) bool {
 // It returns the tokens the prefill computes and the leading blocks the
 // node holds or fetches; first says whether this is the request's first
 // routing (later ones are not counted again).
-func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int, first bool) (int, int) {
+func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decision, bs, tokens int, first bool) (hitSplit, int) {
 	var dir kv.NodeID
 	for _, n := range v.Nodes {
 		if n.ID == dec.Prefill {
@@ -597,7 +615,7 @@ func (o *Orchestrator) countHits(m *kv.Match, v *routing.View, dec routing.Decis
 			k.transferredTokens.Add(int64(tokens))
 		}
 	}
-	return computed, nm.Local + fetched
+	return hitSplit{gpu: gpu, host: host, peer: remote, computed: computed}, nm.Local + fetched
 }
 
 func (o *Orchestrator) urls(dec routing.Decision) map[string]string {
@@ -864,6 +882,7 @@ func (a *attempt) firstToken() {
 		return
 	}
 	a.phase = phaseFirstToken
+	a.firstAt = time.Now()
 	a.o.met.ttft.Observe(time.Since(a.arrival).Seconds())
 	a.o.recent.addTTFT(time.Now(), time.Since(a.arrival).Seconds())
 }

@@ -147,6 +147,7 @@ func (a *attempt) forward(url string, body []byte) error {
 			return a.takeHandOver(b)
 		}
 		a.countUsage(b)
+		a.noteFinish(b)
 		b = withPrefillKV(a.trueUsage(b), a.prefillKV)
 		a.clientHasBytes = true
 		a.answerHeaders("application/json")
@@ -218,6 +219,7 @@ func (a *attempt) forward(url string, body []byte) error {
 					line = append(append([]byte("data: "), data...), '\n')
 				}
 				a.countChunk(line[len("data: "):])
+				a.noteFinish(line[len("data: "):])
 				usage := bytes.Contains(line, []byte(`"usage":{`))
 				if usage || a.prefillKV != nil && bytes.Contains(line, []byte(`"evolve":`)) {
 					ext := bytes.TrimRight(line[len("data: "):], "\r\n")

@@ -27,7 +27,7 @@ func (o *Orchestrator) serveMessages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tw := anthropicapi.NewWriter(w, info, anthropicapi.UsageHeaders{Prompt: HeaderPromptTokens, Cached: HeaderCachedTokens})
-	o.serveGenerate(tw, asChat(r, chat), true)
+	o.serveGenerate(tw, withAPI(asChat(r, chat), "messages"), true)
 	tw.Finish()
 }
 

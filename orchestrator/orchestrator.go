@@ -3,6 +3,8 @@ package orchestrator
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -98,6 +100,9 @@ type Config struct {
 	// Limits bound what slow or hostile clients can hold of the router
 	// and the control API (zero: the defaults).
 	Limits HTTPLimits
+	// RecordDir, when set, is where the router records every request it
+	// serves: rotating gzipped JSONL, a row each (record.go).
+	RecordDir string
 	// MaxConnectionsPerClient is the most connections one client address
 	// holds of the router's and the control API's (0: a quarter of
 	// Limits.MaxConnections; below 0: no cap; see clientlimits.go).
@@ -135,6 +140,12 @@ type Orchestrator struct {
 	recent   latencyWindow // the last minute of requests, for the control API
 	legs     *legWatch     // the legs in flight, and the hung ones ended
 	shadow   *roleShadow   // the copy of the role overrides in the data directory
+	rec      *recorder     // the recording of every request (Config.RecordDir), or nil
+	// recCtx ends the recording once the answers in flight are done;
+	// recDone closes when its last rows are written.
+	recCtx    context.Context
+	recCancel context.CancelFunc
+	recDone   chan struct{}
 	met      *metrics
 	plan     *planning // nil when the planner is off
 	kvc      kvCounters
@@ -294,6 +305,22 @@ func New(cfg Config) (*Orchestrator, error) {
 			Help: "Requests with a large body that waited for room in the router's budget for them."}, func() float64 { return float64(o.bodies.waits.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "evolve_router_memory_returns_total",
 			Help: "Times the router gave the memory of huge requests (8 MiB bodies and more) back to the system."}, func() float64 { return float64(o.bodies.freed.Load()) }))
+	if cfg.RecordDir != "" {
+		rows := func(pick func(*recorder) int64) func() float64 {
+			return func() float64 {
+				if o.rec == nil {
+					return 0
+				}
+				return float64(pick(o.rec))
+			}
+		}
+		help := "Rows of the recording (--record) by outcome: written, or dropped (the queue was full, or the disk failed or filled: requests are served all the same)."
+		o.met.reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "evolve_record_rows_total", Help: help, ConstLabels: prometheus.Labels{"outcome": "written"}},
+				rows(func(r *recorder) int64 { return r.written.Load() })),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "evolve_record_rows_total", Help: help, ConstLabels: prometheus.Labels{"outcome": "dropped"}},
+				rows(func(r *recorder) int64 { return r.dropped.Load() })))
+	}
 	if certs != nil {
 		o.met.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "evolve_tls_certificate_expiry_seconds",
 			Help: "When the certificate the router serves ends, in Unix seconds: alert well before it (it is read again when its file changes)."}, certs.Expiry))
@@ -347,6 +374,8 @@ func (o *Orchestrator) NATSURL() string { return o.natsURL }
 // ends. ready is called once everything listens.
 func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	o.ctx = ctx
+	o.recCtx, o.recCancel = context.WithCancel(context.Background())
+	defer o.recCancel()
 	if err := o.startNATS(ctx); err != nil {
 		return err
 	}
@@ -451,6 +480,7 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 		o.log.Warn("shutdown grace over; cutting the answers still in flight", "in_flight", o.inFlight.Load(), "grace", grace)
 		router.Close()
 	}
+	o.stopRecording()
 	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) {
 		return serveErr
 	}
@@ -519,6 +549,46 @@ func (o *Orchestrator) startNATS(ctx context.Context) error {
 		o.log.Warn("no JetStream: role overrides will not survive a restart, and this orchestrator plans alone (no leader lease)", "err", err)
 		o.store, o.lease = nil, nil
 	}
+	if o.cfg.RecordDir != "" {
+		return o.startRecording(ctx, js)
+	}
+	return nil
+}
+
+// stopRecording writes the recording's last rows and closes its file.
+func (o *Orchestrator) stopRecording() {
+	if o.rec == nil {
+		return
+	}
+	o.recCancel()
+	<-o.recDone
+}
+
+// startRecording starts the recorder of Config.RecordDir, with the
+// cluster's salt (a random one when there is no JetStream: ids then agree
+// within this router's files only).
+func (o *Orchestrator) startRecording(ctx context.Context, js jetstream.JetStream) error {
+	var salt uint64
+	var err error
+	if js != nil && o.store != nil {
+		salt, err = recordSalt(ctx, js, o.replicas())
+	}
+	if js == nil || o.store == nil || err != nil {
+		if err != nil {
+			o.log.Warn("the recording's block ids are salted for this router alone", "err", err)
+		}
+		var b [8]byte
+		rand.Read(b[:])
+		salt = binary.LittleEndian.Uint64(b[:])
+	}
+	rec, err := newRecorder(o.cfg.RecordDir, o.cfg.Name, salt, o.log)
+	if err != nil {
+		return err
+	}
+	o.rec = rec
+	o.recDone = make(chan struct{})
+	go func() { rec.run(o.recCtx); close(o.recDone) }()
+	o.log.Info("recording every request", "dir", o.cfg.RecordDir)
 	return nil
 }
 

@@ -36,7 +36,7 @@ func (o *Orchestrator) serveResponses(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set(responsesapi.DroppedToolsHeader, strings.Join(info.Dropped, ","))
 	}
 	tw := responsesapi.NewWriter(w, info)
-	c := asChat(r, chat)
+	c := withAPI(asChat(r, chat), "responses")
 	o.serveGenerate(tw, c.WithContext(context.WithValue(c.Context(), fillsContextKey{}, true)), true)
 	tw.Finish()
 }

@@ -32,7 +32,48 @@ type TraceRecord struct {
 	Branch       string  `json:"branch,omitempty"`
 	Parent       string  `json:"parent,omitempty"`
 	Rewrite      bool    `json:"rewrite,omitempty"`
+	// Live is what a router's recording adds (evolve orchestrator
+	// --record): absent from Mooncake's traces and the simulator's.
+	*Live
 }
+
+// RecordingVersion is the version of the rows a router records.
+const RecordingVersion = 1
+
+// Live is what a router recorded of a request it served, beside what a
+// trace has of every request. Times are seconds from its arrival; the
+// hash ids are the prompt's blocks salted per cluster, so that a
+// recording reveals no text (and equal ids still mean equal prefixes,
+// across every router of the cluster).
+type Live struct {
+	Version   int     `json:"v"`
+	UnixMS    float64 `json:"unix_ms"` // arrival, milliseconds since 1970: rows of several routers merge by it
+	Router    string  `json:"router"`
+	RequestID string  `json:"request_id"`
+	API       string  `json:"api"`     // chat, completions, messages, responses
+	Outcome   string  `json:"outcome"` // ok, or as evolve_router_requests_total counts it
+	QueueSec  float64 `json:"queue_s"` // in the router's queue, before routing
+	TTFTSec   float64 `json:"ttft_s,omitempty"`
+	E2ESec    float64 `json:"e2e_s"`
+	// Where the prompt's KV came from, in tokens: GPU, host, a peer's
+	// host pool (fetched), or computed.
+	CachedGPU   int    `json:"cached_gpu"`
+	CachedHost  int    `json:"cached_host"`
+	CachedPeer  int    `json:"cached_peer"`
+	Computed    int    `json:"computed"`
+	PrefillNode string `json:"prefill_node,omitempty"`
+	DecodeNode  string `json:"decode_node,omitempty"`
+	Agent       string `json:"agent,omitempty"` // the sub-agent, in the session's tree
+	Finish      string `json:"finish_reason,omitempty"`
+	ToolCalls   int    `json:"tool_calls,omitempty"`
+	// GapSec is the time since the same session's previous answer ended
+	// (the agent's tool time); absent for a session's first request.
+	GapSec *float64 `json:"gap_s,omitempty"`
+}
+
+// Replayable reports whether the record is a request to replay: one a
+// router answered, or one of a trace without live fields.
+func (r *TraceRecord) Replayable() bool { return r.Live == nil || r.Outcome == "ok" }
 
 // ReadTrace reads a JSONL trace; an error names the line. Records come back
 // sorted by timestamp.
@@ -51,6 +92,9 @@ func ReadTrace(r io.Reader) ([]TraceRecord, error) {
 		dec := json.NewDecoder(strings.NewReader(text))
 		if err := dec.Decode(&rec); err != nil {
 			return nil, fmt.Errorf("trace line %d: %w", line, err)
+		}
+		if !rec.Replayable() {
+			continue // refused or failed: recorded, not replayed
 		}
 		if err := rec.validate(); err != nil {
 			return nil, fmt.Errorf("trace line %d: %w", line, err)

@@ -142,6 +142,7 @@ Most users start it through 'evolve up'.`,
 	f.Duration("idle-timeout", 120*time.Second, "a keep-alive connection idle this long between requests is closed")
 	f.Int("large-body-budget", 64, "MiB of large request bodies (over 1 MiB each) the router reads, parses and tokenizes at once; more wait their turn (each costs about 3x its size in memory)")
 	f.String("ready-file", "", "write the URLs as JSON to this file once serving (for scripts and evolve up)")
+	addRecordFlag(f)
 	f.String("tls-cert-file", "", "PEM certificate (chain) to serve the router, and the control API off loopback, over HTTPS with; read again when it changes")
 	f.String("tls-key-file", "", "PEM private key of --tls-cert-file")
 	f.String("served-model", "", "the model the cluster serves: engines of another are rejected (default: the model most of its engines serve, following them as they come and go)")
@@ -149,6 +150,11 @@ Most users start it through 'evolve up'.`,
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
 	return cmd
+}
+
+// addRecordFlag adds --record.
+func addRecordFlag(f *pflag.FlagSet) {
+	f.String("record", "", "record every request the router serves in this directory: gzipped JSONL, a row each, with no prompt text (evolve trace summary DIR; evolve sim --trace DIR); a full or failing disk drops rows, never requests")
 }
 
 // addConnectionFlags adds the flags of the connections the router holds.
@@ -231,7 +237,7 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 		StreamIdle: config.GetDuration("orchestrator.stream-idle-timeout"), Logger: slog.Default(),
 		PlannerMode: get("planner"), ModelAliases: configList("orchestrator.model-alias"), ServedModel: get("served-model"),
 		APIKeys: configList("orchestrator.api-key"), APIKeyFile: keyFile, TLSCertFile: get("tls-cert-file"), TLSKeyFile: get("tls-key-file"),
-		MaxConnectionsPerClient: config.GetInt("orchestrator.max-connections-per-client"),
+		MaxConnectionsPerClient: config.GetInt("orchestrator.max-connections-per-client"), RecordDir: get("record"),
 		Limits: orchestrator.HTTPLimits{MaxConnections: config.GetInt("orchestrator.max-connections"),
 			BodyTimeout: config.GetDuration("orchestrator.body-timeout"), WriteIdle: config.GetDuration("orchestrator.write-idle-timeout"),
 			IdleTimeout: config.GetDuration("orchestrator.idle-timeout"), LargeBodyBudget: int64(config.GetInt("orchestrator.large-body-budget")) << 20},
