@@ -307,7 +307,7 @@ type attemptProgress struct {
 	// prefillKV: the prefill leg's "evolve" object, added to the decode
 	// leg's answer (protocol.ResponseKV.Prefill).
 	prefillKV json.RawMessage
-	firstAt time.Time // when the first token left for the client
+	firstAt   time.Time // when the first token left for the client
 	// prefillCached is the prompt tokens a split request's prefill leg
 	// found cached (-1: none told yet), and placedCached those the router
 	// placed the request by (the directory's match and its fetches): what

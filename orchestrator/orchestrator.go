@@ -146,9 +146,9 @@ type Orchestrator struct {
 	recCtx    context.Context
 	recCancel context.CancelFunc
 	recDone   chan struct{}
-	met      *metrics
-	plan     *planning // nil when the planner is off
-	kvc      kvCounters
+	met       *metrics
+	plan      *planning // nil when the planner is off
+	kvc       kvCounters
 
 	blockSize int    // guarded by c.mu
 	model     string // guarded by c.mu
