@@ -76,8 +76,14 @@ type Live struct {
 func (r *TraceRecord) Replayable() bool { return r.Live == nil || r.Outcome == "ok" }
 
 // ReadTrace reads a JSONL trace; an error names the line. Records come back
-// sorted by timestamp.
-func ReadTrace(r io.Reader) ([]TraceRecord, error) {
+// sorted by timestamp; a recording's requests that were not answered
+// (Replayable) are left out.
+func ReadTrace(r io.Reader) ([]TraceRecord, error) { return readTrace(r, false) }
+
+// ReadTraceAll is ReadTrace keeping every record, those not answered too.
+func ReadTraceAll(r io.Reader) ([]TraceRecord, error) { return readTrace(r, true) }
+
+func readTrace(r io.Reader, all bool) ([]TraceRecord, error) {
 	var out []TraceRecord
 	sc := bufio.NewScanner(r)
 	sc.Buffer(nil, 64<<20) // grows as long lines need, up to 64 MB
@@ -93,7 +99,7 @@ func ReadTrace(r io.Reader) ([]TraceRecord, error) {
 		if err := dec.Decode(&rec); err != nil {
 			return nil, fmt.Errorf("trace line %d: %w", line, err)
 		}
-		if !rec.Replayable() {
+		if !all && !rec.Replayable() {
 			continue // refused or failed: recorded, not replayed
 		}
 		if err := rec.validate(); err != nil {

@@ -56,7 +56,7 @@ Exit codes: 0 ok, 1 error, 2 usage error, 3 partial failure.`,
 	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
 		return usageError{cmd: c.CommandPath(), err: plainValueError(c, err)}
 	})
-	root.AddCommand(newVersionCmd(), newEngineCmd(), newOrchestratorCmd(), newUpCmd(), newDownCmd(), newStatusCmd(), newNodesCmd(), newRoleCmd(), newBenchCmd(), newSimCmd(), newPlannerCmd(), newBranchesCmd(), newKVCmd(), newTopCmd(), newLogsCmd(), newMonitoringCmd())
+	root.AddCommand(newVersionCmd(), newEngineCmd(), newOrchestratorCmd(), newUpCmd(), newDownCmd(), newStatusCmd(), newNodesCmd(), newRoleCmd(), newBenchCmd(), newSimCmd(), newPlannerCmd(), newBranchesCmd(), newKVCmd(), newTopCmd(), newLogsCmd(), newMonitoringCmd(), newTraceCmd())
 	registerCompletions(root)
 	return root
 }
