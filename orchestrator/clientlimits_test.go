@@ -20,7 +20,7 @@ import (
 // is answered while they hang. Before, the router's budget was all the
 // slow client's, and a request waited for its header timeout (10 s).
 func TestOneClientCannotTakeTheRouter(t *testing.T) {
-	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{MaxConnections: 64}}, nil, roles.Decode)
+	tc := startTestClusterWith(t, Config{Limits: HTTPLimits{MaxConnections: 64}, MaxConnectionsPerClient: 16}, nil, roles.Decode)
 	addr := strings.TrimPrefix(tc.o.RouterURL(), "http://")
 	var held []net.Conn
 	t.Cleanup(func() {

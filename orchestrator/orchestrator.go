@@ -105,7 +105,8 @@ type Config struct {
 	RecordDir string
 	// MaxConnectionsPerClient is the most connections one client address
 	// holds of the router's and the control API's (0: a quarter of
-	// Limits.MaxConnections; below 0: no cap; see clientlimits.go).
+	// Limits.MaxConnections, at least 256; below 0: no cap; see
+	// clientlimits.go).
 	MaxConnectionsPerClient int
 	Logger                  *slog.Logger
 }
@@ -444,7 +445,9 @@ func (o *Orchestrator) Run(ctx context.Context, ready func()) error {
 	router, control := limits.server(o.routerHandler()), limits.server(o.controlHandler())
 	perClient := o.cfg.MaxConnectionsPerClient
 	if perClient == 0 {
-		perClient = max(limits.MaxConnections/4, 1)
+		// A quarter, but never so few that one host's agents (a local
+		// fleet, all on 127.0.0.1) are held to it.
+		perClient = max(limits.MaxConnections/4, 256)
 	}
 	refused := func() { o.met.perClientRefused.Inc() }
 	o.routerLn = limits.limitListener(limitPerClient(o.routerLn, perClient, refused))

@@ -160,7 +160,7 @@ func addRecordFlag(f *pflag.FlagSet) {
 // addConnectionFlags adds the flags of the connections the router holds.
 func addConnectionFlags(f *pflag.FlagSet) {
 	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")
-	f.Int("max-connections-per-client", 0, "most of those one client address holds (default: a quarter of --max-connections; -1: no cap); its connections past that are closed at once, so that one client cannot take the router from the others")
+	f.Int("max-connections-per-client", 0, "most of those one client address holds (default: a quarter of --max-connections, at least 256; -1: no cap); its connections past that are closed at once, so that one client cannot take the router from the others")
 }
 
 // addWaitFlags adds the flags of how long the orchestrator waits on
@@ -198,6 +198,12 @@ func runOrchestrator(cmd *cobra.Command, _ []string) error {
 	}
 	if err := checkNATSCreds("orchestrator"); err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
+	}
+	warnOnCommandLine(cmd, "api-key", "$EVOLVE_ORCHESTRATOR_API_KEY or --api-key-file")
+	if f := get("tls-key-file"); f != "" {
+		if err := checkPrivate("tls-key-file", f); err != nil {
+			return usageError{cmd: cmd.CommandPath(), err: err}
+		}
 	}
 	if cmd.Flags().Changed("nats") && protocol.EngineToken(get("nats")) != "" {
 		slog.Warn("--nats with a token on the command line shows it in ps to every user of this machine; use $EVOLVE_ORCHESTRATOR_NATS")
