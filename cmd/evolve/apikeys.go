@@ -21,6 +21,9 @@ func addAPIKeyFlags(f *pflag.FlagSet) {
 func apiKeys(cmd string) ([]string, error) {
 	keys := configList(cmd + ".api-key")
 	if path := config.GetString(cmd + ".api-key-file"); path != "" {
+		if err := checkPrivate("api-key-file", path); err != nil {
+			return nil, err
+		}
 		file, err := apikeys.ReadFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("--api-key-file: %w", err)

@@ -228,6 +228,7 @@ func routerBases(urls string) string {
 // their summary.
 func runBench(cmd *cobra.Command, _ []string) error {
 	k := func(s string) string { return cfgKey(cmd) + "." + s }
+	warnOnCommandLine(cmd, "api-key", "$EVOLVE_BENCH_API_KEY")
 	url, apiKey := config.GetString(k("url")), config.GetString(k("api-key"))
 	if url == "" {
 		url = "http://127.0.0.1:8000"

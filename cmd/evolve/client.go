@@ -52,6 +52,7 @@ func newControlClient(cmd *cobra.Command) *controlClient {
 			server = "http://127.0.0.1:8001"
 		}
 	}
+	warnOnCommandLine(cmd, "token", "$EVOLVE_TOKEN")
 	token := flagOrConfig(cmd, "token")
 	if token == "" {
 		token = os.Getenv("EVOLVE_TOKEN")

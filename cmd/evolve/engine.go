@@ -131,6 +131,9 @@ func runEngine(cmd *cobra.Command, args []string) error {
 	if err := checkNATSCreds("engine"); err != nil {
 		return usage(err)
 	}
+	if get("token") != "none" {
+		warnOnCommandLine(cmd, "token", "$EVOLVE_ENGINE_TOKEN")
+	}
 	switch b := get("backend"); b {
 	case "sim":
 		if len(args) > 0 {

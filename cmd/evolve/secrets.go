@@ -7,13 +7,47 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
 
+// checkPrivate refuses the file of a secret (a token, API keys, a private
+// key) that other users of the machine may read or change, as ssh refuses
+// such a private key: a secret they may read is theirs too, and a warning
+// scrolls by unread. As ssh, it looks only at files of the user evolve
+// runs as: one another owns (root's, readable by a group) is that owner's
+// to guard.
+func checkPrivate(flag, path string) error {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fmt.Errorf("--%s: %w", flag, err)
+	}
+	mode := fi.Mode().Perm()
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if mode&0o077 != 0 && (!ok || int(st.Uid) == os.Geteuid()) {
+		return fmt.Errorf("--%s: other users of this machine may read %s (mode %04o), which holds a secret: chmod 600 %s (ssh refuses a private key so open, and so does evolve)",
+			flag, path, mode, path)
+	}
+	return nil
+}
+
+// warnOnCommandLine warns when cmd's flag, which holds a secret, was given
+// on the command line, where ps shows it to every user of the machine;
+// instead says where it belongs.
+func warnOnCommandLine(cmd *cobra.Command, flag, instead string) {
+	if f := cmd.Flags().Lookup(flag); f != nil && f.Changed && f.Value.String() != "" && f.Value.String() != "[]" {
+		slog.Warn(fmt.Sprintf("--%s on the command line shows in ps to every user of this machine; use %s", flag, instead))
+	}
+}
+
 // readSecretFile is the secret in file path: its content without the
-// surrounding white space. An empty file is an error, not "no secret".
+// surrounding white space. An empty file is an error, not "no secret",
+// and so is a file others may read (checkPrivate).
 func readSecretFile(flag, path string) (string, error) {
+	if err := checkPrivate(flag, path); err != nil {
+		return "", err
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return "", fmt.Errorf("--%s: %w", flag, err)
@@ -104,8 +138,8 @@ func engineNATSSecret(cmd *cobra.Command) error {
 }
 
 // checkNATSCreds checks command's --nats-creds: given with --nats, a
-// readable NATS credentials file (a user JWT and its nkey seed), and
-// warns when others may read the seed in it.
+// readable NATS credentials file (a user JWT and its nkey seed), which
+// others may not read (the seed is a private key: checkPrivate).
 func checkNATSCreds(command string) error {
 	path := config.GetString(command + ".nats-creds")
 	if path == "" {
@@ -121,8 +155,5 @@ func checkNATSCreds(command string) error {
 	if !strings.Contains(string(b), "-----BEGIN NATS USER JWT-----") || !strings.Contains(string(b), "-----BEGIN USER NKEY SEED-----") {
 		return fmt.Errorf("--nats-creds: %s is not a NATS credentials file (a user JWT and its nkey seed, as 'nsc generate creds' writes)", path)
 	}
-	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
-		slog.Warn("--nats-creds: other users of this machine may read the key in the credentials file; chmod 600 it", "file", path, "mode", fi.Mode().Perm().String())
-	}
-	return nil
+	return checkPrivate("nats-creds", path)
 }

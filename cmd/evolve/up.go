@@ -116,6 +116,7 @@ A small one (the README has a fuller example):
 
 func runUp(cmd *cobra.Command, _ []string) error {
 	key := func(k string) string { return "up." + k }
+	warnOnCommandLine(cmd, "api-key", "$EVOLVE_UP_API_KEY or --api-key-file")
 	if file := config.GetString(key("file")); file != "" {
 		return upFromFile(cmd, file, config.GetBool(key("dry-run")))
 	}
