@@ -1,4 +1,4 @@
-// Package sim is the simulated engine: a pure step model of one GPU engine (a
+// Package stepmodel is the simulated engine: a pure step model of one GPU engine (a
 // GPU or a tensor-parallel group) that the live `evolve engine --backend sim`
 // runs against the wall clock and the simulator runs in virtual time.
 //
