@@ -1,13 +1,3 @@
-// Package orchestrator is the process between agents and engines: the front
-// door that routes each request to a prefill and a decode engine, the
-// membership of engines and their roles, the cluster-wide KV directory, and
-// the control API that the CLI and the monitor use.
-//
-// The decisions are made by pure code (package routing, kv.Directory); this
-// package does the I/O around them: NATS for the engines' registrations, KV
-// events and control, HTTP for inference and for the control API, and a
-// JetStream key-value bucket for the role overrides that must survive a
-// restart.
 package orchestrator
 
 import (
