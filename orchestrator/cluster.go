@@ -36,6 +36,7 @@ type node struct {
 	mode     string
 	state    string
 	lastSeen time.Time
+	downAt   time.Time // when it was last marked down
 	inFlight int
 	sw       *controlapi.Switch
 	// handingOver: the node's engine hands its decodes to peers (a

@@ -86,8 +86,7 @@ func (o *Orchestrator) onRegister(m *nats.Msg) {
 		// another size, or trusting sizes below zero would be wrong:
 		// keep it out.
 		n.state = StateRejected
-		n.reason = fmt.Sprintf("serves %s with %d-token blocks; this cluster serves %s with %d-token blocks",
-			reg.Model, reg.BlockSize, o.model, o.blockSize)
+		n.reason = rejection(reg, o.model, o.blockSize)
 		if invalid != nil {
 			n.reason = invalid.Error()
 		}
@@ -235,6 +234,10 @@ func (o *Orchestrator) onDeregister(m *nats.Msg) {
 	o.markDown(d.ID, "deregistered", false)
 }
 
+// modelStickiness is how long an engine of the model served counts for
+// it after it went down.
+const modelStickiness = 5 * time.Minute
+
 // electModelLocked sets the model the cluster serves, and its block size,
 // from the engines present: the orchestrator's --served-model when given,
 // else the one the most engines that are not down serve (the one served
@@ -250,9 +253,18 @@ func (o *Orchestrator) electModelLocked() {
 		bs    int
 	}
 	count, first := map[key]int{}, map[key]time.Time{}
+	now := time.Now()
 	for _, n := range o.c.nodes {
-		if n.state == StateDown || n.reg.Validate() != nil {
+		if n.reg.Validate() != nil {
 			continue
+		}
+		if n.state == StateDown {
+			// An engine of the model served, down lately (restarting, a
+			// rolling upgrade), still counts for it: the cluster does not
+			// go to whatever engine is left while its own come back.
+			if n.reg.Model != o.model || n.reg.BlockSize != o.blockSize || now.Sub(n.downAt) > modelStickiness {
+				continue
+			}
 		}
 		if o.cfg.ServedModel != "" && n.reg.Model != o.cfg.ServedModel {
 			continue
@@ -267,7 +279,7 @@ func (o *Orchestrator) electModelLocked() {
 	best, bestN := cur, count[cur]
 	for k, c := range count {
 		// More engines win; on a tie the model served now stays, and
-		// between others the first registered wins.
+		// between others the one whose engine started first.
 		if c > bestN || (c == bestN && best != cur && first[k].Before(first[best])) {
 			best, bestN = k, c
 		}
@@ -285,8 +297,7 @@ func (o *Orchestrator) electModelLocked() {
 	for id, n := range o.c.nodes {
 		if n.state != StateDown && n.state != StateRejected && (n.reg.Model != o.model || n.reg.BlockSize != o.blockSize) {
 			n.state = StateRejected
-			n.reason = fmt.Sprintf("serves %s with %d-token blocks; this cluster serves %s with %d-token blocks",
-				n.reg.Model, n.reg.BlockSize, o.model, o.blockSize)
+			n.reason = rejection(n.reg, o.model, o.blockSize)
 			o.c.dir.DropNode(n.dir)
 			o.c.changed(id)
 		}
@@ -294,6 +305,14 @@ func (o *Orchestrator) electModelLocked() {
 	if o.nc != nil {
 		go o.nc.Publish(protocol.SubjectAnnounce, nil) // the rejected ones of the model chosen register again
 	}
+}
+
+// rejection says why an engine of reg is not one the cluster serves.
+func rejection(reg protocol.Registration, model string, bs int) string {
+	if bs == 0 {
+		return fmt.Sprintf("serves %s; this cluster serves %s", reg.Model, model)
+	}
+	return fmt.Sprintf("serves %s with %d-token blocks; this cluster serves %s with %d-token blocks", reg.Model, reg.BlockSize, model, bs)
 }
 
 // tellRegistration tells engine id, when this orchestrator leads, whether
@@ -323,13 +342,13 @@ func (o *Orchestrator) markDown(id, why string, silent bool) {
 	if n.state == StateRejected {
 		// Gone too: it no longer counts among the engines present (the
 		// model the cluster serves follows those).
-		n.state, n.reason, n.silent = StateDown, "rejected, then "+why, silent
+		n.state, n.reason, n.silent, n.downAt = StateDown, "rejected, then "+why, silent, time.Now()
 		o.c.changed(id)
 		o.electModelLocked()
 		o.c.mu.Unlock()
 		return
 	}
-	n.state, n.reason, n.silent = StateDown, why, silent
+	n.state, n.reason, n.silent, n.downAt = StateDown, why, silent, time.Now()
 	dropped := o.c.dir.DropNode(n.dir)
 	o.c.changed(id)
 	o.electModelLocked() // the last engine of the model served may have gone

@@ -217,11 +217,25 @@ func (o *Orchestrator) serveModel(w http.ResponseWriter, r *http.Request) {
 func (o *Orchestrator) servedModel() (string, int) {
 	o.c.mu.Lock()
 	defer o.c.mu.Unlock()
-	maxLen := 0
+	// The shortest context of the engines that serve the model: any of
+	// them may get the request. A rejected or down engine (another
+	// model, a longer context) says nothing of what the cluster takes.
+	serving, any := 0, 0
 	for _, n := range o.c.nodes {
-		maxLen = max(maxLen, n.reg.MaxModelLen)
+		if n.reg.Model != o.model || n.reg.MaxModelLen <= 0 {
+			continue
+		}
+		any = max(any, n.reg.MaxModelLen)
+		if n.state == StateServing || n.state == StateSwitching || n.state == StateDraining {
+			if serving == 0 || n.reg.MaxModelLen < serving {
+				serving = n.reg.MaxModelLen
+			}
+		}
 	}
-	return o.model, maxLen
+	if serving > 0 {
+		return o.model, serving
+	}
+	return o.model, any
 }
 
 func (o *Orchestrator) modelInfo(model string, maxLen int, anthropic bool) map[string]any {

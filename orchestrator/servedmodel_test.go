@@ -79,3 +79,38 @@ func TestServedModelFlagHolds(t *testing.T) {
 		t.Fatalf("serving %s", m)
 	}
 }
+
+// The engines of the model served that restart keep it served: the one
+// of another model left meanwhile does not take the cluster (and its
+// longer context does not become the router's limit).
+func TestServedModelStaysWhileItsEnginesRestart(t *testing.T) {
+	tc := startTestCluster(t)
+	tiny, _ := stepmodel.BuiltinProfile("tiny")
+	other := *tiny
+	other.Model, other.MaxModelLen = "evolve-other", 2*tiny.MaxModelLen
+	state := func(id string) string {
+		tc.o.c.mu.Lock()
+		defer tc.o.c.mu.Unlock()
+		if n := tc.o.c.nodes[id]; n != nil {
+			return n.state
+		}
+		return ""
+	}
+	tc.addEngine(t, "good", tiny, roles.Decode)
+	wait.Until(t, 10*time.Second, "good serving", func() bool { return state("good") == StateServing })
+	tc.addEngine(t, "stray", &other, roles.Decode)
+	wait.Until(t, 10*time.Second, "stray rejected", func() bool { return state("stray") == StateRejected })
+	if _, maxLen := tc.o.servedModel(); maxLen != tiny.MaxModelLen {
+		t.Fatalf("the router's context limit is %d: the rejected engine's, not the served model's %d", maxLen, tiny.MaxModelLen)
+	}
+	tc.engines[0]() // good restarts
+	wait.Until(t, 10*time.Second, "good down", func() bool { return state("good") == StateDown })
+	if m, _ := tc.o.servedModel(); m != "evolve-tiny" || state("stray") != StateRejected {
+		t.Fatalf("while good restarts the cluster serves %s, stray is %s", m, state("stray"))
+	}
+	tc.addEngine(t, "good", tiny, roles.Decode)
+	wait.Until(t, 10*time.Second, "good serving again", func() bool { return state("good") == StateServing })
+	if m, _ := tc.o.servedModel(); m != "evolve-tiny" || state("stray") != StateRejected {
+		t.Fatalf("after good came back the cluster serves %s, stray is %s", m, state("stray"))
+	}
+}
