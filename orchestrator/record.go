@@ -63,12 +63,10 @@ type recorder struct {
 	last map[string]time.Time
 }
 
-// recordRow is a request's row before its prompt is hashed (the writer
-// hashes it, off the request path).
+// recordRow is a request's row, its prompt's block ids made (a prompt
+// is never held in the queue: a slow disk would hold thousands).
 type recordRow struct {
-	rec    workload.TraceRecord
-	tokens []uint32
-	end    time.Time
+	rec workload.TraceRecord
 }
 
 // recordSaltKey is the cluster's salt in the cluster bucket.
@@ -121,24 +119,19 @@ func (rc *recorder) add(row recordRow) {
 	}
 }
 
-// gap is the time since session's last answer ended, and notes this one
-// ending at end; nil for a session's first.
-func (rc *recorder) gap(session string, arrival, end time.Time) *float64 {
+// gap is the time since the agent's (a session's root agent, or one of
+// its sub-agents) last answer ended, and notes this one ending at end;
+// nil for its first.
+func (rc *recorder) gap(session, agent string, arrival, end time.Time) *float64 {
 	if session == "" {
 		return nil
 	}
+	key := session + "\x00" + agent
 	rc.mu.Lock()
 	defer rc.mu.Unlock()
-	prev, ok := rc.last[session]
+	prev, ok := rc.last[key]
 	if end.After(prev) {
-		rc.last[session] = end
-	}
-	if len(rc.last) > 100000 {
-		for s, t := range rc.last {
-			if end.Sub(t) > time.Hour {
-				delete(rc.last, s)
-			}
-		}
+		rc.last[key] = end
 	}
 	if !ok {
 		return nil
@@ -182,10 +175,20 @@ func (rc *recorder) run(ctx context.Context) {
 	}
 	flush := time.NewTicker(time.Second)
 	defer flush.Stop()
+	prune := time.NewTicker(time.Minute)
+	defer prune.Stop()
 	for {
 		select {
 		case row := <-rc.rows:
 			write(row)
+		case now := <-prune.C:
+			rc.mu.Lock()
+			for k, t := range rc.last {
+				if now.Sub(t) > time.Hour {
+					delete(rc.last, k)
+				}
+			}
+			rc.mu.Unlock()
 		case <-flush.C:
 			if f != nil {
 				if err := f.flush(); err != nil {
@@ -222,6 +225,9 @@ func (rc *recorder) run(ctx context.Context) {
 func (rc *recorder) lose(f *recordFile, err error) {
 	rc.fail(err)
 	f.close()
+	if f.rows == f.pending {
+		os.Remove(f.path) // nothing of it was kept
+	}
 	rc.dropped.Add(f.take())
 }
 
@@ -231,25 +237,22 @@ func (rc *recorder) fail(err error) {
 	}
 }
 
-// finish hashes a row's prompt into salted 512-token block ids.
-func (rc *recorder) finish(row recordRow) workload.TraceRecord {
-	rec := row.rec
-	toks := row.tokens
-	chain := kv.ChainHashes(toks, workload.TraceBlockSize)
-	if rest := len(toks) % workload.TraceBlockSize; rest > 0 {
-		var parent kv.BlockHash
-		if len(chain) > 0 {
-			parent = chain[len(chain)-1]
-		}
-		chain = append(chain, kv.NextHash(parent, len(chain) > 0, toks[len(toks)-rest:]))
-	}
-	rec.HashIDs = make([]int64, len(chain))
+// blockIDs are a prompt's 512-token blocks as salted ids.
+func (rc *recorder) blockIDs(tokens []uint32) []int64 {
+	chain := workload.TraceChain(tokens)
+	ids := make([]int64, len(chain))
 	var b [16]byte
 	binary.LittleEndian.PutUint64(b[:8], rc.salt)
 	for i, h := range chain {
 		binary.LittleEndian.PutUint64(b[8:], uint64(h))
-		rec.HashIDs[i] = int64(xxh3.Hash(b[:]) >> 1)
+		ids[i] = int64(xxh3.Hash(b[:]) >> 1)
 	}
+	return ids
+}
+
+// finish puts a row on the recording's clock.
+func (rc *recorder) finish(row recordRow) workload.TraceRecord {
+	rec := row.rec
 	rec.Timestamp = max(row.rec.UnixMS-float64(rc.start.UnixMilli()), 0)
 	return rec
 }
@@ -262,8 +265,8 @@ type recordFile struct {
 	bw   *bufio.Writer
 	size int64
 	// pending is the rows written since the last flush that succeeded:
-	// written once flushed, dropped if the flush fails.
-	pending int64
+	// written once flushed, dropped if the flush fails; rows all of them.
+	pending, rows int64
 }
 
 // take is the rows pending, now counted.
@@ -293,6 +296,7 @@ func (f *recordFile) write(rec workload.TraceRecord) error {
 	f.size += int64(n)
 	if err == nil {
 		f.pending++
+		f.rows++
 	}
 	return err
 }
@@ -373,11 +377,14 @@ func (o *Orchestrator) recordRequest(r *http.Request, p *openaiapi.Parsed, turn 
 		live.Finish, live.ToolCalls = a.finish, a.toolCalls
 	}
 	if live.Outcome == "ok" {
-		live.GapSec = o.rec.gap(turn.Session, arrival, end)
+		live.GapSec = o.rec.gap(turn.Session, turn.Agent, arrival, end)
 	}
+	// The block ids are made here, the answer sent: tens of microseconds
+	// for a 128K-token prompt, where a queue of prompts could hold
+	// gigabytes while a disk is slow.
 	rec := workload.TraceRecord{InputLength: len(p.Tokens), OutputLength: max(out, 1), Session: turn.Session,
-		Branch: turn.Branch, Parent: turn.Parent, Live: live}
-	o.rec.add(recordRow{rec: rec, tokens: p.Tokens, end: end})
+		Branch: turn.Branch, Parent: turn.Parent, Live: live, HashIDs: o.rec.blockIDs(p.Tokens)}
+	o.rec.add(recordRow{rec: rec})
 }
 
 type apiKey struct{}

@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"sort"
@@ -27,29 +28,43 @@ const (
 
 // Read reads one file's rows (gzipped when its bytes say so), every row
 // kept, failed ones too; name is for errors. It says which format it
-// found.
-func Read(name string, r io.Reader) ([]workload.TraceRecord, string, error) {
+// found. A gzipped file cut short (a recording still being written, or
+// left by a router killed or out of disk) gives the rows it holds whole:
+// cut says it was cut.
+func Read(name string, r io.Reader) (recs []workload.TraceRecord, format string, cut bool, err error) {
 	br := bufio.NewReader(r)
+	var src io.Reader = br
 	if head, _ := br.Peek(2); bytes.Equal(head, []byte{0x1f, 0x8b}) {
 		zr, err := gzip.NewReader(br)
 		if err != nil {
-			return nil, "", fmt.Errorf("%s: %w", name, err)
+			return nil, "", false, fmt.Errorf("%s: %w", name, err)
 		}
 		defer zr.Close()
-		br = bufio.NewReader(zr)
+		b, err := io.ReadAll(zr)
+		if errors.Is(err, io.ErrUnexpectedEOF) {
+			cut = true
+			if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+				b = b[:i+1] // its last row, cut, is left out
+			} else {
+				b = nil
+			}
+		} else if err != nil {
+			return nil, "", false, fmt.Errorf("%s: %w", name, err)
+		}
+		src = bytes.NewReader(b)
 	}
-	recs, err := workload.ReadTraceAll(br)
+	recs, err = workload.ReadTraceAll(src)
 	if err != nil {
-		return nil, "", fmt.Errorf("%s: %w", name, err)
+		return nil, "", cut, fmt.Errorf("%s: %w", name, err)
 	}
-	format := FormatMooncake
+	format = FormatMooncake
 	for _, r := range recs {
 		if r.Live != nil {
 			format = FormatEvolve
 			break
 		}
 	}
-	return recs, format, nil
+	return recs, format, cut, nil
 }
 
 // Merge joins the rows of several routers' files into one trace: rows

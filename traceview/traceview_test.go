@@ -2,6 +2,7 @@ package traceview
 
 import (
 	"bytes"
+	"compress/gzip"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -63,5 +64,27 @@ func TestSummaryAndTimelineOfTwoRouters(t *testing.T) {
 	if !names["node e0"] || !names["node e1"] || !names["sessions"] || phases["prefill/b"] != 3 || phases["decode/b"] != 3 ||
 		phases["turn/X"] != 3 || phases["tool time/s"] != 1 || phases["tool time/f"] != 1 {
 		t.Fatalf("timeline: processes %v, events %v", names, phases)
+	}
+}
+
+// A gzipped recording cut short (still being written, or its router
+// killed) gives the rows it holds whole, and says it was cut.
+func TestReadACutRecording(t *testing.T) {
+	var b bytes.Buffer
+	zw := gzip.NewWriter(&b)
+	for i := 0; i < 50; i++ {
+		r := row("r1", "s", float64(1000+i), 1, 0.1, nil, "e0", "e0")
+		line, _ := json.Marshal(r)
+		zw.Write(append(line, '\n'))
+	}
+	zw.Flush() // as the recorder does each second; no trailer yet
+	cutAt := b.Len() - 7
+	recs, format, cut, err := Read("live.jsonl.gz", bytes.NewReader(b.Bytes()[:cutAt]))
+	if err != nil || !cut || format != FormatEvolve || len(recs) < 40 || len(recs) > 50 {
+		t.Fatalf("a cut recording: %d rows, %q, cut %v, %v", len(recs), format, cut, err)
+	}
+	zw.Close()
+	if recs, _, cut, err := Read("whole.jsonl.gz", bytes.NewReader(b.Bytes())); err != nil || cut || len(recs) != 50 {
+		t.Fatalf("the whole recording: %d rows, cut %v, %v", len(recs), cut, err)
 	}
 }

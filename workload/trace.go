@@ -183,16 +183,23 @@ func NewTraceWriter(w io.Writer) *TraceWriter {
 	return &TraceWriter{w: bufio.NewWriter(w), ids: map[kv.BlockHash]int64{}}
 }
 
-// Write records one call sent at ms milliseconds into the run.
-func (t *TraceWriter) Write(ms float64, call Call) error {
-	chain := kv.ChainHashes(call.Tokens, TraceBlockSize)
-	if rest := len(call.Tokens) % TraceBlockSize; rest > 0 {
+// TraceChain is a prompt's chain of 512-token blocks, as a trace names
+// them: its full blocks, and its last one, possibly partial.
+func TraceChain(tokens []uint32) []kv.BlockHash {
+	chain := kv.ChainHashes(tokens, TraceBlockSize)
+	if rest := len(tokens) % TraceBlockSize; rest > 0 {
 		var parent kv.BlockHash
 		if len(chain) > 0 {
 			parent = chain[len(chain)-1]
 		}
-		chain = append(chain, kv.NextHash(parent, len(chain) > 0, call.Tokens[len(call.Tokens)-rest:]))
+		chain = append(chain, kv.NextHash(parent, len(chain) > 0, tokens[len(tokens)-rest:]))
 	}
+	return chain
+}
+
+// Write records one call sent at ms milliseconds into the run.
+func (t *TraceWriter) Write(ms float64, call Call) error {
+	chain := TraceChain(call.Tokens)
 	rec := TraceRecord{Timestamp: ms, InputLength: len(call.Tokens), OutputLength: call.MaxTokens,
 		Session: call.Session, Branch: call.Branch, Parent: call.Parent, Rewrite: call.Rewrite, HashIDs: make([]int64, len(chain))}
 	for i, h := range chain {

@@ -3,7 +3,6 @@ package main
 import (
 	"compress/gzip"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -84,26 +83,20 @@ func (r *recording) discard() {
 	os.Remove(r.f.Name())
 }
 
-// readTraceFile reads the JSONL trace at path (see workload.ReadTrace), gzipped
-// when its name ends in .gz; an error names the file.
+// readTraceFile reads the trace at path for a replay: a JSONL file
+// (gzipped when its bytes say so), or a directory of them (a recording of
+// several routers, merged on one clock); the requests not answered are
+// left out (workload.TraceRecord.Replayable). An error names the file.
 func readTraceFile(path string) ([]workload.TraceRecord, error) {
-	f, err := os.Open(path)
+	all, _, err := readTraces([]string{path})
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	var r io.Reader = f
-	if strings.HasSuffix(path, ".gz") {
-		zr, err := gzip.NewReader(f)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", path, err)
+	out := all[:0]
+	for _, r := range all {
+		if r.Replayable() {
+			out = append(out, r)
 		}
-		defer zr.Close()
-		r = zr
 	}
-	recs, err := workload.ReadTrace(r)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return recs, nil
+	return out, nil
 }

@@ -133,10 +133,13 @@ func readTraces(paths []string) ([]workload.TraceRecord, string, error) {
 		if err != nil {
 			return nil, "", err
 		}
-		recs, format, err := traceview.Read(name, io.Reader(f))
+		recs, format, cut, err := traceview.Read(name, io.Reader(f))
 		f.Close()
 		if err != nil {
 			return nil, "", err
+		}
+		if cut {
+			fmt.Fprintf(os.Stderr, "%s ends early (still being written, or its router stopped without closing it): its %d whole rows are read\n", name, len(recs))
 		}
 		sets = append(sets, recs)
 		formats[format] = true
