@@ -18,6 +18,12 @@ func TestEvolvePlannerFollowsAShift(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Coarse KV blocks, as evolve sim --kv-block-tokens, for a test that
+	// runs in a minute under -race on a 2-core machine: the logic tested
+	// is the same at any block size.
+	if p, err = p.WithBlockSize(512); err != nil {
+		t.Fatal(err)
+	}
 	sc := Scenario{Profile: p, Engines: 6, Workload: "shift:math>computer-use:12m:1m:30m", Agents: 110,
 		Warmup: 0, Duration: 30 * time.Minute, Seed: 2}
 	pol, _ := ParsePolicy("evolve", 6)

@@ -186,6 +186,12 @@ func TestOracleSearchesSchedules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Coarse KV blocks, as evolve sim --kv-block-tokens, for a test that
+	// runs in a minute under -race on a 2-core machine: the logic tested
+	// is the same at any block size.
+	if p, err = p.WithBlockSize(512); err != nil {
+		t.Fatal(err)
+	}
 	sc := Scenario{Profile: p, Engines: 4, Workload: "shift:math>computer-use:6m:2m:6m", Agents: 30,
 		Warmup: time.Minute, Duration: 13 * time.Minute, Seed: 3, OracleSegment: 2 * time.Minute}
 	var progress []time.Duration

@@ -30,11 +30,8 @@ type readyInfo struct {
 	PID        int    `json:"pid"`
 }
 
-func newOrchestratorCmd() *cobra.Command {
-	cmd := &cobra.Command{
-		Use:   "orchestrator",
-		Short: "Run the router, KV directory, role manager and control API",
-		Long: `Run the orchestrator: the one process between agents and engines.
+// orchestratorLong is evolve orchestrator --help's text.
+const orchestratorLong = `Run the orchestrator: the one process between agents and engines.
 
 It serves the OpenAI API (/v1/completions, /v1/chat/completions) and
 Anthropic's Messages API (/v1/messages, for agents such as Claude Code) to
@@ -110,7 +107,13 @@ output a grammar constrains, ends with an error event. 'evolve nodes -o json'
 keeps, per node, the answers it was writing when it failed
 (answers_interrupted, answers_lost).
 
-Most users start it through 'evolve up'.`,
+Most users start it through 'evolve up'.`
+
+func newOrchestratorCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "orchestrator",
+		Short: "Run the router, KV directory, role manager and control API",
+		Long:  orchestratorLong,
 		Example: `  evolve orchestrator --data-dir /var/lib/evolve --nats-listen 0.0.0.0:4222
   evolve engine --nats nats://ORCHESTRATOR:4222 --profile gb300-kimi-k2
 

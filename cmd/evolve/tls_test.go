@@ -130,11 +130,11 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 
 	// evolve's own commands trust the certificate through SSL_CERT_FILE,
 	// and not without it.
-	out, code := runBin(t, []string{"SSL_CERT_FILE=" + certFile}, "nodes", "--server", controlURL, "--token", "ctl-secret", "-o", "json")
+	out, code := runBin(t, []string{"SSL_CERT_FILE=" + certFile, "EVOLVE_TOKEN=ctl-secret"}, "nodes", "--server", controlURL, "-o", "json")
 	if code != 0 || !strings.Contains(out, `"role"`) {
 		t.Fatalf("evolve nodes over HTTPS with SSL_CERT_FILE: exit %d\n%s", code, out)
 	}
-	if out, code = runBin(t, []string{"SSL_CERT_FILE=/dev/null"}, "nodes", "--server", controlURL, "--token", "ctl-secret"); code == 0 || !strings.Contains(out, "SSL_CERT_FILE=ca.pem") {
+	if out, code = runBin(t, []string{"SSL_CERT_FILE=/dev/null", "EVOLVE_TOKEN=ctl-secret"}, "nodes", "--server", controlURL); code == 0 || !strings.Contains(out, "SSL_CERT_FILE=ca.pem") {
 		t.Fatalf("evolve nodes trusting nothing: exit %d\n%s", code, out)
 	}
 
@@ -152,7 +152,7 @@ func TestOrchestratorServesHTTPSAndReloadsItsCertificate(t *testing.T) {
 	}
 
 	// evolve status says when the certificate ends.
-	out, code = runBin(t, []string{"SSL_CERT_FILE=" + certFile}, "status", "--server", controlURL, "--token", "ctl-secret", "-o", "json")
+	out, code = runBin(t, []string{"SSL_CERT_FILE=" + certFile, "EVOLVE_TOKEN=ctl-secret"}, "status", "--server", controlURL, "-o", "json")
 	var status struct {
 		TLSNotAfter time.Time `json:"tls_not_after"`
 		APIKeys     int       `json:"api_keys"`
