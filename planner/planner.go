@@ -581,8 +581,8 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 	if dir < 0 {
 		from, to = roles.Prefill, roles.Decode
 	}
-	reason := fmt.Sprintf("%s: objective %.2fs -> %.2fs (TTFT %.2fs -> %.2fs, ITL %.1fms -> %.1fms), gain %.0fs > cost %.0fs, held %.0fs",
-		split, st.Current.Objective, best.Objective, st.Current.TTFT, best.TTFT, st.Current.ITL*1e3, best.ITL*1e3,
+	reason := fmt.Sprintf("%s: objective %s -> %s (TTFT %s -> %s, ITL %.1fms -> %.1fms), gain %.0fs > cost %.0fs, held %.0fs",
+		split, secText(st.Current.Objective), secText(best.Objective), secText(st.Current.TTFT), secText(best.TTFT), st.Current.ITL*1e3, best.ITL*1e3,
 		st.GainSec, st.CostSec, st.HeldSec)
 	moves := make([]Move, 0, n)
 	for _, c := range cand[:n] {
@@ -602,6 +602,19 @@ func (p *Planner) Step(now time.Time, nodes []NodeInfo) []Move {
 	}
 	st.State, st.Reason = "moving", reason
 	return moves
+}
+
+// secText writes a latency in seconds, in milliseconds below 0.1 s so
+// that a short one does not print as 0.00s: 1.25s, 0.35s, 42ms, 0.8ms.
+func secText(sec float64) string {
+	switch {
+	case sec >= 0.1:
+		return fmt.Sprintf("%.2fs", sec)
+	case sec >= 0.01:
+		return fmt.Sprintf("%.0fms", sec*1e3)
+	default:
+		return fmt.Sprintf("%.1fms", sec*1e3)
+	}
 }
 
 // shortDur writes a duration without zero parts: 3m, 1m30s.

@@ -162,7 +162,7 @@ experiments, and the same fleet on H100 and H200 servers, where KV binds:
 	f.String("profile", "gb300-glm5", "engine profile (the presets name theirs: workloads.md)")
 	f.String("workload", "coding", "agent workload: coding, claude-code, math, computer-use, mix:A=w,B=w or shift:A>B:T1:T2:T3")
 	f.Int("kv-block-tokens", 0, "model KV in blocks of this many tokens, a power-of-two multiple of the profile's block size, for every policy alike: "+
-		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (on claude-code-126x36, 128: 1.9x faster, mean E2E within 1%; 256: 2.6x faster, within 3%; TTFT tails can move more, see the README); 0: the profile's")
+		"coarser blocks run faster and round prefix hits and transfers down to whole blocks (on claude-code-126x36, 128: 1.9x faster, mean E2E within 1%; 256: 2.6x faster, within 3%; TTFT tails can move more: docs/measurements.md, and docs/simulator.md for the flags around a run); 0: the profile's")
 	f.Duration("oracle-segment", sim.DefaultOracleSegment, "how often the oracle's search may change the split (modelled time): shorter finds more and runs longer, each boundary costs up to 4 runs to the end")
 	f.Bool("handover", true, "evolve's planner hands a switching decode node's decodes over to peer decode nodes, as the live orchestrator does with evolve's engines; false: the node finishes them first, as a live node running vLLM does (vLLM cannot hand a decode over)")
 	f.String("eviction", "ref", "KV eviction of evolve's policies: ref (copies no live agent branch references go first) or lru (plain LRU, for comparison); dynamo policies always use KVBM's LRU")

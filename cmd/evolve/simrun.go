@@ -377,7 +377,7 @@ func (r *simRun) writeFiles(results []sim.Result, rec *recording) []error {
 		flag  string
 		write func(io.Writer, []sim.Result) error
 	}{{"timeline", sim.WriteTimeline}, {"plot", func(w io.Writer, rs []sim.Result) error {
-		return simplot.Write(w, r.plotFormat, rs, r.sc.Warmup)
+		return simplot.WriteScenario(w, r.plotFormat, rs, r.sc)
 	}}} {
 		if path := config.GetString(k(file.flag)); path != "" {
 			if err := writeFile(path, func(w io.Writer) error { return file.write(w, results) }); err != nil {
