@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/url"
@@ -38,6 +39,12 @@ type LocalState struct {
 	// Orchestrators lists every orchestrator of a cluster of several
 	// (evolve up --orchestrators), the first one the fields above name.
 	Orchestrators []LocalOrchestrator `json:"orchestrators,omitempty"`
+	// ControlTokenFile and NATSTokenFile hold the tokens of the cluster's
+	// control API and event plane (mode 0600, in its state directory), so
+	// that a local process is not trusted for being on loopback: the
+	// user's commands read the first, the cluster's processes both.
+	ControlTokenFile string `json:"control_token_file,omitempty"`
+	NATSTokenFile    string `json:"nats_token_file,omitempty"`
 }
 
 // LocalOrchestrator is one of the orchestrators of a local cluster.
@@ -84,10 +91,28 @@ func ReadLocalState(dir string) (*LocalState, error) {
 	}
 	var st LocalState
 	if err := json.Unmarshal(b, &st); err != nil {
-		return nil, fmt.Errorf("local cluster state %s: %w", LocalStatePath(dir), err)
+		return nil, &DamagedStateError{Path: LocalStatePath(dir), Err: err}
 	}
 	return &st, nil
 }
+
+// DamagedStateError is a local cluster's record that does not read (cut
+// short by a full disk or a crash, or written over).
+type DamagedStateError struct {
+	Path string
+	Err  error
+}
+
+func (e *DamagedStateError) Error() string {
+	why := "it is not a cluster's record"
+	var se *json.SyntaxError
+	if errors.As(e.Err, &se) {
+		why = fmt.Sprintf("it is cut short or damaged at byte %d", se.Offset)
+	}
+	return fmt.Sprintf("the local cluster's record %s does not read (%s)", e.Path, why)
+}
+
+func (e *DamagedStateError) Unwrap() error { return e.Err }
 
 // WriteLocalState records st as the local cluster of dir, replacing the
 // file at once (a reader never sees half of it).
@@ -162,9 +187,18 @@ func StartChild(exe, log string, detach bool, env []string, args ...string) (*ex
 // it left running: those it did not start (restarted by hand), whose data
 // it keeps.
 func StopAll(errw io.Writer, dir string, st *LocalState, waits map[int]chan struct{}) []Proc {
-	StopPIDs(errw, st.Engines, waits, 15*time.Second)
+	// Of the recorded processes, only this process's children and those
+	// that prove to be the cluster's: a PID reused by another cluster's
+	// server is not.
+	members := func(pids []int) []int {
+		return slices.DeleteFunc(slices.Clone(pids), func(pid int) bool {
+			_, child := waits[pid]
+			return !child && !st.Member(dir, pid)
+		})
+	}
+	StopPIDs(errw, members(st.Engines), waits, 15*time.Second)
 	orchs := st.OrchestratorPIDs()
-	StopPIDs(errw, orchs, waits, 15*time.Second)
+	StopPIDs(errw, members(orchs), waits, 15*time.Second)
 	os.Remove(LocalStatePath(dir))
 	var left []Proc
 	for _, data := range st.DataDirs(dir) {
@@ -176,6 +210,14 @@ func StopAll(errw io.Writer, dir string, st *LocalState, waits map[int]chan stru
 	}
 	if slices.ContainsFunc(orchs, Alive) {
 		return left
+	}
+	if len(left) == 0 {
+		// No process of the cluster reads its tokens again.
+		for _, f := range []string{st.ControlTokenFile, st.NATSTokenFile} {
+			if f != "" {
+				os.Remove(f)
+			}
+		}
 	}
 	for _, data := range st.DataDirs(dir) {
 		// Its durable state (pinned roles) lives as long as the cluster:
@@ -317,4 +359,14 @@ func RedactURLs(cmdline string) string {
 		}
 	}
 	return strings.Join(f, " ")
+}
+
+// ServesControl reports whether controlURL is the control API of one of
+// the cluster's orchestrators.
+func (st *LocalState) ServesControl(controlURL string) bool {
+	same := func(u string) bool { return u != "" && strings.TrimRight(u, "/") == strings.TrimRight(controlURL, "/") }
+	if same(st.ControlURL) {
+		return true
+	}
+	return slices.ContainsFunc(st.Orchestrators, func(o LocalOrchestrator) bool { return same(o.ControlURL) })
 }

@@ -33,10 +33,10 @@ func TestMain(m *testing.M) {
 // startHelper starts the test binary as a stand-in server named role
 // (engine or orchestrator), in its own process group, with its output in
 // the test's folder.
-func startHelper(t *testing.T, role, mode string) *exec.Cmd {
+func startHelper(t *testing.T, role, mode string, args ...string) *exec.Cmd {
 	t.Helper()
 	log := filepath.Join(t.TempDir(), role+".log")
-	c, err := StartChild(os.Args[0], log, false, []string{"CLUSTER_TEST_HELPER=" + mode}, role)
+	c, err := StartChild(os.Args[0], log, false, []string{"CLUSTER_TEST_HELPER=" + mode}, append([]string{role}, args...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +115,10 @@ func TestStopStopsOursAndLeavesOthers(t *testing.T) {
 		t.Fatalf("the server that ignored SIGTERM: alive %v, said %q", Alive(stubborn.Process.Pid), out.String())
 	}
 
-	polite := startHelper(t, "engine", "sleep")
+	polite := startHelper(t, "engine", "sleep", "--nats", "nats://127.0.0.1:4999")
+	// An engine of another cluster, on another event plane, whose PID the
+	// record names (reused after a reboot): not this cluster's to stop.
+	elsewhere := startHelper(t, "engine", "sleep", "--nats", "nats://127.0.0.1:5999")
 	other := exec.Command("sleep", "30")
 	if err := other.Start(); err != nil {
 		t.Fatal(err)
@@ -123,7 +126,8 @@ func TestStopStopsOursAndLeavesOthers(t *testing.T) {
 	defer func() { other.Process.Kill(); other.Wait() }()
 	dir := t.TempDir()
 	os.MkdirAll(filepath.Join(dir, "nats"), 0o700)
-	st := &LocalState{Orchestrator: stubborn.Process.Pid, Engines: []int{polite.Process.Pid, other.Process.Pid}}
+	st := &LocalState{Orchestrator: stubborn.Process.Pid, NATSURL: "nats://127.0.0.1:4999",
+		Engines: []int{polite.Process.Pid, other.Process.Pid, elsewhere.Process.Pid}}
 	if err := WriteLocalState(dir, st); err != nil {
 		t.Fatal(err)
 	}
@@ -135,6 +139,9 @@ func TestStopStopsOursAndLeavesOthers(t *testing.T) {
 	}
 	if !Alive(other.Process.Pid) {
 		t.Fatal("a stranger's process was stopped")
+	}
+	if !Alive(elsewhere.Process.Pid) {
+		t.Fatal("another cluster's engine was stopped")
 	}
 	if _, err := os.Stat(LocalStatePath(dir)); err == nil {
 		t.Fatal("the record is still there")

@@ -486,6 +486,9 @@ func routerModel(ctx context.Context, cfg BenchConfig) (string, int, error) {
 	notRouter := func(what string) error {
 		return fmt.Errorf("%s answered GET /v1/models with %s: is it an OpenAI-compatible router? (evolve's is the orchestrator's --router-addr, :8000 by default)", cfg.URL, what)
 	}
+	if resp.StatusCode == http.StatusUnauthorized && strings.Contains(resp.Header.Get("WWW-Authenticate"), `realm="`+protocol.ControlRealm+`"`) {
+		return "", 0, fmt.Errorf("%s is evolve's control API, not its router: bench the orchestrator's --router-addr (:8000 by default; 'evolve status' shows it)", cfg.URL)
+	}
 	if resp.StatusCode == http.StatusUnauthorized {
 		if cfg.APIKey == "" {
 			return "", 0, fmt.Errorf("%s wants an API key: pass one with --api-key", cfg.URL)

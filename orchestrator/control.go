@@ -15,6 +15,7 @@ import (
 	"github.com/evolvellm/evolve/controlapi"
 	"github.com/evolvellm/evolve/monitoring"
 	"github.com/evolvellm/evolve/openaiapi"
+	"github.com/evolvellm/evolve/protocol"
 )
 
 // ClusterStatus is the control API's summary of the cluster. Field names
@@ -119,7 +120,9 @@ func (o *Orchestrator) controlHandler() http.Handler {
 	want := []byte("Bearer " + o.cfg.ControlToken)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			w.Header().Set("WWW-Authenticate", "Bearer")
+			// The realm tells a client that took this for the router
+			// (evolve bench --url) what it reached.
+			w.Header().Set("WWW-Authenticate", `Bearer realm="`+protocol.ControlRealm+`"`)
 			apiError(w, 401, "missing or wrong bearer token")
 			return
 		}

@@ -515,3 +515,8 @@ func (t *BearerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r.Header.Set("Authorization", "Bearer "+t.Token)
 	return base.RoundTrip(r)
 }
+
+// ControlRealm is the realm of the control API's 401 answers
+// (WWW-Authenticate: Bearer realm="evolve-control"), by which a client
+// pointed at it as if it were the router knows what it reached.
+const ControlRealm = "evolve-control"

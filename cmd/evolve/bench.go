@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
@@ -232,9 +233,15 @@ func runBench(cmd *cobra.Command, _ []string) error {
 	url, apiKey := config.GetString(k("url")), config.GetString(k("api-key"))
 	if url == "" {
 		url = "http://127.0.0.1:8000"
-		if st, err := cluster.ReadLocalState(localDir()); err == nil {
+		st, err := cluster.ReadLocalState(localDir())
+		var damaged *cluster.DamagedStateError
+		switch {
+		case err == nil:
 			url = localRouters(st)
 			apiKey = cmp.Or(apiKey, st.APIKey)
+		case errors.As(err, &damaged):
+			// Not the default URL, which may be another user's router.
+			return fmt.Errorf("%w: pass the router's URL with --url, or remove the file if no local cluster runs", err)
 		}
 	}
 	switch {

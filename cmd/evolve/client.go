@@ -25,39 +25,59 @@ import (
 type controlClient struct {
 	base  string
 	token string
-	http  *http.Client
-	note  io.Writer // where a retry is said (stderr); nil: silently
+	// tokenFile is the file the token came from: the local cluster's,
+	// when it was not given.
+	tokenFile string
+	http      *http.Client
+	note      io.Writer // where a retry is said (stderr); nil: silently
+	// err, when not nil, is why no call is made: the local cluster's
+	// record does not read, and no --server says where to go instead.
+	err error
 }
 
 // addClientFlags adds --server and --token to a command that uses the
 // control API.
 func addClientFlags(cmd *cobra.Command) {
 	cmd.Flags().String("server", "", "control API URL (default: the local cluster's, else http://127.0.0.1:8001)")
-	cmd.Flags().String("token", "", "bearer token for the control API (or env EVOLVE_TOKEN)")
+	cmd.Flags().String("token", "", "bearer token for the control API (or env EVOLVE_TOKEN; default: the local cluster's, from its state directory)")
 }
 
 func newControlClient(cmd *cobra.Command) *controlClient {
+	c := &controlClient{http: &http.Client{Timeout: 15 * time.Second}, note: cmd.ErrOrStderr()}
 	server := flagOrConfig(cmd, "server")
-	if server == "" {
-		if st, err := cluster.ReadLocalState(localDir()); err == nil && st.ControlURL != "" {
-			server = st.ControlURL
-			// Of several orchestrators, the first that runs.
-			for _, o := range st.Orchestrators {
-				if cluster.Ours(o.PID) {
-					server = o.ControlURL
-					break
-				}
+	st, err := cluster.ReadLocalState(localDir())
+	var damaged *cluster.DamagedStateError
+	switch {
+	case server != "":
+	case errors.As(err, &damaged):
+		// Not the default URL, which on a shared machine may be
+		// another user's cluster.
+		c.err = fmt.Errorf("%w: pass the control API's URL with --server, or remove the file if no local cluster runs", err)
+	case err == nil && st.ControlURL != "":
+		server = st.ControlURL
+		// Of several orchestrators, the first that runs.
+		for _, o := range st.Orchestrators {
+			if cluster.Ours(o.PID) {
+				server = o.ControlURL
+				break
 			}
-		} else {
-			server = "http://127.0.0.1:8001"
+		}
+	default:
+		server = "http://127.0.0.1:8001"
+	}
+	c.base = strings.TrimRight(server, "/")
+	warnOnCommandLine(cmd, "token", "$EVOLVE_TOKEN")
+	c.token = flagOrConfig(cmd, "token")
+	if c.token == "" {
+		c.token = os.Getenv("EVOLVE_TOKEN")
+	}
+	if c.token == "" && st != nil && st.ControlTokenFile != "" && st.ServesControl(c.base) {
+		// The local cluster's own, which only its user may read.
+		if b, err := os.ReadFile(st.ControlTokenFile); err == nil {
+			c.token, c.tokenFile = strings.TrimSpace(string(b)), st.ControlTokenFile
 		}
 	}
-	warnOnCommandLine(cmd, "token", "$EVOLVE_TOKEN")
-	token := flagOrConfig(cmd, "token")
-	if token == "" {
-		token = os.Getenv("EVOLVE_TOKEN")
-	}
-	return &controlClient{base: strings.TrimRight(server, "/"), token: token, http: &http.Client{Timeout: 15 * time.Second}, note: cmd.ErrOrStderr()}
+	return c
 }
 
 // flagOrConfig reads a flag of cmd through the config (flag > env > file >
@@ -72,6 +92,9 @@ func flagOrConfig(cmd *cobra.Command, name string) string {
 const retryBudget = 20 * time.Second
 
 func (c *controlClient) do(ctx context.Context, method, path string, in, out any) error {
+	if c.err != nil {
+		return c.err
+	}
 	api := &controlapi.Client{Base: c.base, Token: c.token, HTTP: c.http, RetryFor: retryBudget}
 	if c.note != nil {
 		api.OnRetry = func(e *controlapi.Error) { fmt.Fprintf(c.note, "%s; trying again in %v\n", e.Message, e.RetryAfter) }

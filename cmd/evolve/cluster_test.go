@@ -89,7 +89,34 @@ func (c *localCluster) readState() *cluster.LocalState {
 	if err := json.Unmarshal(b, &st); err != nil {
 		c.t.Fatal(err)
 	}
+	if tok, err := os.ReadFile(st.ControlTokenFile); err == nil {
+		for _, u := range append([]string{st.ControlURL}, orchestratorControlURLs(&st)...) {
+			localTokens.Store(strings.TrimPrefix(u, "http://"), strings.TrimSpace(string(tok)))
+		}
+	}
 	return &st
+}
+
+// tokenFor has the tests' calls send the cluster's control token to
+// another control URL: an orchestrator of the cluster restarted by hand on
+// its token file.
+func (c *localCluster) tokenFor(controlURL string) {
+	c.t.Helper()
+	tok, err := os.ReadFile(c.state.ControlTokenFile)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	localTokens.Store(strings.TrimPrefix(controlURL, "http://"), strings.TrimSpace(string(tok)))
+}
+
+// orchestratorControlURLs are the control URLs of a local cluster of
+// several orchestrators.
+func orchestratorControlURLs(st *cluster.LocalState) []string {
+	var urls []string
+	for _, o := range st.Orchestrators {
+		urls = append(urls, o.ControlURL)
+	}
+	return urls
 }
 
 func (c *localCluster) nodes() []map[string]any {
@@ -569,7 +596,7 @@ func TestBenchAgainstLocalCluster(t *testing.T) {
 	}
 	// The control address is not a router: bench says what it found.
 	if out, code := runBin(t, c.env, "bench", "--url", c.state.ControlURL, "--duration", "2s"); code != 1 ||
-		!strings.Contains(out, "answered GET /v1/models with 404 Not Found: is it an OpenAI-compatible router?") {
+		!strings.Contains(out, c.state.ControlURL+" is evolve's control API, not its router") {
 		t.Errorf("bench --url CONTROL: exit %d\n%s", code, out)
 	}
 	// Nothing listening: bench says so, and where evolve's router would be.

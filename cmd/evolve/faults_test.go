@@ -116,9 +116,19 @@ func TestUpOffLoopbackGivesTheEventPlaneAToken(t *testing.T) {
 		nc.Close()
 		t.Fatal("a NATS client without the token joined evolve up's event plane")
 	}
+	// The tokens' files are on the children's command lines; the tokens
+	// are not.
+	var secrets []string
+	for _, f := range []string{c.state.NATSTokenFile, c.state.ControlTokenFile} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		secrets = append(secrets, strings.TrimSpace(string(b)))
+	}
 	for _, pid := range append([]int{c.state.Orchestrator}, c.state.Engines...) {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if strings.Contains(string(cmdline), "@") || strings.Contains(string(cmdline), "token") {
+		if strings.Contains(string(cmdline), "@") || strings.Contains(string(cmdline), secrets[0]) || strings.Contains(string(cmdline), secrets[1]) {
 			t.Fatalf("a secret on a child's command line: %q", cmdline)
 		}
 	}
@@ -166,6 +176,7 @@ func TestOrchestratorRestartedBySupervisorKeepsItsEngines(t *testing.T) {
 	if info.NATSURL != c.state.NATSURL {
 		t.Fatalf("the event plane moved from %s to %s", c.state.NATSURL, info.NATSURL)
 	}
+	c.tokenFor(info.ControlURL)
 	wait.Until(t, 20*time.Second, "both engines rejoin", func() bool { return servingNodes(t, info.ControlURL) == 2 })
 	if code, _, body := post(t, info.RouterURL+"/v1/completions", map[string]any{"prompt": "after the restart", "max_tokens": 4}); code != 200 {
 		t.Fatalf("a request after the restart: %d %v", code, body)

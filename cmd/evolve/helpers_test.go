@@ -34,6 +34,7 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	evolveBin = filepath.Join(dir, "evolve")
+	http.DefaultClient.Transport = userTransport{}
 	build := exec.Command("go", "build", "-o", evolveBin, ".")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
@@ -43,6 +44,25 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// localTokens are the control tokens of the local clusters the tests
+// started, by their control APIs' host:port (localCluster.readState). The
+// user's evolve commands send a local cluster's token, read from its
+// state directory, and so do the tests' own calls through
+// http.DefaultClient (http.Get, http.Post); a call as another local
+// process would make it, with no token, uses a client of its own.
+var localTokens sync.Map
+
+// userTransport sends a local cluster's control token to its control API.
+type userTransport struct{}
+
+func (userTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if tok, ok := localTokens.Load(r.URL.Host); ok && r.Header.Get("Authorization") == "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("Authorization", "Bearer "+tok.(string))
+	}
+	return http.DefaultTransport.RoundTrip(r)
 }
 
 // proc is an evolve process started by a test.

@@ -60,7 +60,8 @@ later need it run again. With --http-sd it tells Prometheus to ask the
 control API itself (` + monitoring.TargetsPath + `, every 30 s), so engines
 that join, leave or move are scraped with nothing run again; a control API
 that takes a token gets it from --token-file, which Prometheus must be
-able to read.`,
+able to read (a local cluster's: the file in its state directory, for a
+Prometheus run by its user).`,
 		Args: noArgs,
 		RunE: runScrape,
 	}
@@ -101,6 +102,9 @@ func runScrape(cmd *cobra.Command, _ []string) error {
 		}
 		if c.token != "" {
 			h.TokenFile = flagOrConfig(cmd, "token-file")
+			if c.tokenFile != "" && !cmd.Flags().Changed("token-file") {
+				h.TokenFile = c.tokenFile // the local cluster's, which Prometheus run by this user may read
+			}
 		}
 		out, err := monitoring.HTTPSDConfig(h)
 		if err != nil {

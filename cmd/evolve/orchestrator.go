@@ -160,6 +160,22 @@ func addRecordFlag(f *pflag.FlagSet) {
 	f.String("record", "", "record every request the router serves in this directory: gzipped JSONL, a row each, with no prompt text (evolve trace summary DIR; evolve sim --trace DIR); a full or failing disk drops rows, never requests")
 }
 
+// recordDir checks --record's directory before anything starts, and
+// makes it absolute: a child started elsewhere records in the same place.
+func recordDir(dir string) (string, error) {
+	if dir == "" {
+		return "", nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("--record %s: %w", dir, err)
+	}
+	if fi, err := os.Stat(abs); err == nil && !fi.IsDir() {
+		return "", fmt.Errorf("--record %s: a file, not a directory (the recording is a directory of files, one per router and rotation)", dir)
+	}
+	return abs, nil
+}
+
 // addConnectionFlags adds the flags of the connections the router holds.
 func addConnectionFlags(f *pflag.FlagSet) {
 	f.Int("max-connections", 4096, "most connections the router, and the control API, each hold at once; more wait to be accepted")

@@ -12,7 +12,7 @@ import (
 // cluster it joined first was locked to its name.
 func TestRejectedEngineSaysWhyAndExits(t *testing.T) {
 	c := upCluster(t, "--engines", "2")
-	e := startEngine(t, "--id", "typo", "--served-model-name", "evolve-tinyy", "--nats", c.state.NATSURL, "--exit-when-rejected", "2s")
+	e := startEngine(t, "--id", "typo", "--served-model-name", "evolve-tinyy", "--nats", c.state.NATSURL, "--nats-token-file", c.state.NATSTokenFile, "--exit-when-rejected", "2s")
 	select {
 	case <-e.done:
 	case <-time.After(30 * time.Second):

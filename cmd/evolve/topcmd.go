@@ -68,6 +68,9 @@ scripts, --once prints one snapshot (-o json for the data).`,
 
 func runTop(cmd *cobra.Command, _ []string) error {
 	c := newControlClient(cmd)
+	if c.err != nil {
+		return c.err
+	}
 	src := tui.NewHTTPSource(c.base, c.token)
 	once, _ := cmd.Flags().GetBool("once")
 	readonly, _ := cmd.Flags().GetBool("readonly")

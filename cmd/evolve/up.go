@@ -11,7 +11,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -63,6 +62,11 @@ engines drain, then the orchestrator stops. With --detach the cluster keeps
 running; 'evolve down' stops it. Logs go to files under the state directory
 ($XDG_STATE_HOME/evolve/local/logs).
 
+With --record DIR every router records the requests it serves, one row
+each with timing, tokens, nodes, session and tool time but no prompt text
+(docs/operating.md, "Recording the fleet's traffic"): 'evolve trace summary DIR' reads it, 'evolve trace
+perfetto DIR' draws it, 'evolve sim --trace DIR' replays it.
+
 With -f cluster.yaml it works on GPU hosts over SSH instead (apiVersion
 evolve/v1, kind Cluster: hosts with their SSH address, user, port, key and
 optional bastion, GPUs, engine backend and arguments, initial role; the
@@ -110,6 +114,7 @@ A small one (the README has a fuller example):
 	addModelAliasFlag(f)
 	addAPIKeyFlags(f)
 	addPlannerFlags(f)
+	addRecordFlag(f)
 	addOutputFlag(cmd, "table or json")
 	return cmd
 }
@@ -118,12 +123,18 @@ func runUp(cmd *cobra.Command, _ []string) error {
 	key := func(k string) string { return "up." + k }
 	warnOnCommandLine(cmd, "api-key", "$EVOLVE_UP_API_KEY or --api-key-file")
 	if file := config.GetString(key("file")); file != "" {
+		if config.GetString(key("record")) != "" {
+			return usageError{cmd: cmd.CommandPath(), err: fmt.Errorf("--record records a local cluster's routers; with -f it is not supported yet: run 'evolve orchestrator --record DIR' on the orchestrator's host")}
+		}
 		return upFromFile(cmd, file, config.GetBool(key("dry-run")))
 	}
 	u, err := parseUp(cmd)
 	if err != nil {
 		return usageError{cmd: cmd.CommandPath(), err: err}
 	}
+	// The state directory's lock goes with this process: held while the
+	// cluster starts, and while it runs in the foreground.
+	defer func() { u.lock.Release() }()
 	if err := u.prepare(); err != nil {
 		return err
 	}
@@ -175,16 +186,18 @@ type localUp struct {
 	st          *cluster.LocalState
 	// Each child is waited for once; exited[pid] closes when it ends, for
 	// the teardown and to notice an engine that stops alone.
-	exited    map[int]chan struct{}
-	stopping  atomic.Bool
-	ctx       context.Context // done on Ctrl-C, a closed terminal, a kill
-	exe       string
-	orch      *exec.Cmd
-	orchDone  chan struct{}
-	info      readyInfo
-	natsToken string // the event plane's token, off loopback
-	deadline  time.Time
-	client    *controlClient
+	exited       map[int]chan struct{}
+	stopping     atomic.Bool
+	ctx          context.Context // done on Ctrl-C, a closed terminal, a kill
+	exe          string
+	orch         *exec.Cmd
+	orchDone     chan struct{}
+	info         readyInfo
+	controlToken string // the control API's (its file: st.ControlTokenFile)
+	record       string // --record, absolute; every orchestrator records there
+	lock         *cluster.LocalLock
+	deadline     time.Time
+	client       *controlClient
 }
 
 // parseUp reads and checks evolve up's flags for a local cluster.
@@ -249,6 +262,9 @@ func parseUp(cmd *cobra.Command) (*localUp, error) {
 			config.Set(key("speedup"), 10.0)
 		}
 	}
+	if u.record, err = recordDir(config.GetString(key("record"))); err != nil {
+		return nil, err
+	}
 	// An address in use fails the orchestrator deep in its log: say which
 	// flag to change before anything starts.
 	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
@@ -259,42 +275,23 @@ func parseUp(cmd *cobra.Command) (*localUp, error) {
 	return u, nil
 }
 
-// prepare refuses a second local cluster, stops the engines a dead one
-// left, checks the addresses are free and makes the state directory.
+// prepare takes the state directory's lock, refuses a second local
+// cluster or taken addresses before it touches anything, then stops what
+// a dead cluster left and makes the state directory and the tokens.
 func (u *localUp) prepare() error {
-	if st, err := cluster.ReadLocalState(localDir()); err == nil {
-		if slices.ContainsFunc(st.OrchestratorPIDs(), cluster.Ours) {
-			return fmt.Errorf("a local cluster is already running (router %s); stop it with 'evolve down'", st.RouterURL)
-		}
-		// Its orchestrator died (killed, crashed): the engines it left
-		// would run on unseen once this cluster's record replaces its.
-		var left []int
-		for _, pid := range st.Engines {
-			if cluster.Ours(pid) {
-				left = append(left, pid)
-			}
-		}
-		if len(left) > 0 {
-			fmt.Fprintf(u.errw, "the last local cluster's orchestrator is gone; stopping the %d engines it left running\n", len(left))
-			// Their router is gone with the orchestrator: nothing is
-			// in flight to drain, so they get little time.
-			cluster.StopPIDs(u.errw, left, nil, 2*time.Second)
-		}
+	u.dir = localDir()
+	if err := u.lockState(); err != nil {
+		return err
 	}
-	for _, flag := range []string{"router-addr", "control-addr", "nats-addr"} {
-		addr := config.GetString(u.key(flag))
-		if _, port, _ := net.SplitHostPort(addr); port == "0" {
-			continue // a free port is picked
-		}
-		if err := checkListen(addr); err != nil {
-			return fmt.Errorf("--%s %s: %w; pick another, or port 0 for a free one", flag, addr, err)
-		}
+	last := cluster.FindLastLocal(u.dir)
+	if err := u.checkLast(last); err != nil {
+		return err
 	}
 	var err error
 	if u.exe, err = os.Executable(); err != nil {
 		return err
 	}
-	u.dir = localDir()
+	u.clearLast(last)
 	u.logDir = filepath.Join(u.dir, "logs")
 	if err := os.MkdirAll(u.logDir, 0o700); err != nil {
 		return fmt.Errorf("state directory: %w", err)
@@ -302,6 +299,9 @@ func (u *localUp) prepare() error {
 	u.st = &cluster.LocalState{LogDir: u.logDir, Started: time.Now(), Detached: u.detach}
 	if len(u.keys) > 0 {
 		u.st.APIKey = apikeys.EntryKey(u.keys[0])
+	}
+	if err := u.makeTokens(); err != nil {
+		return err
 	}
 	u.deadline = time.Now().Add(config.GetDuration(u.key("timeout")))
 	return nil
@@ -339,13 +339,7 @@ func (u *localUp) startOrchestrator() error {
 		return usageError{cmd: u.cmd.CommandPath(), err: err}
 	}
 	orchEnv := apiKeyEnv(configList("up.api-key"))
-	// An event plane off loopback takes only engines with its token, which
-	// goes through the environment, not the command lines ps shows.
 	natsAddr := config.GetString(key("nats-addr"))
-	if !orchestrator.IsLoopback(natsAddr) {
-		u.natsToken = newSecret()
-		orchEnv = append(orchEnv, "EVOLVE_ORCHESTRATOR_NATS_TOKEN="+u.natsToken)
-	}
 	routes, err := u.clusterAddrs(natsAddr)
 	if err != nil {
 		u.cleanup()
@@ -378,9 +372,16 @@ func (u *localUp) startOrchestrator() error {
 		os.Remove(ready)
 		args := append([]string{"orchestrator", "--router-addr", routerAddr, "--control-addr", controlAddr,
 			"--nats-listen", listen, "--data-dir", o.DataDir,
-			"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level")}, routingFlags()...)
+			"--ready-file", ready, "--log-format", "json", "--log-level", config.GetString("log-level"),
+			// The tokens' files, not the tokens, which ps would show.
+			"--nats-token-file", u.st.NATSTokenFile, "--token-file", u.st.ControlTokenFile}, routingFlags()...)
 		if keyFile != "" {
 			args = append(args, "--api-key-file", keyFile)
+		}
+		if u.record != "" {
+			// Each router's files are named for it: several record
+			// into one directory without loss.
+			args = append(args, "--record", u.record)
 		}
 		p, err := cluster.StartChild(u.exe, log, u.detach, orchEnv, append(args, extra...)...)
 		if err != nil {
@@ -480,8 +481,8 @@ func allClosed(chs []chan struct{}) chan struct{} {
 }
 
 // engineNATSURL is the event plane's URL for engines: every
-// orchestrator's NATS server, with the token off loopback.
-func (u *localUp) engineNATSURL() (string, error) {
+// orchestrator's NATS server (its token goes in --nats-token-file).
+func (u *localUp) engineNATSURL() string {
 	urls := []string{u.info.NATSURL}
 	if len(u.st.Orchestrators) > 1 {
 		urls = urls[:0]
@@ -489,11 +490,7 @@ func (u *localUp) engineNATSURL() (string, error) {
 			urls = append(urls, o.NATSURL)
 		}
 	}
-	joined := strings.Join(urls, ",")
-	if u.natsToken == "" {
-		return joined, nil
-	}
-	return natsURLWithToken(joined, u.natsToken)
+	return strings.Join(urls, ",")
 }
 
 // startEngines starts the engines, prefill ones first, and records the
@@ -507,12 +504,8 @@ func (u *localUp) startEngines() error {
 		}
 		id := fmt.Sprintf("engine-%d", i)
 		log := filepath.Join(u.logDir, id+".log")
-		engineNATS, err := u.engineNATSURL()
-		if err != nil {
-			u.cleanup()
-			return err
-		}
-		p, err := cluster.StartChild(u.exe, log, u.detach, []string{"EVOLVE_ENGINE_NATS=" + engineNATS}, "engine", "--listen", "127.0.0.1:0", "--id", id,
+		p, err := cluster.StartChild(u.exe, log, u.detach, nil, "engine", "--listen", "127.0.0.1:0", "--id", id,
+			"--nats", u.engineNATSURL(), "--nats-token-file", u.st.NATSTokenFile,
 			"--role", role, "--profile", config.GetString(key("profile")),
 			"--speedup", strconv.FormatFloat(config.GetFloat64(key("speedup")), 'g', -1, 64),
 			"--shutdown-grace", "10s", "--log-format", "json", "--log-level", config.GetString("log-level"))
@@ -541,7 +534,7 @@ func (u *localUp) startEngines() error {
 // waitServing waits until every engine serves, showing progress.
 func (u *localUp) waitServing() error {
 	fmt.Fprintf(u.errw, "starting %s (%d prefill, %d decode)", counted(u.engines, "engine"), u.prefill, u.engines-u.prefill)
-	u.client = &controlClient{base: u.info.ControlURL, http: shortClient}
+	u.client = &controlClient{base: u.info.ControlURL, token: u.controlToken, http: shortClient}
 	for {
 		var nodes []controlapi.Node
 		serving := 0
@@ -575,6 +568,9 @@ func (u *localUp) print() error {
 	out := map[string]any{"router_url": st.RouterURL, "control_url": st.ControlURL, "nats_url": st.NATSURL,
 		"engines": u.engines, "prefill": u.prefill, "log_dir": u.logDir, "detached": u.detach,
 		"api_keys": len(keys), "model_aliases": aliases}
+	if u.record != "" {
+		out["record_dir"] = u.record
+	}
 	if len(st.Orchestrators) > 1 {
 		out["orchestrators"] = st.Orchestrators
 	}
@@ -591,6 +587,9 @@ func (u *localUp) print() error {
 			fmt.Fprintf(w, "%s\trouter %s, control %s\n", o.Name, o.RouterURL, o.ControlURL)
 		}
 		fmt.Fprintf(w, "logs\t%s\n", u.logDir)
+		if u.record != "" {
+			fmt.Fprintf(w, "record\t%s\t(evolve trace summary %s)\n", u.record, u.record)
+		}
 		fmt.Fprintln(w)
 		fmt.Fprintln(w, "try:")
 		// On lines of their own, so that 80 columns hold them whole.
@@ -937,18 +936,6 @@ func closedWithin(ch <-chan struct{}, d time.Duration) bool {
 
 var shortClient = newHTTPClient(5 * time.Second)
 
-// checkListen reports whether addr can be listened on.
-func checkListen(addr string) error {
-	l, err := net.Listen("tcp", addr)
-	if err != nil {
-		if errors.Is(err, syscall.EADDRINUSE) {
-			return errors.New("the address is in use (another evolve cluster, or another service)")
-		}
-		return err
-	}
-	return l.Close()
-}
-
 // notifyInterrupt returns a context that ends at Ctrl-C, SIGTERM or a
 // closed terminal (SIGHUP), so that a command stops what it started and
 // says where it stood instead of dying midway. A broken pipe (| tee, and
@@ -980,7 +967,7 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 func (u *localUp) liveClient() *controlClient {
 	for _, o := range u.st.Orchestrators {
 		if cluster.Alive(o.PID) {
-			return &controlClient{base: o.ControlURL, http: shortClient}
+			return &controlClient{base: o.ControlURL, token: u.controlToken, http: shortClient}
 		}
 	}
 	return u.client
@@ -1037,8 +1024,16 @@ orchestrator it started on this machine. It asks first on a terminal;
 			}
 			st, err := cluster.ReadLocalState(localDir())
 			if errors.Is(err, os.ErrNotExist) {
+				if h := cluster.HolderOf(localDir()); h != nil {
+					// An up that has not recorded its cluster yet.
+					return fmt.Errorf("an evolve up (pid %d) is starting a local cluster and has not recorded it yet: run 'evolve down' once it is up, or stop it (Ctrl-C where it runs, or kill %d: it stops what it started)", h.PID, h.PID)
+				}
 				fmt.Fprintln(cmd.ErrOrStderr(), "no local cluster is running")
 				return nil
+			}
+			var damaged *cluster.DamagedStateError
+			if errors.As(err, &damaged) {
+				return fmt.Errorf("%w: evolve down cannot tell what it started; stop the cluster's processes yourself (pgrep -af 'evolve (orchestrator|engine)'), then remove the file", err)
 			}
 			if err != nil {
 				return err
