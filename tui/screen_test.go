@@ -317,7 +317,7 @@ func TestEachViewUsesTheHeight(t *testing.T) {
 // The branch tree is drawn with ├, │ and └; enter opens the selected
 // branch's WHERE, a line per node.
 func TestBranchTreeAndItsWhere(t *testing.T) {
-	if got := strings.Join(treePrefix([]int{0, 1, 2, 2, 1, 0, 1}), "|"); got != "|├ |│ ├ |│ └ |└ ||└ " {
+	if got := strings.Join(TreePrefix([]int{0, 1, 2, 2, 1, 0, 1}), "|"); got != "|├ |│ ├ |│ └ |└ ||└ " {
 		t.Fatalf("tree %q", got)
 	}
 	m, _ := newTest(t, false)

@@ -827,10 +827,10 @@ func decisionText(d Decision) string {
 	return head + ": " + d.Reason
 }
 
-// treePrefix draws each branch's place in its session's tree: ├ for a
+// TreePrefix draws each branch's place in its session's tree: ├ for a
 // branch with a sibling after it, └ for the last, │ down the levels whose
 // branches go on below.
-func treePrefix(depth []int) []string {
+func TreePrefix(depth []int) []string {
 	out := make([]string, len(depth))
 	last := make([]bool, len(depth))
 	for i, d := range depth {
@@ -887,7 +887,7 @@ func (m *Model) viewBranches(h int) []string {
 		out = append(out, wrapWords(f, "  ", m.width)...)
 	}
 	out = append(out, "")
-	prefix := treePrefix(depth)
+	prefix := TreePrefix(depth)
 	names := make([]string, len(bs))
 	nameW := len("SESSION / BRANCH")
 	for i, br := range bs {

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net/url"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -81,10 +80,24 @@ func printBranches(w *tabwriter.Writer, raw []orchestrator.BranchStatus, wide bo
 		why[b.Session+"/"+b.Branch] = b.EndReason
 	}
 	tree, depth := tui.Tree(bs, "")
-	for i, b := range tree {
-		if depth[i] == 0 && (i == 0 || tree[i-1].Session != b.Session) {
-			fmt.Fprintf(w, "%s\t\t\t\t\t\n", b.Session)
+	// The session's line is the root of its branches' tree: ├ for a
+	// branch with a sibling below it, └ for the last.
+	newSession := func(i int) bool { return depth[i] == 0 && (i == 0 || tree[i-1].Session != tree[i].Session) }
+	var levels []int
+	for i := range tree {
+		if newSession(i) {
+			levels = append(levels, 0)
 		}
+		levels = append(levels, depth[i]+1)
+	}
+	drawn, k := tui.TreePrefix(levels), 0
+	for i, b := range tree {
+		if newSession(i) {
+			fmt.Fprintf(w, "%s\t\t\t\t\t\n", b.Session)
+			k++
+		}
+		prefix := drawn[k]
+		k++
 		idle := "-"
 		if b.State != "active" {
 			idle = time.Since(b.LastUsed).Round(time.Second).String()
@@ -93,7 +106,7 @@ func printBranches(w *tabwriter.Writer, raw []orchestrator.BranchStatus, wide bo
 		if !wide {
 			where = tui.WhereShort(b)
 		}
-		fmt.Fprintf(w, "%s└ %s\t%s\t%d\t%d\t%s\t%s", strings.Repeat("  ", depth[i]), b.Branch, b.State, b.Blocks, b.Turns, idle, where)
+		fmt.Fprintf(w, "%s%s\t%s\t%d\t%d\t%s\t%s", prefix, b.Branch, b.State, b.Blocks, b.Turns, idle, where)
 		if wide {
 			fmt.Fprintf(w, "\t%s", why[b.Session+"/"+b.Branch])
 		}

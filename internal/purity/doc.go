@@ -4,5 +4,5 @@
 // as an argument and do no I/O, so that the same code runs live and in the
 // simulator's virtual time. Its test fails when one of them, or an evolve
 // package one of them imports, imports a network, file or process package
-// or reads the clock. See the README's Development section.
+// or reads the clock. See docs/development.md.
 package purity
