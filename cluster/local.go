@@ -150,11 +150,10 @@ func Ours(pid int) bool {
 	if !Alive(pid) {
 		return false
 	}
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	args, err := cmdline(pid)
 	if err != nil {
 		return true // no /proc: trust kill(0)
 	}
-	args := strings.Split(string(b), "\x00")
 	return len(args) > 1 && (args[1] == "orchestrator" || args[1] == "engine")
 }
 
@@ -286,12 +285,8 @@ func StrayProcs(st *LocalState, dataDir string) []Proc {
 		if err != nil || slices.Contains(known, pid) || !Alive(pid) {
 			continue
 		}
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		if err != nil {
-			continue
-		}
-		args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-		if len(args) < 2 || filepath.Base(args[0]) != "evolve" && !strings.HasSuffix(args[0], "/evolve") {
+		args, err := cmdline(pid)
+		if err != nil || len(args) < 2 || filepath.Base(args[0]) != "evolve" && !strings.HasSuffix(args[0], "/evolve") {
 			continue
 		}
 		mine := false

@@ -116,6 +116,9 @@ func (st *LocalState) Member(dir string, pid int) bool {
 	if err != nil {
 		return true
 	}
+	if len(args) < 2 {
+		return false
+	}
 	switch args[1] {
 	case "orchestrator":
 		return slices.Contains(st.DataDirs(dir), flagValue(args, "data-dir"))
@@ -145,17 +148,14 @@ func engineNATS(pid int, args []string) string {
 	return first
 }
 
-// cmdline is pid's command line, at least a program and an argument.
+// cmdline is pid's command line from /proc; an error only when it cannot
+// be read (no /proc, or the process is gone).
 func cmdline(pid int) ([]string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	if err != nil {
 		return nil, err
 	}
-	args := strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
-	if len(args) < 2 {
-		return nil, fmt.Errorf("process %d: no arguments", pid)
-	}
-	return args, nil
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00"), nil
 }
 
 // PortHolder finds, from /proc, the process that listens on addr's TCP
@@ -300,7 +300,7 @@ func FindLastLocal(dir string) *LastLocal {
 	}
 	for _, d := range dirs {
 		for _, p := range StrayProcs(st, d) {
-			if args, err := cmdline(p.PID); err == nil && args[1] == "orchestrator" && !slices.ContainsFunc(last.Strays, func(q Proc) bool { return q.PID == p.PID }) {
+			if args, err := cmdline(p.PID); err == nil && len(args) > 1 && args[1] == "orchestrator" && !slices.ContainsFunc(last.Strays, func(q Proc) bool { return q.PID == p.PID }) {
 				last.Strays = append(last.Strays, p)
 			}
 		}
