@@ -171,7 +171,7 @@ func UpOrchestrator(ctx context.Context, f *File, host string, opt UpOptions, co
 		NATSURL    string `json:"nats_url"`
 	}
 	for {
-		out, err := c.Run(ctx, fmt.Sprintf("cat %s/ready.json 2>/dev/null", dir))
+		out, err := c.Run(ctx, waitForFile(dir+"/ready.json", time.Until(deadline)))
 		if err == nil && json.Unmarshal([]byte(out), &ready) == nil && ready.RouterURL != "" {
 			break
 		}
@@ -182,7 +182,7 @@ func UpOrchestrator(ctx context.Context, f *File, host string, opt UpOptions, co
 		select {
 		case <-ctx.Done():
 			return fail(PhaseStart, ctx.Err())
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(readyPoll):
 		}
 	}
 	addr := o.Advertise
@@ -193,6 +193,20 @@ func UpOrchestrator(ctx context.Context, f *File, host string, opt UpOptions, co
 	r.RouterURL, r.ControlURL, r.NATSURL = repl.Replace(ready.RouterURL), repl.Replace(ready.ControlURL), repl.Replace(ready.NATSURL)
 	opt.progress(h.Name, PhaseStart, "orchestrator "+action)
 	return r
+}
+
+// readyPoll is how often a remote wait for a file looks for it.
+const readyPoll = 200 * time.Millisecond
+
+// waitForFile is a command that waits on the host, up to about d, for a
+// file to be there and not empty, and then prints it. One session does
+// the whole wait: each session starts the user's login shell, which on
+// hosts whose shell rc files set up pyenv or conda costs half a second of
+// CPU, so polling with a session each time would keep a core busy.
+func waitForFile(path string, d time.Duration) string {
+	polls := max(1, int(d/readyPoll)+1)
+	f := shellQuote(path)
+	return fmt.Sprintf(`i=0; while [ ! -s %[1]s ] && [ $i -lt %[2]d ]; do sleep 0.2 2>/dev/null || sleep 1; i=$((i+1)); done; cat %[1]s 2>/dev/null; true`, f, polls)
 }
 
 // DownOrchestrators stops the orchestrators evolve up runs on the file's

@@ -71,6 +71,15 @@ func Start(t *testing.T, clientKey ssh.PublicKey) *Server {
 	}
 	s.Port = l.Addr().(*net.TCPAddr).Port
 	l.Close()
+	// The host's user has a home of its own, as on another machine: the
+	// shell each session starts reads that home's rc files, not those of
+	// the machine running the tests (where pyenv's or conda's setup would
+	// cost every session half a second of CPU), and what evolve writes
+	// under ~ stays in the test's folder.
+	home := filepath.Join(dir, "home")
+	if err := os.Mkdir(home, 0o700); err != nil {
+		t.Fatal(err)
+	}
 	cfg := fmt.Sprintf(`Port %d
 ListenAddress 127.0.0.1
 HostKey %s/host_key
@@ -85,7 +94,8 @@ StrictModes no
 AllowTcpForwarding yes
 Subsystem sftp internal-sftp
 LogLevel ERROR
-`, s.Port, dir, dir, dir)
+SetEnv HOME=%s
+`, s.Port, dir, dir, dir, home)
 	if err := os.WriteFile(filepath.Join(dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
