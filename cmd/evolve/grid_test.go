@@ -99,14 +99,7 @@ func TestGridStopsOnSIGTERMWithWhatItHas(t *testing.T) {
 	kept := filepath.Join(t.TempDir(), "rows.jsonl")
 	cmd, out := startBin(t, []string{"XDG_CONFIG_HOME=" + t.TempDir()}, "sim", "--grid", "small", "--grid-results", kept)
 	wait.Until(t, 60*time.Second, "the first scenario ends", func() bool { return strings.Contains(out.String(), "[1/3]") })
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("sim --grid did not exit within 30 s of SIGTERM:\n%s", out.String())
-	}
+	signalAndWait(t, cmd, syscall.SIGTERM, out)
 	s := out.String()
 	if cmd.ProcessState.ExitCode() != 1 || !strings.Contains(s, "interrupted") || !strings.Contains(s, "summary over") ||
 		!strings.Contains(s, "computer-use") {

@@ -19,14 +19,7 @@ func TestSimStopsOnSIGTERMWithWhatItHas(t *testing.T) {
 		"--duration", "3h", "--warmup", "0s", "--policies", "static:1:2", "-o", "json")
 	wait.Until(t, 30*time.Second, "the simulation starts", func() bool { return strings.Contains(out.String(), "simulating static:1:2") })
 	time.Sleep(time.Second) // a modelled minute or more
-	cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatalf("evolve sim did not exit within 30 s of SIGTERM:\n%s", out.String())
-	}
+	signalAndWait(t, cmd, syscall.SIGTERM, out)
 	s := out.String()
 	var res struct {
 		Interrupted struct {

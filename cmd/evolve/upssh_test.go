@@ -410,12 +410,19 @@ func startBin(t *testing.T, env []string, args ...string) (*exec.Cmd, *lockedLog
 // exit; out is shown if it does not within 30 s.
 func interrupt(t *testing.T, cmd *exec.Cmd, out *lockedLog) {
 	t.Helper()
-	cmd.Process.Signal(os.Interrupt)
+	signalAndWait(t, cmd, os.Interrupt, out)
+}
+
+// signalAndWait sends cmd sig and waits for it to exit; out is shown if
+// it does not within 30 s.
+func signalAndWait(t *testing.T, cmd *exec.Cmd, sig os.Signal, out *lockedLog) {
+	t.Helper()
+	cmd.Process.Signal(sig)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 	select {
 	case <-done:
 	case <-time.After(30 * time.Second):
-		t.Fatalf("%s did not exit within 30 s of Ctrl-C:\n%s", strings.Join(cmd.Args, " "), out.String())
+		t.Fatalf("%s did not exit within 30 s of %v:\n%s", strings.Join(cmd.Args, " "), sig, out.String())
 	}
 }
